@@ -1,0 +1,277 @@
+package radix
+
+import (
+	"math/bits"
+	"sync"
+	"sync/atomic"
+)
+
+// The index is split into segments by the top bits of the mixed key. Each segment is an
+// open-addressing table with linear probing, its own writer lock and its own growth, so a
+// rebuild copies one segment only and blocks only that segment's writers. Readers never lock.
+//
+// Reader safety rests on three rules:
+//   - a table slot's key is written once, before its holder word first becomes non-zero, and is
+//     never written again: a removed entry stays as a dead entry (holder word == occupied) until
+//     the next rebuild, and revives in place if the same key is stored again;
+//   - a rebuild fills a new table privately and publishes it with one atomic store; writers use
+//     only the newest table, readers may finish on an older one, which no one writes any more;
+//   - a holder word changes with one atomic store (holders.go).
+const (
+	segBits = 8
+	numSegs = 1 << segBits
+
+	// Load limits, counting dead entries. A rebuild sizes the table so that the live entries fill
+	// at most lowLoad of it; it grows by about 3/2 each time.
+	maxLoadNum, maxLoadDen = 4, 5  // 0.8
+	lowLoadNum, lowLoadDen = 8, 15 // 0.8 / 1.5
+
+	minTable = 16
+)
+
+type entry struct {
+	key uint64        // sequence hash; see the rules above
+	h   atomic.Uint64 // holder word; 0 = empty slot
+}
+
+type table struct {
+	slots   []entry
+	maxUsed int // a write that would take used past this rebuilds first
+}
+
+// home maps a mixed key to its first probe position. The top segBits bits chose the segment, so
+// the position uses the bits below them (fast range reduction: any table size works).
+func (t *table) home(m uint64) int {
+	hi, _ := bits.Mul64(m<<segBits, uint64(len(t.slots)))
+	return int(hi)
+}
+
+// find returns the holder word of key, or 0 if the table has no entry for it.
+func (t *table) find(key, m uint64) uint64 {
+	s := t.slots
+	for i := t.home(m); ; {
+		e := &s[i]
+		h := e.h.Load()
+		if h == 0 {
+			return 0
+		}
+		if e.key == key {
+			return h
+		}
+		if i++; i == len(s) {
+			i = 0
+		}
+	}
+}
+
+// probe returns the position of key, or of the empty slot where it would go. REQUIRES the
+// segment lock (it reads keys of slots that only the writer fills).
+func (t *table) probe(key, m uint64) (int, bool) {
+	s := t.slots
+	for i := t.home(m); ; {
+		e := &s[i]
+		if e.h.Load() == 0 {
+			return i, false
+		}
+		if e.key == key {
+			return i, true
+		}
+		if i++; i == len(s) {
+			i = 0
+		}
+	}
+}
+
+// segment is padded so that two segments' locks never share a cache line pair.
+type segment struct {
+	mu   sync.Mutex
+	tab  atomic.Pointer[table]
+	sets atomic.Pointer[setTable]
+	base int          // capacity seed: segments grow out of phase (see newTable)
+	used int          // REQUIRES mu: live + dead entries in tab
+	live atomic.Int64 // entries with at least one holder; written under mu
+	free []uint32     // REQUIRES mu: unused set table indexes
+	// compacted collects, during a rebuild, sets turned back into inline words; they are freed
+	// once the new table is published, so readers of the old one still find them.
+	compacted []uint32 // REQUIRES mu
+	_         [128 - 96]byte
+}
+
+type setTable struct {
+	p []atomic.Pointer[holderSet]
+}
+
+// newTable returns an empty table that holds need live entries at no more than lowLoad.
+//
+// Segments start from different bases (16 to 23 slots, spread over one growth factor), so they
+// reach their growth points at different total sizes and the index as a whole sits near the
+// average load instead of all segments doubling at once, which would swing memory by 1.5×.
+func newTable(base, need int) *table {
+	c := base
+	for c*lowLoadNum < need*lowLoadDen {
+		c = c * 3 / 2
+	}
+	return &table{slots: make([]entry, c), maxUsed: c * maxLoadNum / maxLoadDen}
+}
+
+func (g *segment) init(i int) {
+	g.base = minTable + i*minTable/2/numSegs
+	g.tab.Store(newTable(g.base, 0))
+	g.sets.Store(&setTable{})
+}
+
+// rebuild copies the live entries into a new table sized for need and publishes it.
+// REQUIRES g.mu.
+func (g *segment) rebuild(ix *Index, need int) *table {
+	old := g.tab.Load()
+	t := newTable(g.base, need)
+	for i := range old.slots {
+		e := &old.slots[i]
+		h := e.h.Load()
+		if h == 0 || h == occupied {
+			continue
+		}
+		if h&overflow != 0 {
+			if s := g.set(uint32(h)); s.n <= inlineMax {
+				var buf [inlineMax]Slot
+				g.compacted = append(g.compacted, uint32(h))
+				h = inlineWord(appendMembers(buf[:0], 0, s))
+			}
+		}
+		j, _ := t.probe(e.key, ix.mix(e.key))
+		t.slots[j].key = e.key
+		t.slots[j].h.Store(h)
+	}
+	g.used = int(g.live.Load())
+	g.tab.Store(t)
+	for _, idx := range g.compacted {
+		g.freeSet(idx)
+	}
+	g.compacted = g.compacted[:0]
+	return t
+}
+
+// add makes x a holder of key. REQUIRES g.mu.
+func (g *segment) add(ix *Index, key, m uint64, x Slot) bool {
+	t := g.tab.Load()
+	i, found := t.probe(key, m)
+	if !found {
+		if g.used >= t.maxUsed {
+			t = g.rebuild(ix, int(g.live.Load())+1)
+			i, _ = t.probe(key, m)
+		}
+		e := &t.slots[i]
+		e.key = key
+		e.h.Store(occupied | (uint64(x) + 1))
+		g.used++
+		g.live.Add(1)
+		return true
+	}
+	e := &t.slots[i]
+	h := e.h.Load()
+	nh, added := g.addHolder(ix, key, h, x)
+	if !added {
+		return false
+	}
+	if nh != h {
+		e.h.Store(nh)
+	}
+	if h == occupied {
+		g.live.Add(1)
+	}
+	return true
+}
+
+// remove drops x from the holders of key. REQUIRES g.mu.
+func (g *segment) remove(ix *Index, key, m uint64, x Slot) bool {
+	t := g.tab.Load()
+	i, found := t.probe(key, m)
+	if !found {
+		return false
+	}
+	e := &t.slots[i]
+	h := e.h.Load()
+	nh, removed := g.removeHolder(ix, key, h, x)
+	if !removed {
+		return false
+	}
+	if nh != h {
+		e.h.Store(nh)
+	}
+	if nh == occupied {
+		live := int(g.live.Add(-1))
+		// Mostly dead: rebuild smaller so that memory follows the index down.
+		if g.used > 4*minTable && live < g.used/4 {
+			g.rebuild(ix, live)
+		}
+	}
+	return true
+}
+
+// holders returns the holder word of key and, for an overflow word, its holder set. Lock-free.
+func (g *segment) holders(key, m uint64) (uint64, *holderSet) {
+	return g.holdersFrom(g.tab.Load(), key, m)
+}
+
+// holdersFrom is holders starting from table t, which may be stale (tests pass an old one).
+func (g *segment) holdersFrom(t *table, key, m uint64) (uint64, *holderSet) {
+	for attempt := 0; ; attempt++ {
+		h := t.find(key, m)
+		if h&overflow == 0 {
+			return h, nil
+		}
+		// The set index was read from a holder word that may be stale by now: the set may have
+		// been freed and its index reused for another key. The key check catches that; a retry
+		// reads the newest table.
+		st := g.sets.Load()
+		if idx := uint32(h); int(idx) < len(st.p) {
+			if s := st.p[idx].Load(); s != nil && s.key == key {
+				return h, s
+			}
+		}
+		if attempt == 3 {
+			// Writers keep changing this entry under us; wait for them once.
+			g.mu.Lock()
+			h = g.tab.Load().find(key, m)
+			var s *holderSet
+			if h&overflow != 0 {
+				s = g.set(uint32(h))
+			}
+			g.mu.Unlock()
+			return h, s
+		}
+		t = g.tab.Load()
+	}
+}
+
+// set returns the holder set at idx. REQUIRES g.mu.
+func (g *segment) set(idx uint32) *holderSet { return g.sets.Load().p[idx].Load() }
+
+// putSet stores s at a free index and returns it. REQUIRES g.mu.
+func (g *segment) putSet(s *holderSet) uint32 {
+	if len(g.free) == 0 {
+		old := g.sets.Load()
+		n := max(2*len(old.p), 8)
+		nt := &setTable{p: make([]atomic.Pointer[holderSet], n)}
+		for i := range old.p {
+			nt.p[i].Store(old.p[i].Load())
+		}
+		for i := n - 1; i >= len(old.p); i-- {
+			g.free = append(g.free, uint32(i))
+		}
+		g.sets.Store(nt)
+	}
+	idx := g.free[len(g.free)-1]
+	g.free = g.free[:len(g.free)-1]
+	g.sets.Load().p[idx].Store(s)
+	return idx
+}
+
+// replaceSet publishes s in place of the set at idx (same key). REQUIRES g.mu.
+func (g *segment) replaceSet(idx uint32, s *holderSet) { g.sets.Load().p[idx].Store(s) }
+
+// freeSet releases the set at idx. REQUIRES g.mu.
+func (g *segment) freeSet(idx uint32) {
+	g.sets.Load().p[idx].Store(nil)
+	g.free = append(g.free, idx)
+}
