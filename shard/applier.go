@@ -1,0 +1,370 @@
+package shard
+
+import (
+	"sync/atomic"
+
+	"github.com/kvrouterd/kvrouterd/radix"
+)
+
+// Applier applies events to the index for the workers it owns: it keeps each worker's engine hash
+// map, duplicate-content counts and event cursors. Every event of a worker must go through the
+// same Applier, in order. An Applier is for one goroutine at a time (a shard's, or a test's).
+type Applier struct {
+	workers map[uint64]*worker
+	budget  *budget
+	allow   int64 // residencies reserved from budget and not used yet
+	obs     Observer
+	c       *counters
+
+	h        radix.Hasher
+	local    []uint64
+	loraName string
+	loraSeed uint64
+}
+
+type worker struct {
+	ix    *radix.Index
+	ranks []*rankState
+}
+
+// rankState is one (worker, dp rank): one engine, one slot, one event stream.
+type rankState struct {
+	rank   uint32
+	slot   radix.Slot
+	last   uint64    // last event id applied; 0 = none yet
+	engine engineMap // engine hash → sequence hash
+	// dup counts, per sequence hash, the engine hashes beyond the first that map to it (the
+	// same content stored under two engine hashes, e.g. with different cache salts). A removal
+	// of one of them must not drop the residency while another still holds it.
+	dup map[uint64]uint32
+}
+
+// NewApplier returns an Applier for standalone use (tests, tools): at most maxBlocks residencies
+// (0 = no limit), anomalies reported to obs (may be nil).
+func NewApplier(maxBlocks int64, obs Observer) *Applier {
+	return newApplier(newBudget(maxBlocks, 1), obs, new(counters))
+}
+
+func newApplier(b *budget, obs Observer, c *counters) *Applier {
+	return &Applier{workers: make(map[uint64]*worker), budget: b, obs: obs, c: c, loraSeed: radix.BaseSeed}
+}
+
+// Stats returns the Applier's counters.
+func (a *Applier) Stats() Stats {
+	var s Stats
+	a.c.addTo(&s)
+	return s
+}
+
+func (w *worker) rank(r uint32) *rankState {
+	for _, rs := range w.ranks {
+		if rs.rank == r {
+			return rs
+		}
+	}
+	return nil
+}
+
+// Apply applies one event of worker id, whose model's index is ix, and returns what it did.
+func (a *Applier) Apply(ix *radix.Index, id uint64, ev *Event) Outcome {
+	o := Outcome{Worker: id, Rank: ev.Rank, EventID: ev.ID, Kind: ev.Kind}
+	a.apply(ix, id, ev, &o)
+	a.c.events.Add(1)
+	a.c.byStatus[o.Status].Add(1)
+	if o.Skipped != 0 {
+		a.c.skipped.Add(int64(o.Skipped))
+	}
+	if o.Gap != 0 {
+		a.c.gaps.Add(1)
+		a.c.missed.Add(int64(o.Gap))
+	}
+	if a.obs != nil && o.Anomalous() {
+		a.obs.Observe(o)
+	}
+	return o
+}
+
+func (a *Applier) apply(ix *radix.Index, id uint64, ev *Event, o *Outcome) {
+	w := a.workers[id]
+	if w == nil {
+		w = &worker{ix: ix}
+		a.workers[id] = w
+	} else if w.ix != ix {
+		o.Status = WrongModel
+		return
+	}
+	r := w.rank(ev.Rank)
+	if r == nil {
+		slot, err := ix.Acquire(radix.WorkerKey{ID: id, Rank: ev.Rank})
+		if err != nil {
+			o.Status = NoSlot
+			return
+		}
+		r = &rankState{rank: ev.Rank, slot: slot}
+		w.ranks = append(w.ranks, r)
+	}
+	if ev.ID != 0 {
+		if r.last != 0 && ev.ID <= r.last {
+			o.Status = Duplicate
+			return
+		}
+		if r.last != 0 && ev.ID > r.last+1 {
+			o.Gap = ev.ID - r.last - 1
+		}
+		r.last = ev.ID
+	}
+	switch ev.Kind {
+	case Stored:
+		a.stored(w, r, ev, o)
+	case Removed:
+		a.removed(w, r, ev, o)
+	case Cleared:
+		a.c.clears.Add(1)
+		o.Applied = a.clear(w)
+	default:
+		o.Status = BadKind
+	}
+}
+
+func (a *Applier) stored(w *worker, r *rankState, ev *Event, o *Outcome) {
+	if ev.Tier != Device {
+		o.Status = OtherTier
+		return
+	}
+	bs := w.ix.BlockSize()
+	if ev.BlockSize != 0 && ev.BlockSize != bs {
+		o.Status = BadBlockSize
+		return
+	}
+	n := len(ev.Hashes)
+	if len(ev.Tokens) != n*bs {
+		o.Status = BadTokens
+		return
+	}
+	parent, hasParent := uint64(0), ev.HasParent
+	if hasParent {
+		p, ok := r.engine.get(ev.Parent)
+		if !ok {
+			o.Status = UnknownParent
+			return
+		}
+		parent = p
+	}
+	seed := a.seed(ev.LoRA)
+	if ev.MM != nil {
+		a.local = a.h.AppendLocalMM(a.local[:0], ev.Tokens, bs, seed, ev.MM)
+	} else {
+		a.local = a.h.AppendLocal(a.local[:0], ev.Tokens, bs, seed)
+	}
+	for i, eh := range ev.Hashes {
+		seq := a.local[i]
+		if hasParent {
+			seq = radix.SeqHash(parent, seq)
+		}
+		parent, hasParent = seq, true
+		if old, ok := r.engine.get(eh); ok {
+			if old == seq {
+				continue
+			}
+			// The engine reuses this hash for other content: the old block is gone.
+			a.drop(w.ix, r, old)
+		}
+		if !a.reserve() {
+			if w.ix.Has(seq, r.slot) {
+				// Same content under another engine hash: no new residency, no budget needed.
+				r.engine.put(eh, seq)
+				r.addDup(seq)
+				continue
+			}
+			o.Status, o.Skipped = OverBudget, n-i
+			// The engine hash no longer names what the index holds for it.
+			r.engine.del(eh)
+			break
+		}
+		r.engine.put(eh, seq)
+		if w.ix.Add(seq, r.slot) {
+			o.Applied++
+		} else {
+			a.allow++
+			r.addDup(seq)
+		}
+	}
+	if o.Applied != 0 {
+		a.c.stored.Add(int64(o.Applied))
+		a.c.residencies.Add(int64(o.Applied))
+	}
+}
+
+func (a *Applier) removed(w *worker, r *rankState, ev *Event, o *Outcome) {
+	if ev.Tier != Device {
+		o.Status = OtherTier
+		return
+	}
+	for _, eh := range ev.Hashes {
+		seq, ok := r.engine.del(eh)
+		if !ok {
+			o.Skipped++
+			continue
+		}
+		if a.drop(w.ix, r, seq) {
+			o.Applied++
+		}
+	}
+	if o.Skipped != 0 {
+		o.Status = UnknownBlocks
+	}
+}
+
+func (r *rankState) addDup(seq uint64) {
+	if r.dup == nil {
+		r.dup = make(map[uint64]uint32)
+	}
+	r.dup[seq]++
+}
+
+// drop releases one engine hash's claim on seq and reports whether the residency went away.
+func (a *Applier) drop(ix *radix.Index, r *rankState, seq uint64) bool {
+	if n := r.dup[seq]; n > 0 {
+		if n == 1 {
+			delete(r.dup, seq)
+		} else {
+			r.dup[seq] = n - 1
+		}
+		return false
+	}
+	if !ix.Remove(seq, r.slot) {
+		return false
+	}
+	a.release(1)
+	return true
+}
+
+// clear removes every block of every rank of w and returns how many residencies went away.
+func (a *Applier) clear(w *worker) int {
+	n := 0
+	for _, r := range w.ranks {
+		r.engine.each(func(_, seq uint64) {
+			if w.ix.Remove(seq, r.slot) {
+				n++
+			}
+		})
+		r.engine.reset()
+		r.dup = nil
+	}
+	a.release(n)
+	return n
+}
+
+// RemoveWorker drops every block and all state of worker id (every rank) and frees its slots,
+// and returns how many residencies went away.
+func (a *Applier) RemoveWorker(id uint64) int {
+	w := a.workers[id]
+	if w == nil {
+		return 0
+	}
+	n := a.clear(w)
+	for _, r := range w.ranks {
+		// Cannot fail: the slot is ours and clear emptied it.
+		_ = w.ix.Release(r.slot)
+	}
+	delete(a.workers, id)
+	a.c.workersRemoved.Add(1)
+	return n
+}
+
+// Cursor returns the last event id applied for (worker, rank), 0 if none.
+func (a *Applier) Cursor(id uint64, rank uint32) uint64 {
+	if w := a.workers[id]; w != nil {
+		if r := w.rank(rank); r != nil {
+			return r.last
+		}
+	}
+	return 0
+}
+
+// Blocks returns how many engine hashes worker id holds over all ranks (what its engine maps
+// hold; residencies can be fewer when two engine hashes name the same content).
+func (a *Applier) Blocks(id uint64) int {
+	n := 0
+	if w := a.workers[id]; w != nil {
+		for _, r := range w.ranks {
+			n += r.engine.len()
+		}
+	}
+	return n
+}
+
+func (a *Applier) seed(lora string) uint64 {
+	if lora != a.loraName {
+		a.loraName, a.loraSeed = lora, radix.LoRASeed(lora)
+	}
+	return a.loraSeed
+}
+
+// reserve takes one residency from the budget.
+func (a *Applier) reserve() bool {
+	if a.allow > 0 {
+		a.allow--
+		return true
+	}
+	n := a.budget.take()
+	if n == 0 {
+		return false
+	}
+	a.allow = n - 1
+	return true
+}
+
+// release gives n residencies back, returning surplus reservations to the shared budget.
+func (a *Applier) release(n int) {
+	if n == 0 {
+		return
+	}
+	a.c.removed.Add(int64(n))
+	a.c.residencies.Add(-int64(n))
+	a.allow += int64(n)
+	if a.allow > 2*a.budget.chunk {
+		a.budget.give(a.allow - a.budget.chunk)
+		a.allow = a.budget.chunk
+	}
+}
+
+// budget is the residency limit shared by all shards. Shards reserve it in chunks, so that they
+// do not contend on one counter for every block; the limit holds exactly for the sum of
+// reservations, and a shard may be refused while others still hold up to 2 chunks unused each.
+type budget struct {
+	max      int64 // 0 = unlimited
+	chunk    int64
+	reserved atomic.Int64
+}
+
+func newBudget(limit int64, shards int) *budget {
+	b := &budget{max: limit, chunk: 1024}
+	if limit > 0 {
+		b.chunk = min(b.chunk, max(1, limit/int64(16*shards)))
+	}
+	return b
+}
+
+// take reserves up to one chunk and returns how much it got (0 at the limit).
+func (b *budget) take() int64 {
+	if b.max == 0 {
+		return b.chunk
+	}
+	for {
+		r := b.reserved.Load()
+		n := min(b.chunk, b.max-r)
+		if n <= 0 {
+			return 0
+		}
+		if b.reserved.CompareAndSwap(r, r+n) {
+			return n
+		}
+	}
+}
+
+func (b *budget) give(n int64) {
+	if b.max != 0 {
+		b.reserved.Add(-n)
+	}
+}

@@ -1,0 +1,220 @@
+package shard_test
+
+import (
+	"maps"
+	"testing"
+
+	"github.com/kvrouterd/kvrouterd/radix"
+	"github.com/kvrouterd/kvrouterd/shard"
+)
+
+const bs = 4
+
+// blk returns the tokens of blocks with the given content ids.
+func blk(contents ...uint32) []uint32 {
+	var t []uint32
+	for _, c := range contents {
+		for i := range uint32(bs) {
+			t = append(t, c*100+i)
+		}
+	}
+	return t
+}
+
+func stored(id uint64, hashes []uint64, contents ...uint32) *shard.Event {
+	return &shard.Event{Kind: shard.Stored, ID: id, Hashes: hashes, Tokens: blk(contents...)}
+}
+
+func child(id, parent uint64, hashes []uint64, contents ...uint32) *shard.Event {
+	ev := stored(id, hashes, contents...)
+	ev.Parent, ev.HasParent = parent, true
+	return ev
+}
+
+func removed(id uint64, hashes ...uint64) *shard.Event {
+	return &shard.Event{Kind: shard.Removed, ID: id, Hashes: hashes}
+}
+
+// depths matches the prompt made of contents and returns worker id → depth (rank 0 only).
+func depths(t *testing.T, ix *radix.Index, contents ...uint32) map[radix.WorkerKey]int {
+	t.Helper()
+	var m radix.Match
+	ix.MatchTokens(blk(contents...), radix.BaseSeed, &m)
+	out := map[radix.WorkerKey]int{}
+	for i, s := range m.Slots {
+		w, _ := ix.Worker(s)
+		out[w] = int(m.Depth[i])
+	}
+	return out
+}
+
+type collector []shard.Outcome
+
+func (c *collector) Observe(o shard.Outcome) { *c = append(*c, o) }
+
+func TestApplierEvents(t *testing.T) {
+	ix, _ := radix.New(radix.Config{BlockSize: bs})
+	var seen collector
+	a := shard.NewApplier(0, &seen)
+	w := radix.WorkerKey{ID: 7}
+	f := func(ev *shard.Event, want shard.Outcome, wantDepth int) {
+		t.Helper()
+		want.Worker, want.Rank, want.EventID, want.Kind = 7, ev.Rank, ev.ID, ev.Kind
+		if got := a.Apply(ix, 7, ev); got != want {
+			t.Fatalf("event %d: outcome %+v, want %+v", ev.ID, got, want)
+		}
+		got := depths(t, ix, 1, 2, 3, 4, 5)[w]
+		if got != wantDepth {
+			t.Fatalf("event %d: depth %d, want %d", ev.ID, got, wantDepth)
+		}
+	}
+	f(stored(1, []uint64{101, 102, 103}, 1, 2, 3), shard.Outcome{Applied: 3}, 3)
+	f(child(2, 103, []uint64{104}, 4), shard.Outcome{Applied: 1}, 4)
+	f(child(3, 999, []uint64{105}, 5), shard.Outcome{Status: shard.UnknownParent}, 4)
+	f(stored(3, []uint64{1}, 9), shard.Outcome{Status: shard.Duplicate}, 4)
+	f(stored(2, []uint64{1}, 9), shard.Outcome{Status: shard.Duplicate}, 4)
+	f(removed(4, 102), shard.Outcome{Applied: 1}, 1) // mid-chain: the chain ends at block 1
+	f(removed(5, 555, 101), shard.Outcome{Status: shard.UnknownBlocks, Applied: 1, Skipped: 1}, 0)
+	f(stored(9, []uint64{101}, 1), shard.Outcome{Applied: 1, Gap: 3}, 1)
+
+	bad := stored(10, []uint64{201}, 2)
+	bad.BlockSize = bs * 2
+	f(bad, shard.Outcome{Status: shard.BadBlockSize}, 1)
+	bad = stored(11, []uint64{201, 202}, 2)
+	bad.Tokens = bad.Tokens[:len(bad.Tokens)-1]
+	f(bad, shard.Outcome{Status: shard.BadTokens}, 1)
+	f(&shard.Event{Kind: 77, ID: 12}, shard.Outcome{Status: shard.BadKind}, 1)
+
+	// An offloaded copy coming and going does not touch the device copy with the same hash.
+	host := child(13, 101, []uint64{102}, 2)
+	host.Tier = shard.Host
+	f(host, shard.Outcome{Status: shard.OtherTier}, 1)
+	hostRm := removed(14, 101)
+	hostRm.Tier = shard.Disk
+	f(hostRm, shard.Outcome{Status: shard.OtherTier}, 1)
+
+	// Unnumbered events skip the cursor. Blocks 3 and 4 were never removed: depth 4 again.
+	f(child(0, 101, []uint64{102}, 2), shard.Outcome{Applied: 1}, 4)
+	if c := a.Cursor(7, 0); c != 14 {
+		t.Fatalf("cursor %d, want 14", c)
+	}
+	for _, o := range seen {
+		if !o.Anomalous() {
+			t.Fatalf("observer got a normal outcome %+v", o)
+		}
+	}
+	if len(seen) != 10 {
+		t.Fatalf("observer got %d outcomes, want 10: %v", len(seen), seen)
+	}
+	st := a.Stats()
+	if st.ByStatus[shard.Duplicate] != 2 || st.ByStatus[shard.UnknownParent] != 1 || st.Gaps != 1 || st.MissedIDs != 3 {
+		t.Fatalf("stats %+v", st)
+	}
+	if st.Residencies != 4 || st.StoredBlocks != 6 || st.RemovedBlocks != 2 {
+		t.Fatalf("residencies %d stored %d removed %d", st.Residencies, st.StoredBlocks, st.RemovedBlocks)
+	}
+}
+
+// Cleared on one rank clears every rank of the worker, and no other worker.
+func TestApplierClearAllRanks(t *testing.T) {
+	ix, _ := radix.New(radix.Config{BlockSize: bs})
+	a := shard.NewApplier(0, nil)
+	for _, rank := range []uint32{0, 1, 2} {
+		ev := stored(1, []uint64{1, 2}, 1, 2)
+		ev.Rank = rank
+		a.Apply(ix, 5, ev)
+	}
+	a.Apply(ix, 6, stored(1, []uint64{1, 2}, 1, 2))
+	o := a.Apply(ix, 5, &shard.Event{Kind: shard.Cleared, ID: 2, Rank: 1})
+	if o.Status != shard.OK || o.Applied != 6 {
+		t.Fatalf("clear: %+v, want 6 blocks removed", o)
+	}
+	if got := depths(t, ix, 1, 2); !maps.Equal(got, map[radix.WorkerKey]int{{ID: 6}: 2}) {
+		t.Fatalf("after clear: %v", got)
+	}
+	// Ranks 0 and 2 keep their own cursors (1); rank 1 moved to 2.
+	if a.Cursor(5, 0) != 1 || a.Cursor(5, 1) != 2 {
+		t.Fatal("clear changed other ranks' cursors")
+	}
+}
+
+// Two engine hashes for the same content (e.g. different cache salts): one removal must not drop
+// the block while the other still holds it.
+func TestApplierSameContentTwoHashes(t *testing.T) {
+	ix, _ := radix.New(radix.Config{BlockSize: bs})
+	a := shard.NewApplier(0, nil)
+	a.Apply(ix, 1, stored(1, []uint64{11, 12}, 1, 2))
+	if o := a.Apply(ix, 1, stored(2, []uint64{21, 22}, 1, 2)); o.Applied != 0 || o.Status != shard.OK {
+		t.Fatalf("second hash of held content: %+v, want nothing new", o)
+	}
+	a.Apply(ix, 1, removed(3, 11, 12))
+	if d := depths(t, ix, 1, 2)[radix.WorkerKey{ID: 1}]; d != 2 {
+		t.Fatalf("after removing one copy: depth %d, want 2", d)
+	}
+	a.Apply(ix, 1, removed(4, 21))
+	if d := depths(t, ix, 1, 2)[radix.WorkerKey{ID: 1}]; d != 0 {
+		t.Fatalf("after removing both copies: depth %d, want 0", d)
+	}
+	// An engine hash reused for other content moves the residency.
+	a.Apply(ix, 1, stored(5, []uint64{31}, 1))
+	a.Apply(ix, 1, stored(6, []uint64{31}, 3))
+	if d := depths(t, ix, 1)[radix.WorkerKey{ID: 1}]; d != 0 {
+		t.Fatal("old content still held after its engine hash was reused")
+	}
+	if d := depths(t, ix, 3)[radix.WorkerKey{ID: 1}]; d != 1 {
+		t.Fatal("new content not held")
+	}
+	if n := ix.Blocks(0); n != 2 { // 22 (content 1,2 block 2) and 31
+		t.Fatalf("blocks %d, want 2", n)
+	}
+}
+
+func TestApplierBudget(t *testing.T) {
+	ix, _ := radix.New(radix.Config{BlockSize: bs})
+	a := shard.NewApplier(3, nil)
+	o := a.Apply(ix, 1, stored(1, []uint64{1, 2, 3, 4, 5}, 1, 2, 3, 4, 5))
+	if o.Status != shard.OverBudget || o.Applied != 3 || o.Skipped != 2 {
+		t.Fatalf("store past the budget: %+v", o)
+	}
+	// The skipped block is unknown: its children are refused, not put at the wrong depth.
+	if o := a.Apply(ix, 1, child(2, 4, []uint64{6}, 6)); o.Status != shard.UnknownParent {
+		t.Fatalf("child of a skipped block: %+v", o)
+	}
+	// Content already held under another hash needs no budget.
+	if o := a.Apply(ix, 1, stored(3, []uint64{9}, 1)); o.Status != shard.OK {
+		t.Fatalf("same content at the limit: %+v", o)
+	}
+	a.Apply(ix, 1, removed(4, 3))
+	if o := a.Apply(ix, 1, child(5, 2, []uint64{3}, 3)); o.Status != shard.OK || o.Applied != 1 {
+		t.Fatalf("store after room was made: %+v", o)
+	}
+	if st := ix.Stats(); st.Residencies != 3 {
+		t.Fatalf("residencies %d, want 3", st.Residencies)
+	}
+}
+
+func TestApplierWorkers(t *testing.T) {
+	ix, _ := radix.New(radix.Config{BlockSize: bs})
+	other, _ := radix.New(radix.Config{BlockSize: bs})
+	a := shard.NewApplier(0, nil)
+	a.Apply(ix, 1, stored(1, []uint64{1}, 1))
+	if o := a.Apply(other, 1, stored(2, []uint64{2}, 2)); o.Status != shard.WrongModel {
+		t.Fatalf("event for another model: %+v", o)
+	}
+	ev := stored(1, []uint64{1}, 1)
+	ev.Rank = 3
+	a.Apply(ix, 1, ev)
+	if n := a.RemoveWorker(1); n != 2 {
+		t.Fatalf("RemoveWorker removed %d, want 2", n)
+	}
+	if _, ok := ix.Lookup(radix.WorkerKey{ID: 1, Rank: 3}); ok {
+		t.Fatal("removed worker still has a slot")
+	}
+	if a.Cursor(1, 0) != 0 {
+		t.Fatal("removed worker kept its cursor")
+	}
+	// It may come back, to any model.
+	if o := a.Apply(other, 1, stored(1, []uint64{2}, 2)); o.Status != shard.OK {
+		t.Fatalf("returning worker: %+v", o)
+	}
+}

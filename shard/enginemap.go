@@ -1,0 +1,178 @@
+package shard
+
+import "math/bits"
+
+// engineMap maps one worker's engine block hashes to the router's sequence hashes. It is the
+// largest per-residency cost after the index itself, so it is a compact open-addressing table:
+// 16-byte slots, Robin Hood linear probing with backward-shift deletion (no tombstones, so a
+// steady stream of stores and removals never rehashes), fast range reduction so that the size
+// can grow by 3/2 instead of 2. Key 0 marks an empty slot, so a real key 0 is kept aside.
+//
+// An engineMap belongs to the shard goroutine that owns its worker; it is not safe for
+// concurrent use.
+type engineMap struct {
+	slots   []emSlot
+	n       int // keys in slots (the zero key not counted)
+	maxN    int
+	hasZero bool
+	zeroVal uint64
+}
+
+type emSlot struct{ k, v uint64 }
+
+const (
+	emMin                = 8
+	emLoadNum, emLoadDen = 7, 8 // grow past 7/8 full
+	emGrowNum, emGrowDen = 3, 2
+)
+
+func (m *engineMap) len() int {
+	if m.hasZero {
+		return m.n + 1
+	}
+	return m.n
+}
+
+func (m *engineMap) home(k uint64) int {
+	hi, _ := bits.Mul64(k*0x9e3779b97f4a7c15, uint64(len(m.slots)))
+	return int(hi)
+}
+
+// dist is how far position i is from the home of key k.
+func (m *engineMap) dist(k uint64, i int) int {
+	d := i - m.home(k)
+	if d < 0 {
+		d += len(m.slots)
+	}
+	return d
+}
+
+// find returns the position of k, or -1.
+func (m *engineMap) find(k uint64) int {
+	if len(m.slots) == 0 {
+		return -1
+	}
+	for i, d := m.home(k), 0; ; d++ {
+		s := &m.slots[i]
+		if s.k == k {
+			return i
+		}
+		// Robin Hood: k would have displaced any key closer to its home than d.
+		if s.k == 0 || m.dist(s.k, i) < d {
+			return -1
+		}
+		if i++; i == len(m.slots) {
+			i = 0
+		}
+	}
+}
+
+func (m *engineMap) get(k uint64) (uint64, bool) {
+	if k == 0 {
+		return m.zeroVal, m.hasZero
+	}
+	if i := m.find(k); i >= 0 {
+		return m.slots[i].v, true
+	}
+	return 0, false
+}
+
+// put sets k to v.
+func (m *engineMap) put(k, v uint64) {
+	if k == 0 {
+		m.hasZero, m.zeroVal = true, v
+		return
+	}
+	if i := m.find(k); i >= 0 {
+		m.slots[i].v = v
+		return
+	}
+	if m.n >= m.maxN {
+		m.resize(max(len(m.slots)*emGrowNum/emGrowDen, emMin))
+	}
+	m.insert(k, v)
+	m.n++
+}
+
+// insert places a key known to be absent, displacing keys nearer their home.
+func (m *engineMap) insert(k, v uint64) {
+	for i, d := m.home(k), 0; ; d++ {
+		s := &m.slots[i]
+		if s.k == 0 {
+			s.k, s.v = k, v
+			return
+		}
+		if sd := m.dist(s.k, i); sd < d {
+			s.k, k = k, s.k
+			s.v, v = v, s.v
+			d = sd
+		}
+		if i++; i == len(m.slots) {
+			i = 0
+		}
+	}
+}
+
+// del removes k and returns its value.
+func (m *engineMap) del(k uint64) (uint64, bool) {
+	if k == 0 {
+		v, ok := m.zeroVal, m.hasZero
+		m.hasZero, m.zeroVal = false, 0
+		return v, ok
+	}
+	i := m.find(k)
+	if i < 0 {
+		return 0, false
+	}
+	v := m.slots[i].v
+	// Shift the following run back by one until a key sits at its home or a slot is empty.
+	for {
+		j := i + 1
+		if j == len(m.slots) {
+			j = 0
+		}
+		s := m.slots[j]
+		if s.k == 0 || m.dist(s.k, j) == 0 {
+			break
+		}
+		m.slots[i] = s
+		i = j
+	}
+	m.slots[i] = emSlot{}
+	m.n--
+	return v, true
+}
+
+func (m *engineMap) resize(c int) {
+	old := m.slots
+	m.slots = make([]emSlot, c)
+	m.maxN = c * emLoadNum / emLoadDen
+	for _, s := range old {
+		if s.k != 0 {
+			m.insert(s.k, s.v)
+		}
+	}
+}
+
+// each calls f for every key and value.
+func (m *engineMap) each(f func(k, v uint64)) {
+	if m.hasZero {
+		f(0, m.zeroVal)
+	}
+	for _, s := range m.slots {
+		if s.k != 0 {
+			f(s.k, s.v)
+		}
+	}
+}
+
+// reset empties the map. A large table is given back: a worker that was cleared refills over
+// time, and its old size would be held for nothing if it does not.
+func (m *engineMap) reset() {
+	m.n, m.hasZero, m.zeroVal = 0, false, 0
+	if len(m.slots) > 1024 {
+		m.slots, m.maxN = nil, 0
+		return
+	}
+	clear(m.slots)
+}

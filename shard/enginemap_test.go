@@ -1,0 +1,128 @@
+package shard
+
+import (
+	"encoding/binary"
+	"math/rand/v2"
+	"testing"
+)
+
+// checkEngineMap compares m with the builtin map and checks the Robin Hood invariant.
+func checkEngineMap(t *testing.T, m *engineMap, want map[uint64]uint64) {
+	t.Helper()
+	if m.len() != len(want) {
+		t.Fatalf("len %d, want %d", m.len(), len(want))
+	}
+	for k, v := range want {
+		if got, ok := m.get(k); !ok || got != v {
+			t.Fatalf("get(%d) = %d, %v; want %d", k, got, ok, v)
+		}
+	}
+	n := 0
+	m.each(func(k, v uint64) {
+		n++
+		if want[k] != v {
+			t.Fatalf("each gave %d=%d, want %d", k, v, want[k])
+		}
+	})
+	if n != len(want) {
+		t.Fatalf("each visited %d, want %d", n, len(want))
+	}
+	// Every key sits after a run of keys at least as far from home as it is, one step back.
+	for i, s := range m.slots {
+		if s.k == 0 {
+			continue
+		}
+		if d := m.dist(s.k, i); d > 0 {
+			j := i - 1
+			if j < 0 {
+				j = len(m.slots) - 1
+			}
+			if p := m.slots[j]; p.k == 0 || m.dist(p.k, j) < d-1 {
+				t.Fatalf("slot %d: key %d at distance %d after a slot at distance < %d", i, s.k, d, d-1)
+			}
+		}
+	}
+}
+
+// applyEngineOps drives an engineMap and the builtin map with ops decoded from data: 9 bytes per
+// op (kind, key), keys folded to a small range so that ops collide.
+func applyEngineOps(t *testing.T, data []byte, keyRange uint64) {
+	var m engineMap
+	want := map[uint64]uint64{}
+	for i := 0; len(data) >= 9; i++ {
+		op, k := data[0], binary.LittleEndian.Uint64(data[1:9])%keyRange
+		data = data[9:]
+		switch op % 4 {
+		case 0, 1:
+			m.put(k, uint64(i))
+			want[k] = uint64(i)
+		case 2:
+			v, ok := m.del(k)
+			wv, wok := want[k]
+			if ok != wok || v != wv {
+				t.Fatalf("del(%d) = %d, %v; want %d, %v", k, v, ok, wv, wok)
+			}
+			delete(want, k)
+		case 3:
+			if op == 255 {
+				m.reset()
+				clear(want)
+			}
+		}
+	}
+	checkEngineMap(t, &m, want)
+}
+
+func TestEngineMapRandom(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 1))
+	for _, keyRange := range []uint64{4, 100, 5000, 1 << 40} {
+		data := make([]byte, 9*20000)
+		for i := range data {
+			data[i] = byte(r.Uint32())
+		}
+		applyEngineOps(t, data, keyRange)
+	}
+}
+
+func TestEngineMapGrowsAndShrinks(t *testing.T) {
+	var m engineMap
+	want := map[uint64]uint64{}
+	for k := range uint64(5000) {
+		m.put(k, k*3) // includes key 0, kept aside
+		want[k] = k * 3
+	}
+	checkEngineMap(t, &m, want)
+	for k := uint64(0); k < 5000; k += 2 {
+		m.del(k)
+		delete(want, k)
+	}
+	checkEngineMap(t, &m, want)
+	m.reset()
+	if m.len() != 0 || m.slots != nil {
+		t.Fatalf("reset of a large map kept %d keys, %d slots", m.len(), len(m.slots))
+	}
+}
+
+// A steady churn of puts and deletes never allocates: no tombstones to rehash.
+func TestEngineMapChurnAllocs(t *testing.T) {
+	var m engineMap
+	for k := range uint64(1000) {
+		m.put(k+1, k)
+	}
+	k := uint64(1)
+	if n := testing.AllocsPerRun(10000, func() {
+		m.del(k)
+		m.put(k+1000, k)
+		k++
+	}); n != 0 {
+		t.Fatalf("%v allocs per churn step, want 0", n)
+	}
+}
+
+func FuzzEngineMap(f *testing.F) {
+	f.Add([]byte{0, 1, 0, 0, 0, 0, 0, 0, 0, 2, 1, 0, 0, 0, 0, 0, 0, 0})
+	f.Add(make([]byte, 9*40))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		applyEngineOps(t, data, 64)
+	})
+}
