@@ -15,8 +15,8 @@ type Match struct {
 	Depth []int32
 	// Cached[i] is the total number of blocks Slots[i] holds in the index.
 	Cached []int64
-	// Lookups is the number of entries the walk looked up: it stops at the first block that no
-	// remaining worker holds.
+	// Lookups is the number of query blocks the walk examined: it stops at the first block that
+	// no remaining worker holds.
 	Lookups int
 
 	// Seqs holds the sequence hashes that MatchTokens computed.
@@ -27,6 +27,10 @@ type Match struct {
 	pos    []int32  // slot → position in Slots (bitset mode)
 	hasher Hasher
 }
+
+// window is how many blocks the walk prefetches ahead: while it resolves and intersects one
+// window of blocks, the home buckets of the next window are being loaded.
+const window = 16
 
 // bitsModeMin is the number of first-block holders from which the walk intersects bitsets word
 // by word instead of testing each walking slot. List mode therefore never walks more than
@@ -49,7 +53,9 @@ func (ix *Index) Match(seqs []uint64, m *Match) {
 	if len(seqs) == 0 {
 		return
 	}
-	h, s := ix.holders(seqs[0])
+	var la lookahead
+	la.start(ix, seqs)
+	h, s := la.at(0)
 	m.Lookups = 1
 	m.Slots = appendMembers(m.Slots, h, s)
 	n := len(m.Slots)
@@ -65,80 +71,165 @@ func (ix *Index) Match(seqs []uint64, m *Match) {
 	var i int
 	var act []int32
 	if s != nil && s.bits != nil && n >= bitsModeMin {
-		i, act = ix.walkBits(seqs, m)
+		i, act = ix.walkBits(&la, m)
 	} else {
 		i, act = 1, m.act[:0]
 		for p := range n {
 			act = append(act, int32(p))
 		}
 	}
-	for ; i < len(seqs) && len(act) > 0; i++ {
-		h, s := ix.holders(seqs[i])
-		m.Lookups++
-		k := 0
-		switch {
-		case s == nil:
-			f0, f1, f2 := h&fieldMask, h>>fieldBits&fieldMask, h>>(2*fieldBits)&fieldMask
-			for _, p := range act {
-				if f := uint64(m.Slots[p]) + 1; f == f0 || f == f1 || f == f2 {
-					act[k] = p
-					k++
-				} else {
-					m.Depth[p] = int32(i)
-				}
-			}
-		case s.bits != nil:
-			for _, p := range act {
-				if s.has(m.Slots[p]) {
-					act[k] = p
-					k++
-				} else {
-					m.Depth[p] = int32(i)
-				}
-			}
-		default:
-			// Cells are unordered: look each holder up among the walking slots (ascending, and
-			// at most 64 in list mode, so a mask marks the ones to keep).
-			var keep uint64
-			for c := range s.cells {
-				v := atomic.LoadUint32(&s.cells[c])
-				if v == 0 {
-					continue
-				}
-				x := Slot(v - 1)
-				lo, hi := 0, len(act)
-				for lo < hi {
-					if mid := int(uint(lo+hi) >> 1); m.Slots[act[mid]] < x {
-						lo = mid + 1
+	for i < len(seqs) && len(act) > 0 {
+		if i >= la.end {
+			la.advance()
+		}
+		base := la.base
+		for _, h := range la.hs[i-base : la.end-base] {
+			if h&overflow == 0 {
+				// Up to three holders inline (the common case), without a call.
+				f0, f1, f2 := h&fieldMask, h>>fieldBits&fieldMask, h>>(2*fieldBits)&fieldMask
+				k := 0
+				for _, p := range act {
+					if f := uint64(m.Slots[p]) + 1; f == f0 || f == f1 || f == f2 {
+						act[k] = p
+						k++
 					} else {
-						hi = mid
+						m.Depth[p] = int32(i)
 					}
 				}
-				if lo < len(act) && m.Slots[act[lo]] == x {
-					keep |= 1 << lo
-				}
+				act = act[:k]
+			} else {
+				act = m.step(act, h, la.ss[i-base], int32(i))
 			}
-			for j, p := range act {
-				if keep&(1<<j) != 0 {
-					act[k] = p
-					k++
-				} else {
-					m.Depth[p] = int32(i)
-				}
+			i++
+			if len(act) == 0 {
+				break
 			}
 		}
-		act = act[:k]
 	}
+	m.Lookups = max(m.Lookups, i)
 	for _, p := range act {
 		m.Depth[p] = int32(i)
 	}
 	m.act = act[:0]
 }
 
+// lookahead serves a walk the holders of its blocks in order, resolving them a window at a time
+// and prefetching the next window's home buckets before resolving the current one, so that cache
+// misses overlap with work instead of adding up. It lives on the walk's stack.
+type lookahead struct {
+	ix   *Index
+	seqs []uint64
+	// Blocks [base, end) are resolved into hs/ss; blocks [end, next) are planned (prefetched)
+	// into tabs/pos[1-cur].
+	base, end, next int
+	cur             int
+	buckets         [2][window]*bucket
+	hs              [window]uint64
+	ss              [window]*holderSet // valid where hs has the overflow bit
+}
+
+func (la *lookahead) start(ix *Index, seqs []uint64) {
+	la.ix, la.seqs = ix, seqs
+	// Plan the first window, the root block included, then resolve the root alone: the rest of
+	// the window is in flight while the caller expands the root's holders.
+	la.next = min(window, len(seqs))
+	ix.plan(seqs[:la.next], la.buckets[1][:la.next])
+	la.cur = 1
+	la.base, la.end = 0, 1
+	ix.resolve(seqs[:1], la.buckets[1][:1], la.hs[:1], la.ss[:1])
+}
+
+// at returns the holders of block i; i counts up by one from 0.
+func (la *lookahead) at(i int) (uint64, *holderSet) {
+	if i >= la.end {
+		la.advance()
+	}
+	h := la.hs[i-la.base]
+	if h&overflow == 0 {
+		return h, nil
+	}
+	return h, la.ss[i-la.base]
+}
+
+// advance resolves the planned blocks not yet resolved and plans the window after them.
+func (la *lookahead) advance() {
+	seqs, planned := la.seqs, la.cur
+	off := 0
+	if la.end < window && la.base == 0 {
+		off = la.end // the first window: the root was resolved on its own
+	}
+	lo, hi := la.end, la.next
+	la.next = min(hi+window, len(seqs))
+	if la.next > hi {
+		la.ix.plan(seqs[hi:la.next], la.buckets[1-planned][:la.next-hi])
+	}
+	la.ix.resolve(seqs[lo:hi], la.buckets[planned][off:off+hi-lo], la.hs[:hi-lo], la.ss[:hi-lo])
+	la.base, la.end, la.cur = lo, hi, 1-planned
+}
+
+// step intersects the walking positions act with the holders (h, s) of block i: the slots that
+// lack it stop at depth i.
+func (m *Match) step(act []int32, h uint64, s *holderSet, i int32) []int32 {
+	k := 0
+	switch {
+	case s == nil:
+		f0, f1, f2 := h&fieldMask, h>>fieldBits&fieldMask, h>>(2*fieldBits)&fieldMask
+		for _, p := range act {
+			if f := uint64(m.Slots[p]) + 1; f == f0 || f == f1 || f == f2 {
+				act[k] = p
+				k++
+			} else {
+				m.Depth[p] = i
+			}
+		}
+	case s.bits != nil:
+		for _, p := range act {
+			if s.has(m.Slots[p]) {
+				act[k] = p
+				k++
+			} else {
+				m.Depth[p] = i
+			}
+		}
+	default:
+		// Cells are unordered: look each holder up among the walking slots (ascending, and at
+		// most 64 in list mode, so a mask marks the ones to keep).
+		var keep uint64
+		for c := range s.cells {
+			v := atomic.LoadUint32(&s.cells[c])
+			if v == 0 {
+				continue
+			}
+			x := Slot(v - 1)
+			lo, hi := 0, len(act)
+			for lo < hi {
+				if mid := int(uint(lo+hi) >> 1); m.Slots[act[mid]] < x {
+					lo = mid + 1
+				} else {
+					hi = mid
+				}
+			}
+			if lo < len(act) && m.Slots[act[lo]] == x {
+				keep |= 1 << lo
+			}
+		}
+		for j, p := range act {
+			if keep&(1<<j) != 0 {
+				act[k] = p
+				k++
+			} else {
+				m.Depth[p] = i
+			}
+		}
+	}
+	return act[:k]
+}
+
 // walkBits walks while many slots are still in: the walking set is a bitset intersected a word
 // at a time with the holder bitsets. At the first entry without a bitset (few holders) it hands
 // over to list mode: it returns the next block to look at and the positions still walking.
-func (ix *Index) walkBits(seqs []uint64, m *Match) (int, []int32) {
+func (ix *Index) walkBits(la *lookahead, m *Match) (int, []int32) {
+	seqs := la.seqs
 	hi := int(m.Slots[len(m.Slots)-1])>>6 + 1
 	m.bits = slices.Grow(m.bits[:0], hi)[:hi]
 	clear(m.bits)
@@ -150,12 +241,12 @@ func (ix *Index) walkBits(seqs []uint64, m *Match) (int, []int32) {
 		m.pos[x] = int32(p)
 	}
 	lo := int(m.Slots[0]) >> 6
-	for i := 1; i < len(seqs); i++ {
-		h, s := ix.holders(seqs[i])
+	for i := 1; i < len(seqs); {
+		h, s := la.at(i)
 		m.Lookups++
 		if s == nil || s.bits == nil {
 			// Few holders here: keep those still walking, the rest stop at i.
-			var buf [bitsModeMin]Slot
+			var buf [cellsMax]Slot
 			act := m.act[:0]
 			for _, x := range appendMembers(buf[:0], h, s) {
 				if w := int(x >> 6); w >= lo && w < hi && m.bits[w]&(1<<(x&63)) != 0 {
@@ -182,8 +273,9 @@ func (ix *Index) walkBits(seqs []uint64, m *Match) (int, []int32) {
 			m.bits[w] = a & b
 			any |= a & b
 		}
+		i++
 		if any == 0 {
-			return i + 1, m.act[:0]
+			return i, m.act[:0]
 		}
 		for m.bits[lo] == 0 {
 			lo++
@@ -206,7 +298,30 @@ func (m *Match) dropBits(lo, hi int, d int32) {
 	}
 }
 
-func (ix *Index) holders(seq uint64) (uint64, *holderSet) {
-	m := ix.mix(seq)
-	return ix.segment(m).holders(seq, m)
+// plan finds the home bucket of each key and prefetches them.
+func (ix *Index) plan(keys []uint64, buckets []*bucket) {
+	for j, k := range keys {
+		m := ix.mix(k)
+		buckets[j] = ix.segment(m).tab.Load().bucketAt(m)
+	}
+	prefetch(buckets[:len(keys)])
+}
+
+// resolve sets hs[j] (and ss[j] for an overflow word) to the holders of keys[j], from the
+// planned buckets; a key not settled by its home bucket takes the full probe of the newest table.
+func (ix *Index) resolve(keys []uint64, buckets []*bucket, hs []uint64, ss []*holderSet) {
+	for j, k := range keys {
+		h, ok := buckets[j].find(k)
+		if !ok || k == 0 || h&overflow != 0 {
+			m := ix.mix(k)
+			g := ix.segment(m)
+			if !ok || k == 0 {
+				h = g.tab.Load().find(k, m)
+			}
+			if h&overflow != 0 {
+				h, ss[j] = g.resolve(k, m, h)
+			}
+		}
+		hs[j] = h
+	}
 }

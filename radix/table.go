@@ -13,7 +13,8 @@ import (
 // Reader safety rests on three rules:
 //   - a table slot's key is written once, before its holder word first becomes non-zero, and is
 //     never written again: a removed entry stays as a dead entry (holder word == occupied) until
-//     the next rebuild, and revives in place if the same key is stored again;
+//     the next rebuild, and revives in place if the same key is stored again (keys are atomics
+//     because readers compare a bucket's keys before knowing which slots are filled);
 //   - a rebuild fills a new table privately and publishes it with one atomic store; writers use
 //     only the newest table, readers may finish on an older one, which no one writes any more;
 //   - a holder word changes with one atomic store (holders.go).
@@ -26,46 +27,87 @@ const (
 	maxLoadNum, maxLoadDen = 4, 5  // 0.8
 	lowLoadNum, lowLoadDen = 8, 15 // 0.8 / 1.5
 
-	minTable = 16
+	minTable = 16 // slots; segment bases spread over [16, 24)
 )
 
 type entry struct {
-	key uint64        // sequence hash; see the rules above
+	key atomic.Uint64 // sequence hash; see the rules above
 	h   atomic.Uint64 // holder word; 0 = empty slot
 }
 
+// A key's probe starts at the first slot of its home bucket of bucketSlots slots (one cache line
+// of entries), so that the key is usually in the line the probe loads first, and the bucket's
+// slots are compared without branches.
+const bucketSlots = 4
+
 type table struct {
-	slots   []entry
-	maxUsed int // a write that would take used past this rebuilds first
+	slots   []entry // a multiple of bucketSlots
+	maxUsed int     // a write that would take used past this rebuilds first
 }
 
-// home maps a mixed key to its first probe position. The top segBits bits chose the segment, so
-// the position uses the bits below them (fast range reduction: any table size works).
+type bucket [bucketSlots]entry
+
+// bucketAt returns the home bucket of a mixed key.
+func (t *table) bucketAt(m uint64) *bucket {
+	p := t.home(m)
+	return (*bucket)(t.slots[p : p+bucketSlots])
+}
+
+// find looks key up in its home bucket alone. ok is false when the probe must go on to the next
+// bucket (the bucket is full of other keys); otherwise h is the holder word, 0 if absent.
+// key must not be 0: an empty slot's key reads as 0.
+func (b *bucket) find(key uint64) (h uint64, ok bool) {
+	found := b2u(b[0].key.Load() == key) | b2u(b[1].key.Load() == key)<<1 |
+		b2u(b[2].key.Load() == key)<<2 | b2u(b[3].key.Load() == key)<<3
+	if found != 0 {
+		// A slot being filled shows its key before its holder word: then h is 0, "not yet".
+		return b[bits.TrailingZeros(found)&(bucketSlots-1)].h.Load(), true
+	}
+	return 0, b[0].h.Load() == 0 || b[1].h.Load() == 0 || b[2].h.Load() == 0 || b[3].h.Load() == 0
+}
+
+// home maps a mixed key to the first slot of its home bucket. The top segBits bits chose the
+// segment, so the bucket uses the bits below them (fast range reduction: any table size works).
 func (t *table) home(m uint64) int {
-	hi, _ := bits.Mul64(m<<segBits, uint64(len(t.slots)))
-	return int(hi)
+	hi, _ := bits.Mul64(m<<segBits, uint64(len(t.slots)/bucketSlots))
+	return int(hi) * bucketSlots
 }
 
 // find returns the holder word of key, or 0 if the table has no entry for it.
-func (t *table) find(key, m uint64) uint64 {
+func (t *table) find(key, m uint64) uint64 { return t.findFrom(key, t.home(m)) }
+
+// findFrom is find starting the probe at bucket start b. A slot never becomes empty again once
+// filled, and a key goes to the first empty slot of its probe, so an empty slot ends the search.
+func (t *table) findFrom(key uint64, b int) uint64 {
 	s := t.slots
-	for i := t.home(m); ; {
-		e := &s[i]
-		h := e.h.Load()
-		if h == 0 {
+	for {
+		e := s[b : b+bucketSlots : b+bucketSlots]
+		hs := [bucketSlots]uint64{e[0].h.Load(), e[1].h.Load(), e[2].h.Load(), e[3].h.Load()}
+		found := b2u(e[0].key.Load() == key && hs[0] != 0) |
+			b2u(e[1].key.Load() == key && hs[1] != 0)<<1 |
+			b2u(e[2].key.Load() == key && hs[2] != 0)<<2 |
+			b2u(e[3].key.Load() == key && hs[3] != 0)<<3
+		if found != 0 {
+			return hs[bits.TrailingZeros(found)&(bucketSlots-1)]
+		}
+		if hs[0] == 0 || hs[1] == 0 || hs[2] == 0 || hs[3] == 0 {
 			return 0
 		}
-		if e.key == key {
-			return h
-		}
-		if i++; i == len(s) {
-			i = 0
+		if b += bucketSlots; b == len(s) {
+			b = 0
 		}
 	}
 }
 
+func b2u(b bool) uint {
+	if b {
+		return 1
+	}
+	return 0
+}
+
 // probe returns the position of key, or of the empty slot where it would go. REQUIRES the
-// segment lock (it reads keys of slots that only the writer fills).
+// segment lock.
 func (t *table) probe(key, m uint64) (int, bool) {
 	s := t.slots
 	for i := t.home(m); ; {
@@ -73,7 +115,7 @@ func (t *table) probe(key, m uint64) (int, bool) {
 		if e.h.Load() == 0 {
 			return i, false
 		}
-		if e.key == key {
+		if e.key.Load() == key {
 			return i, true
 		}
 		if i++; i == len(s) {
@@ -111,6 +153,7 @@ func newTable(base, need int) *table {
 	for c*lowLoadNum < need*lowLoadDen {
 		c = c * 3 / 2
 	}
+	c = (c + bucketSlots - 1) &^ (bucketSlots - 1)
 	return &table{slots: make([]entry, c), maxUsed: c * maxLoadNum / maxLoadDen}
 }
 
@@ -138,8 +181,9 @@ func (g *segment) rebuild(ix *Index, need int) *table {
 				h = inlineWord(appendMembers(buf[:0], 0, s))
 			}
 		}
-		j, _ := t.probe(e.key, ix.mix(e.key))
-		t.slots[j].key = e.key
+		key := e.key.Load()
+		j, _ := t.probe(key, ix.mix(key))
+		t.slots[j].key.Store(key)
 		t.slots[j].h.Store(h)
 	}
 	g.used = int(g.live.Load())
@@ -161,7 +205,7 @@ func (g *segment) add(ix *Index, key, m uint64, x Slot) bool {
 			i, _ = t.probe(key, m)
 		}
 		e := &t.slots[i]
-		e.key = key
+		e.key.Store(key)
 		e.h.Store(occupied | (uint64(x) + 1))
 		g.used++
 		g.live.Add(1)
@@ -215,8 +259,13 @@ func (g *segment) holders(key, m uint64) (uint64, *holderSet) {
 
 // holdersFrom is holders starting from table t, which may be stale (tests pass an old one).
 func (g *segment) holdersFrom(t *table, key, m uint64) (uint64, *holderSet) {
+	return g.resolve(key, m, t.find(key, m))
+}
+
+// resolve finishes a lookup of key that found holder word h in some table: for an overflow word it
+// fetches the set, retrying from the newest table if the word was stale.
+func (g *segment) resolve(key, m, h uint64) (uint64, *holderSet) {
 	for attempt := 0; ; attempt++ {
-		h := t.find(key, m)
 		if h&overflow == 0 {
 			return h, nil
 		}
@@ -240,7 +289,7 @@ func (g *segment) holdersFrom(t *table, key, m uint64) (uint64, *holderSet) {
 			g.mu.Unlock()
 			return h, s
 		}
-		t = g.tab.Load()
+		h = g.tab.Load().find(key, m)
 	}
 }
 
