@@ -4,6 +4,9 @@ import (
 	"math/bits"
 	"slices"
 	"sync/atomic"
+	"unsafe"
+
+	"github.com/kvrouterd/kvrouterd/internal/prefetch"
 )
 
 // Match is the result of Index.Match together with the scratch the walk needs. Reuse one Match
@@ -304,7 +307,22 @@ func (ix *Index) plan(keys []uint64, buckets []*bucket) {
 		m := ix.mix(k)
 		buckets[j] = ix.segment(m).tab.Load().bucketAt(m)
 	}
-	prefetch(buckets[:len(keys)])
+	prefetchBuckets(buckets[:len(keys)])
+}
+
+func prefetchBuckets(b []*bucket) {
+	prefetch.Lines(unsafe.Slice((*unsafe.Pointer)(unsafe.Pointer(unsafe.SliceData(b))), len(b)))
+}
+
+// Prefetch starts loading the home buckets of seqs, for a writer about to Add or Remove them:
+// the misses then overlap instead of coming one per block. Safe for concurrent use.
+func (ix *Index) Prefetch(seqs []uint64) {
+	var buckets [window]*bucket
+	for len(seqs) > 0 {
+		n := min(len(seqs), window)
+		ix.plan(seqs[:n], buckets[:n])
+		seqs = seqs[n:]
+	}
 }
 
 // resolve sets hs[j] (and ss[j] for an overflow word) to the holders of keys[j], from the

@@ -124,19 +124,23 @@ func (t *table) probe(key, m uint64) (int, bool) {
 	}
 }
 
-// segment is padded so that two segments' locks never share a cache line pair.
+// segment keeps the fields every lookup reads apart from the writers' fields, which change on
+// every write (a lock word shared with readers would send its cache line back and forth between
+// cores on each write), each part in its own 128-byte line pair.
 type segment struct {
-	mu   sync.Mutex
 	tab  atomic.Pointer[table]
 	sets atomic.Pointer[setTable]
-	base int          // capacity seed: segments grow out of phase (see newTable)
+	base int // capacity seed: segments grow out of phase (see newTable)
+	_    [128 - 24]byte
+
+	mu   sync.Mutex
 	used int          // REQUIRES mu: live + dead entries in tab
 	live atomic.Int64 // entries with at least one holder; written under mu
 	free []uint32     // REQUIRES mu: unused set table indexes
 	// compacted collects, during a rebuild, sets turned back into inline words; they are freed
 	// once the new table is published, so readers of the old one still find them.
 	compacted []uint32 // REQUIRES mu
-	_         [128 - 96]byte
+	_         [128 - 72]byte
 }
 
 type setTable struct {

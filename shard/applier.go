@@ -10,14 +10,15 @@ import (
 // map, duplicate-content counts and event cursors. Every event of a worker must go through the
 // same Applier, in order. An Applier is for one goroutine at a time (a shard's, or a test's).
 type Applier struct {
-	workers map[uint64]*worker
-	budget  *budget
-	allow   int64 // residencies reserved from budget and not used yet
-	obs     Observer
-	c       *counters
+	workers   map[uint64]*worker
+	budget    *budget
+	allow     int64 // residencies reserved from budget and not used yet
+	obs       Observer
+	c         *counters
+	unflushed int64 // residencies removed by the current call, counted once at its end
 
 	h        radix.Hasher
-	local    []uint64
+	seqs     []uint64 // an event's sequence hashes
 	loraName string
 	loraSeed uint64
 }
@@ -69,6 +70,7 @@ func (w *worker) rank(r uint32) *rankState {
 func (a *Applier) Apply(ix *radix.Index, id uint64, ev *Event) Outcome {
 	o := Outcome{Worker: id, Rank: ev.Rank, EventID: ev.ID, Kind: ev.Kind}
 	a.apply(ix, id, ev, &o)
+	a.flushRemoved()
 	a.c.events.Add(1)
 	a.c.byStatus[o.Status].Add(1)
 	if o.Skipped != 0 {
@@ -152,16 +154,17 @@ func (a *Applier) stored(w *worker, r *rankState, ev *Event, o *Outcome) {
 	}
 	seed := a.seed(ev.LoRA)
 	if ev.MM != nil {
-		a.local = a.h.AppendLocalMM(a.local[:0], ev.Tokens, bs, seed, ev.MM)
+		a.seqs = a.h.AppendLocalMM(a.seqs[:0], ev.Tokens, bs, seed, ev.MM)
 	} else {
-		a.local = a.h.AppendLocal(a.local[:0], ev.Tokens, bs, seed)
+		a.seqs = a.h.AppendLocal(a.seqs[:0], ev.Tokens, bs, seed)
 	}
+	radix.ChainInPlace(a.seqs, parent, hasParent)
+	// Every block below costs a lookup in the engine map and one in the index, each likely a
+	// cache miss: start them all now so that they overlap.
+	r.engine.prefetch(ev.Hashes)
+	w.ix.Prefetch(a.seqs)
 	for i, eh := range ev.Hashes {
-		seq := a.local[i]
-		if hasParent {
-			seq = radix.SeqHash(parent, seq)
-		}
-		parent, hasParent = seq, true
+		seq := a.seqs[i]
 		if old, ok := r.engine.get(eh); ok {
 			if old == seq {
 				continue
@@ -200,12 +203,18 @@ func (a *Applier) removed(w *worker, r *rankState, ev *Event, o *Outcome) {
 		o.Status = OtherTier
 		return
 	}
+	r.engine.prefetch(ev.Hashes)
+	a.seqs = a.seqs[:0]
 	for _, eh := range ev.Hashes {
 		seq, ok := r.engine.del(eh)
 		if !ok {
 			o.Skipped++
 			continue
 		}
+		a.seqs = append(a.seqs, seq)
+	}
+	w.ix.Prefetch(a.seqs)
+	for _, seq := range a.seqs {
 		if a.drop(w.ix, r, seq) {
 			o.Applied++
 		}
@@ -263,6 +272,7 @@ func (a *Applier) RemoveWorker(id uint64) int {
 		return 0
 	}
 	n := a.clear(w)
+	a.flushRemoved()
 	for _, r := range w.ranks {
 		// Cannot fail: the slot is ours and clear emptied it.
 		_ = w.ix.Release(r.slot)
@@ -301,6 +311,16 @@ func (a *Applier) seed(lora string) uint64 {
 	return a.loraSeed
 }
 
+// flushRemoved adds the residencies removed since the last flush to the shared counters (one
+// atomic add per event instead of one per block).
+func (a *Applier) flushRemoved() {
+	if a.unflushed != 0 {
+		a.c.removed.Add(a.unflushed)
+		a.c.residencies.Add(-a.unflushed)
+		a.unflushed = 0
+	}
+}
+
 // reserve takes one residency from the budget.
 func (a *Applier) reserve() bool {
 	if a.allow > 0 {
@@ -320,8 +340,7 @@ func (a *Applier) release(n int) {
 	if n == 0 {
 		return
 	}
-	a.c.removed.Add(int64(n))
-	a.c.residencies.Add(-int64(n))
+	a.unflushed += int64(n)
 	a.allow += int64(n)
 	if a.allow > 2*a.budget.chunk {
 		a.budget.give(a.allow - a.budget.chunk)

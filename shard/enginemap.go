@@ -1,6 +1,11 @@
 package shard
 
-import "math/bits"
+import (
+	"math/bits"
+	"unsafe"
+
+	"github.com/kvrouterd/kvrouterd/internal/prefetch"
+)
 
 // engineMap maps one worker's engine block hashes to the router's sequence hashes. It is the
 // largest per-residency cost after the index itself, so it is a compact open-addressing table:
@@ -45,6 +50,22 @@ func (m *engineMap) dist(k uint64, i int) int {
 		d += len(m.slots)
 	}
 	return d
+}
+
+// prefetch starts loading the home slots of keys, which the caller is about to look up.
+func (m *engineMap) prefetch(keys []uint64) {
+	if len(m.slots) == 0 {
+		return
+	}
+	var ps [32]unsafe.Pointer
+	for len(keys) > 0 {
+		n := min(len(keys), len(ps))
+		for j, k := range keys[:n] {
+			ps[j] = unsafe.Pointer(&m.slots[m.home(k)])
+		}
+		prefetch.Lines(ps[:n])
+		keys = keys[n:]
+	}
 }
 
 // find returns the position of k, or -1.
