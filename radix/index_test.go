@@ -340,6 +340,9 @@ func TestIndexDifferential(t *testing.T) {
 		ix := newIndex(t, 16)
 		model := refmodel.NewIndex()
 		tr := tree{alphabet: 3, depth: 6}
+		for w := range 130 {
+			acquire(t, ix, uint64(1e6+w)) // idle low slots: bitsets start with empty words
+		}
 		var slots []radix.Slot
 		for w := range workers {
 			slots = append(slots, acquire(t, ix, uint64(w)))

@@ -26,8 +26,9 @@ type Match struct {
 	Seqs []uint64
 
 	act    []int32  // positions in Slots still walking (list mode)
-	bits   []uint64 // slots still walking (bitset mode)
-	pos    []int32  // slot → position in Slots (bitset mode)
+	root   []uint64 // bitset mode: the first block's holders, as the walk read them
+	rank   []int32  // bitset mode: rank[w] = position in Slots of word w's first holder
+	bits   []uint64 // bitset mode: slots still walking
 	hasher Hasher
 }
 
@@ -35,10 +36,9 @@ type Match struct {
 // window of blocks, the home buckets of the next window are being loaded.
 const window = 16
 
-// bitsModeMin is the number of first-block holders from which the walk intersects bitsets word
-// by word instead of testing each walking slot. List mode therefore never walks more than
-// max(bitsModeMin-1, cellsMax) = 64 slots, which the cells case relies on.
-const bitsModeMin = 64
+// When the first block's holders are a bitset the walk intersects bitsets a word at a time
+// (walkBits); otherwise (inline or cells) it tests each walking slot ("list mode"). List mode
+// therefore never walks more than cellsMax = 64 slots, which the cells case relies on.
 
 // MatchTokens hashes the full blocks of tokens (with seed, see LoRASeed) into m.Seqs and matches
 // them.
@@ -60,20 +60,23 @@ func (ix *Index) Match(seqs []uint64, m *Match) {
 	la.start(ix, seqs)
 	h, s := la.at(0)
 	m.Lookups = 1
-	m.Slots = appendMembers(m.Slots, h, s)
+	bitsMode := s != nil && s.bits != nil
+	if bitsMode {
+		m.snapshotRoot(s)
+	} else {
+		m.Slots = appendMembers(m.Slots, h, s)
+	}
 	n := len(m.Slots)
 	if n == 0 {
 		return
 	}
 	m.Depth = slices.Grow(m.Depth, n)[:n]
 	m.Cached = slices.Grow(m.Cached, n)[:n]
-	for i, x := range m.Slots {
-		m.Cached[i] = ix.Blocks(x)
-	}
+	ix.slots.fillBlocks(m.Slots, m.Cached)
 
 	var i int
 	var act []int32
-	if s != nil && s.bits != nil && n >= bitsModeMin {
+	if bitsMode {
 		i, act = ix.walkBits(&la, m)
 	} else {
 		i, act = 1, m.act[:0]
@@ -101,7 +104,7 @@ func (ix *Index) Match(seqs []uint64, m *Match) {
 				}
 				act = act[:k]
 			} else {
-				act = m.step(act, h, la.ss[i-base], int32(i))
+				act = m.step(act, la.ss[i-base], int32(i))
 			}
 			i++
 			if len(act) == 0 {
@@ -170,21 +173,11 @@ func (la *lookahead) advance() {
 	la.base, la.end, la.cur = lo, hi, 1-planned
 }
 
-// step intersects the walking positions act with the holders (h, s) of block i: the slots that
-// lack it stop at depth i.
-func (m *Match) step(act []int32, h uint64, s *holderSet, i int32) []int32 {
+// step intersects the walking positions act with the holder set s of block i: the slots that
+// lack it stop at depth i. (Inline holders are handled in Match's loop.)
+func (m *Match) step(act []int32, s *holderSet, i int32) []int32 {
 	k := 0
 	switch {
-	case s == nil:
-		f0, f1, f2 := h&fieldMask, h>>fieldBits&fieldMask, h>>(2*fieldBits)&fieldMask
-		for _, p := range act {
-			if f := uint64(m.Slots[p]) + 1; f == f0 || f == f1 || f == f2 {
-				act[k] = p
-				k++
-			} else {
-				m.Depth[p] = i
-			}
-		}
 	case s.bits != nil:
 		for _, p := range act {
 			if s.has(m.Slots[p]) {
@@ -228,22 +221,60 @@ func (m *Match) step(act []int32, h uint64, s *holderSet, i int32) []int32 {
 	return act[:k]
 }
 
+// snapshotRoot reads the first block's holder bitset once into m.root and lists its slots in
+// m.Slots; m.rank makes a slot's position in Slots a prefix popcount away.
+func (m *Match) snapshotRoot(s *holderSet) {
+	words := len(s.bits)
+	m.root = slices.Grow(m.root[:0], words)[:words]
+	m.rank = slices.Grow(m.rank[:0], words)[:words]
+	n := int32(0)
+	for w := range s.bits {
+		b := atomic.LoadUint64(&s.bits[w])
+		m.root[w], m.rank[w] = b, n
+		n += int32(bits.OnesCount64(b))
+		for ; b != 0; b &= b - 1 {
+			m.Slots = append(m.Slots, Slot(w<<6|bits.TrailingZeros64(b)))
+		}
+	}
+}
+
+// posOf returns the position in Slots of the holder at bit b of word w of the root.
+func (m *Match) posOf(w, b int) int32 {
+	return m.rank[w] + int32(bits.OnesCount64(m.root[w]&(1<<b-1)))
+}
+
+// stop ends the walk at depth d for the slots set in d of word w.
+func (m *Match) stop(w int, dropped uint64, d int32) {
+	if dropped == m.root[w] {
+		// The whole word at once (the usual case: a shared prefix ends): one contiguous run.
+		start := m.rank[w]
+		clear32(m.Depth[start:start+int32(bits.OnesCount64(dropped))], d)
+		return
+	}
+	for ; dropped != 0; dropped &= dropped - 1 {
+		m.Depth[m.posOf(w, bits.TrailingZeros64(dropped))] = d
+	}
+}
+
+func clear32(s []int32, v int32) {
+	for i := range s {
+		s[i] = v
+	}
+}
+
 // walkBits walks while many slots are still in: the walking set is a bitset intersected a word
 // at a time with the holder bitsets. At the first entry without a bitset (few holders) it hands
 // over to list mode: it returns the next block to look at and the positions still walking.
 func (ix *Index) walkBits(la *lookahead, m *Match) (int, []int32) {
 	seqs := la.seqs
-	hi := int(m.Slots[len(m.Slots)-1])>>6 + 1
-	m.bits = slices.Grow(m.bits[:0], hi)[:hi]
-	clear(m.bits)
-	if need := hi << 6; len(m.pos) < need {
-		m.pos = slices.Grow(m.pos[:0], need)[:need]
+	m.bits = append(m.bits[:0], m.root...)
+	lo, hi := 0, len(m.bits)
+	for m.bits[lo] == 0 {
+		lo++
 	}
-	for p, x := range m.Slots {
-		m.bits[x>>6] |= 1 << (x & 63)
-		m.pos[x] = int32(p)
+	for m.bits[hi-1] == 0 {
+		hi--
 	}
-	lo := int(m.Slots[0]) >> 6
 	for i := 1; i < len(seqs); {
 		h, s := la.at(i)
 		m.Lookups++
@@ -254,7 +285,7 @@ func (ix *Index) walkBits(la *lookahead, m *Match) (int, []int32) {
 			for _, x := range appendMembers(buf[:0], h, s) {
 				if w := int(x >> 6); w >= lo && w < hi && m.bits[w]&(1<<(x&63)) != 0 {
 					m.bits[w] &^= 1 << (x & 63)
-					act = append(act, m.pos[x])
+					act = append(act, m.posOf(w, int(x&63)))
 				}
 			}
 			m.dropBits(lo, hi, int32(i))
@@ -270,8 +301,8 @@ func (ix *Index) walkBits(la *lookahead, m *Match) (int, []int32) {
 			if w < len(s.bits) {
 				b = atomic.LoadUint64(&s.bits[w])
 			}
-			for d := a &^ b; d != 0; d &= d - 1 {
-				m.Depth[m.pos[w<<6|bits.TrailingZeros64(d)]] = int32(i)
+			if d := a &^ b; d != 0 {
+				m.stop(w, d, int32(i))
 			}
 			m.bits[w] = a & b
 			any |= a & b
@@ -291,13 +322,13 @@ func (ix *Index) walkBits(la *lookahead, m *Match) (int, []int32) {
 	return len(seqs), m.act[:0]
 }
 
-// dropBits ends the walk at depth d for every slot still set in m.bits[lo:hi], and clears them.
+// dropBits ends the walk at depth d for every slot still set in m.bits[lo:hi].
 func (m *Match) dropBits(lo, hi int, d int32) {
 	for w := lo; w < hi; w++ {
-		for b := m.bits[w]; b != 0; b &= b - 1 {
-			m.Depth[m.pos[w<<6|bits.TrailingZeros64(b)]] = d
+		if b := m.bits[w]; b != 0 {
+			m.stop(w, b, d)
+			m.bits[w] = 0
 		}
-		m.bits[w] = 0
 	}
 }
 

@@ -139,6 +139,18 @@ func (ix *Index) Blocks(s Slot) int64 {
 	return ix.slots.info(s).blocks.Load()
 }
 
+// fillBlocks sets blocks[i] to the block count of slots[i] (slots in use, ascending).
+func (t *slotTable) fillBlocks(slots []Slot, blocks []int64) {
+	var chunk *[slotChunk]slotInfo
+	cur := Slot(1<<32 - 1)
+	for i, s := range slots {
+		if c := s / slotChunk; c != cur {
+			chunk, cur = t.chunks[c].Load(), c
+		}
+		blocks[i] = chunk[s%slotChunk].blocks.Load()
+	}
+}
+
 // WorkerBlocks is one worker's slot and its total cached block count.
 type WorkerBlocks struct {
 	Slot   Slot

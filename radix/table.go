@@ -74,7 +74,14 @@ func (t *table) home(m uint64) int {
 }
 
 // find returns the holder word of key, or 0 if the table has no entry for it.
-func (t *table) find(key, m uint64) uint64 { return t.findFrom(key, t.home(m)) }
+func (t *table) find(key, m uint64) uint64 {
+	if key != 0 {
+		if h, ok := t.bucketAt(m).find(key); ok {
+			return h
+		}
+	}
+	return t.findFrom(key, t.home(m))
+}
 
 // findFrom is find starting the probe at bucket start b. A slot never becomes empty again once
 // filled, and a key goes to the first empty slot of its probe, so an empty slot ends the search.
