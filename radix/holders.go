@@ -13,10 +13,12 @@ import (
 //	occupied | f2 f1 f0     up to three holders inline: three 20-bit fields, each slot+1 or 0
 //	occupied | overflow | i more holders: i is the index of a holderSet in the segment's set table
 //
-// A holder word is replaced with one atomic store, so a reader always sees a whole state.
+// plus the reused bit on a slot whose key was replaced once already (see table.go). A holder word
+// is replaced with one atomic store, so a reader always sees a whole state.
 const (
 	occupied  = uint64(1) << 63
 	overflow  = uint64(1) << 62
+	reused    = uint64(1) << 61
 	fieldBits = 20
 	fieldMask = uint64(1)<<fieldBits - 1
 	inlineMax = 3
@@ -96,6 +98,9 @@ func sortSmall(s []Slot) {
 	}
 }
 
+// dead reports whether an occupied slot's entry has no holders.
+func dead(h uint64) bool { return h&^reused == occupied }
+
 func inlineHas(h uint64, x Slot) bool {
 	f := uint64(x) + 1
 	return h&fieldMask == f || h>>fieldBits&fieldMask == f || h>>(2*fieldBits)&fieldMask == f
@@ -163,7 +168,7 @@ func (g *segment) addHolder(ix *Index, key, h uint64, x Slot) (uint64, bool) {
 		}
 		var buf [inlineMax]Slot
 		s := ix.overflowSet(key, appendMembers(buf[:0], h, nil), x)
-		return occupied | overflow | uint64(g.putSet(s)), true
+		return occupied | overflow | h&reused | uint64(g.putSet(s)), true
 	}
 	idx := uint32(h)
 	s := g.set(idx)
@@ -223,7 +228,7 @@ func (g *segment) removeHolder(ix *Index, key, h uint64, x Slot) (uint64, bool) 
 	}
 	if s.n--; s.n == 0 {
 		g.freeSet(idx)
-		return occupied, true
+		return occupied | h&reused, true
 	}
 	return h, true
 }

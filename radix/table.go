@@ -4,20 +4,29 @@ import (
 	"math/bits"
 	"sync"
 	"sync/atomic"
+	"unsafe"
 )
 
 // The index is split into segments by the top bits of the mixed key. Each segment is an
 // open-addressing table with linear probing, its own writer lock and its own growth, so a
 // rebuild copies one segment only and blocks only that segment's writers. Readers never lock.
 //
-// Reader safety rests on three rules:
-//   - a table slot's key is written once, before its holder word first becomes non-zero, and is
-//     never written again: a removed entry stays as a dead entry (holder word == occupied) until
-//     the next rebuild, and revives in place if the same key is stored again (keys are atomics
-//     because readers compare a bucket's keys before knowing which slots are filled);
+// Reader safety rests on these rules:
+//   - a slot's key is written before its holder word first becomes non-zero. A removed entry
+//     stays as a dead entry (no holders) and revives in place if its key is stored again. A new
+//     key may take over a dead slot, but each slot changes its key at most once per table (the
+//     reused bit marks it), and the writer stores the new key before the new holder word. A
+//     reader loads a key, then the holder word, then the key again: if the key changed, the slot
+//     was taken over, which only happens to dead entries, so "no holders" is a true answer for
+//     the key it wanted at that moment; and since a key changes only once, an unchanged key
+//     means the holder word belongs to it. Keys are atomics because readers compare a bucket's
+//     keys before knowing which slots are filled;
 //   - a rebuild fills a new table privately and publishes it with one atomic store; writers use
 //     only the newest table, readers may finish on an older one, which no one writes any more;
 //   - a holder word changes with one atomic store (holders.go).
+//
+// Taking over dead slots keeps insertions short (a new key usually lands in its home bucket)
+// and halves the rebuilds a steady churn of new and evicted blocks would otherwise cause.
 const (
 	segBits = 8
 	numSegs = 1 << segBits
@@ -61,7 +70,13 @@ func (b *bucket) find(key uint64) (h uint64, ok bool) {
 		b2u(b[2].key.Load() == key)<<2 | b2u(b[3].key.Load() == key)<<3
 	if found != 0 {
 		// A slot being filled shows its key before its holder word: then h is 0, "not yet".
-		return b[bits.TrailingZeros(found)&(bucketSlots-1)].h.Load(), true
+		e := &b[bits.TrailingZeros(found)&(bucketSlots-1)]
+		readerPause()
+		h = e.h.Load()
+		if e.key.Load() != key {
+			return 0, true // taken over: the key was dead (see the rules above)
+		}
+		return h, true
 	}
 	return 0, b[0].h.Load() == 0 || b[1].h.Load() == 0 || b[2].h.Load() == 0 || b[3].h.Load() == 0
 }
@@ -84,20 +99,23 @@ func (t *table) find(key, m uint64) uint64 {
 }
 
 // findFrom is find starting the probe at bucket start b. A slot never becomes empty again once
-// filled, and a key goes to the first empty slot of its probe, so an empty slot ends the search.
+// filled, and a key goes to the first free slot of its probe, so an empty slot ends the search.
 func (t *table) findFrom(key uint64, b int) uint64 {
 	s := t.slots
 	for {
 		e := s[b : b+bucketSlots : b+bucketSlots]
-		hs := [bucketSlots]uint64{e[0].h.Load(), e[1].h.Load(), e[2].h.Load(), e[3].h.Load()}
-		found := b2u(e[0].key.Load() == key && hs[0] != 0) |
-			b2u(e[1].key.Load() == key && hs[1] != 0)<<1 |
-			b2u(e[2].key.Load() == key && hs[2] != 0)<<2 |
-			b2u(e[3].key.Load() == key && hs[3] != 0)<<3
-		if found != 0 {
-			return hs[bits.TrailingZeros(found)&(bucketSlots-1)]
+		found := b2u(e[0].key.Load() == key) | b2u(e[1].key.Load() == key)<<1 |
+			b2u(e[2].key.Load() == key)<<2 | b2u(e[3].key.Load() == key)<<3
+		for ; found != 0; found &= found - 1 {
+			x := &e[bits.TrailingZeros(found)&(bucketSlots-1)]
+			readerPause()
+			// h == 0: an empty slot (looking for key 0) or one being filled; a changed key: taken
+			// over, the key was dead. Either way not a holder word of key.
+			if h := x.h.Load(); h != 0 && x.key.Load() == key {
+				return h
+			}
 		}
-		if hs[0] == 0 || hs[1] == 0 || hs[2] == 0 || hs[3] == 0 {
+		if e[0].h.Load() == 0 || e[1].h.Load() == 0 || e[2].h.Load() == 0 || e[3].h.Load() == 0 {
 			return 0
 		}
 		if b += bucketSlots; b == len(s) {
@@ -113,17 +131,26 @@ func b2u(b bool) uint {
 	return 0
 }
 
-// probe returns the position of key, or of the empty slot where it would go. REQUIRES the
-// segment lock.
-func (t *table) probe(key, m uint64) (int, bool) {
+// probe returns the position of key if the table has it; otherwise where it should go: the first
+// dead slot of its probe that was never taken over (reuse), else the empty slot that ends the
+// probe. REQUIRES the segment lock.
+func (t *table) probe(key, m uint64) (i int, found, reuse bool) {
 	s := t.slots
-	for i := t.home(m); ; {
+	take := -1
+	for i = t.home(m); ; {
 		e := &s[i]
-		if e.h.Load() == 0 {
-			return i, false
+		h := e.h.Load()
+		if h == 0 {
+			if take >= 0 {
+				return take, false, true
+			}
+			return i, false, false
 		}
 		if e.key.Load() == key {
-			return i, true
+			return i, true, false
+		}
+		if take < 0 && h == occupied {
+			take = i
 		}
 		if i++; i == len(s) {
 			i = 0
@@ -182,9 +209,10 @@ func (g *segment) rebuild(ix *Index, need int) *table {
 	for i := range old.slots {
 		e := &old.slots[i]
 		h := e.h.Load()
-		if h == 0 || h == occupied {
+		if h == 0 || dead(h) {
 			continue
 		}
+		h &^= reused // a fresh slot
 		if h&overflow != 0 {
 			if s := g.set(uint32(h)); s.n <= inlineMax {
 				var buf [inlineMax]Slot
@@ -193,9 +221,11 @@ func (g *segment) rebuild(ix *Index, need int) *table {
 			}
 		}
 		key := e.key.Load()
-		j, _ := t.probe(key, ix.mix(key))
-		t.slots[j].key.Store(key)
-		t.slots[j].h.Store(h)
+		j, _, _ := t.probe(key, ix.mix(key))
+		// t is not published yet: plain stores (an atomic store is a locked instruction on
+		// amd64, twice per entry copied); publishing t with an atomic store orders them.
+		*(*uint64)(unsafe.Pointer(&t.slots[j].key)) = key
+		*(*uint64)(unsafe.Pointer(&t.slots[j].h)) = h
 	}
 	g.used = int(g.live.Load())
 	g.tab.Store(t)
@@ -209,16 +239,21 @@ func (g *segment) rebuild(ix *Index, need int) *table {
 // add makes x a holder of key. REQUIRES g.mu.
 func (g *segment) add(ix *Index, key, m uint64, x Slot) bool {
 	t := g.tab.Load()
-	i, found := t.probe(key, m)
+	i, found, reuse := t.probe(key, m)
 	if !found {
-		if g.used >= t.maxUsed {
+		flags := uint64(0)
+		if reuse {
+			flags = reused // the slot's one change of key in this table
+		} else if g.used >= t.maxUsed {
 			t = g.rebuild(ix, int(g.live.Load())+1)
-			i, _ = t.probe(key, m)
+			i, _, _ = t.probe(key, m) // a fresh table has no dead slots
+		}
+		if !reuse {
+			g.used++
 		}
 		e := &t.slots[i]
-		e.key.Store(key)
-		e.h.Store(occupied | (uint64(x) + 1))
-		g.used++
+		e.key.Store(key) // before the holder word: see the rules above
+		e.h.Store(occupied | flags | (uint64(x) + 1))
 		g.live.Add(1)
 		return true
 	}
@@ -231,7 +266,7 @@ func (g *segment) add(ix *Index, key, m uint64, x Slot) bool {
 	if nh != h {
 		e.h.Store(nh)
 	}
-	if h == occupied {
+	if dead(h) {
 		g.live.Add(1)
 	}
 	return true
@@ -240,7 +275,7 @@ func (g *segment) add(ix *Index, key, m uint64, x Slot) bool {
 // remove drops x from the holders of key. REQUIRES g.mu.
 func (g *segment) remove(ix *Index, key, m uint64, x Slot) bool {
 	t := g.tab.Load()
-	i, found := t.probe(key, m)
+	i, found, _ := t.probe(key, m)
 	if !found {
 		return false
 	}
@@ -253,7 +288,7 @@ func (g *segment) remove(ix *Index, key, m uint64, x Slot) bool {
 	if nh != h {
 		e.h.Store(nh)
 	}
-	if nh == occupied {
+	if dead(nh) {
 		live := int(g.live.Add(-1))
 		// Mostly dead: rebuild smaller so that memory follows the index down.
 		if g.used > 4*minTable && live < g.used/4 {

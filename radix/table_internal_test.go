@@ -77,3 +77,101 @@ func TestStaleReaderSeesReusedSetIndex(t *testing.T) {
 		t.Fatalf("stale read of a after free: holders %v, want %v", got, want)
 	}
 }
+
+// A dead slot taken over by a new key: lookups of both keys stay right, and the slot is not taken
+// over a second time in the same table.
+func TestDeadSlotTakeover(t *testing.T) {
+	ix, _ := New(Config{BlockSize: 16})
+	a, _ := ix.Acquire(WorkerKey{ID: 1})
+	b, _ := ix.Acquire(WorkerKey{ID: 2})
+	keys := keysInSegment(ix, 3)
+	g := &ix.segs[0]
+	// Force k0 and k1 to share a probe by using the same home: find a k1 with k0's home.
+	k0 := keys[0]
+	tab := g.tab.Load()
+	var k1, k2 uint64
+	for k := uint64(1); k1 == 0 || k2 == 0; k++ {
+		if m := ix.mix(k); m>>(64-segBits) == 0 && k != k0 && tab.home(m) == tab.home(ix.mix(k0)) {
+			if k1 == 0 {
+				k1 = k
+			} else {
+				k2 = k
+			}
+		}
+	}
+	ix.Add(k0, a)
+	pos0, _, _ := tab.probe(k0, ix.mix(k0))
+	ix.Remove(k0, a) // dead
+	ix.Add(k1, b)    // takes over k0's slot
+	if p, found, _ := tab.probe(k1, ix.mix(k1)); !found || p != pos0 {
+		t.Fatalf("k1 at %d (found %v), want the dead slot %d", p, found, pos0)
+	}
+	if h := tab.slots[pos0].h.Load(); h&reused == 0 {
+		t.Fatal("taken-over slot not marked")
+	}
+	if ix.Has(k0, a) || !ix.Has(k1, b) || ix.Has(k1, a) {
+		t.Fatal("lookups wrong after takeover")
+	}
+	ix.Remove(k1, b) // dead again, but already taken over once
+	ix.Add(k2, a)
+	if p, _, _ := tab.probe(k2, ix.mix(k2)); p == pos0 {
+		t.Fatal("a slot was taken over twice in one table")
+	}
+	ix.Add(k0, b) // k0 comes back, elsewhere
+	if !ix.Has(k0, b) || ix.Has(k1, b) || !ix.Has(k2, a) {
+		t.Fatal("lookups wrong after k0 returned")
+	}
+}
+
+// Keys of two classes churn through the same small segment, so dead slots are taken over all the
+// time: ghost keys are only ever held by slot A, other keys only by slot B. A reader that paired
+// a key with another key's holder word would see B on a ghost key, or A on another key.
+func TestTakeoverNeverMixesKeys(t *testing.T) {
+	ix, _ := New(Config{BlockSize: 16})
+	a, _ := ix.Acquire(WorkerKey{ID: 1})
+	b, _ := ix.Acquire(WorkerKey{ID: 2})
+	keys := keysInSegment(ix, 64)
+	ghosts, others := keys[:32], keys[32:]
+	stop := make(chan struct{})
+	done := make(chan string, 2)
+	for r := range 2 {
+		go func() {
+			var buf []Slot
+			for i := r; ; i++ {
+				select {
+				case <-stop:
+					done <- ""
+					return
+				default:
+				}
+				g, o := ghosts[i%len(ghosts)], others[i%len(others)]
+				buf = ix.AppendHolders(buf[:0], g)
+				if len(buf) > 1 || len(buf) == 1 && buf[0] != a {
+					done <- "ghost key seen with another key's holders"
+					return
+				}
+				buf = ix.AppendHolders(buf[:0], o)
+				if len(buf) > 1 || len(buf) == 1 && buf[0] != b {
+					done <- "key seen with a ghost key's holders"
+					return
+				}
+			}
+		}()
+	}
+	n := 300000
+	if testing.Short() {
+		n = 50000
+	}
+	for i := range n {
+		ix.Add(ghosts[i%len(ghosts)], a)
+		ix.Add(others[(i*7)%len(others)], b)
+		ix.Remove(ghosts[(i+5)%len(ghosts)], a)
+		ix.Remove(others[(i*7+3)%len(others)], b)
+	}
+	close(stop)
+	for range 2 {
+		if msg := <-done; msg != "" {
+			t.Fatal(msg)
+		}
+	}
+}
