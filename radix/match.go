@@ -119,30 +119,38 @@ func (ix *Index) Match(seqs []uint64, m *Match) {
 	m.act = act[:0]
 }
 
-// lookahead serves a walk the holders of its blocks in order, resolving them a window at a time
-// and prefetching the next window's home buckets before resolving the current one, so that cache
-// misses overlap with work instead of adding up. It lives on the walk's stack.
+// lookahead serves a walk the holders of its blocks in order. Blocks come in windows of
+// window blocks (window k is blocks [k·window, (k+1)·window)); before resolving window k it
+// prefetches the home buckets of window k+2, so every window's misses have two windows of work
+// to complete behind, instead of adding up. It lives on the walk's stack.
 type lookahead struct {
-	ix   *Index
-	seqs []uint64
-	// Blocks [base, end) are resolved into hs/ss; blocks [end, next) are planned (prefetched)
-	// into tabs/pos[1-cur].
-	base, end, next int
-	cur             int
-	buckets         [2][window]*bucket
-	hs              [window]uint64
-	ss              [window]*holderSet // valid where hs has the overflow bit
+	ix        *Index
+	seqs      []uint64
+	base, end int // blocks [base, end) are resolved into hs/ss
+	// buckets[k%3] holds the planned buckets of window k.
+	buckets [3][window]*bucket
+	hs      [window]uint64
+	ss      [window]*holderSet // valid where hs has the overflow bit
 }
 
 func (la *lookahead) start(ix *Index, seqs []uint64) {
 	la.ix, la.seqs = ix, seqs
-	// Plan the first window, the root block included, then resolve the root alone: the rest of
-	// the window is in flight while the caller expands the root's holders.
-	la.next = min(window, len(seqs))
-	ix.plan(seqs[:la.next], la.buckets[1][:la.next])
-	la.cur = 1
+	// Plan the first two windows, the root block included, then resolve the root alone: the
+	// rest is in flight while the caller expands the root's holders.
+	la.plan(0)
+	la.plan(1)
 	la.base, la.end = 0, 1
-	ix.resolve(seqs[:1], la.buckets[1][:1], la.hs[:1], la.ss[:1])
+	ix.resolve(seqs[:1], la.buckets[0][:1], la.hs[:1], la.ss[:1])
+}
+
+// plan prefetches window k, if the query has it.
+func (la *lookahead) plan(k int) {
+	lo := k * window
+	if lo >= len(la.seqs) {
+		return
+	}
+	hi := min(lo+window, len(la.seqs))
+	la.ix.plan(la.seqs[lo:hi], la.buckets[k%3][:hi-lo])
 }
 
 // at returns the holders of block i; i counts up by one from 0.
@@ -157,20 +165,15 @@ func (la *lookahead) at(i int) (uint64, *holderSet) {
 	return h, la.ss[i-la.base]
 }
 
-// advance resolves the planned blocks not yet resolved and plans the window after them.
+// advance resolves the rest of the window holding block la.end, after planning two windows on.
 func (la *lookahead) advance() {
-	seqs, planned := la.seqs, la.cur
-	off := 0
-	if la.end < window && la.base == 0 {
-		off = la.end // the first window: the root was resolved on its own
-	}
-	lo, hi := la.end, la.next
-	la.next = min(hi+window, len(seqs))
-	if la.next > hi {
-		la.ix.plan(seqs[hi:la.next], la.buckets[1-planned][:la.next-hi])
-	}
-	la.ix.resolve(seqs[lo:hi], la.buckets[planned][off:off+hi-lo], la.hs[:hi-lo], la.ss[:hi-lo])
-	la.base, la.end, la.cur = lo, hi, 1-planned
+	lo := la.end
+	k := lo / window
+	hi := min((k+1)*window, len(la.seqs))
+	la.plan(k + 2)
+	off := lo - k*window
+	la.ix.resolve(la.seqs[lo:hi], la.buckets[k%3][off:off+hi-lo], la.hs[:hi-lo], la.ss[:hi-lo])
+	la.base, la.end = lo, hi
 }
 
 // step intersects the walking positions act with the holder set s of block i: the slots that
