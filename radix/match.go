@@ -380,6 +380,7 @@ func (ix *Index) resolve(keys []uint64, buckets []*bucket, hs []uint64, ss []*ho
 			m := ix.mix(k)
 			g := ix.segment(m)
 			if !ok || k == 0 {
+				// The probe goes on past a full home bucket (or key 0 needs the careful path).
 				h = g.tab.Load().find(k, m)
 			}
 			if h&overflow != 0 {
