@@ -129,13 +129,15 @@ func BenchmarkIndexMatch(b *testing.B) {
 				var m radix.Match
 				b.ReportAllocs()
 				b.ResetTimer()
-				blocks := 0
+				blocks, workers := 0, 0
 				for i := range b.N {
 					q := f.queries[i%len(f.queries)]
 					f.ix.Match(q, &m)
 					blocks += len(q)
+					workers += len(m.Slots)
 				}
 				b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(blocks), "ns/block")
+				b.ReportMetric(float64(workers)/float64(b.N), "workers/query")
 				b.ReportMetric(float64(f.residencies), "residencies")
 			})
 		}

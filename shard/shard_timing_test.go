@@ -70,55 +70,66 @@ func (e *engine) step() bool {
 }
 
 // BenchmarkShardApply measures events enqueued, applied and drained (the timer includes the final
-// barrier) in steady state: 64 engines each holding capacity blocks, every iteration one engine
+// barrier) in steady state: 64 engines each holding capacity blocks, every step one engine
 // storing 16 new blocks and evicting its 16 oldest. blocks/s counts both. shards=1 is the rate of
-// one applying core (the producer runs on the other).
+// one applying core (the producer runs on the other). batch is the number of such steps per
+// batch: 1 is the worst case for per-batch costs; engines publish a batch per scheduler step,
+// usually with several events.
 func BenchmarkShardApply(b *testing.B) {
 	for _, shards := range []int{1, 2} {
 		for _, capacity := range []int{2048, 16384} {
-			b.Run(fmt.Sprintf("shards=%d/residencies=%d", shards, 64*capacity), func(b *testing.B) {
-				ix, _ := radix.New(radix.Config{BlockSize: benchBlockSize})
-				set := shard.New(shard.Config{Shards: shards})
-				defer set.Close()
-				engines := make([]*engine, 64)
-				for i := range engines {
-					engines[i] = newEngine(uint64(i+1), capacity)
-				}
-				send := func(e *engine) int {
-					batch := set.NewBatch(ix, e.id)
-					blocks := benchEvent
-					evict := e.step()
-					batch.Add(&e.stored)
-					if evict {
-						batch.Add(&e.removed)
-						blocks += benchEvent
-					}
-					set.Enqueue(batch)
-					return blocks
-				}
-				for _, e := range engines { // fill up to the first eviction: steady state
-					for send(e) == benchEvent {
-					}
-				}
-				set.Barrier()
-				before := set.Stats()
-				b.ReportAllocs()
-				b.ResetTimer()
-				blocks := 0
-				for i := range b.N {
-					blocks += send(engines[i%len(engines)])
-				}
-				set.Barrier()
-				b.StopTimer()
-				st := set.Stats()
-				if st.Events-before.Events != int64(blocks/benchEvent) || st.SkippedBlocks != 0 {
-					b.Fatalf("stats after the run: %+v", st)
-				}
-				b.ReportMetric(float64(blocks)/b.Elapsed().Seconds(), "blocks/s")
-				b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(blocks), "ns/block")
-			})
+			for _, steps := range []int{1, 4} {
+				name := fmt.Sprintf("shards=%d/residencies=%d/batch=%d", shards, 64*capacity, steps)
+				b.Run(name, func(b *testing.B) { benchShardApply(b, shards, capacity, steps) })
+			}
 		}
 	}
+}
+
+func benchShardApply(b *testing.B, shards, capacity, steps int) {
+	ix, _ := radix.New(radix.Config{BlockSize: benchBlockSize})
+	set := shard.New(shard.Config{Shards: shards})
+	defer set.Close()
+	engines := make([]*engine, 64)
+	for i := range engines {
+		engines[i] = newEngine(uint64(i+1), capacity)
+	}
+	// send enqueues one batch of n steps of engine e and returns the blocks in it.
+	send := func(e *engine, n int) int {
+		batch := set.NewBatch(ix, e.id)
+		blocks := 0
+		for range n {
+			evict := e.step()
+			batch.Add(&e.stored)
+			blocks += benchEvent
+			if evict {
+				batch.Add(&e.removed)
+				blocks += benchEvent
+			}
+		}
+		set.Enqueue(batch)
+		return blocks
+	}
+	for _, e := range engines { // fill up to the first eviction: steady state
+		for send(e, 1) == benchEvent {
+		}
+	}
+	set.Barrier()
+	before := set.Stats()
+	b.ReportAllocs()
+	b.ResetTimer()
+	blocks := 0
+	for i := 0; i < b.N; i += steps {
+		blocks += send(engines[i/steps%len(engines)], steps)
+	}
+	set.Barrier()
+	b.StopTimer()
+	st := set.Stats()
+	if st.Events-before.Events != int64(blocks/benchEvent) || st.SkippedBlocks != 0 {
+		b.Fatalf("stats after the run: %+v", st)
+	}
+	b.ReportMetric(float64(blocks)/b.Elapsed().Seconds(), "blocks/s")
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(blocks), "ns/block")
 }
 
 // BenchmarkApplierApply is BenchmarkShardApply without goroutines or queues: the cost of applying
