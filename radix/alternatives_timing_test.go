@@ -5,17 +5,10 @@ import (
 	"runtime"
 	"testing"
 
+	"github.com/kvrouterd/kvrouterd/internal/memstat"
 	"github.com/kvrouterd/kvrouterd/radix"
 	"github.com/puzpuzpuz/xsync/v4"
 )
-
-func heapAlloc() uint64 {
-	runtime.GC()
-	runtime.GC()
-	var ms runtime.MemStats
-	runtime.ReadMemStats(&ms)
-	return ms.HeapAlloc
-}
 
 // BenchmarkIndexVsXsyncMap backs the choice of a hand-written table over xsync's concurrent map
 // (docs/decisions.md): the same 10^6 blocks with one holder each, heap bytes per block, a random
@@ -28,14 +21,14 @@ func BenchmarkIndexVsXsyncMap(b *testing.B) {
 		keys[i] = r.Uint64()
 	}
 	b.Run("impl=radix", func(b *testing.B) {
-		before := heapAlloc()
+		before := memstat.HeapInUse()
 		ix, _ := radix.New(radix.Config{BlockSize: 16})
 		s0, _ := ix.Acquire(radix.WorkerKey{ID: 1})
 		s1, _ := ix.Acquire(radix.WorkerKey{ID: 2})
 		for _, k := range keys {
 			ix.Add(k, s0)
 		}
-		bytes := float64(heapAlloc()-before) / n
+		bytes := float64(memstat.HeapInUse()-before) / n
 		b.ReportAllocs()
 		b.ResetTimer()
 		hits := 0
@@ -53,12 +46,12 @@ func BenchmarkIndexVsXsyncMap(b *testing.B) {
 		runtime.KeepAlive(hits)
 	})
 	b.Run("impl=xsync", func(b *testing.B) {
-		before := heapAlloc()
+		before := memstat.HeapInUse()
 		m := xsync.NewMap[uint64, uint64]()
 		for _, k := range keys {
 			m.Store(k, 1)
 		}
-		bytes := float64(heapAlloc()-before) / n
+		bytes := float64(memstat.HeapInUse()-before) / n
 		b.ReportAllocs()
 		b.ResetTimer()
 		hits := 0

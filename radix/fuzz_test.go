@@ -1,7 +1,6 @@
 package radix_test
 
 import (
-	"maps"
 	"testing"
 
 	"github.com/kvrouterd/kvrouterd/internal/refmodel"
@@ -65,15 +64,7 @@ func FuzzIndex(f *testing.F) {
 					delete(slots, w)
 				}
 			case 4:
-				ix.Match(q, &m)
-				got := map[radix.WorkerKey]int{}
-				for i, s := range m.Slots {
-					wk, _ := ix.Worker(s)
-					got[wk] = int(m.Depth[i])
-				}
-				if want := model.Match(q); !maps.Equal(got, want) {
-					t.Fatalf("match %v, model %v", got, want)
-				}
+				compareMatch(t, ix, model, q, &m)
 			}
 		}
 		for _, root := range [][]uint64{chain(0, 0, 0, 0), chain(1, 1, 1, 1), chain(0, 1, 0, 1), chain(1, 0, 1, 0)} {

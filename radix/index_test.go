@@ -318,17 +318,8 @@ func (tr tree) path(r *rand.Rand, n int) []uint64 {
 
 func compareMatch(t testing.TB, ix *radix.Index, model *refmodel.Index, q []uint64, m *radix.Match) {
 	t.Helper()
-	ix.Match(q, m)
-	got := result(t, ix, m)
-	want := model.Match(q)
-	if !maps.Equal(got, want) {
-		t.Fatalf("query of %d blocks: index %v, model %v", len(q), got, want)
-	}
-	for i, s := range m.Slots {
-		w, _ := ix.Worker(s)
-		if int(m.Cached[i]) != model.Blocks(w) {
-			t.Fatalf("worker %v: cached %d, model %d", w, m.Cached[i], model.Blocks(w))
-		}
+	if err := model.CheckMatch(ix, q, m); err != nil {
+		t.Fatal(err)
 	}
 }
 

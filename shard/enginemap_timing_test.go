@@ -3,17 +3,10 @@ package shard
 import (
 	"fmt"
 	"math/rand/v2"
-	"runtime"
 	"testing"
-)
 
-func heapAlloc() uint64 {
-	runtime.GC()
-	runtime.GC()
-	var ms runtime.MemStats
-	runtime.ReadMemStats(&ms)
-	return ms.HeapAlloc
-}
+	"github.com/kvrouterd/kvrouterd/internal/memstat"
+)
 
 // BenchmarkEngineMapVsBuiltin backs the choice of a hand-written engine-hash map over Go's map
 // (docs/decisions.md): heap bytes per entry for workers of several sizes, and the cost of the
@@ -26,14 +19,14 @@ func BenchmarkEngineMapVsBuiltin(b *testing.B) {
 			keys[i] = r.Uint64() | 1
 		}
 		b.Run(fmt.Sprintf("impl=engineMap/entries=%d", size), func(b *testing.B) {
-			before := heapAlloc()
+			before := memstat.HeapInUse()
 			maps := make([]engineMap, 1e6/size)
 			for i := range maps {
 				for _, k := range keys[:size] {
 					maps[i].put(k, k)
 				}
 			}
-			bytes := float64(heapAlloc()-before) / 1e6
+			bytes := float64(memstat.HeapInUse()-before) / 1e6
 			m := &maps[0]
 			b.ReportAllocs()
 			b.ResetTimer()
@@ -44,7 +37,7 @@ func BenchmarkEngineMapVsBuiltin(b *testing.B) {
 			b.ReportMetric(bytes, "B/entry")
 		})
 		b.Run(fmt.Sprintf("impl=builtin/entries=%d", size), func(b *testing.B) {
-			before := heapAlloc()
+			before := memstat.HeapInUse()
 			maps := make([]map[uint64]uint64, 1e6/size)
 			for i := range maps {
 				maps[i] = map[uint64]uint64{}
@@ -52,7 +45,7 @@ func BenchmarkEngineMapVsBuiltin(b *testing.B) {
 					maps[i][k] = k
 				}
 			}
-			bytes := float64(heapAlloc()-before) / 1e6
+			bytes := float64(memstat.HeapInUse()-before) / 1e6
 			m := maps[0]
 			b.ReportAllocs()
 			b.ResetTimer()

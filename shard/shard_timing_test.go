@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"testing"
 
+	"github.com/kvrouterd/kvrouterd/internal/memstat"
 	"github.com/kvrouterd/kvrouterd/radix"
 	"github.com/kvrouterd/kvrouterd/shard"
 )
@@ -165,14 +166,6 @@ func BenchmarkApplierApply(b *testing.B) {
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(blocks), "ns/block")
 }
 
-func heapInUse() uint64 {
-	runtime.GC()
-	runtime.GC()
-	var ms runtime.MemStats
-	runtime.ReadMemStats(&ms)
-	return ms.HeapAlloc
-}
-
 // BenchmarkShardMemory reports the heap held per residency ((block, worker) pair) by the index
 // and the shards' per-worker state (engine-hash maps included), built through the Applier.
 // "unique": no block shared between workers (the most per residency); "shared": conversations
@@ -187,9 +180,9 @@ func BenchmarkShardMemory(b *testing.B) {
 						b.Skip("10^7 residencies: not in -short")
 					}
 					for range b.N {
-						before := heapInUse()
+						before := memstat.HeapInUse()
 						ix, a, n := buildThroughApplier(res, workers, shared)
-						after := heapInUse()
+						after := memstat.HeapInUse()
 						b.ReportMetric(float64(after-before)/float64(n), "B/residency")
 						b.ReportMetric(float64(n), "residencies")
 						runtime.KeepAlive(ix)

@@ -255,17 +255,8 @@ func cmpKey(a, b radix.WorkerKey) int {
 // compareIndex checks a query against the model: every worker's depth and cached count.
 func compareIndex(t testing.TB, ix *radix.Index, model *refmodel.Index, q []uint64, m *radix.Match) {
 	t.Helper()
-	ix.Match(q, m)
-	got := map[radix.WorkerKey]int{}
-	for i, s := range m.Slots {
-		w, _ := ix.Worker(s)
-		got[w] = int(m.Depth[i])
-		if int(m.Cached[i]) != model.Blocks(w) {
-			t.Fatalf("worker %v: cached %d, model %d", w, m.Cached[i], model.Blocks(w))
-		}
-	}
-	if want := model.Match(q); !maps.Equal(got, want) {
-		t.Fatalf("query of %d blocks: index %v, model %v", len(q), got, want)
+	if err := model.CheckMatch(ix, q, m); err != nil {
+		t.Fatal(err)
 	}
 }
 

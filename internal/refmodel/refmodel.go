@@ -6,6 +6,7 @@ package refmodel
 
 import (
 	"encoding/binary"
+	"fmt"
 	"maps"
 	"slices"
 
@@ -68,6 +69,35 @@ func (m *Index) Match(seqs []uint64) map[radix.WorkerKey]int {
 		out[w] = d
 	}
 	return out
+}
+
+// CheckMatch matches q on ix into mt and returns an error describing the first difference from the
+// model: a worker's depth, its cached block count, or the shape of the result (slots ascending,
+// depths within the query).
+func (m *Index) CheckMatch(ix *radix.Index, q []uint64, mt *radix.Match) error {
+	ix.Match(q, mt)
+	if len(mt.Depth) != len(mt.Slots) || len(mt.Cached) != len(mt.Slots) {
+		return fmt.Errorf("match arrays differ in length: %d slots, %d depths, %d cached",
+			len(mt.Slots), len(mt.Depth), len(mt.Cached))
+	}
+	got := map[radix.WorkerKey]int{}
+	for i, s := range mt.Slots {
+		if i > 0 && mt.Slots[i-1] >= s {
+			return fmt.Errorf("slots not strictly ascending: %v", mt.Slots)
+		}
+		w, ok := ix.Worker(s)
+		if !ok {
+			return fmt.Errorf("slot %d in a match is not in use", s)
+		}
+		got[w] = int(mt.Depth[i])
+		if int(mt.Cached[i]) != m.Blocks(w) {
+			return fmt.Errorf("worker %v: cached %d, model %d", w, mt.Cached[i], m.Blocks(w))
+		}
+	}
+	if want := m.Match(q); !maps.Equal(got, want) {
+		return fmt.Errorf("query of %d blocks: index %v, model %v", len(q), got, want)
+	}
+	return nil
 }
 
 // Blocks returns how many blocks w holds.

@@ -1,0 +1,44 @@
+# kvrouterd — build, test, benchmark and fuzz. `make test` is what CI runs (.ci/run).
+
+GO        ?= go
+FUZZTIME  ?= 30s
+# Timing benchmarks run this many times; the report gives medians (benchstat).
+BENCHCOUNT ?= 6
+BENCHSTAT  := golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9c6c9d4da
+OUT        := bench/out
+
+.PHONY: build test vet bench fuzz clean
+
+build:
+	$(GO) build ./...
+
+vet:
+	$(GO) vet ./...
+	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+
+# The suite: unit, differential and concurrent tests (also under the race detector), tests that
+# need the invariants tag (hooks that stop a reader mid-lookup), the fuzz targets' seed corpora,
+# and every benchmark once at small sizes so that none rots.
+test: vet
+	$(GO) test -count=1 ./...
+	$(GO) test -race -count=1 ./...
+	$(GO) test -count=1 -tags invariants ./...
+	$(GO) test -count=1 -short -run '^$$' -bench . -benchtime=1x ./...
+
+# Microbenchmarks, BENCHCOUNT runs each, summarized as medians; memory benchmarks once (they do
+# not depend on timing). Raw output in bench/out/.
+bench:
+	mkdir -p $(OUT)
+	$(GO) test -run '^$$' -bench 'HashBlocks|IndexMatch|ShardApply|ApplierApply' -count $(BENCHCOUNT) ./radix/ ./shard/ | tee $(OUT)/micro.txt
+	$(GO) test -run '^$$' -bench 'ShardMemory|VsXsync|VsBuiltin' -benchtime 1x ./radix/ ./shard/ | tee $(OUT)/memory.txt
+	$(GO) run $(BENCHSTAT) $(OUT)/micro.txt | tee $(OUT)/micro-medians.txt
+
+# Each fuzz target for FUZZTIME (go test fuzzes one target per run).
+fuzz:
+	$(GO) test -run '^$$' -fuzz '^FuzzApply$$' -fuzztime $(FUZZTIME) ./shard/
+	$(GO) test -run '^$$' -fuzz '^FuzzEngineMap$$' -fuzztime $(FUZZTIME) ./shard/
+	$(GO) test -run '^$$' -fuzz '^FuzzIndex$$' -fuzztime $(FUZZTIME) ./radix/
+
+clean:
+	rm -rf $(OUT) bin
