@@ -34,7 +34,7 @@ const (
 // joining and leaving allocate nothing; a set lives until its entry has no holder left, and a
 // segment rebuild turns sets of at most inlineMax holders back into inline words.
 type holderSet struct {
-	key   uint64   // the sequence hash this set belongs to; readers check it (see segment.holders)
+	key   uint64   // the sequence hash this set belongs to; readers check it (see segment.resolve)
 	cells []uint32 // unordered; each 0 (free) or slot+1
 	bits  []uint64 // bit s set: slot s holds the block
 	n     int      // number of holders; REQUIRES the segment lock (readers never look)

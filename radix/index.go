@@ -18,10 +18,12 @@ type Config struct {
 // Index is the prefix index of one model: for every block, by sequence hash, the set of worker
 // slots holding it.
 //
-// Any number of goroutines may call every method concurrently. Readers (Match, Holders, Blocks,
-// Worker, Stats) never take a lock a writer holds; writers (Add, Remove) serialize per segment of
-// the key space. A reader running alongside writers sees, for each entry, a state that entry had
-// during the call; a holder that no writer touches is always seen exactly.
+// Any number of goroutines may call every method concurrently. Readers (Match, MatchTokens, Has,
+// AppendHolders, Blocks, Worker, AppendWorkers, Stats, Prefetch) never take a lock a writer holds;
+// writers (Add, Remove) serialize per segment of the key space; Acquire, Release and Lookup
+// serialize on the slot registry, which changes only when workers come and go. A reader running
+// alongside writers sees, for each entry, a state that entry had during the call; a holder that
+// no writer touches is always seen exactly.
 type Index struct {
 	blockSize int
 	// salt randomizes key placement, so that crafted prompts cannot pile their blocks into one
