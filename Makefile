@@ -32,6 +32,7 @@ bench:
 	mkdir -p $(OUT)
 	$(GO) test -run '^$$' -bench 'HashBlocks|IndexMatch|ShardApply|ApplierApply' -count $(BENCHCOUNT) ./radix/ ./shard/ | tee $(OUT)/micro.txt
 	$(GO) test -run '^$$' -bench 'ShardMemory|VsXsync|VsBuiltin' -benchtime 1x ./radix/ ./shard/ | tee $(OUT)/memory.txt
+	$(GO) test -run '^$$' -bench 'Memory' -count 3 ./internal/prefetch/ | tee $(OUT)/prefetch.txt
 	$(GO) run $(BENCHSTAT) $(OUT)/micro.txt | tee $(OUT)/micro-medians.txt
 
 # Each fuzz target for FUZZTIME (go test fuzzes one target per run).
