@@ -109,12 +109,6 @@ func (b *Batch) Add(ev *Event) {
 	b.events = append(b.events, e)
 }
 
-// Len returns the number of events in the batch.
-func (b *Batch) Len() int { return len(b.events) }
-
-// Events returns the batch's events (for inspection; they belong to the batch).
-func (b *Batch) Events() []Event { return b.events }
-
 // maxKeptArena bounds what a recycled batch keeps of its arenas, so that one huge batch does
 // not pin its memory in the free list.
 const maxKeptArena = 1 << 20

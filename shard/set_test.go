@@ -200,3 +200,44 @@ func TestApplySteadyStateAllocs(t *testing.T) {
 		t.Errorf("pooled batches through the Set: %v allocs, want 0", n)
 	}
 }
+
+// Close racing with producers: every Enqueue that returned nil was applied; the others were
+// refused with ErrClosed, none lost in between.
+func TestSetCloseWhileEnqueueing(t *testing.T) {
+	for round := range 200 {
+		ix, _ := radix.New(radix.Config{BlockSize: bs})
+		set := shard.New(shard.Config{Shards: 2, QueueLen: 2})
+		accepted := make([]int, 4)
+		done := make(chan struct{})
+		for p := range accepted {
+			go func() {
+				defer func() { done <- struct{}{} }()
+				w := uint64(p)
+				for i := 1; ; i++ {
+					b := set.NewBatch(ix, w)
+					b.Add(stored(uint64(i), []uint64{uint64(i)}, uint32(i)))
+					if err := set.Enqueue(b); err != nil {
+						if !errors.Is(err, shard.ErrClosed) {
+							t.Errorf("Enqueue: %v", err)
+						}
+						return
+					}
+					accepted[p]++
+				}
+			}()
+		}
+		time.Sleep(time.Duration(round%5) * time.Millisecond)
+		set.Close()
+		for range accepted {
+			<-done
+		}
+		total := 0
+		for _, n := range accepted {
+			total += n
+		}
+		if st := set.Stats(); st.Events != int64(total) || ix.Stats().Residencies != int64(total) {
+			t.Fatalf("round %d: %d batches accepted, %d events applied, %d residencies",
+				round, total, st.Events, ix.Stats().Residencies)
+		}
+	}
+}
