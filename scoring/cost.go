@@ -1,0 +1,221 @@
+package scoring
+
+import (
+	"errors"
+	"math"
+	"math/rand/v2"
+	"sync/atomic"
+)
+
+// Candidate is one worker (id, data-parallel rank) considered for a request: its inputs, filled by
+// the caller, and the scores Score computes. A slice of candidates belongs to one goroutine.
+type Candidate struct {
+	Worker uint64
+	Rank   uint32
+
+	// Cached is the number of leading blocks of the request the worker holds (its contiguous
+	// cached prefix, from the index).
+	Cached int32
+	// Shared is the number of leading full blocks of the request already active on the worker
+	// (booked by concurrent requests with the same prefix, from the Tracker).
+	Shared int32
+	// Tree is the number of blocks the worker holds in all; it breaks ties.
+	Tree int64
+	// ActiveBlocks and ActivePrefill are the worker's booked load: blocks, and prefill tokens
+	// not yet done.
+	ActiveBlocks  int64
+	ActivePrefill int64
+
+	// PrefillTokens is what the worker would prefill: its active prefill tokens (if tracked) and
+	// this request's uncached tokens.
+	PrefillTokens int64
+	// DecodeBlocks is the worker's active blocks with this request added.
+	DecodeBlocks int64
+	// Logit is the cost: OverlapWeight × PrefillTokens/BlockSize + DecodeBlocks. Lower is better.
+	Logit float64
+
+	weight float64 // softmax scratch
+}
+
+// Params are the per-request inputs of Score and Choose. A Params value is plain data.
+type Params struct {
+	Mode        Mode
+	BlockSize   int
+	ISL         int // prompt length in tokens
+	Blocks      int // full blocks of the prompt (ISL / BlockSize, or the hashes given)
+	Weight      float64
+	Temperature float64
+	// TrackPrefill counts the workers' active prefill tokens in the cost.
+	TrackPrefill bool
+}
+
+// Errors of Choose.
+var (
+	ErrNoWorkers   = errors.New("scoring: no worker to route to")
+	ErrTemperature = errors.New("scoring: temperature must be a finite number ≥ 0")
+	ErrWeight      = errors.New("scoring: overlap score weight must be a finite number ≥ 0")
+)
+
+// Check reports whether the numbers in p can be scored.
+func (p *Params) Check() error {
+	if !(p.Temperature >= 0) || math.IsInf(p.Temperature, 1) {
+		return ErrTemperature
+	}
+	if !(p.Weight >= 0) || math.IsInf(p.Weight, 1) {
+		return ErrWeight
+	}
+	if p.BlockSize <= 0 || p.ISL < 0 || p.Blocks < 0 {
+		return errors.New("scoring: block size, isl and blocks must be positive")
+	}
+	return nil
+}
+
+// Score computes PrefillTokens, DecodeBlocks and Logit for every candidate.
+func Score(c []Candidate, p *Params) {
+	bs := int64(p.BlockSize)
+	tail := int64(0)
+	if int64(p.ISL)%bs != 0 {
+		tail = 1 // the partial last block is the request's own
+	}
+	for i := range c {
+		x := &c[i]
+		prefill := int64(p.ISL) - int64(x.Cached)*bs
+		if prefill < 0 {
+			prefill = 0
+		}
+		if p.TrackPrefill {
+			prefill += x.ActivePrefill
+		}
+		x.PrefillTokens = prefill
+		x.DecodeBlocks = x.ActiveBlocks + int64(p.Blocks) - int64(x.Shared) + tail
+		x.Logit = p.Weight*float64(prefill)/float64(bs) + float64(x.DecodeBlocks)
+	}
+}
+
+// Select returns the position of the chosen candidate by logit: the lowest at temperature 0 (ties
+// broken by the smallest Tree, then at random), a softmax sample over range-normalised logits
+// above 0. c must not be empty; rng may be nil (the runtime's source is used then).
+func Select(c []Candidate, temperature float64, rng *rand.Rand) int {
+	lo, hi := math.Inf(1), math.Inf(-1)
+	for i := range c {
+		lo = min(lo, c[i].Logit)
+		hi = max(hi, c[i].Logit)
+	}
+	if temperature > 0 && hi > lo {
+		scale := 1 / ((hi - lo) * temperature)
+		sum := 0.0
+		for i := range c {
+			w := math.Exp(-(c[i].Logit - lo) * scale)
+			c[i].weight = w
+			sum += w
+		}
+		u := float64frac(rng) * sum
+		for i := range c {
+			u -= c[i].weight
+			if u < 0 {
+				return i
+			}
+		}
+		return len(c) - 1
+	}
+	if temperature > 0 { // all logits equal: uniform
+		return intn(rng, len(c))
+	}
+	// Lowest logit, then smallest tree; count the survivors, then pick one of them at random.
+	best, n := int64(math.MaxInt64), 0
+	for i := range c {
+		if c[i].Logit != lo {
+			continue
+		}
+		switch t := c[i].Tree; {
+		case t < best:
+			best, n = t, 1
+		case t == best:
+			n++
+		}
+	}
+	k := 0
+	if n > 1 {
+		k = intn(rng, n)
+	}
+	for i := range c {
+		if c[i].Logit == lo && c[i].Tree == best {
+			if k == 0 {
+				return i
+			}
+			k--
+		}
+	}
+	return 0 // unreachable: lo is some candidate's logit
+}
+
+// Chooser applies a routing mode. It keeps the round-robin position; safe for concurrent use.
+type Chooser struct {
+	next atomic.Uint64
+}
+
+// Choose scores the candidates (every mode fills the scores, so callers can show them) and returns
+// the position of the one p.Mode picks. Direct mode expects the caller to pass only the named
+// worker. rng may be nil.
+func (ch *Chooser) Choose(c []Candidate, p *Params, rng *rand.Rand) (int, error) {
+	if len(c) == 0 {
+		return 0, ErrNoWorkers
+	}
+	if err := p.Check(); err != nil {
+		return 0, err
+	}
+	Score(c, p)
+	switch p.Mode {
+	case RoundRobin:
+		return int((ch.next.Add(1) - 1) % uint64(len(c))), nil
+	case Random:
+		return intn(rng, len(c)), nil
+	case LeastLoaded:
+		return leastLoaded(c, p.BlockSize, rng), nil
+	case Direct:
+		return 0, nil
+	case KV, Default:
+		return Select(c, p.Temperature, rng), nil
+	}
+	return 0, ErrMode
+}
+
+// leastLoaded picks the lowest booked load, in blocks, ties at random.
+func leastLoaded(c []Candidate, bs int, rng *rand.Rand) int {
+	load := func(x *Candidate) float64 {
+		return float64(x.ActiveBlocks) + float64(x.ActivePrefill)/float64(bs)
+	}
+	lo, n := math.Inf(1), 0
+	for i := range c {
+		switch l := load(&c[i]); {
+		case l < lo:
+			lo, n = l, 1
+		case l == lo:
+			n++
+		}
+	}
+	k := intn(rng, n)
+	for i := range c {
+		if load(&c[i]) == lo {
+			if k == 0 {
+				return i
+			}
+			k--
+		}
+	}
+	return 0
+}
+
+func intn(rng *rand.Rand, n int) int {
+	if rng == nil {
+		return rand.IntN(n)
+	}
+	return rng.IntN(n)
+}
+
+func float64frac(rng *rand.Rand) float64 {
+	if rng == nil {
+		return rand.Float64()
+	}
+	return rng.Float64()
+}

@@ -1,0 +1,288 @@
+package scoring
+
+import (
+	"errors"
+	"sync"
+	"sync/atomic"
+
+	"github.com/kvrouterd/kvrouterd/radix"
+	"github.com/zeebo/xxh3"
+)
+
+// Errors of the Tracker.
+var (
+	ErrDuplicateRequest = errors.New("scoring: request id already active")
+	ErrUnknownRequest   = errors.New("scoring: no active request with this id")
+	ErrWorkerGone       = errors.New("scoring: worker unregistered")
+	ErrRequestID        = errors.New("scoring: request id must be 1 to 1024 bytes")
+)
+
+// MaxRequestID is the longest request id the Tracker accepts, in bytes.
+const MaxRequestID = 1024
+
+const reqShards = 64
+
+// Tracker holds the active load of every worker: the requests the router sent it that have not
+// completed. All methods are safe for concurrent use. Booking a request costs one lock of a
+// request shard and one of the worker; reads of a worker's load are atomic loads, and Match reads
+// the active blocks lock-free.
+type Tracker struct {
+	// active holds, per worker slot, the full blocks its active requests use. A request books all
+	// its blocks from the first, so the blocks of a request active on a worker form a contiguous
+	// prefix and a match walk gives the shared prefix of a new request.
+	active *radix.Index
+	shards [reqShards]reqShard
+	pool   sync.Pool // *booking
+	n      atomic.Int64
+}
+
+type reqShard struct {
+	mu sync.Mutex
+	m  map[uint64]*booking // by xxh3 of the id; the id is kept to tell a collision apart
+	_  [40]byte
+}
+
+type booking struct {
+	id          []byte
+	load        *Load
+	seqs        []uint64
+	tail        int64 // 1 if the request has a partial last block of its own
+	prefill     int64
+	prefillDone bool
+	deadline    int64
+}
+
+// Load is one worker's (id, dp rank) booked load. Its accessors are safe for concurrent use.
+type Load struct {
+	key  radix.WorkerKey
+	slot radix.Slot
+
+	mu   sync.Mutex
+	refs map[uint64]int32 // full block → active requests using it on this worker
+	gone bool
+
+	blocks   atomic.Int64
+	prefill  atomic.Int64
+	requests atomic.Int64
+}
+
+// NewTracker returns an empty Tracker.
+func NewTracker() *Tracker {
+	ix, err := radix.New(radix.Config{BlockSize: 1})
+	if err != nil {
+		panic(err) // block size 1 is valid
+	}
+	t := &Tracker{active: ix}
+	for i := range t.shards {
+		t.shards[i].m = make(map[uint64]*booking)
+	}
+	t.pool.New = func() any { return new(booking) }
+	return t
+}
+
+// Register adds worker k and returns its Load. Each worker is registered once; Unregister it
+// before registering it again.
+func (t *Tracker) Register(k radix.WorkerKey) (*Load, error) {
+	s, err := t.active.Acquire(k)
+	if err != nil {
+		return nil, err
+	}
+	return &Load{key: k, slot: s, refs: make(map[uint64]int32)}, nil
+}
+
+// Unregister drops the worker's active blocks. Its requests stay known until they complete or
+// expire, so their ids are not reused by mistake, but they no longer count.
+func (t *Tracker) Unregister(l *Load) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.gone {
+		return
+	}
+	l.gone = true
+	for seq := range l.refs {
+		t.active.Remove(seq, l.slot)
+	}
+	clear(l.refs)
+	l.blocks.Store(0)
+	l.prefill.Store(0)
+	_ = t.active.Release(l.slot)
+}
+
+// Key returns the worker the load belongs to.
+func (l *Load) Key() radix.WorkerKey { return l.key }
+
+// Slot returns the worker's slot in the Tracker's match results.
+func (l *Load) Slot() radix.Slot { return l.slot }
+
+// ActiveBlocks returns the blocks the worker's active requests occupy.
+func (l *Load) ActiveBlocks() int64 { return l.blocks.Load() }
+
+// ActivePrefill returns the prompt tokens the worker still has to prefill.
+func (l *Load) ActivePrefill() int64 { return l.prefill.Load() }
+
+// Requests returns the number of active requests on the worker.
+func (l *Load) Requests() int64 { return l.requests.Load() }
+
+// Match fills m with, for every registered worker that has seqs[0] active, how many leading
+// blocks of seqs its active requests already use (m.Slots are Load.Slot values). Lock-free.
+func (t *Tracker) Match(seqs []uint64, m *radix.Match) { t.active.Match(seqs, m) }
+
+// Active returns the number of requests booked and not completed or expired.
+func (t *Tracker) Active() int64 { return t.n.Load() }
+
+func (t *Tracker) shard(id string) (*reqShard, uint64) {
+	h := xxh3.HashString(id)
+	return &t.shards[h%reqShards], h
+}
+
+// Book records request id as routed to l: blocks seqs (its full blocks, first block first), a
+// partial last block if tail, and prefill uncached prompt tokens. The request expires at
+// deadline (any monotonic clock in nanoseconds, as passed to Expire). It allocates nothing in
+// steady state.
+func (t *Tracker) Book(id string, l *Load, seqs []uint64, tail bool, prefill int64, deadline int64) error {
+	if len(id) == 0 || len(id) > MaxRequestID {
+		return ErrRequestID
+	}
+	sh, h := t.shard(id)
+	b := t.pool.Get().(*booking)
+	b.id = append(b.id[:0], id...)
+	b.load, b.prefill, b.prefillDone, b.deadline = l, prefill, false, deadline
+	b.seqs = append(b.seqs[:0], seqs...)
+	b.tail = 0
+	if tail {
+		b.tail = 1
+	}
+	// The worker's lock is held until the blocks are booked, so a Complete or Expire that finds
+	// the booking as soon as it is visible waits for it to take effect. Lock order: worker, then
+	// request shard; no path takes them the other way round.
+	l.mu.Lock()
+	if l.gone {
+		l.mu.Unlock()
+		t.pool.Put(b)
+		return ErrWorkerGone
+	}
+	sh.mu.Lock()
+	if _, dup := sh.m[h]; dup {
+		sh.mu.Unlock()
+		l.mu.Unlock()
+		t.pool.Put(b)
+		return ErrDuplicateRequest
+	}
+	sh.m[h] = b
+	sh.mu.Unlock()
+	added := b.tail
+	for _, s := range b.seqs {
+		c := l.refs[s]
+		if c == 0 {
+			t.active.Add(s, l.slot)
+			added++
+		}
+		l.refs[s] = c + 1
+	}
+	l.blocks.Add(added)
+	l.prefill.Add(prefill)
+	l.requests.Add(1)
+	t.n.Add(1)
+	l.mu.Unlock()
+	return nil
+}
+
+// take finds the booking of id; with remove it also deletes it.
+func (t *Tracker) take(id string, remove bool) (*booking, error) {
+	sh, h := t.shard(id)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	b := sh.m[h]
+	if b == nil || string(b.id) != id {
+		return nil, ErrUnknownRequest
+	}
+	if remove {
+		delete(sh.m, h)
+	}
+	return b, nil
+}
+
+// PrefillDone records that request id has finished its prefill: its prompt tokens no longer
+// count. A second call does nothing.
+func (t *Tracker) PrefillDone(id string) error {
+	sh, h := t.shard(id)
+	sh.mu.Lock()
+	b := sh.m[h]
+	if b == nil || string(b.id) != id {
+		sh.mu.Unlock()
+		return ErrUnknownRequest
+	}
+	done := b.prefillDone
+	b.prefillDone = true
+	l, p := b.load, b.prefill
+	sh.mu.Unlock()
+	if !done {
+		l.mu.Lock()
+		if !l.gone {
+			l.prefill.Add(-p)
+		}
+		l.mu.Unlock()
+	}
+	return nil
+}
+
+// Complete frees request id's blocks and any prefill tokens still counted.
+func (t *Tracker) Complete(id string) error {
+	b, err := t.take(id, true)
+	if err != nil {
+		return err
+	}
+	t.release(b)
+	return nil
+}
+
+func (t *Tracker) release(b *booking) {
+	l := b.load
+	l.mu.Lock()
+	if !l.gone {
+		freed := b.tail
+		for _, s := range b.seqs {
+			c := l.refs[s] - 1
+			if c <= 0 {
+				delete(l.refs, s)
+				t.active.Remove(s, l.slot)
+				freed++
+			} else {
+				l.refs[s] = c
+			}
+		}
+		l.blocks.Add(-freed)
+		if !b.prefillDone {
+			l.prefill.Add(-b.prefill)
+		}
+	}
+	l.requests.Add(-1)
+	l.mu.Unlock()
+	t.n.Add(-1)
+	b.load = nil
+	t.pool.Put(b)
+}
+
+// Expire completes every request whose deadline is before now and returns how many it freed.
+// Call it periodically; it walks all active requests.
+func (t *Tracker) Expire(now int64) int {
+	var old []*booking
+	n := 0
+	for i := range t.shards {
+		sh := &t.shards[i]
+		old = old[:0]
+		sh.mu.Lock()
+		for h, b := range sh.m {
+			if b.deadline < now {
+				delete(sh.m, h)
+				old = append(old, b)
+			}
+		}
+		sh.mu.Unlock()
+		for _, b := range old {
+			t.release(b)
+		}
+		n += len(old)
+	}
+	return n
+}

@@ -1,0 +1,177 @@
+package scoring
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+
+	"github.com/kvrouterd/kvrouterd/radix"
+)
+
+func mustRegister(t testing.TB, tr *Tracker, id uint64) *Load {
+	t.Helper()
+	l, err := tr.Register(radix.WorkerKey{ID: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+func TestTrackerLifecycle(t *testing.T) {
+	tr := NewTracker()
+	w := mustRegister(t, tr, 1)
+	load := func(blocks, prefill, reqs int64) {
+		t.Helper()
+		if w.ActiveBlocks() != blocks || w.ActivePrefill() != prefill || w.Requests() != reqs {
+			t.Fatalf("load %d blocks %d prefill %d requests, want %d %d %d",
+				w.ActiveBlocks(), w.ActivePrefill(), w.Requests(), blocks, prefill, reqs)
+		}
+	}
+	// a: blocks 10 20 30 + tail; b shares 10 20, adds 40, no tail.
+	if err := tr.Book("a", w, []uint64{10, 20, 30}, true, 50, 100); err != nil {
+		t.Fatal(err)
+	}
+	load(4, 50, 1)
+	if err := tr.Book("a", w, []uint64{10}, false, 1, 100); err != ErrDuplicateRequest {
+		t.Fatalf("duplicate id: %v", err)
+	}
+	if err := tr.Book("b", w, []uint64{10, 20, 40}, false, 16, 200); err != nil {
+		t.Fatal(err)
+	}
+	load(5, 66, 2) // 10 and 20 count once
+
+	var m radix.Match
+	tr.Match([]uint64{10, 20, 30, 99}, &m)
+	if len(m.Slots) != 1 || m.Slots[0] != w.Slot() || m.Depth[0] != 3 {
+		t.Fatalf("active match %v depth %v, want slot %d depth 3", m.Slots, m.Depth, w.Slot())
+	}
+
+	if err := tr.PrefillDone("a"); err != nil {
+		t.Fatal(err)
+	}
+	if err := tr.PrefillDone("a"); err != nil {
+		t.Fatal(err)
+	}
+	load(5, 16, 2)
+	if err := tr.Complete("a"); err != nil {
+		t.Fatal(err)
+	}
+	load(3, 16, 1) // 30 and the tail freed; 10 and 20 still used by b
+	if err := tr.Complete("a"); err != ErrUnknownRequest {
+		t.Fatalf("second complete: %v", err)
+	}
+	if err := tr.PrefillDone("zzz"); err != ErrUnknownRequest {
+		t.Fatalf("unknown prefill done: %v", err)
+	}
+	// b expires at 200: not at 200, at 201.
+	if n := tr.Expire(200); n != 0 {
+		t.Fatalf("expired %d at the deadline", n)
+	}
+	if n := tr.Expire(201); n != 1 {
+		t.Fatalf("expired %d after the deadline", n)
+	}
+	load(0, 0, 0)
+	tr.Match([]uint64{10}, &m)
+	if len(m.Slots) != 0 || tr.Active() != 0 {
+		t.Fatalf("after expiry: active slots %v, %d requests", m.Slots, tr.Active())
+	}
+	if err := tr.Book("", w, nil, false, 0, 0); err != ErrRequestID {
+		t.Fatalf("empty id: %v", err)
+	}
+}
+
+func TestTrackerUnregister(t *testing.T) {
+	tr := NewTracker()
+	w := mustRegister(t, tr, 1)
+	if err := tr.Book("a", w, []uint64{1, 2}, false, 32, 10); err != nil {
+		t.Fatal(err)
+	}
+	tr.Unregister(w)
+	if w.ActiveBlocks() != 0 || w.ActivePrefill() != 0 {
+		t.Fatal("unregistered worker still carries load")
+	}
+	if err := tr.Book("b", w, []uint64{1}, false, 1, 10); err != ErrWorkerGone {
+		t.Fatalf("booking on an unregistered worker: %v", err)
+	}
+	if err := tr.Complete("a"); err != nil { // the request is still known and completes cleanly
+		t.Fatal(err)
+	}
+	if tr.Active() != 0 {
+		t.Fatalf("%d requests left", tr.Active())
+	}
+	w2 := mustRegister(t, tr, 1)
+	if w2.ActiveBlocks() != 0 {
+		t.Fatal("re-registered worker inherited load")
+	}
+}
+
+// TestTrackerConcurrent books, finishes and expires requests from many goroutines and checks
+// that the load returns to zero and the active blocks match a recount.
+func TestTrackerConcurrent(t *testing.T) {
+	tr := NewTracker()
+	ws := []*Load{mustRegister(t, tr, 1), mustRegister(t, tr, 2), mustRegister(t, tr, 3)}
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(g), 9))
+			var m radix.Match
+			for i := range 3000 {
+				id := fmt.Sprintf("g%d-%d", g, i)
+				w := ws[rng.IntN(len(ws))]
+				seqs := make([]uint64, 1+rng.IntN(8))
+				for j := range seqs {
+					seqs[j] = uint64(j*10 + rng.IntN(2)) // shared prefixes, two branches per level
+				}
+				if err := tr.Book(id, w, seqs, rng.IntN(2) == 0, int64(rng.IntN(100)), int64(i)); err != nil {
+					t.Error(err)
+					return
+				}
+				tr.Match(seqs, &m)
+				if rng.IntN(2) == 0 {
+					_ = tr.PrefillDone(id)
+				}
+				if rng.IntN(4) != 0 {
+					_ = tr.Complete(id) // may race with Expire: either frees it once
+				} else if rng.IntN(8) == 0 {
+					tr.Expire(int64(i - 50))
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	tr.Expire(1 << 62)
+	for _, w := range ws {
+		if w.ActiveBlocks() != 0 || w.ActivePrefill() != 0 || w.Requests() != 0 || len(w.refs) != 0 {
+			t.Fatalf("worker %d: %d blocks %d prefill %d requests %d refs left", w.key.ID,
+				w.ActiveBlocks(), w.ActivePrefill(), w.Requests(), len(w.refs))
+		}
+	}
+	if st := tr.active.Stats(); st.Residencies != 0 {
+		t.Fatalf("%d active residencies left", st.Residencies)
+	}
+}
+
+func TestTrackerBookAllocs(t *testing.T) {
+	tr := NewTracker()
+	w := mustRegister(t, tr, 1)
+	seqs := make([]uint64, 128)
+	for i := range seqs {
+		seqs[i] = uint64(i + 1)
+	}
+	if n := testing.AllocsPerRun(1000, func() {
+		if err := tr.Book("request-0001", w, seqs, true, 100, 1); err != nil {
+			t.Fatal(err)
+		}
+		if err := tr.PrefillDone("request-0001"); err != nil {
+			t.Fatal(err)
+		}
+		if err := tr.Complete("request-0001"); err != nil {
+			t.Fatal(err)
+		}
+	}); n != 0 {
+		t.Fatalf("book, prefill done and complete allocate %v times", n)
+	}
+}
