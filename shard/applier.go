@@ -3,6 +3,7 @@ package shard
 import (
 	"sync/atomic"
 
+	"github.com/kvrouterd/kvrouterd/internal/u64map"
 	"github.com/kvrouterd/kvrouterd/radix"
 )
 
@@ -32,8 +33,8 @@ type worker struct {
 type rankState struct {
 	rank   uint32
 	slot   radix.Slot
-	last   uint64    // last event id applied; 0 = none yet
-	engine engineMap // engine hash → sequence hash
+	last   uint64     // last event id applied; 0 = none yet
+	engine u64map.Map // engine hash → sequence hash
 	// dup counts, per sequence hash, the engine hashes beyond the first that map to it (the
 	// same content stored under two engine hashes, e.g. with different cache salts). A removal
 	// of one of them must not drop the residency while another still holds it.
@@ -145,7 +146,7 @@ func (a *Applier) stored(w *worker, r *rankState, ev *Event, o *Outcome) {
 	}
 	parent, hasParent := uint64(0), ev.HasParent
 	if hasParent {
-		p, ok := r.engine.get(ev.Parent)
+		p, ok := r.engine.Get(ev.Parent)
 		if !ok {
 			o.Status = UnknownParent
 			return
@@ -161,11 +162,11 @@ func (a *Applier) stored(w *worker, r *rankState, ev *Event, o *Outcome) {
 	radix.ChainInPlace(a.seqs, parent, hasParent)
 	// Every block below costs a lookup in the engine map and one in the index, each likely a
 	// cache miss: start them all now so that they overlap.
-	r.engine.prefetch(ev.Hashes)
+	r.engine.Prefetch(ev.Hashes)
 	w.ix.Prefetch(a.seqs)
 	for i, eh := range ev.Hashes {
 		seq := a.seqs[i]
-		if old, ok := r.engine.get(eh); ok {
+		if old, ok := r.engine.Get(eh); ok {
 			if old == seq {
 				continue
 			}
@@ -175,16 +176,16 @@ func (a *Applier) stored(w *worker, r *rankState, ev *Event, o *Outcome) {
 		if !a.reserve() {
 			if w.ix.Has(seq, r.slot) {
 				// Same content under another engine hash: no new residency, no budget needed.
-				r.engine.put(eh, seq)
+				r.engine.Put(eh, seq)
 				r.addDup(seq)
 				continue
 			}
 			o.Status, o.Skipped = OverBudget, n-i
 			// The engine hash no longer names what the index holds for it.
-			r.engine.del(eh)
+			r.engine.Del(eh)
 			break
 		}
-		r.engine.put(eh, seq)
+		r.engine.Put(eh, seq)
 		if w.ix.Add(seq, r.slot) {
 			o.Applied++
 		} else {
@@ -203,10 +204,10 @@ func (a *Applier) removed(w *worker, r *rankState, ev *Event, o *Outcome) {
 		o.Status = OtherTier
 		return
 	}
-	r.engine.prefetch(ev.Hashes)
+	r.engine.Prefetch(ev.Hashes)
 	a.seqs = a.seqs[:0]
 	for _, eh := range ev.Hashes {
-		seq, ok := r.engine.del(eh)
+		seq, ok := r.engine.Del(eh)
 		if !ok {
 			o.Skipped++
 			continue
@@ -252,12 +253,12 @@ func (a *Applier) drop(ix *radix.Index, r *rankState, seq uint64) bool {
 func (a *Applier) clear(w *worker) int {
 	n := 0
 	for _, r := range w.ranks {
-		r.engine.each(func(_, seq uint64) {
+		r.engine.Each(func(_, seq uint64) {
 			if w.ix.Remove(seq, r.slot) {
 				n++
 			}
 		})
-		r.engine.reset()
+		r.engine.Reset()
 		r.dup = nil
 	}
 	a.release(n)
@@ -298,7 +299,7 @@ func (a *Applier) Blocks(id uint64) int {
 	n := 0
 	if w := a.workers[id]; w != nil {
 		for _, r := range w.ranks {
-			n += r.engine.len()
+			n += r.engine.Len()
 		}
 	}
 	return n
@@ -385,5 +386,17 @@ func (b *budget) take() int64 {
 func (b *budget) give(n int64) {
 	if b.max != 0 {
 		b.reserved.Add(-n)
+	}
+}
+
+// EachBlock calls f for every block worker id holds: its rank, the engine's hash and the
+// router's sequence hash, in no particular order.
+func (a *Applier) EachBlock(id uint64, f func(rank uint32, engine, seq uint64)) {
+	w := a.workers[id]
+	if w == nil {
+		return
+	}
+	for _, r := range w.ranks {
+		r.engine.Each(func(k, v uint64) { f(r.rank, k, v) })
 	}
 }

@@ -2,6 +2,7 @@ package shard
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/kvrouterd/kvrouterd/radix"
 )
@@ -54,6 +55,22 @@ func (t Tier) String() string {
 		return "external"
 	}
 	return fmt.Sprintf("tier(%d)", uint8(t))
+}
+
+// ParseMedium maps an engine's storage medium name (vLLM, SGLang, Dynamo spellings, any case)
+// to a Tier; "" is the device.
+func ParseMedium(s string) (Tier, bool) {
+	switch strings.ToUpper(s) {
+	case "", "GPU", "DEVICE":
+		return Device, true
+	case "CPU", "CPU_PINNED", "CPU_TIER1", "HOST", "HOST_PINNED":
+		return Host, true
+	case "CPU_TIER2", "DISK", "NVME":
+		return Disk, true
+	case "EXTERNAL", "NETWORK", "REMOTE", "SHARED":
+		return External, true
+	}
+	return 0, false
 }
 
 // Event is one KV event of one worker, as the engines publish them (decoders fill it).

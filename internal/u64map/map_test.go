@@ -1,4 +1,4 @@
-package shard
+package u64map
 
 import (
 	"encoding/binary"
@@ -6,19 +6,19 @@ import (
 	"testing"
 )
 
-// checkEngineMap compares m with the builtin map and checks the Robin Hood invariant.
-func checkEngineMap(t *testing.T, m *engineMap, want map[uint64]uint64) {
+// checkMap compares m with the builtin map and checks the Robin Hood invariant.
+func checkMap(t *testing.T, m *Map, want map[uint64]uint64) {
 	t.Helper()
-	if m.len() != len(want) {
-		t.Fatalf("len %d, want %d", m.len(), len(want))
+	if m.Len() != len(want) {
+		t.Fatalf("len %d, want %d", m.Len(), len(want))
 	}
 	for k, v := range want {
-		if got, ok := m.get(k); !ok || got != v {
+		if got, ok := m.Get(k); !ok || got != v {
 			t.Fatalf("get(%d) = %d, %v; want %d", k, got, ok, v)
 		}
 	}
 	n := 0
-	m.each(func(k, v uint64) {
+	m.Each(func(k, v uint64) {
 		n++
 		if want[k] != v {
 			t.Fatalf("each gave %d=%d, want %d", k, v, want[k])
@@ -44,20 +44,20 @@ func checkEngineMap(t *testing.T, m *engineMap, want map[uint64]uint64) {
 	}
 }
 
-// applyEngineOps drives an engineMap and the builtin map with ops decoded from data: 9 bytes per
+// applyEngineOps drives an Map and the builtin map with ops decoded from data: 9 bytes per
 // op (kind, key), keys folded to a small range so that ops collide.
 func applyEngineOps(t *testing.T, data []byte, keyRange uint64) {
-	var m engineMap
+	var m Map
 	want := map[uint64]uint64{}
 	for i := 0; len(data) >= 9; i++ {
 		op, k := data[0], binary.LittleEndian.Uint64(data[1:9])%keyRange
 		data = data[9:]
 		switch op % 4 {
 		case 0, 1:
-			m.put(k, uint64(i))
+			m.Put(k, uint64(i))
 			want[k] = uint64(i)
 		case 2:
-			v, ok := m.del(k)
+			v, ok := m.Del(k)
 			wv, wok := want[k]
 			if ok != wok || v != wv {
 				t.Fatalf("del(%d) = %d, %v; want %d, %v", k, v, ok, wv, wok)
@@ -65,15 +65,15 @@ func applyEngineOps(t *testing.T, data []byte, keyRange uint64) {
 			delete(want, k)
 		case 3:
 			if op == 255 {
-				m.reset()
+				m.Reset()
 				clear(want)
 			}
 		}
 	}
-	checkEngineMap(t, &m, want)
+	checkMap(t, &m, want)
 }
 
-func TestEngineMapRandom(t *testing.T) {
+func TestMapRandom(t *testing.T) {
 	r := rand.New(rand.NewPCG(1, 1))
 	for _, keyRange := range []uint64{4, 100, 5000, 1 << 40} {
 		data := make([]byte, 9*20000)
@@ -84,42 +84,42 @@ func TestEngineMapRandom(t *testing.T) {
 	}
 }
 
-func TestEngineMapGrowsAndShrinks(t *testing.T) {
-	var m engineMap
+func TestMapGrowsAndShrinks(t *testing.T) {
+	var m Map
 	want := map[uint64]uint64{}
 	for k := range uint64(5000) {
-		m.put(k, k*3) // includes key 0, kept aside
+		m.Put(k, k*3) // includes key 0, kept aside
 		want[k] = k * 3
 	}
-	checkEngineMap(t, &m, want)
+	checkMap(t, &m, want)
 	for k := uint64(0); k < 5000; k += 2 {
-		m.del(k)
+		m.Del(k)
 		delete(want, k)
 	}
-	checkEngineMap(t, &m, want)
-	m.reset()
-	if m.len() != 0 || m.slots != nil {
-		t.Fatalf("reset of a large map kept %d keys, %d slots", m.len(), len(m.slots))
+	checkMap(t, &m, want)
+	m.Reset()
+	if m.Len() != 0 || m.slots != nil {
+		t.Fatalf("reset of a large map kept %d keys, %d slots", m.Len(), len(m.slots))
 	}
 }
 
 // A steady churn of puts and deletes never allocates: no tombstones to rehash.
-func TestEngineMapChurnAllocs(t *testing.T) {
-	var m engineMap
+func TestMapChurnAllocs(t *testing.T) {
+	var m Map
 	for k := range uint64(1000) {
-		m.put(k+1, k)
+		m.Put(k+1, k)
 	}
 	k := uint64(1)
 	if n := testing.AllocsPerRun(10000, func() {
-		m.del(k)
-		m.put(k+1000, k)
+		m.Del(k)
+		m.Put(k+1000, k)
 		k++
 	}); n != 0 {
 		t.Fatalf("%v allocs per churn step, want 0", n)
 	}
 }
 
-func FuzzEngineMap(f *testing.F) {
+func FuzzMap(f *testing.F) {
 	f.Add([]byte{0, 1, 0, 0, 0, 0, 0, 0, 0, 2, 1, 0, 0, 0, 0, 0, 0, 0})
 	f.Add(make([]byte, 9*40))
 	f.Fuzz(func(t *testing.T, data []byte) {

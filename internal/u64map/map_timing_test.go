@@ -1,4 +1,4 @@
-package shard
+package u64map
 
 import (
 	"fmt"
@@ -8,22 +8,22 @@ import (
 	"github.com/kvrouterd/kvrouterd/internal/memstat"
 )
 
-// BenchmarkEngineMapVsBuiltin backs the choice of a hand-written engine-hash map over Go's map
+// BenchmarkMapVsBuiltin backs the choice of a hand-written engine-hash map over Go's map
 // (docs/decisions.md): heap bytes per entry for workers of several sizes, and the cost of the
 // steady churn of an engine's cache (one removal and one store per op).
-func BenchmarkEngineMapVsBuiltin(b *testing.B) {
+func BenchmarkMapVsBuiltin(b *testing.B) {
 	for _, size := range []int{1000, 30000, 1000000} {
 		keys := make([]uint64, 2*size)
 		r := rand.New(rand.NewPCG(uint64(size), 1))
 		for i := range keys {
 			keys[i] = r.Uint64() | 1
 		}
-		b.Run(fmt.Sprintf("impl=engineMap/entries=%d", size), func(b *testing.B) {
+		b.Run(fmt.Sprintf("impl=Map/entries=%d", size), func(b *testing.B) {
 			before := memstat.HeapInUse()
-			maps := make([]engineMap, 1e6/size)
+			maps := make([]Map, 1e6/size)
 			for i := range maps {
 				for _, k := range keys[:size] {
-					maps[i].put(k, k)
+					maps[i].Put(k, k)
 				}
 			}
 			bytes := float64(memstat.HeapInUse()-before) / 1e6
@@ -31,8 +31,8 @@ func BenchmarkEngineMapVsBuiltin(b *testing.B) {
 			b.ReportAllocs()
 			b.ResetTimer()
 			for i := range b.N {
-				m.del(keys[i%(2*size)])
-				m.put(keys[(i+size)%(2*size)], 1)
+				m.Del(keys[i%(2*size)])
+				m.Put(keys[(i+size)%(2*size)], 1)
 			}
 			b.ReportMetric(bytes, "B/entry")
 		})

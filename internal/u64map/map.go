@@ -1,4 +1,5 @@
-package shard
+// Package u64map is an open-addressing map from uint64 to uint64 that allocates only to grow.
+package u64map
 
 import (
 	"math/bits"
@@ -7,15 +8,17 @@ import (
 	"github.com/kvrouterd/kvrouterd/internal/prefetch"
 )
 
-// engineMap maps one worker's engine block hashes to the router's sequence hashes. It is the
-// largest per-residency cost after the index itself, so it is a compact open-addressing table:
+// Map is a map from uint64 to uint64 for hot paths: a worker's engine block hashes to the
+// router's sequence hashes (package shard, where it is the largest per-residency cost after the
+// index), a worker's active blocks to their request counts (package scoring). A compact
+// open-addressing table:
 // 16-byte slots, Robin Hood linear probing with backward-shift deletion (no tombstones, so a
 // steady stream of stores and removals never rehashes), fast range reduction so that the size
 // can grow by 3/2 instead of 2. Key 0 marks an empty slot, so a real key 0 is kept aside.
 //
-// An engineMap belongs to the shard goroutine that owns its worker; it is not safe for
-// concurrent use.
-type engineMap struct {
+// A Map is not safe for concurrent use: its owner serializes access. The zero value is an empty
+// map.
+type Map struct {
 	slots   []emSlot
 	n       int // keys in slots (the zero key not counted)
 	maxN    int
@@ -31,20 +34,20 @@ const (
 	emGrowNum, emGrowDen = 3, 2
 )
 
-func (m *engineMap) len() int {
+func (m *Map) Len() int {
 	if m.hasZero {
 		return m.n + 1
 	}
 	return m.n
 }
 
-func (m *engineMap) home(k uint64) int {
+func (m *Map) home(k uint64) int {
 	hi, _ := bits.Mul64(k*0x9e3779b97f4a7c15, uint64(len(m.slots)))
 	return int(hi)
 }
 
 // dist is how far position i is from the home of key k.
-func (m *engineMap) dist(k uint64, i int) int {
+func (m *Map) dist(k uint64, i int) int {
 	d := i - m.home(k)
 	if d < 0 {
 		d += len(m.slots)
@@ -53,7 +56,7 @@ func (m *engineMap) dist(k uint64, i int) int {
 }
 
 // prefetch starts loading the home slots of keys, which the caller is about to look up.
-func (m *engineMap) prefetch(keys []uint64) {
+func (m *Map) Prefetch(keys []uint64) {
 	if len(m.slots) == 0 {
 		return
 	}
@@ -69,7 +72,7 @@ func (m *engineMap) prefetch(keys []uint64) {
 }
 
 // find returns the position of k, or -1.
-func (m *engineMap) find(k uint64) int {
+func (m *Map) find(k uint64) int {
 	if len(m.slots) == 0 {
 		return -1
 	}
@@ -88,7 +91,7 @@ func (m *engineMap) find(k uint64) int {
 	}
 }
 
-func (m *engineMap) get(k uint64) (uint64, bool) {
+func (m *Map) Get(k uint64) (uint64, bool) {
 	if k == 0 {
 		return m.zeroVal, m.hasZero
 	}
@@ -99,7 +102,7 @@ func (m *engineMap) get(k uint64) (uint64, bool) {
 }
 
 // put sets k to v.
-func (m *engineMap) put(k, v uint64) {
+func (m *Map) Put(k, v uint64) {
 	if k == 0 {
 		m.hasZero, m.zeroVal = true, v
 		return
@@ -116,7 +119,7 @@ func (m *engineMap) put(k, v uint64) {
 }
 
 // insert places a key known to be absent, displacing keys nearer their home.
-func (m *engineMap) insert(k, v uint64) {
+func (m *Map) insert(k, v uint64) {
 	for i, d := m.home(k), 0; ; d++ {
 		s := &m.slots[i]
 		if s.k == 0 {
@@ -135,7 +138,7 @@ func (m *engineMap) insert(k, v uint64) {
 }
 
 // del removes k and returns its value.
-func (m *engineMap) del(k uint64) (uint64, bool) {
+func (m *Map) Del(k uint64) (uint64, bool) {
 	if k == 0 {
 		v, ok := m.zeroVal, m.hasZero
 		m.hasZero, m.zeroVal = false, 0
@@ -164,7 +167,7 @@ func (m *engineMap) del(k uint64) (uint64, bool) {
 	return v, true
 }
 
-func (m *engineMap) resize(c int) {
+func (m *Map) resize(c int) {
 	old := m.slots
 	m.slots = make([]emSlot, c)
 	m.maxN = c * emLoadNum / emLoadDen
@@ -176,7 +179,7 @@ func (m *engineMap) resize(c int) {
 }
 
 // each calls f for every key and value.
-func (m *engineMap) each(f func(k, v uint64)) {
+func (m *Map) Each(f func(k, v uint64)) {
 	if m.hasZero {
 		f(0, m.zeroVal)
 	}
@@ -189,7 +192,7 @@ func (m *engineMap) each(f func(k, v uint64)) {
 
 // reset empties the map. A large table is given back: a worker that was cleared refills over
 // time, and its old size would be held for nothing if it does not.
-func (m *engineMap) reset() {
+func (m *Map) Reset() {
 	m.n, m.hasZero, m.zeroVal = 0, false, 0
 	if len(m.slots) > 1024 {
 		m.slots, m.maxN = nil, 0
