@@ -23,8 +23,9 @@ type Candidate struct {
 	Tree int64
 	// ActiveBlocks and ActivePrefill are the worker's booked load: blocks, and prefill tokens
 	// not yet done.
-	ActiveBlocks  int64
-	ActivePrefill int64
+	ActiveBlocks   int64
+	ActivePrefill  int64
+	ActiveRequests int64
 
 	// PrefillTokens is what the worker would prefill: its active prefill tokens (if tracked) and
 	// this request's uncached tokens.
@@ -73,10 +74,6 @@ func (p *Params) Check() error {
 // Score computes PrefillTokens, DecodeBlocks and Logit for every candidate.
 func Score(c []Candidate, p *Params) {
 	bs := int64(p.BlockSize)
-	tail := int64(0)
-	if int64(p.ISL)%bs != 0 {
-		tail = 1 // the partial last block is the request's own
-	}
 	for i := range c {
 		x := &c[i]
 		prefill := int64(p.ISL) - int64(x.Cached)*bs
@@ -87,7 +84,7 @@ func Score(c []Candidate, p *Params) {
 			prefill += x.ActivePrefill
 		}
 		x.PrefillTokens = prefill
-		x.DecodeBlocks = x.ActiveBlocks + int64(p.Blocks) - int64(x.Shared) + tail
+		x.DecodeBlocks = x.ActiveBlocks + int64(p.Blocks) - int64(x.Shared)
 		x.Logit = p.Weight*float64(prefill)/float64(bs) + float64(x.DecodeBlocks)
 	}
 }
@@ -171,7 +168,7 @@ func (ch *Chooser) Choose(c []Candidate, p *Params, rng *rand.Rand) (int, error)
 	case Random:
 		return intn(rng, len(c)), nil
 	case LeastLoaded:
-		return leastLoaded(c, p.BlockSize, rng), nil
+		return leastLoaded(c, rng), nil
 	case Direct:
 		return 0, nil
 	case KV, Default:
@@ -180,14 +177,11 @@ func (ch *Chooser) Choose(c []Candidate, p *Params, rng *rand.Rand) (int, error)
 	return 0, ErrMode
 }
 
-// leastLoaded picks the lowest booked load, in blocks, ties at random.
-func leastLoaded(c []Candidate, bs int, rng *rand.Rand) int {
-	load := func(x *Candidate) float64 {
-		return float64(x.ActiveBlocks) + float64(x.ActivePrefill)/float64(bs)
-	}
-	lo, n := math.Inf(1), 0
+// leastLoaded picks the fewest active requests, ties at random.
+func leastLoaded(c []Candidate, rng *rand.Rand) int {
+	lo, n := int64(math.MaxInt64), 0
 	for i := range c {
-		switch l := load(&c[i]); {
+		switch l := c[i].ActiveRequests; {
 		case l < lo:
 			lo, n = l, 1
 		case l == lo:
@@ -196,7 +190,7 @@ func leastLoaded(c []Candidate, bs int, rng *rand.Rand) int {
 	}
 	k := intn(rng, n)
 	for i := range c {
-		if load(&c[i]) == lo {
+		if c[i].ActiveRequests == lo {
 			if k == 0 {
 				return i
 			}

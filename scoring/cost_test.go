@@ -22,16 +22,16 @@ func TestScoreDynamoCost(t *testing.T) {
 				x.Worker, x.PrefillTokens, x.DecodeBlocks, x.Logit, prefill, decode, logit)
 		}
 	}
-	// 1: prefill 32 + 100 − 64 = 68 tokens = 4.25 blocks; decode 10 + 6 + 1 = 17.
-	f(c[0], 68, 17, 4.25+17)
-	// 2: 100 tokens = 6.25 blocks; decode 0 + 6 + 1 = 7.
-	f(c[1], 100, 7, 6.25+7)
-	// 3: 4 tokens = 0.25; decode 20 + 0 + 1 = 21 (its six full blocks are active already).
-	f(c[2], 4, 21, 0.25+21)
+	// 1: prefill 32 + 100 − 64 = 68 tokens = 4.25 blocks; decode 10 + 6 = 16.
+	f(c[0], 68, 16, 4.25+16)
+	// 2: 100 tokens = 6.25 blocks; decode 0 + 6 = 6.
+	f(c[1], 100, 6, 6.25+6)
+	// 3: 4 tokens = 0.25; decode 20 + 0 = 20 (its six full blocks are active already).
+	f(c[2], 4, 20, 0.25+20)
 
 	p.Weight, p.TrackPrefill = 2, false
 	Score(c, p)
-	f(c[0], 36, 17, 2*36.0/16+17)
+	f(c[0], 36, 16, 2*36.0/16+16)
 }
 
 func TestSelectTemperatureZero(t *testing.T) {
@@ -94,9 +94,9 @@ func TestChooseModes(t *testing.T) {
 	p := &Params{BlockSize: 4, ISL: 8, Blocks: 2, Weight: 1}
 	mk := func() []Candidate {
 		return []Candidate{
-			{Worker: 1, Cached: 2, ActiveBlocks: 9},
-			{Worker: 2, ActiveBlocks: 1, ActivePrefill: 8},
-			{Worker: 3, ActiveBlocks: 2},
+			{Worker: 1, Cached: 2, ActiveBlocks: 9, ActiveRequests: 3},
+			{Worker: 2, ActiveBlocks: 1, ActivePrefill: 8, ActiveRequests: 1},
+			{Worker: 3, ActiveBlocks: 2, ActiveRequests: 2},
 		}
 	}
 	f := func(m Mode, want int) {
@@ -111,7 +111,7 @@ func TestChooseModes(t *testing.T) {
 	f(KV, 1)
 	p.TrackPrefill = true // 2: (8+8)/4 + 3 = 7 > 6
 	f(KV, 2)
-	f(LeastLoaded, 2) // loads 9, 1+2, 2
+	f(LeastLoaded, 1) // 3, 1 and 2 requests
 	f(Direct, 0)
 	for i := range 6 {
 		f(RoundRobin, i%3)

@@ -12,8 +12,8 @@
 //	decode_blocks(w)  = active_blocks(w) + blocks of this request not active on w
 //	logit(w)          = overlap_score_weight × prefill_blocks(w) + decode_blocks(w)
 //
-// Lower is better. A request occupies ceil(isl / block_size) blocks: its full blocks, which
-// concurrent requests with the same prefix share, and a partial tail block of its own.
+// Lower is better. As in Dynamo, a request's blocks are its full blocks, which concurrent
+// requests with the same prefix share; a partial last block is not counted.
 //
 // # Selection
 //

@@ -17,8 +17,8 @@ const (
 	RoundRobin
 	// Random picks a worker uniformly.
 	Random
-	// LeastLoaded picks the worker with the least active load (active blocks plus active prefill
-	// tokens in blocks), ignoring the cache; ties at random.
+	// LeastLoaded picks the worker with the fewest active requests, ignoring the cache; ties at
+	// random (Dynamo's measure: requests in flight).
 	LeastLoaded
 	// Direct sends the request to the worker the caller names.
 	Direct

@@ -28,18 +28,18 @@ func TestTrackerLifecycle(t *testing.T) {
 				w.ActiveBlocks(), w.ActivePrefill(), w.Requests(), blocks, prefill, reqs)
 		}
 	}
-	// a: blocks 10 20 30 + tail; b shares 10 20, adds 40, no tail.
-	if err := tr.Book("a", w, []uint64{10, 20, 30}, true, 50, 100); err != nil {
+	// a: blocks 10 20 30; b shares 10 20 and adds 40.
+	if err := tr.Book("a", w, []uint64{10, 20, 30}, 50, 100); err != nil {
 		t.Fatal(err)
 	}
-	load(4, 50, 1)
-	if err := tr.Book("a", w, []uint64{10}, false, 1, 100); err != ErrDuplicateRequest {
+	load(3, 50, 1)
+	if err := tr.Book("a", w, []uint64{10}, 1, 100); err != ErrDuplicateRequest {
 		t.Fatalf("duplicate id: %v", err)
 	}
-	if err := tr.Book("b", w, []uint64{10, 20, 40}, false, 16, 200); err != nil {
+	if err := tr.Book("b", w, []uint64{10, 20, 40}, 16, 200); err != nil {
 		t.Fatal(err)
 	}
-	load(5, 66, 2) // 10 and 20 count once
+	load(4, 66, 2) // 10 and 20 count once
 
 	var m radix.Match
 	tr.Match([]uint64{10, 20, 30, 99}, &m)
@@ -53,11 +53,11 @@ func TestTrackerLifecycle(t *testing.T) {
 	if err := tr.PrefillDone("a"); err != nil {
 		t.Fatal(err)
 	}
-	load(5, 16, 2)
+	load(4, 16, 2)
 	if err := tr.Complete("a"); err != nil {
 		t.Fatal(err)
 	}
-	load(3, 16, 1) // 30 and the tail freed; 10 and 20 still used by b
+	load(3, 16, 1) // 30 freed; 10 and 20 still used by b
 	if err := tr.Complete("a"); err != ErrUnknownRequest {
 		t.Fatalf("second complete: %v", err)
 	}
@@ -76,7 +76,7 @@ func TestTrackerLifecycle(t *testing.T) {
 	if len(m.Slots) != 0 || tr.Active() != 0 {
 		t.Fatalf("after expiry: active slots %v, %d requests", m.Slots, tr.Active())
 	}
-	if err := tr.Book("", w, nil, false, 0, 0); err != ErrRequestID {
+	if err := tr.Book("", w, nil, 0, 0); err != ErrRequestID {
 		t.Fatalf("empty id: %v", err)
 	}
 }
@@ -84,14 +84,14 @@ func TestTrackerLifecycle(t *testing.T) {
 func TestTrackerUnregister(t *testing.T) {
 	tr := NewTracker()
 	w := mustRegister(t, tr, 1)
-	if err := tr.Book("a", w, []uint64{1, 2}, false, 32, 10); err != nil {
+	if err := tr.Book("a", w, []uint64{1, 2}, 32, 10); err != nil {
 		t.Fatal(err)
 	}
 	tr.Unregister(w)
 	if w.ActiveBlocks() != 0 || w.ActivePrefill() != 0 {
 		t.Fatal("unregistered worker still carries load")
 	}
-	if err := tr.Book("b", w, []uint64{1}, false, 1, 10); err != ErrWorkerGone {
+	if err := tr.Book("b", w, []uint64{1}, 1, 10); err != ErrWorkerGone {
 		t.Fatalf("booking on an unregistered worker: %v", err)
 	}
 	if err := tr.Complete("a"); err != nil { // the request is still known and completes cleanly
@@ -125,7 +125,7 @@ func TestTrackerConcurrent(t *testing.T) {
 				for j := range seqs {
 					seqs[j] = uint64(j*10 + rng.IntN(2)) // shared prefixes, two branches per level
 				}
-				if err := tr.Book(id, w, seqs, rng.IntN(2) == 0, int64(rng.IntN(100)), int64(i)); err != nil {
+				if err := tr.Book(id, w, seqs, int64(rng.IntN(100)), int64(i)); err != nil {
 					t.Error(err)
 					return
 				}
@@ -144,17 +144,20 @@ func TestTrackerConcurrent(t *testing.T) {
 	wg.Wait()
 	tr.Expire(1 << 62)
 	for _, w := range ws {
-		if w.ActiveBlocks() != 0 || w.ActivePrefill() != 0 || w.Requests() != 0 || len(w.refs) != 0 {
+		if w.ActiveBlocks() != 0 || w.ActivePrefill() != 0 || w.Requests() != 0 || w.refs.Len() != 0 {
 			t.Fatalf("worker %d: %d blocks %d prefill %d requests %d refs left", w.key.ID,
-				w.ActiveBlocks(), w.ActivePrefill(), w.Requests(), len(w.refs))
+				w.ActiveBlocks(), w.ActivePrefill(), w.Requests(), w.refs.Len())
 		}
 	}
-	if st := tr.active.Stats(); st.Residencies != 0 {
+	if st := tr.roots.Stats(); st.Residencies != 0 {
 		t.Fatalf("%d active residencies left", st.Residencies)
 	}
 }
 
 func TestTrackerBookAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("allocation counts need a build without -race")
+	}
 	tr := NewTracker()
 	w := mustRegister(t, tr, 1)
 	seqs := make([]uint64, 128)
@@ -162,7 +165,7 @@ func TestTrackerBookAllocs(t *testing.T) {
 		seqs[i] = uint64(i + 1)
 	}
 	if n := testing.AllocsPerRun(1000, func() {
-		if err := tr.Book("request-0001", w, seqs, true, 100, 1); err != nil {
+		if err := tr.Book("request-0001", w, seqs, 100, 1); err != nil {
 			t.Fatal(err)
 		}
 		if err := tr.PrefillDone("request-0001"); err != nil {
