@@ -1,0 +1,4 @@
+package wire
+
+// ContentType is the HTTP media type of bodies in this format.
+const ContentType = "application/x-kvrouterd"

@@ -1,0 +1,210 @@
+package wire
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"unsafe"
+)
+
+// RouteResponse flags (body offset 0).
+const (
+	respChosen = 1 << 0
+	respKnown  = respChosen
+	// respUnencodable: see reqUnencodable.
+	respUnencodable = 1 << 31
+)
+
+const (
+	responseFixed = 32 // bytes of the body before request_id
+	candidateSize = 40 // bytes of one candidate record
+)
+
+var responseLayout = [...]field{
+	{"flags", 4}, {"mode", 1}, {"reserved", 3}, {"worker", 8}, {"rank", 4},
+	{"query_blocks", 4}, {"isl", 4}, {"reserved", 4},
+}
+
+// candidateNative reports whether Candidate's memory layout is the wire's record layout, so that
+// on little-endian machines records move with one memmove.
+const candidateNative = unsafe.Sizeof(Candidate{}) == candidateSize &&
+	unsafe.Offsetof(Candidate{}.Rank) == 8 &&
+	unsafe.Offsetof(Candidate{}.CachedBlocks) == 12 &&
+	unsafe.Offsetof(Candidate{}.PrefillTokens) == 16 &&
+	unsafe.Offsetof(Candidate{}.ActiveBlocks) == 20 &&
+	unsafe.Offsetof(Candidate{}.TreeBlocks) == 24 &&
+	unsafe.Offsetof(Candidate{}.Logit) == 32
+
+// Candidate is how one worker scored for a request; a plain value, safe to copy and share. Its
+// fields are in wire order and its layout is the wire record's.
+type Candidate struct {
+	Worker        uint64
+	Rank          uint32  // data-parallel rank
+	CachedBlocks  uint32  // contiguous prefix of the prompt cached on the worker, in blocks
+	PrefillTokens uint32  // tokens the worker would prefill, its active prefill load included
+	ActiveBlocks  uint32  // the worker's decode blocks, counting this request
+	TreeBlocks    uint64  // all blocks the worker holds
+	Logit         float64 // the cost function's value; lower is better
+}
+
+// RouteResponse is the router's answer to a RouteRequest; like any plain value it may be read by
+// many goroutines at once, but DecodeRouteResponse writes it and needs it to itself.
+//
+// After DecodeRouteResponse, RequestID aliases the decoded buffer: it is valid only while that
+// buffer is unchanged; copy it with strings.Clone to keep it longer.
+type RouteResponse struct {
+	RequestID string
+	Mode      Mode // the mode used, never ModeDefault
+	// Chosen: a worker was chosen (a route); clear for a match-only answer, where Worker and
+	// Rank must be zero.
+	Chosen     bool
+	Worker     uint64
+	Rank       uint32
+	Blocks     uint32 // full blocks of the prompt that were hashed
+	ISL        uint32
+	Candidates []Candidate
+}
+
+// Validate reports the first field of r that the format cannot carry as it is, as an *Error
+// with Offset -1.
+func (r *RouteResponse) Validate() error {
+	const m = "route response"
+	if err := validStr(m, "request_id", r.RequestID); err != nil {
+		return err
+	}
+	if r.Mode == ModeDefault || r.Mode > ModeDirect {
+		return invalid(m, "mode", ErrInvalid, fmt.Sprintf("mode %d, want 1 to %d", r.Mode, ModeDirect))
+	}
+	if !r.Chosen && r.Worker != 0 {
+		return invalid(m, "worker", ErrInvalid, fmt.Sprintf("Worker is %d but Chosen is false", r.Worker))
+	}
+	if !r.Chosen && r.Rank != 0 {
+		return invalid(m, "rank", ErrInvalid, fmt.Sprintf("Rank is %d but Chosen is false", r.Rank))
+	}
+	if tooMany(len(r.Candidates)) {
+		return invalid(m, "candidates", ErrTooLong, "more than 2^32-1 candidates")
+	}
+	return nil
+}
+
+// AppendRouteResponse appends r as a complete message (header included) to dst and returns the
+// extended slice. It grows dst at most once. Like AppendRouteRequest it expects a valid r and
+// writes invalid values as they are, for the decoder to reject.
+func AppendRouteResponse(dst []byte, r *RouteResponse) []byte {
+	var flags uint32
+	if r.Chosen {
+		flags |= respChosen
+	}
+	if tooMany(len(r.Candidates)) {
+		flags |= respUnencodable
+	}
+	body := responseFixed + strSize(r.RequestID) + 4 + candidateSize*len(r.Candidates)
+	dst = slices.Grow(dst, HeaderSize+body)
+	dst = appendHeader(dst, TypeRouteResponse, body)
+	dst = le.AppendUint32(dst, flags)
+	dst = append(dst, byte(r.Mode), 0, 0, 0)
+	dst = le.AppendUint64(dst, r.Worker)
+	dst = le.AppendUint32(dst, r.Rank)
+	dst = le.AppendUint32(dst, r.Blocks)
+	dst = le.AppendUint32(dst, r.ISL)
+	dst = le.AppendUint32(dst, 0)
+	dst = appendStr(dst, r.RequestID)
+	dst = appendCount(dst, len(r.Candidates))
+	if nativeLE && candidateNative {
+		cs := r.Candidates
+		return append(dst, unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(cs))), candidateSize*len(cs))...)
+	}
+	return appendCandidatesPortable(dst, r.Candidates)
+}
+
+func appendCandidatesPortable(dst []byte, cs []Candidate) []byte {
+	for i := range cs {
+		c := &cs[i]
+		dst = le.AppendUint64(dst, c.Worker)
+		dst = le.AppendUint32(dst, c.Rank)
+		dst = le.AppendUint32(dst, c.CachedBlocks)
+		dst = le.AppendUint32(dst, c.PrefillTokens)
+		dst = le.AppendUint32(dst, c.ActiveBlocks)
+		dst = le.AppendUint64(dst, c.TreeBlocks)
+		dst = le.AppendUint64(dst, math.Float64bits(c.Logit))
+	}
+	return dst
+}
+
+// DecodeRouteResponse decodes the message b into r, reusing the backing array of r.Candidates.
+// It checks structure only (SPEC.md). On error r holds a partial result.
+//
+// r.RequestID aliases b (see RouteResponse). Decoding allocates nothing once r.Candidates has
+// grown to the size seen.
+func DecodeRouteResponse(b []byte, r *RouteResponse) error {
+	d := newDecoder(b, "route response")
+	if err := d.header(TypeRouteResponse); err != nil {
+		return err
+	}
+	p, err := d.fixed(responseLayout[:], responseFixed)
+	if err != nil {
+		return err
+	}
+	base := d.off - responseFixed
+	flags := le.Uint32(p[0:])
+	if flags&^respKnown != 0 {
+		return d.errAt("flags", base, ErrInvalid, "unknown bits %#x", flags&^uint32(respKnown))
+	}
+	mode := Mode(p[4])
+	if mode == ModeDefault || mode > ModeDirect {
+		return d.errAt("mode", base+4, ErrInvalid, "mode %d, want 1 to %d", mode, ModeDirect)
+	}
+	if err := d.zero("reserved", base+5, p[5:8]); err != nil {
+		return err
+	}
+	chosen := flags&respChosen != 0
+	worker, rank := le.Uint64(p[8:]), le.Uint32(p[16:])
+	if !chosen && worker != 0 {
+		return d.unset("worker", base+8, worker, "flags bit 0")
+	}
+	if !chosen && rank != 0 {
+		return d.unset("rank", base+16, uint64(rank), "flags bit 0")
+	}
+	blocks, isl := le.Uint32(p[20:]), le.Uint32(p[24:])
+	if err := d.zero("reserved", base+28, p[28:32]); err != nil {
+		return err
+	}
+	if r.RequestID, err = d.str("request_id"); err != nil {
+		return err
+	}
+	n, err := d.count("n_candidates", "candidates", candidateSize)
+	if err != nil {
+		return err
+	}
+	r.Candidates = slices.Grow(r.Candidates[:0], n)[:n]
+	src := d.take(candidateSize * n)
+	if nativeLE && candidateNative {
+		if n > 0 {
+			copy(unsafe.Slice((*byte)(unsafe.Pointer(&r.Candidates[0])), len(src)), src)
+		}
+	} else {
+		decodeCandidatesPortable(r.Candidates, src)
+	}
+	if err := d.end(); err != nil {
+		return err
+	}
+	r.Mode, r.Chosen, r.Worker, r.Rank = mode, chosen, worker, rank
+	r.Blocks, r.ISL = blocks, isl
+	return nil
+}
+
+func decodeCandidatesPortable(cs []Candidate, src []byte) {
+	src = src[:candidateSize*len(cs)]
+	for i := range cs {
+		p := src[candidateSize*i : candidateSize*(i+1)]
+		cs[i] = Candidate{
+			Worker:        le.Uint64(p),
+			Rank:          le.Uint32(p[8:]),
+			CachedBlocks:  le.Uint32(p[12:]),
+			PrefillTokens: le.Uint32(p[16:]),
+			ActiveBlocks:  le.Uint32(p[20:]),
+			TreeBlocks:    le.Uint64(p[24:]),
+			Logit:         math.Float64frombits(le.Uint64(p[32:])),
+		}
+	}
+}
