@@ -7,10 +7,14 @@ BENCHCOUNT ?= 6
 BENCHSTAT  := golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9c6c9d4da
 OUT        := bench/out
 
-.PHONY: build test vet bench fuzz clean
+.PHONY: build run test vet bench fuzz clean
 
 build:
 	$(GO) build ./...
+
+# The daemon with its embedded defaults (HTTP on :8090, data in ./data). ARGS adds flags.
+run:
+	$(GO) run ./cmd/kvrouterd $(ARGS)
 
 vet:
 	$(GO) vet ./...
@@ -31,15 +35,18 @@ test: vet
 bench:
 	mkdir -p $(OUT)
 	$(GO) test -run '^$$' -bench 'HashBlocks|IndexMatch|ShardApply|ApplierApply' -count $(BENCHCOUNT) ./radix/ ./shard/ | tee $(OUT)/micro.txt
-	$(GO) test -run '^$$' -bench 'ShardMemory|VsXsync|VsBuiltin' -benchtime 1x ./radix/ ./shard/ | tee $(OUT)/memory.txt
+	$(GO) test -run '^$$' -bench 'ShardMemory|VsXsync|VsBuiltin' -benchtime 1x ./radix/ ./shard/ ./internal/u64map/ | tee $(OUT)/memory.txt
 	$(GO) test -run '^$$' -bench 'Memory' -count 3 ./internal/prefetch/ | tee $(OUT)/prefetch.txt
 	$(GO) run $(BENCHSTAT) $(OUT)/micro.txt | tee $(OUT)/micro-medians.txt
 
 # Each fuzz target for FUZZTIME (go test fuzzes one target per run).
 fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzApply$$' -fuzztime $(FUZZTIME) ./shard/
-	$(GO) test -run '^$$' -fuzz '^FuzzEngineMap$$' -fuzztime $(FUZZTIME) ./shard/
+	$(GO) test -run '^$$' -fuzz '^FuzzMap$$' -fuzztime $(FUZZTIME) ./internal/u64map/
 	$(GO) test -run '^$$' -fuzz '^FuzzIndex$$' -fuzztime $(FUZZTIME) ./radix/
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeRouteRequest$$' -fuzztime $(FUZZTIME) ./wire/
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeRouteResponse$$' -fuzztime $(FUZZTIME) ./wire/
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeEventBatch$$' -fuzztime $(FUZZTIME) ./wire/
 
 clean:
 	rm -rf $(OUT) bin

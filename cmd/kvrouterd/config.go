@@ -1,0 +1,145 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"runtime"
+	"strings"
+	"time"
+
+	"github.com/kvrouterd/kvrouterd/scoring"
+)
+
+// config is the daemon's whole configuration: defaults here, then KVR_* environment variables,
+// then flags, which win.
+type config struct {
+	Shards             int
+	HTTPAddr           string
+	DataDir            string
+	BlockSize          int
+	RouterMode         string
+	OverlapScoreWeight float64
+	RouterTemperature  float64
+	TrackPrefillTokens bool
+	RequestExpiry      time.Duration
+	MaxBlocks          int64
+	QueueLen           int
+	MaxBodyBytes       int
+	ShutdownTimeout    time.Duration
+	LogLevel           string
+	LogFormat          string
+}
+
+func defaults() config {
+	return config{
+		Shards:             runtime.NumCPU(),
+		HTTPAddr:           ":8090",
+		DataDir:            "./data",
+		BlockSize:          16,
+		RouterMode:         "kv",
+		OverlapScoreWeight: 1.0,
+		RouterTemperature:  0.0,
+		TrackPrefillTokens: true,
+		RequestExpiry:      300 * time.Second,
+		QueueLen:           256,
+		MaxBodyBytes:       8 << 20,
+		ShutdownTimeout:    30 * time.Second,
+		LogLevel:           "info",
+		LogFormat:          "text",
+	}
+}
+
+const envPrefix = "KVR_"
+
+// envName is the environment twin of a flag: KVR_ and the name upper-cased, dashes as
+// underscores (--http-addr → KVR_HTTP_ADDR).
+func envName(flagName string) string {
+	return envPrefix + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+// parseConfig fills a config from env (a lookup such as os.LookupEnv) and args.
+func parseConfig(args []string, env func(string) (string, bool), out io.Writer) (config, error) {
+	c := defaults()
+	fs := flag.NewFlagSet("kvrouterd", flag.ContinueOnError)
+	fs.SetOutput(out)
+	fs.IntVar(&c.Shards, "shards", c.Shards, "event-application shards (goroutines); default: the number of CPUs")
+	fs.StringVar(&c.HTTPAddr, "http-addr", c.HTTPAddr, "address of the HTTP API")
+	fs.StringVar(&c.DataDir, "data-dir", c.DataDir, "directory for the embedded NATS server and snapshots")
+	fs.IntVar(&c.BlockSize, "block-size", c.BlockSize, "tokens per KV block of models registered without one")
+	fs.StringVar(&c.RouterMode, "router-mode", c.RouterMode, "routing mode: kv, round_robin, random, least_loaded or direct")
+	fs.Float64Var(&c.OverlapScoreWeight, "overlap-score-weight", c.OverlapScoreWeight, "weight of prefill cost against decode load in the kv cost")
+	fs.Float64Var(&c.RouterTemperature, "router-temperature", c.RouterTemperature, "softmax temperature of worker selection; 0 picks the cheapest")
+	fs.BoolVar(&c.TrackPrefillTokens, "track-prefill-tokens", c.TrackPrefillTokens, "count workers' active prefill tokens in the cost")
+	fs.DurationVar(&c.RequestExpiry, "request-expiry", c.RequestExpiry, "free routed requests not completed after this long")
+	fs.Int64Var(&c.MaxBlocks, "max-blocks", c.MaxBlocks, "bound on (block, worker) residencies over all models; 0 = none")
+	fs.IntVar(&c.QueueLen, "queue-len", c.QueueLen, "event batches each shard queue holds before producers wait")
+	fs.IntVar(&c.MaxBodyBytes, "max-body-bytes", c.MaxBodyBytes, "largest HTTP request body accepted")
+	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", c.ShutdownTimeout, "how long a graceful shutdown waits for requests in flight")
+	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error (debug logs every routing decision)")
+	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "text or json")
+	fs.Usage = func() {
+		fmt.Fprintf(out, "kvrouterd: a KV-cache-aware router for LLM inference workers.\n\n"+
+			"Usage: kvrouterd [flags]\n\nEvery flag can also be set by an environment variable, %s plus its\n"+
+			"name in upper case with underscores (e.g. KVR_SHARDS=32); flags win.\n\n", envPrefix)
+		fs.VisitAll(func(f *flag.Flag) {
+			fmt.Fprintf(out, "  --%s (env %s, default %q)\n    \t%s\n", f.Name, envName(f.Name), f.DefValue, f.Usage)
+		})
+	}
+	var err error
+	fs.VisitAll(func(f *flag.Flag) {
+		if v, ok := env(envName(f.Name)); ok && err == nil {
+			if e := f.Value.Set(v); e != nil {
+				err = fmt.Errorf("%s=%q: %v", envName(f.Name), v, e)
+			}
+		}
+	})
+	if err != nil {
+		return c, err
+	}
+	if err := fs.Parse(args); err != nil {
+		return c, err
+	}
+	if fs.NArg() > 0 {
+		return c, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	return c, c.check()
+}
+
+func (c *config) check() error {
+	switch {
+	case c.Shards < 1 || c.Shards > 4096:
+		return fmt.Errorf("--shards %d: want 1 to 4096", c.Shards)
+	case c.BlockSize < 1 || c.BlockSize > 1<<16:
+		return fmt.Errorf("--block-size %d: want 1 to 65536", c.BlockSize)
+	case !(c.OverlapScoreWeight >= 0) || c.OverlapScoreWeight > 1e9:
+		return fmt.Errorf("--overlap-score-weight %v: want a finite number ≥ 0", c.OverlapScoreWeight)
+	case !(c.RouterTemperature >= 0) || c.RouterTemperature > 1e9:
+		return fmt.Errorf("--router-temperature %v: want a finite number ≥ 0", c.RouterTemperature)
+	case c.RequestExpiry <= 0:
+		return fmt.Errorf("--request-expiry %v: want a positive duration", c.RequestExpiry)
+	case c.MaxBlocks < 0 || c.QueueLen < 1 || c.MaxBodyBytes < 1024:
+		return fmt.Errorf("--max-blocks, --queue-len, --max-body-bytes: out of range")
+	case c.LogFormat != "text" && c.LogFormat != "json":
+		return fmt.Errorf("--log-format %q: want text or json", c.LogFormat)
+	}
+	if m, err := scoring.ParseMode(c.RouterMode); err != nil || m == scoring.Default {
+		return fmt.Errorf("--router-mode %q: want kv, round_robin, random, least_loaded or direct", c.RouterMode)
+	}
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(c.LogLevel)); err != nil {
+		return fmt.Errorf("--log-level %q: want debug, info, warn or error", c.LogLevel)
+	}
+	return nil
+}
+
+func (c *config) logger(w io.Writer) *slog.Logger {
+	var l slog.Level
+	_ = l.UnmarshalText([]byte(c.LogLevel))
+	opts := &slog.HandlerOptions{Level: l}
+	if c.LogFormat == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}

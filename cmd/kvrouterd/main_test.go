@@ -1,0 +1,128 @@
+package main
+
+import (
+	"bytes"
+	"io"
+	"net"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kvrouterd/kvrouterd/client"
+	"github.com/kvrouterd/kvrouterd/shard"
+	"github.com/kvrouterd/kvrouterd/wire"
+)
+
+func TestConfigEnvAndFlags(t *testing.T) {
+	env := func(m map[string]string) func(string) (string, bool) {
+		return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
+	}
+	c, err := parseConfig([]string{"--shards", "5"}, env(map[string]string{
+		"KVR_SHARDS": "3", "KVR_ROUTER_MODE": "random", "KVR_REQUEST_EXPIRY": "90s", "KVR_TRACK_PREFILL_TOKENS": "false",
+	}), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Shards != 5 || c.RouterMode != "random" || c.RequestExpiry != 90*time.Second || c.TrackPrefillTokens {
+		t.Fatalf("flags over env over defaults: got %+v", c)
+	}
+	d, err := parseConfig(nil, env(nil), io.Discard)
+	if err != nil || d.HTTPAddr != ":8090" || d.BlockSize != 16 || d.OverlapScoreWeight != 1 || !d.TrackPrefillTokens || d.RequestExpiry != 300*time.Second {
+		t.Fatalf("defaults: %+v %v", d, err)
+	}
+	f := func(args []string, envs map[string]string, want string) {
+		t.Helper()
+		_, err := parseConfig(args, env(envs), io.Discard)
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Fatalf("%v %v: error %v, want it to name %q", args, envs, err, want)
+		}
+	}
+	f(nil, map[string]string{"KVR_SHARDS": "many"}, "KVR_SHARDS")
+	f([]string{"--router-mode", "fastest"}, nil, "--router-mode")
+	f([]string{"--overlap-score-weight", "NaN"}, nil, "--overlap-score-weight")
+	f([]string{"--log-format", "xml"}, nil, "--log-format")
+	var help bytes.Buffer
+	if _, err := parseConfig([]string{"--help"}, env(nil), &help); err == nil || !strings.Contains(help.String(), "KVR_ROUTER_TEMPERATURE") {
+		t.Fatalf("--help: %v\n%s", err, help.String())
+	}
+}
+
+// TestDaemonOverTCP builds the binary, runs it on a real port, drives a request's whole life
+// through the client, and stops it with SIGTERM.
+func TestDaemonOverTCP(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the binary")
+	}
+	bin := filepath.Join(t.TempDir(), "kvrouterd")
+	gobin := filepath.Join(runtime.GOROOT(), "bin", "go")
+	if out, err := exec.Command(gobin, "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	var logs bytes.Buffer
+	cmd := exec.Command(bin, "--http-addr", addr, "--data-dir", t.TempDir(), "--shards", "2", "--log-level", "debug")
+	cmd.Stderr = &logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	c := client.New(client.Config{Addr: addr, Timeout: 5 * time.Second})
+	deadline := time.Now().Add(20 * time.Second)
+	for c.Register(client.Worker{ID: 1, Model: "m", BlockSize: 4}) != nil {
+		if time.Now().After(deadline) {
+			t.Fatalf("daemon not up:\n%s", logs.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := c.Register(client.Worker{ID: 2, Model: "m"}); err != nil {
+		t.Fatal(err)
+	}
+	toks := []uint32{1, 2, 3, 4, 5, 6, 7, 8, 9}
+	res, err := c.Events(&wire.EventBatch{Worker: 2, Model: "m", Events: []shard.Event{
+		{Kind: shard.Stored, ID: 1, Hashes: []uint64{70, 71}, Tokens: toks[:8]},
+	}})
+	if err != nil || res.OK != 1 {
+		t.Fatalf("events: %+v %v", res, err)
+	}
+	var resp wire.RouteResponse
+	if err := c.Route(&wire.RouteRequest{RequestID: "r1", Model: "m", Tokens: toks}, &resp); err != nil {
+		t.Fatal(err)
+	}
+	// Worker 2: 1 token to prefill (0.25 blocks) + 2 blocks = 2.25; worker 1: 9/4 + 2 = 4.25.
+	if resp.Worker != 2 || len(resp.Candidates) != 2 || resp.Candidates[1].Logit != 2.25 || resp.Candidates[0].Logit != 4.25 {
+		t.Fatalf("route: %+v", resp)
+	}
+	if err := c.PrefillDone("r1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Complete("r1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("exit: %v\n%s", err, logs.String())
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatalf("no exit 15 s after SIGTERM\n%s", logs.String())
+	}
+	for _, want := range []string{"worker 2: logit 2.250 = 1.0 × 0.250 + 2.0 (cached blocks 2)", "shutting down", "stopped"} {
+		if !strings.Contains(logs.String(), want) {
+			t.Fatalf("log lacks %q:\n%s", want, logs.String())
+		}
+	}
+}

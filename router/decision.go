@@ -1,0 +1,31 @@
+package router
+
+import (
+	"strconv"
+
+	"github.com/kvrouterd/kvrouterd/scoring"
+)
+
+// formatDecision writes one candidate's cost the way Dynamo logs it:
+// "worker 1: logit 125.3 = 1.0 × 100.5 + 25.0 (cached blocks 15)".
+func formatDecision(c *scoring.Candidate, p *scoring.Params) string {
+	b := make([]byte, 0, 96)
+	b = append(b, "worker "...)
+	b = strconv.AppendUint(b, c.Worker, 10)
+	if c.Rank != 0 {
+		b = append(b, '/')
+		b = strconv.AppendUint(b, uint64(c.Rank), 10)
+	}
+	b = append(b, ": logit "...)
+	b = strconv.AppendFloat(b, c.Logit, 'f', 3, 64)
+	b = append(b, " = "...)
+	b = strconv.AppendFloat(b, p.Weight, 'f', 1, 64)
+	b = append(b, " × "...)
+	b = strconv.AppendFloat(b, float64(c.PrefillTokens)/float64(p.BlockSize), 'f', 3, 64)
+	b = append(b, " + "...)
+	b = strconv.AppendFloat(b, float64(c.DecodeBlocks), 'f', 1, 64)
+	b = append(b, " (cached blocks "...)
+	b = strconv.AppendInt(b, int64(c.Cached), 10)
+	b = append(b, ')')
+	return string(b)
+}

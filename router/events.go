@@ -1,0 +1,96 @@
+package router
+
+import (
+	"strconv"
+
+	"github.com/kvrouterd/kvrouterd/shard"
+	"github.com/kvrouterd/kvrouterd/wire"
+)
+
+// MaxEventsPerBatch bounds one batch of events.
+const MaxEventsPerBatch = 1 << 16
+
+// ApplyEvents checks a batch of one worker's events and applies it, waiting until it is applied,
+// and appends one outcome per event to dst. A batch that fails the checks (unknown worker or
+// rank, another model, a block size or token count that disagrees with the model, a bad kind or
+// tier) is refused whole with a FieldError and changes nothing. Stream anomalies — a gap or
+// duplicate in event ids, an unknown parent — are not input errors: they are applied as
+// package shard defines and reported in the outcomes.
+func (r *Router) ApplyEvents(b *wire.EventBatch, dst []shard.Outcome) ([]shard.Outcome, error) {
+	r.mu.Lock()
+	reg := r.workers[b.Worker]
+	var ranks []uint32
+	if reg != nil {
+		for _, w := range reg.ranks {
+			ranks = append(ranks, w.key.Rank)
+		}
+	}
+	r.mu.Unlock()
+	if reg == nil {
+		return dst, fieldErr(ErrUnknownWorker, "worker_id", "worker %d is not registered", b.Worker)
+	}
+	m := reg.model
+	if b.Model != "" && b.Model != m.name {
+		return dst, fieldErr(ErrConflict, "model", "worker %d serves model %q, not %q", b.Worker, m.name, b.Model)
+	}
+	if len(b.Events) > MaxEventsPerBatch {
+		return dst, fieldErr(ErrInvalid, "events", "%d events, at most %d per batch", len(b.Events), MaxEventsPerBatch)
+	}
+	for i := range b.Events {
+		if err := checkEvent(&b.Events[i], i, m.blockSize, ranks); err != nil {
+			return dst, err
+		}
+	}
+	reg.received.Add(int64(len(b.Events)))
+	err := r.set.Do(b.Worker, func(a *shard.Applier) {
+		for i := range b.Events {
+			dst = append(dst, a.Apply(m.ix, b.Worker, &b.Events[i]))
+		}
+	})
+	if err != nil {
+		return dst, ErrClosed
+	}
+	reg.applied.Add(int64(len(b.Events)))
+	return dst, nil
+}
+
+func checkEvent(ev *shard.Event, i, bs int, ranks []uint32) error {
+	known := false
+	for _, r := range ranks {
+		known = known || r == ev.Rank
+	}
+	if !known {
+		return fieldErr(ErrUnknownWorker, evField(i, "dp_rank"), "rank %d is not registered for this worker", ev.Rank)
+	}
+	if ev.Tier > shard.External {
+		return fieldErr(ErrInvalid, evField(i, "medium"), "unknown storage tier %d", ev.Tier)
+	}
+	switch ev.Kind {
+	case shard.Stored:
+		if ev.BlockSize != 0 && ev.BlockSize != bs {
+			return fieldErr(ErrInvalid, evField(i, "block_size"), "%d disagrees with the model's block size %d", ev.BlockSize, bs)
+		}
+		if len(ev.Hashes) == 0 {
+			return fieldErr(ErrInvalid, evField(i, "block_hashes"), "a stored event needs at least one block")
+		}
+		// Copies held elsewhere than the device may come without tokens; they are skipped.
+		if ev.Tier == shard.Device && len(ev.Tokens) != len(ev.Hashes)*bs {
+			return fieldErr(ErrInvalid, evField(i, "token_ids"), "%d token ids for %d blocks of %d tokens", len(ev.Tokens), len(ev.Hashes), bs)
+		}
+		if ev.MM != nil && len(ev.MM) != len(ev.Hashes) {
+			return fieldErr(ErrInvalid, evField(i, "mm_hashes"), "%d entries for %d blocks", len(ev.MM), len(ev.Hashes))
+		}
+	case shard.Removed:
+		if len(ev.Hashes) == 0 {
+			return fieldErr(ErrInvalid, evField(i, "block_hashes"), "a removed event needs at least one block")
+		}
+	case shard.Cleared:
+	default:
+		return fieldErr(ErrInvalid, evField(i, "kind"), "unknown event kind %d", ev.Kind)
+	}
+	return nil
+}
+
+func evField(i int, name string) string {
+	return "events[" + strconv.Itoa(i) + "]." + name
+}

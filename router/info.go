@@ -1,0 +1,200 @@
+package router
+
+import (
+	"slices"
+
+	"github.com/kvrouterd/kvrouterd/shard"
+)
+
+// WorkerInfo is one registered (worker, dp rank) and its state, for listings.
+type WorkerInfo struct {
+	ID             uint64 `json:"worker_id"`
+	Rank           uint32 `json:"dp_rank"`
+	Model          string `json:"model"`
+	BlockSize      int    `json:"block_size"`
+	CachedBlocks   int64  `json:"cached_blocks"`
+	ActiveBlocks   int64  `json:"active_blocks"`
+	ActivePrefill  int64  `json:"active_prefill_tokens"`
+	ActiveRequests int64  `json:"active_requests"`
+	LastEventID    uint64 `json:"last_event_id"`
+	// EventLag is the number of events received for the worker and not applied yet.
+	EventLag  int64  `json:"event_lag"`
+	Capacity  int64  `json:"capacity_blocks,omitempty"`
+	MaxTokens int64  `json:"max_batched_tokens,omitempty"`
+	Endpoint  string `json:"endpoint,omitempty"`
+	Replay    string `json:"replay_endpoint,omitempty"`
+}
+
+// Workers lists the registered workers, by model, id and rank.
+func (r *Router) Workers() []WorkerInfo {
+	r.mu.Lock()
+	var out []WorkerInfo
+	for _, reg := range r.workers {
+		for _, w := range reg.ranks {
+			out = append(out, WorkerInfo{
+				ID: w.key.ID, Rank: w.key.Rank, Model: reg.model.name, BlockSize: reg.model.blockSize,
+				Capacity: reg.capacity, MaxTokens: reg.maxTokens, Endpoint: reg.endpoint, Replay: reg.replay,
+			})
+		}
+	}
+	r.mu.Unlock()
+	for i := range out {
+		x := &out[i]
+		m := r.model(x.Model)
+		reg := r.registration(x.ID)
+		if m == nil || reg == nil {
+			continue // unregistered meanwhile
+		}
+		for _, w := range reg.ranks {
+			if w.key.Rank == x.Rank {
+				x.CachedBlocks = m.ix.Blocks(w.slot)
+				x.ActiveBlocks = w.load.ActiveBlocks()
+				x.ActivePrefill = w.load.ActivePrefill()
+				x.ActiveRequests = w.load.Requests()
+			}
+		}
+		x.EventLag = reg.received.Load() - reg.applied.Load()
+		_ = r.set.Do(x.ID, func(a *shard.Applier) { x.LastEventID = a.Cursor(x.ID, x.Rank) })
+	}
+	slices.SortFunc(out, func(a, b WorkerInfo) int {
+		switch {
+		case a.Model != b.Model:
+			if a.Model < b.Model {
+				return -1
+			}
+			return 1
+		case a.ID != b.ID:
+			if a.ID < b.ID {
+				return -1
+			}
+			return 1
+		}
+		return int(a.Rank) - int(b.Rank)
+	})
+	return out
+}
+
+func (r *Router) registration(id uint64) *registration {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.workers[id]
+}
+
+// ModelInfo describes one model's index.
+type ModelInfo struct {
+	Name        string `json:"model"`
+	BlockSize   int    `json:"block_size"`
+	Workers     int    `json:"workers"`
+	Blocks      int64  `json:"blocks"`      // distinct blocks in the index
+	Residencies int64  `json:"residencies"` // (block, worker) pairs
+}
+
+// Models lists the models, by name.
+func (r *Router) Models() []ModelInfo {
+	ms := *r.models.Load()
+	out := make([]ModelInfo, 0, len(ms))
+	for _, m := range ms {
+		st := m.ix.Stats()
+		out = append(out, ModelInfo{Name: m.name, BlockSize: m.blockSize, Workers: len(m.list.Load().ws),
+			Blocks: int64(st.Entries), Residencies: int64(st.Residencies)})
+	}
+	slices.SortFunc(out, func(a, b ModelInfo) int {
+		if a.Name < b.Name {
+			return -1
+		}
+		if a.Name > b.Name {
+			return 1
+		}
+		return 0
+	})
+	return out
+}
+
+// ModelBlockSize returns the block size of model name, if it exists.
+func (r *Router) ModelBlockSize(name string) (int, bool) {
+	m := r.model(name)
+	if m == nil {
+		return 0, false
+	}
+	return m.blockSize, true
+}
+
+// Stats are the Router's counters.
+type Stats struct {
+	Routed, Matched, Expired int64
+	ActiveRequests           int64
+	Events                   shard.Stats
+}
+
+// Stats returns the counters.
+func (r *Router) Stats() Stats {
+	return Stats{
+		Routed: r.routed.Load(), Matched: r.matched.Load(), Expired: r.expired.Load(),
+		ActiveRequests: r.tracker.Active(),
+		Events:         r.set.Stats(),
+	}
+}
+
+// PrefillDone records that request id finished its prefill.
+func (r *Router) PrefillDone(id string) error {
+	if err := r.tracker.PrefillDone(id); err != nil {
+		return fieldErr(ErrUnknownRequest, "id", "no active request %q", id)
+	}
+	return nil
+}
+
+// Complete records that request id finished: its load is freed.
+func (r *Router) Complete(id string) error {
+	if err := r.tracker.Complete(id); err != nil {
+		return fieldErr(ErrUnknownRequest, "id", "no active request %q", id)
+	}
+	return nil
+}
+
+// DumpedBlock is one block a worker holds: the engine's hash and the router's sequence hash.
+type DumpedBlock struct {
+	Rank   uint32
+	Engine uint64
+	Seq    uint64
+}
+
+// DumpWorker calls f with the blocks of every registered worker of model, sorted by rank and
+// sequence hash, so that two replicas with the same state dump the same bytes.
+func (r *Router) DumpWorker(id uint64, dst []DumpedBlock) []DumpedBlock {
+	_ = r.set.Do(id, func(a *shard.Applier) {
+		a.EachBlock(id, func(rank uint32, engine, seq uint64) {
+			dst = append(dst, DumpedBlock{rank, engine, seq})
+		})
+	})
+	slices.SortFunc(dst, func(a, b DumpedBlock) int {
+		switch {
+		case a.Rank != b.Rank:
+			return int(a.Rank) - int(b.Rank)
+		case a.Seq < b.Seq:
+			return -1
+		case a.Seq > b.Seq:
+			return 1
+		case a.Engine < b.Engine:
+			return -1
+		case a.Engine > b.Engine:
+			return 1
+		}
+		return 0
+	})
+	return dst
+}
+
+// ModelWorkers returns the ids of the workers registered for model, ascending.
+func (r *Router) ModelWorkers(model string) []uint64 {
+	m := r.model(model)
+	if m == nil {
+		return nil
+	}
+	var ids []uint64
+	for _, w := range m.list.Load().ws {
+		if len(ids) == 0 || ids[len(ids)-1] != w.key.ID {
+			ids = append(ids, w.key.ID)
+		}
+	}
+	return ids
+}

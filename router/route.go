@@ -1,0 +1,259 @@
+package router
+
+import (
+	"context"
+	"log/slog"
+	"math"
+	"slices"
+	"strings"
+
+	"github.com/kvrouterd/kvrouterd/radix"
+	"github.com/kvrouterd/kvrouterd/scoring"
+	"github.com/kvrouterd/kvrouterd/wire"
+)
+
+// MaxTokens bounds a request's prompt, in tokens (and its block hashes, in blocks).
+const MaxTokens = 1 << 22
+
+// scratch is one request's working memory, pooled so that a request allocates nothing.
+type scratch struct {
+	h       radix.Hasher
+	seqs    []uint64
+	m, am   radix.Match
+	cands   []scoring.Candidate
+	at      []int32 // worker list position → candidate, -1 when filtered out
+	pos     []int32 // candidate → worker list position
+	allowed []uint64
+}
+
+// Route scores req against the workers of its model, chooses one, books the request's load on
+// it, and fills resp. Match does the same without choosing or booking. resp's slices are reused;
+// its strings alias req's.
+func (r *Router) Route(req *wire.RouteRequest, resp *wire.RouteResponse) error {
+	return r.route(req, resp, true)
+}
+
+// Match scores req against every allowed worker without choosing or booking.
+func (r *Router) Match(req *wire.RouteRequest, resp *wire.RouteResponse) error {
+	return r.route(req, resp, false)
+}
+
+func (r *Router) route(req *wire.RouteRequest, resp *wire.RouteResponse, book bool) error {
+	m := r.model(req.Model)
+	if m == nil {
+		return fieldErr(ErrUnknownModel, "model", "no worker is registered for model %q", req.Model)
+	}
+	p := scoring.Params{
+		Mode:         scoring.Mode(req.Mode),
+		BlockSize:    m.blockSize,
+		Weight:       r.cfg.OverlapWeight,
+		Temperature:  r.cfg.Temperature,
+		TrackPrefill: r.cfg.TrackPrefill,
+	}
+	if p.Mode == scoring.Default {
+		p.Mode = r.cfg.Mode
+	}
+	if !p.Mode.Valid() {
+		return fieldErr(ErrInvalid, "mode", "unknown mode %d", req.Mode)
+	}
+	if req.HasWeight {
+		if !(req.Weight >= 0) || math.IsInf(req.Weight, 1) {
+			return fieldErr(ErrInvalid, "overlap_score_weight", "%v is not a finite number ≥ 0", req.Weight)
+		}
+		p.Weight = req.Weight
+	}
+	if req.HasTemperature {
+		if !(req.Temperature >= 0) || math.IsInf(req.Temperature, 1) {
+			return fieldErr(ErrInvalid, "router_temperature", "%v is not a finite number ≥ 0", req.Temperature)
+		}
+		p.Temperature = req.Temperature
+	}
+	if p.Mode == scoring.Direct && !req.HasPinned {
+		return fieldErr(ErrInvalid, "pinned_worker", "direct mode needs a pinned worker")
+	}
+	if book && req.RequestID == "" {
+		return fieldErr(ErrInvalid, "request_id", "a routed request needs an id")
+	}
+	if len(req.RequestID) > scoring.MaxRequestID {
+		return fieldErr(ErrInvalid, "request_id", "%d bytes, at most %d", len(req.RequestID), scoring.MaxRequestID)
+	}
+	bs := m.blockSize
+	if req.ByHash {
+		n := len(req.Hashes)
+		if n == 0 || n > MaxTokens/bs {
+			return fieldErr(ErrInvalid, "block_hashes", "%d hashes: want 1 to %d", n, MaxTokens/bs)
+		}
+		p.ISL = int(req.ISL)
+		if p.ISL == 0 {
+			p.ISL = n * bs
+		}
+		if p.ISL < n*bs || p.ISL >= (n+1)*bs {
+			return fieldErr(ErrInvalid, "isl", "%d tokens disagree with %d full blocks of %d tokens", p.ISL, n, bs)
+		}
+	} else {
+		n := len(req.Tokens)
+		if n == 0 || n > MaxTokens {
+			return fieldErr(ErrInvalid, "token_ids", "%d tokens: want 1 to %d", n, MaxTokens)
+		}
+		if req.ISL != 0 && int(req.ISL) != n {
+			return fieldErr(ErrInvalid, "isl", "isl %d but %d token ids", req.ISL, n)
+		}
+		p.ISL = n
+	}
+
+	s := r.scratch.Get().(*scratch)
+	defer r.scratch.Put(s)
+	if req.ByHash {
+		s.seqs = append(s.seqs[:0], req.Hashes...)
+		radix.ChainInPlace(s.seqs, 0, false)
+	} else {
+		s.seqs = s.h.AppendSequence(s.seqs[:0], req.Tokens, bs, radix.LoRASeed(req.LoRA))
+	}
+	p.Blocks = len(s.seqs)
+	m.ix.Match(s.seqs, &s.m)
+	r.tracker.Match(s.seqs, &s.am)
+
+	list := m.list.Load()
+	if err := s.candidates(list, req); err != nil {
+		return err
+	}
+	for i, slot := range s.m.Slots {
+		if int(slot) < len(list.bySlot) {
+			if pos := list.bySlot[slot]; pos >= 0 {
+				if c := s.at[pos]; c >= 0 {
+					s.cands[c].Cached = s.m.Depth[i]
+				}
+			}
+		}
+	}
+	for i, slot := range s.am.Slots {
+		if int(slot) < len(list.byActive) {
+			if pos := list.byActive[slot]; pos >= 0 {
+				if c := s.at[pos]; c >= 0 {
+					s.cands[c].Shared = s.am.Depth[i]
+				}
+			}
+		}
+	}
+	var chosen int
+	var err error
+	if book {
+		chosen, err = r.chooser.Choose(s.cands, &p, nil)
+	} else {
+		if err = p.Check(); err == nil {
+			scoring.Score(s.cands, &p)
+		}
+	}
+	if err != nil {
+		return fieldErr(ErrInvalid, "request", "%v", err)
+	}
+	if r.log.Enabled(context.Background(), slog.LevelDebug) {
+		r.logDecision(req, &p, s.cands, chosen, book)
+	}
+	if book {
+		c := &s.cands[chosen]
+		w := list.ws[s.pos[chosen]]
+		prefill := int64(p.ISL) - int64(c.Cached)*int64(bs)
+		if err := r.tracker.Book(req.RequestID, w.load, s.seqs, prefill, r.cfg.Now()+int64(r.cfg.RequestExpiry)); err != nil {
+			if err == scoring.ErrDuplicateRequest {
+				return fieldErr(ErrConflict, "request_id", "request %q is already active", req.RequestID)
+			}
+			return fieldErr(ErrUnknownWorker, "worker", "%v", err)
+		}
+		r.routed.Add(1)
+	} else {
+		r.matched.Add(1)
+	}
+	fill(resp, req, &p, s.cands, chosen, book)
+	return nil
+}
+
+// candidates fills s.cands with the allowed workers of list and their loads.
+func (s *scratch) candidates(list *workerList, req *wire.RouteRequest) error {
+	s.cands, s.pos = s.cands[:0], s.pos[:0]
+	s.at = slices.Grow(s.at[:0], len(list.ws))[:len(list.ws)]
+	allowed := req.Allowed
+	if len(allowed) > 8 {
+		s.allowed = append(s.allowed[:0], allowed...)
+		slices.Sort(s.allowed)
+		allowed = s.allowed
+	}
+	for i, w := range list.ws {
+		s.at[i] = -1
+		switch {
+		case req.HasPinned:
+			if w.key.ID != req.PinnedWorker || w.key.Rank != req.PinnedRank {
+				continue
+			}
+		case len(allowed) > 8:
+			if _, ok := slices.BinarySearch(allowed, w.key.ID); !ok {
+				continue
+			}
+		case len(allowed) > 0:
+			if !slices.Contains(allowed, w.key.ID) {
+				continue
+			}
+		}
+		s.at[i] = int32(len(s.cands))
+		s.pos = append(s.pos, int32(i))
+		s.cands = append(s.cands, scoring.Candidate{
+			Worker:         w.key.ID,
+			Rank:           w.key.Rank,
+			Tree:           w.reg.model.ix.Blocks(w.slot),
+			ActiveBlocks:   w.load.ActiveBlocks(),
+			ActivePrefill:  w.load.ActivePrefill(),
+			ActiveRequests: w.load.Requests(),
+		})
+	}
+	if len(s.cands) == 0 {
+		switch {
+		case req.HasPinned:
+			return fieldErr(ErrUnknownWorker, "pinned_worker", "worker %d rank %d is not registered for model %q", req.PinnedWorker, req.PinnedRank, req.Model)
+		case len(req.Allowed) > 0:
+			return fieldErr(ErrUnknownWorker, "allowed_workers", "none of the %d allowed workers is registered for model %q", len(req.Allowed), req.Model)
+		}
+		return fieldErr(ErrUnknownWorker, "model", "model %q has no registered worker", req.Model)
+	}
+	return nil
+}
+
+func fill(resp *wire.RouteResponse, req *wire.RouteRequest, p *scoring.Params, cands []scoring.Candidate, chosen int, book bool) {
+	resp.RequestID = req.RequestID
+	resp.Mode = wire.Mode(p.Mode)
+	resp.Chosen = book
+	resp.Worker, resp.Rank = 0, 0
+	if book {
+		resp.Worker, resp.Rank = cands[chosen].Worker, cands[chosen].Rank
+	}
+	resp.Blocks = uint32(p.Blocks)
+	resp.ISL = uint32(p.ISL)
+	resp.Candidates = resp.Candidates[:0]
+	for i := range cands {
+		c := &cands[i]
+		resp.Candidates = append(resp.Candidates, wire.Candidate{
+			Worker:        c.Worker,
+			Rank:          c.Rank,
+			CachedBlocks:  uint32(c.Cached),
+			PrefillTokens: clampU32(c.PrefillTokens),
+			ActiveBlocks:  clampU32(c.DecodeBlocks),
+			TreeBlocks:    uint64(max(c.Tree, 0)),
+			Logit:         c.Logit,
+		})
+	}
+}
+
+func clampU32(v int64) uint32 {
+	return uint32(min(max(v, 0), math.MaxUint32))
+}
+
+// logDecision writes the debug line per candidate, in Dynamo's words.
+func (r *Router) logDecision(req *wire.RouteRequest, p *scoring.Params, cands []scoring.Candidate, chosen int, book bool) {
+	id := strings.Clone(req.RequestID)
+	for i := range cands {
+		c := &cands[i]
+		r.log.Debug("candidate",
+			"request", id,
+			"decision", formatDecision(c, p),
+			"chosen", book && i == chosen)
+	}
+}

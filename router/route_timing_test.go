@@ -1,0 +1,50 @@
+package router
+
+import (
+	"fmt"
+	"strconv"
+	"sync/atomic"
+	"testing"
+
+	"github.com/kvrouterd/kvrouterd/wire"
+)
+
+// BenchmarkRoute measures the request path without the network: decode a binary request of a
+// 128-block (2048-token) prompt, hash, match, score every worker, book, encode the answer,
+// complete.
+func BenchmarkRoute(b *testing.B) {
+	for _, workers := range []int{8, 1000} {
+		b.Run(fmt.Sprintf("workers=%d", workers), func(b *testing.B) {
+			r := fleet(b, workers)
+			var reqs [][]byte
+			for i := range 64 {
+				reqs = append(reqs, wire.AppendRouteRequest(nil, &wire.RouteRequest{RequestID: "r", Model: "m", Tokens: familyPrompt(i % 16)}))
+			}
+			var g atomic.Int64
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				// Ids must be unique among requests in flight: one per goroutine, completed
+				// before it is used again.
+				id := "g" + strconv.FormatInt(g.Add(1), 10)
+				var req wire.RouteRequest
+				var resp wire.RouteResponse
+				var out []byte
+				i := 0
+				for pb.Next() {
+					if err := wire.DecodeRouteRequest(reqs[i%len(reqs)], &req); err != nil {
+						b.Fatal(err)
+					}
+					req.RequestID = id
+					if err := r.Route(&req, &resp); err != nil {
+						b.Fatal(err)
+					}
+					out = wire.AppendRouteResponse(out[:0], &resp)
+					if err := r.Complete(id); err != nil {
+						b.Fatal(err)
+					}
+					i++
+				}
+			})
+		})
+	}
+}

@@ -1,0 +1,374 @@
+package router
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvrouterd/kvrouterd/radix"
+	"github.com/kvrouterd/kvrouterd/scoring"
+	"github.com/kvrouterd/kvrouterd/shard"
+)
+
+// Config configures a Router. Zero values take the defaults listed.
+type Config struct {
+	// BlockSize is the tokens per block of models registered without one (16).
+	BlockSize int
+	// Mode is the routing mode of requests that do not name one (kv).
+	Mode scoring.Mode
+	// OverlapWeight weighs prefill cost against decode load (1.0). Set NoOverlapWeight to use 0.
+	OverlapWeight   float64
+	NoOverlapWeight bool
+	// Temperature of the softmax selection; 0 picks the cheapest worker.
+	Temperature float64
+	// TrackPrefill counts the workers' active prefill tokens in the cost.
+	TrackPrefill bool
+	// RequestExpiry frees routed requests never completed (300 s).
+	RequestExpiry time.Duration
+	// Shards, QueueLen and MaxBlocks configure event application (see shard.Config).
+	Shards    int
+	QueueLen  int
+	MaxBlocks int64
+	// Observer receives anomalous event outcomes (may be nil).
+	Observer shard.Observer
+	// Logger receives decision lines at debug level and warnings (slog.Default()).
+	Logger *slog.Logger
+	// Now is the clock for request expiry, in nanoseconds (a monotonic clock by default).
+	Now func() int64
+}
+
+func (c *Config) defaults() {
+	if c.BlockSize <= 0 {
+		c.BlockSize = 16
+	}
+	if c.Mode == scoring.Default {
+		c.Mode = scoring.KV
+	}
+	if c.OverlapWeight == 0 && !c.NoOverlapWeight {
+		c.OverlapWeight = 1
+	}
+	if c.RequestExpiry <= 0 {
+		c.RequestExpiry = 300 * time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.Now == nil {
+		start := time.Now()
+		c.Now = func() int64 { return int64(time.Since(start)) }
+	}
+}
+
+// Errors. The HTTP server maps them to status codes; each names what was wrong.
+var (
+	ErrUnknownModel   = errors.New("router: unknown model")
+	ErrUnknownWorker  = errors.New("router: unknown worker")
+	ErrConflict       = errors.New("router: conflicts with the registered state")
+	ErrInvalid        = errors.New("router: invalid request")
+	ErrClosed         = errors.New("router: closed")
+	ErrDuplicateRoute = scoring.ErrDuplicateRequest
+	ErrUnknownRequest = scoring.ErrUnknownRequest
+)
+
+// FieldError is an invalid-input error naming the field at fault.
+type FieldError struct {
+	Field string
+	Msg   string
+	Err   error // ErrInvalid, ErrUnknownModel, ErrUnknownWorker or ErrConflict
+}
+
+func (e *FieldError) Error() string { return fmt.Sprintf("field %q: %s", e.Field, e.Msg) }
+func (e *FieldError) Unwrap() error { return e.Err }
+
+func fieldErr(err error, field, format string, args ...any) error {
+	return &FieldError{Field: field, Msg: fmt.Sprintf(format, args...), Err: err}
+}
+
+// Router routes requests to workers by their cached prefixes and load. Safe for concurrent use.
+type Router struct {
+	cfg     Config
+	set     *shard.Set
+	tracker *scoring.Tracker
+	chooser scoring.Chooser
+	log     *slog.Logger
+	scratch sync.Pool // *scratch
+
+	mu      sync.Mutex
+	models  atomic.Pointer[map[string]*model] // copy-on-write; written under mu
+	workers map[uint64]*registration          // REQUIRES mu
+
+	routed, matched atomic.Int64
+	expired         atomic.Int64
+
+	stop chan struct{}
+	done chan struct{}
+}
+
+// model is one model's index and its registered workers.
+type model struct {
+	name      string
+	ix        *radix.Index
+	blockSize int
+	list      atomic.Pointer[workerList]
+}
+
+// workerList is a model's registered (worker, rank) pairs, immutable once published.
+type workerList struct {
+	ws       []*rankWorker // sorted by id, then rank
+	bySlot   []int32       // index slot → position in ws, -1 for none
+	byActive []int32       // tracker slot → position in ws
+}
+
+type rankWorker struct {
+	key  radix.WorkerKey
+	slot radix.Slot
+	load *scoring.Load
+	reg  *registration
+}
+
+// registration is one worker id: a model and the ranks it serves. Fields other than the atomics
+// change only under Router.mu.
+type registration struct {
+	id        uint64
+	model     *model
+	ranks     []*rankWorker
+	capacity  int64 // KV capacity in blocks, 0 = unknown
+	maxTokens int64 // max batched tokens, 0 = unknown
+	endpoint  string
+	replay    string
+
+	received, applied atomic.Int64 // events
+}
+
+// New starts a Router: its shard goroutines and the request expiry loop. Close stops them.
+func New(cfg Config) *Router {
+	cfg.defaults()
+	r := &Router{
+		cfg:     cfg,
+		set:     shard.New(shard.Config{Shards: cfg.Shards, QueueLen: cfg.QueueLen, MaxBlocks: cfg.MaxBlocks, Observer: cfg.Observer}),
+		tracker: scoring.NewTracker(),
+		log:     cfg.Logger,
+		workers: make(map[uint64]*registration),
+		stop:    make(chan struct{}),
+		done:    make(chan struct{}),
+	}
+	r.models.Store(&map[string]*model{})
+	r.scratch.New = func() any { return new(scratch) }
+	go r.expireLoop()
+	return r
+}
+
+// Config returns the configuration in effect, defaults filled in.
+func (r *Router) Config() Config { return r.cfg }
+
+// Close stops expiry and drains the shards: every event accepted before is applied.
+func (r *Router) Close() {
+	select {
+	case <-r.stop:
+		return
+	default:
+	}
+	close(r.stop)
+	<-r.done
+	r.set.Close()
+}
+
+func (r *Router) expireLoop() {
+	defer close(r.done)
+	every := min(r.cfg.RequestExpiry/4, time.Second)
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-r.stop:
+			return
+		case <-t.C:
+			r.ExpireRequests()
+		}
+	}
+}
+
+// ExpireRequests frees every request routed more than RequestExpiry ago and not completed, and
+// returns how many. The Router calls it periodically; tests and simulations may call it.
+func (r *Router) ExpireRequests() int {
+	n := r.tracker.Expire(r.cfg.Now())
+	if n > 0 {
+		r.expired.Add(int64(n))
+		r.log.Warn("expired requests never completed", "count", n, "expiry", r.cfg.RequestExpiry)
+	}
+	return n
+}
+
+func (r *Router) model(name string) *model { return (*r.models.Load())[name] }
+
+// Registration describes a worker joining: POST /v1/workers, /register.
+type Registration struct {
+	ID        uint64
+	Model     string
+	BlockSize int      // 0: the model's, or the default for a new model
+	Ranks     []uint32 // data-parallel ranks to add; empty means rank 0
+	Capacity  int64    // KV capacity in blocks, 0 = unknown
+	MaxTokens int64    // max batched tokens, 0 = unknown
+	Endpoint  string   // the engine's KV event endpoint, if any
+	Replay    string   // the engine's replay endpoint, if any
+}
+
+// Register adds a worker, or ranks to a registered one. A model is created by its first worker;
+// a later worker stating another block size is refused, as is a worker id moving to another
+// model.
+func (r *Router) Register(g Registration) error {
+	if g.Model == "" {
+		return fieldErr(ErrInvalid, "model", "must not be empty")
+	}
+	if g.BlockSize < 0 || g.BlockSize > 1<<16 {
+		return fieldErr(ErrInvalid, "block_size", "%d is out of range 1..65536", g.BlockSize)
+	}
+	if g.Capacity < 0 || g.MaxTokens < 0 {
+		return fieldErr(ErrInvalid, "capacity", "must not be negative")
+	}
+	ranks := g.Ranks
+	if len(ranks) == 0 {
+		ranks = []uint32{0}
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	m := r.model(g.Model)
+	if m != nil && g.BlockSize != 0 && g.BlockSize != m.blockSize {
+		return fieldErr(ErrConflict, "block_size", "model %q has block size %d, not %d", g.Model, m.blockSize, g.BlockSize)
+	}
+	reg := r.workers[g.ID]
+	if reg != nil && reg.model.name != g.Model {
+		return fieldErr(ErrConflict, "model", "worker %d is registered for model %q", g.ID, reg.model.name)
+	}
+	if m == nil {
+		bs := g.BlockSize
+		if bs == 0 {
+			bs = r.cfg.BlockSize
+		}
+		ix, err := radix.New(radix.Config{BlockSize: bs})
+		if err != nil {
+			return fieldErr(ErrInvalid, "block_size", "%v", err)
+		}
+		m = &model{name: g.Model, ix: ix, blockSize: bs}
+		m.list.Store(&workerList{})
+		next := make(map[string]*model, len(*r.models.Load())+1)
+		for k, v := range *r.models.Load() {
+			next[k] = v
+		}
+		next[g.Model] = m
+		r.models.Store(&next)
+		r.log.Info("model created", "model", g.Model, "block_size", bs)
+	}
+	if reg == nil {
+		reg = &registration{id: g.ID, model: m}
+		r.workers[g.ID] = reg
+	}
+	if g.Capacity != 0 {
+		reg.capacity = g.Capacity
+	}
+	if g.MaxTokens != 0 {
+		reg.maxTokens = g.MaxTokens
+	}
+	if g.Endpoint != "" {
+		reg.endpoint = g.Endpoint
+	}
+	if g.Replay != "" {
+		reg.replay = g.Replay
+	}
+	for _, rank := range ranks {
+		if slices.ContainsFunc(reg.ranks, func(w *rankWorker) bool { return w.key.Rank == rank }) {
+			continue
+		}
+		key := radix.WorkerKey{ID: g.ID, Rank: rank}
+		slot, err := m.ix.Acquire(key)
+		if err != nil {
+			return fmt.Errorf("router: worker %d rank %d: %w", g.ID, rank, err)
+		}
+		load, err := r.tracker.Register(key)
+		if err != nil {
+			return fmt.Errorf("router: worker %d rank %d: %w", g.ID, rank, err)
+		}
+		reg.ranks = append(reg.ranks, &rankWorker{key: key, slot: slot, load: load, reg: reg})
+		r.log.Info("worker registered", "worker", g.ID, "dp_rank", rank, "model", g.Model)
+	}
+	r.publishLocked(m)
+	return nil
+}
+
+// publishLocked rebuilds m's worker list. REQUIRES r.mu.
+func (r *Router) publishLocked(m *model) {
+	var ws []*rankWorker
+	for _, reg := range r.workers {
+		if reg.model == m {
+			ws = append(ws, reg.ranks...)
+		}
+	}
+	sort.Slice(ws, func(i, j int) bool {
+		a, b := ws[i].key, ws[j].key
+		return a.ID < b.ID || a.ID == b.ID && a.Rank < b.Rank
+	})
+	l := &workerList{ws: ws}
+	for i, w := range ws {
+		l.bySlot = setPos(l.bySlot, int(w.slot), i)
+		l.byActive = setPos(l.byActive, int(w.load.Slot()), i)
+	}
+	m.list.Store(l)
+}
+
+func setPos(a []int32, at, pos int) []int32 {
+	for len(a) <= at {
+		a = append(a, -1)
+	}
+	a[at] = int32(pos)
+	return a
+}
+
+// Unregister removes worker id: it leaves routing at once, and its blocks leave the index after
+// its earlier events apply. Its active requests stop counting.
+func (r *Router) Unregister(id uint64) error {
+	r.mu.Lock()
+	reg := r.workers[id]
+	if reg == nil {
+		r.mu.Unlock()
+		return fieldErr(ErrUnknownWorker, "worker_id", "worker %d is not registered", id)
+	}
+	delete(r.workers, id)
+	r.publishLocked(reg.model)
+	r.mu.Unlock()
+	for _, w := range reg.ranks {
+		r.tracker.Unregister(w.load)
+	}
+	ix := reg.model.ix
+	err := r.set.Do(id, func(a *shard.Applier) {
+		a.RemoveWorker(id)
+		// Ranks that never sent an event hold the slot Register took.
+		for _, w := range reg.ranks {
+			if s, ok := ix.Lookup(w.key); ok {
+				_ = ix.Release(s)
+			}
+		}
+	})
+	if err != nil {
+		return ErrClosed
+	}
+	r.log.Info("worker unregistered", "worker", id, "model", reg.model.name)
+	return nil
+}
+
+// Drain waits until every event accepted so far is applied.
+func (r *Router) Drain(ctx context.Context) error {
+	done := make(chan error, 1)
+	go func() { done <- r.set.Barrier() }()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}

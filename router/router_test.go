@@ -1,0 +1,185 @@
+package router
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kvrouterd/kvrouterd/shard"
+	"github.com/kvrouterd/kvrouterd/wire"
+)
+
+func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+func seq(from, n int) []uint32 {
+	t := make([]uint32, n)
+	for i := range t {
+		t[i] = uint32(from + i)
+	}
+	return t
+}
+
+// fleet is a Router with workers 1..n of model "m" (block size 16), each holding a shared
+// 16-block prefix and a 128-block prompt of its own family.
+func fleet(tb testing.TB, n int) *Router {
+	tb.Helper()
+	r := New(Config{Shards: 2, TrackPrefill: true, Logger: quiet()})
+	tb.Cleanup(r.Close)
+	for id := uint64(1); id <= uint64(n); id++ {
+		if err := r.Register(Registration{ID: id, Model: "m", BlockSize: 16}); err != nil {
+			tb.Fatal(err)
+		}
+		fam := int(id) % 16
+		toks := append(seq(0, 16*16), seq(100000*(fam+1), 112*16)...)
+		hashes := make([]uint64, 128)
+		for i := range hashes {
+			hashes[i] = uint64(i + 1)
+		}
+		b := &wire.EventBatch{Worker: id, Model: "m", Events: []shard.Event{{Kind: shard.Stored, ID: 1, Hashes: hashes, Tokens: toks}}}
+		oc, err := r.ApplyEvents(b, nil)
+		if err != nil || oc[0].Status != shard.OK {
+			tb.Fatalf("events: %v %v", oc, err)
+		}
+	}
+	return r
+}
+
+func familyPrompt(fam int) []uint32 {
+	return append(seq(0, 16*16), seq(100000*(fam+1), 112*16)...)
+}
+
+// TestRouteAllocs checks that the request path — decode, route, book, encode, complete —
+// allocates nothing once warm.
+func TestRouteAllocs(t *testing.T) {
+	r := fleet(t, 8)
+	in := wire.AppendRouteRequest(nil, &wire.RouteRequest{RequestID: "req-1", Model: "m", Tokens: familyPrompt(3)})
+	var req wire.RouteRequest
+	var resp wire.RouteResponse
+	var out []byte
+	step := func() {
+		if err := wire.DecodeRouteRequest(in, &req); err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Route(&req, &resp); err != nil {
+			t.Fatal(err)
+		}
+		out = wire.AppendRouteResponse(out[:0], &resp)
+		if err := r.Complete(req.RequestID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	step()
+	if resp.Worker != 3 || resp.Candidates[2].CachedBlocks != 128 {
+		t.Fatalf("routed to %d: %+v", resp.Worker, resp.Candidates[2])
+	}
+	if raceEnabled {
+		t.Skip("allocation counts need a build without -race")
+	}
+	if n := testing.AllocsPerRun(200, step); n != 0 {
+		t.Fatalf("route path allocates %v times per request", n)
+	}
+	match := func() {
+		if err := r.Match(&req, &resp); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := testing.AllocsPerRun(200, match); n != 0 {
+		t.Fatalf("match allocates %v times per request", n)
+	}
+}
+
+func TestRegistryConflicts(t *testing.T) {
+	r := New(Config{Shards: 1, Logger: quiet()})
+	defer r.Close()
+	f := func(err, want error, field string) {
+		t.Helper()
+		var fe *FieldError
+		if !errors.Is(err, want) || !errors.As(err, &fe) || fe.Field != field {
+			t.Fatalf("got %v, want %v on field %q", err, want, field)
+		}
+	}
+	if err := r.Register(Registration{ID: 1, Model: "a", BlockSize: 4}); err != nil {
+		t.Fatal(err)
+	}
+	f(r.Register(Registration{ID: 2, Model: "a", BlockSize: 8}), ErrConflict, "block_size")
+	f(r.Register(Registration{ID: 1, Model: "b"}), ErrConflict, "model")
+	f(r.Register(Registration{ID: 3}), ErrInvalid, "model")
+	f(r.Unregister(9), ErrUnknownWorker, "worker_id")
+	// More ranks for worker 1, idempotently.
+	for range 2 {
+		if err := r.Register(Registration{ID: 1, Model: "a", Ranks: []uint32{0, 1, 2}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if ws := r.Workers(); len(ws) != 3 {
+		t.Fatalf("%d workers listed, want 3 ranks", len(ws))
+	}
+	_, err := r.ApplyEvents(&wire.EventBatch{Worker: 1, Events: []shard.Event{{Kind: shard.Cleared, Rank: 5}}}, nil)
+	f(err, ErrUnknownWorker, "events[0].dp_rank")
+	_, err = r.ApplyEvents(&wire.EventBatch{Worker: 1, Model: "b", Events: []shard.Event{{Kind: shard.Cleared}}}, nil)
+	f(err, ErrConflict, "model")
+	// A request id booked twice is refused; after completion it can be reused.
+	if err := r.Register(Registration{ID: 2, Model: "a"}); err != nil {
+		t.Fatal(err)
+	}
+	req := &wire.RouteRequest{RequestID: "x", Model: "a", Tokens: seq(0, 8)}
+	var resp wire.RouteResponse
+	if err := r.Route(req, &resp); err != nil {
+		t.Fatal(err)
+	}
+	f(r.Route(req, &resp), ErrConflict, "request_id")
+	if err := r.Complete("x"); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Route(req, &resp); err != nil {
+		t.Fatal(err)
+	}
+	// Unregistering frees the slots and drops the worker from routing.
+	if err := r.Unregister(1); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Match(req, &resp); err != nil || len(resp.Candidates) != 1 || resp.Candidates[0].Worker != 2 {
+		t.Fatalf("after unregister: %+v %v", resp.Candidates, err)
+	}
+}
+
+// TestRequestExpiry frees requests never completed once their expiry has passed.
+func TestRequestExpiry(t *testing.T) {
+	var now atomic.Int64
+	const hour = int64(time.Hour)
+	r := New(Config{Shards: 1, Logger: quiet(), Now: now.Load, RequestExpiry: time.Hour})
+	defer r.Close()
+	if err := r.Register(Registration{ID: 1, Model: "a", BlockSize: 4}); err != nil {
+		t.Fatal(err)
+	}
+	var resp wire.RouteResponse
+	for i := range 3 {
+		if err := r.Route(&wire.RouteRequest{RequestID: fmt.Sprint(i), Model: "a", Tokens: seq(0, 8)}, &resp); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if w := r.Workers()[0]; w.ActiveRequests != 3 || w.ActiveBlocks != 2 {
+		t.Fatalf("before expiry: %+v", w)
+	}
+	// The Router's own loop may expire them too: count the total.
+	now.Store(hour)
+	r.ExpireRequests()
+	if n := r.Stats().Expired; n != 0 {
+		t.Fatalf("expired %d at the deadline", n)
+	}
+	now.Store(hour + 1)
+	r.ExpireRequests()
+	if n := r.Stats().Expired; n != 3 {
+		t.Fatalf("expired %d after the deadline", n)
+	}
+	if w := r.Workers()[0]; w.ActiveRequests != 0 || w.ActiveBlocks != 0 || w.ActivePrefill != 0 {
+		t.Fatalf("after expiry: %+v", w)
+	}
+	if err := r.Complete("1"); !errors.Is(err, ErrUnknownRequest) {
+		t.Fatalf("completing an expired request: %v", err)
+	}
+}

@@ -1,0 +1,265 @@
+package server
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"strconv"
+
+	"github.com/kvrouterd/kvrouterd/scoring"
+	"github.com/kvrouterd/kvrouterd/shard"
+	"github.com/kvrouterd/kvrouterd/wire"
+)
+
+// jsonError is a JSON body that does not parse or does not fit the schema.
+type jsonError struct {
+	field  string
+	offset int
+	msg    string
+}
+
+func (e *jsonError) Error() string { return e.msg }
+
+// decodeJSON decodes body into v strictly: unknown fields and trailing data are errors, and the
+// error names the field and byte offset where it can.
+func decodeJSON(body []byte, v any) error {
+	if len(bytes.TrimSpace(body)) == 0 {
+		return &jsonError{field: "body", offset: 0, msg: "empty body: want a JSON object"}
+	}
+	d := json.NewDecoder(bytes.NewReader(body))
+	d.DisallowUnknownFields()
+	err := d.Decode(v)
+	if err == nil {
+		if _, err2 := d.Token(); err2 != io.EOF {
+			return &jsonError{field: "body", offset: int(d.InputOffset()), msg: "trailing data after the JSON object"}
+		}
+		return nil
+	}
+	var se *json.SyntaxError
+	var te *json.UnmarshalTypeError
+	switch {
+	case errors.As(err, &se):
+		return &jsonError{field: "body", offset: int(se.Offset), msg: "malformed JSON: " + se.Error()}
+	case errors.As(err, &te):
+		return &jsonError{field: te.Field, offset: int(te.Offset), msg: fmt.Sprintf("field %q: %s is not a valid %s", te.Field, te.Value, te.Type)}
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return &jsonError{field: "body", offset: len(body), msg: "truncated JSON"}
+	}
+	msg := err.Error()
+	field := "body"
+	if f, ok := bytes.CutPrefix([]byte(msg), []byte("json: unknown field ")); ok {
+		field, _ = strconv.Unquote(string(f))
+		msg = "unknown field " + string(f)
+	}
+	return &jsonError{field: field, offset: int(d.InputOffset()), msg: msg}
+}
+
+type workerRef struct {
+	Worker uint64 `json:"worker_id"`
+	Rank   uint32 `json:"dp_rank"`
+}
+
+type routeJSON struct {
+	RequestID   string     `json:"request_id"`
+	Model       string     `json:"model"`
+	LoRA        string     `json:"lora_name"`
+	TokenIDs    []uint32   `json:"token_ids"`
+	BlockHashes []uint64   `json:"block_hashes"`
+	ISL         uint32     `json:"isl"`
+	Mode        string     `json:"router_mode"`
+	Weight      *float64   `json:"overlap_score_weight"`
+	Temperature *float64   `json:"router_temperature"`
+	Allowed     []uint64   `json:"allowed_workers"`
+	Pinned      *workerRef `json:"pinned_worker"`
+}
+
+func decodeRouteJSON(body []byte, r *wire.RouteRequest) error {
+	var j routeJSON
+	if err := decodeJSON(body, &j); err != nil {
+		return err
+	}
+	if j.TokenIDs != nil && j.BlockHashes != nil {
+		return &jsonError{field: "block_hashes", offset: -1, msg: "give token_ids or block_hashes, not both"}
+	}
+	*r = wire.RouteRequest{
+		RequestID: j.RequestID, Model: j.Model, LoRA: j.LoRA, ISL: j.ISL, Allowed: j.Allowed,
+		Tokens: j.TokenIDs, Hashes: j.BlockHashes, ByHash: j.BlockHashes != nil,
+	}
+	if j.Mode != "" {
+		m, err := scoring.ParseMode(j.Mode)
+		if err != nil {
+			return &jsonError{field: "router_mode", offset: -1, msg: err.Error()}
+		}
+		r.Mode = wire.Mode(m)
+	}
+	if j.Weight != nil {
+		r.HasWeight, r.Weight = true, *j.Weight
+	}
+	if j.Temperature != nil {
+		r.HasTemperature, r.Temperature = true, *j.Temperature
+	}
+	if j.Pinned != nil {
+		r.HasPinned, r.PinnedWorker, r.PinnedRank = true, j.Pinned.Worker, j.Pinned.Rank
+	}
+	return nil
+}
+
+// appendRouteJSON writes a route or match answer by hand: it is on the request path, and
+// reflection would allocate per candidate.
+func appendRouteJSON(b []byte, r *wire.RouteResponse) []byte {
+	b = append(b, `{"request_id":`...)
+	b = strconv.AppendQuote(b, r.RequestID)
+	b = append(b, `,"mode":"`...)
+	b = append(b, scoring.Mode(r.Mode).String()...)
+	b = append(b, `","chosen":`...)
+	b = strconv.AppendBool(b, r.Chosen)
+	if r.Chosen {
+		b = append(b, `,"worker_id":`...)
+		b = strconv.AppendUint(b, r.Worker, 10)
+		b = append(b, `,"dp_rank":`...)
+		b = strconv.AppendUint(b, uint64(r.Rank), 10)
+	}
+	b = append(b, `,"blocks":`...)
+	b = strconv.AppendUint(b, uint64(r.Blocks), 10)
+	b = append(b, `,"isl":`...)
+	b = strconv.AppendUint(b, uint64(r.ISL), 10)
+	b = append(b, `,"candidates":[`...)
+	for i := range r.Candidates {
+		c := &r.Candidates[i]
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, `{"worker_id":`...)
+		b = strconv.AppendUint(b, c.Worker, 10)
+		b = append(b, `,"dp_rank":`...)
+		b = strconv.AppendUint(b, uint64(c.Rank), 10)
+		b = append(b, `,"cached_blocks":`...)
+		b = strconv.AppendUint(b, uint64(c.CachedBlocks), 10)
+		b = append(b, `,"prefill_tokens":`...)
+		b = strconv.AppendUint(b, uint64(c.PrefillTokens), 10)
+		b = append(b, `,"active_blocks":`...)
+		b = strconv.AppendUint(b, uint64(c.ActiveBlocks), 10)
+		b = append(b, `,"tree_blocks":`...)
+		b = strconv.AppendUint(b, c.TreeBlocks, 10)
+		b = append(b, `,"logit":`...)
+		b = appendFloat(b, c.Logit)
+		b = append(b, '}')
+	}
+	return append(b, "]}\n"...)
+}
+
+func appendFloat(b []byte, f float64) []byte {
+	if math.IsNaN(f) || math.IsInf(f, 0) {
+		return append(b, "null"...)
+	}
+	return strconv.AppendFloat(b, f, 'g', -1, 64)
+}
+
+// appendError writes {"error": msg, "field": field, "offset": offset}; offset < 0 is left out.
+func appendError(b []byte, msg, field string, offset int) []byte {
+	b = append(b, `{"error":`...)
+	b = strconv.AppendQuote(b, msg)
+	if field != "" {
+		b = append(b, `,"field":`...)
+		b = strconv.AppendQuote(b, field)
+	}
+	if offset >= 0 {
+		b = append(b, `,"offset":`...)
+		b = strconv.AppendInt(b, int64(offset), 10)
+	}
+	return append(b, "}\n"...)
+}
+
+type eventJSON struct {
+	Type      string     `json:"type"`
+	EventID   uint64     `json:"event_id"`
+	Rank      uint32     `json:"dp_rank"`
+	Hashes    []uint64   `json:"block_hashes"`
+	Parent    *uint64    `json:"parent_hash"`
+	Tokens    []uint32   `json:"token_ids"`
+	BlockSize int        `json:"block_size"`
+	LoRA      string     `json:"lora_name"`
+	Medium    string     `json:"medium"`
+	MM        [][]uint64 `json:"mm_hashes"`
+}
+
+type eventsJSON struct {
+	Worker *uint64     `json:"worker_id"`
+	Model  string      `json:"model"`
+	Events []eventJSON `json:"events"`
+}
+
+func decodeEventsJSON(body []byte, b *wire.EventBatch) error {
+	var j eventsJSON
+	if err := decodeJSON(body, &j); err != nil {
+		return err
+	}
+	if j.Worker == nil {
+		return &jsonError{field: "worker_id", offset: -1, msg: "worker_id is required"}
+	}
+	b.Worker, b.Model = *j.Worker, j.Model
+	b.Events = b.Events[:0]
+	for i, e := range j.Events {
+		ev := shard.Event{ID: e.EventID, Rank: e.Rank, Hashes: e.Hashes, Tokens: e.Tokens, BlockSize: e.BlockSize, LoRA: e.LoRA, MM: e.MM}
+		field := func(f string) string { return "events[" + strconv.Itoa(i) + "]." + f }
+		switch e.Type {
+		case "stored", "BlockStored":
+			ev.Kind = shard.Stored
+		case "removed", "BlockRemoved":
+			ev.Kind = shard.Removed
+		case "cleared", "AllBlocksCleared":
+			ev.Kind = shard.Cleared
+		default:
+			return &jsonError{field: field("type"), offset: -1, msg: fmt.Sprintf("%s: unknown event type %q (want stored, removed or cleared)", field("type"), e.Type)}
+		}
+		tier, ok := shard.ParseMedium(e.Medium)
+		if !ok {
+			return &jsonError{field: field("medium"), offset: -1, msg: fmt.Sprintf("%s: unknown medium %q", field("medium"), e.Medium)}
+		}
+		ev.Tier = tier
+		if e.Parent != nil {
+			if ev.Kind != shard.Stored {
+				return &jsonError{field: field("parent_hash"), offset: -1, msg: field("parent_hash") + ": only stored events have a parent"}
+			}
+			ev.Parent, ev.HasParent = *e.Parent, true
+		}
+		b.Events = append(b.Events, ev)
+	}
+	return nil
+}
+
+func appendOutcomesJSON(b []byte, oc []shard.Outcome) []byte {
+	applied := 0
+	for _, o := range oc {
+		if o.Status == shard.OK {
+			applied++
+		}
+	}
+	b = append(b, `{"events":`...)
+	b = strconv.AppendInt(b, int64(len(oc)), 10)
+	b = append(b, `,"ok":`...)
+	b = strconv.AppendInt(b, int64(applied), 10)
+	b = append(b, `,"outcomes":[`...)
+	for i, o := range oc {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, `{"event_id":`...)
+		b = strconv.AppendUint(b, o.EventID, 10)
+		b = append(b, `,"dp_rank":`...)
+		b = strconv.AppendUint(b, uint64(o.Rank), 10)
+		b = append(b, `,"status":"`...)
+		b = append(b, o.Status.String()...)
+		b = append(b, `","applied":`...)
+		b = strconv.AppendInt(b, int64(o.Applied), 10)
+		b = append(b, `,"skipped":`...)
+		b = strconv.AppendInt(b, int64(o.Skipped), 10)
+		b = append(b, `,"gap":`...)
+		b = strconv.AppendUint(b, o.Gap, 10)
+		b = append(b, '}')
+	}
+	return append(b, "]}\n"...)
+}

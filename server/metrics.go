@@ -1,0 +1,107 @@
+package server
+
+import (
+	"strconv"
+
+	"github.com/kvrouterd/kvrouterd/router"
+	"github.com/kvrouterd/kvrouterd/shard"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+)
+
+// endpoint numbers the API's endpoints for per-endpoint metrics without a label lookup per
+// request.
+type endpoint int
+
+const (
+	epRoute endpoint = iota
+	epMatch
+	epPrefillDone
+	epComplete
+	epEvents
+	epWorkers
+	epDynamo
+	epHealth
+	epMetrics
+	epOther
+	numEndpoints
+)
+
+var endpointNames = [numEndpoints]string{"route", "match", "prefill_done", "complete", "events", "workers", "dynamo", "health", "metrics", "other"}
+
+type metrics struct {
+	reg      *prometheus.Registry
+	latency  [numEndpoints]prometheus.Observer
+	rejected *prometheus.CounterVec
+}
+
+func newMetrics(reg *prometheus.Registry, r *router.Router) *metrics {
+	m := &metrics{reg: reg}
+	lat := prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "kvrouterd_http_request_duration_seconds",
+		Help:    "Time to serve an HTTP request, by endpoint.",
+		Buckets: []float64{5e-6, 10e-6, 25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 10e-3, 50e-3, 0.25, 1},
+	}, []string{"endpoint"})
+	for i := range m.latency {
+		m.latency[i] = lat.WithLabelValues(endpointNames[i])
+	}
+	m.rejected = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kvrouterd_http_rejected_total",
+		Help: "Requests refused as malformed or inconsistent, by endpoint and reason.",
+	}, []string{"endpoint", "reason"})
+	reg.MustRegister(lat, m.rejected, &routerCollector{r: r},
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// routerCollector reads the router's state at scrape time, so that serving requests pays
+// nothing for these metrics.
+type routerCollector struct{ r *router.Router }
+
+var (
+	descEvents    = prometheus.NewDesc("kvrouterd_events_total", "KV events applied, by outcome status.", []string{"status"}, nil)
+	descBlocks    = prometheus.NewDesc("kvrouterd_event_blocks_total", "Blocks stored, removed, or skipped by events.", []string{"op"}, nil)
+	descGaps      = prometheus.NewDesc("kvrouterd_event_gaps_total", "Gaps in event ids, and the event ids missed.", []string{"kind"}, nil)
+	descQueue     = prometheus.NewDesc("kvrouterd_shard_queue_depth", "Batches waiting in the shard queues.", nil, nil)
+	descWaits     = prometheus.NewDesc("kvrouterd_shard_enqueue_waits_total", "Times a producer waited for a full shard queue.", nil, nil)
+	descRequests  = prometheus.NewDesc("kvrouterd_requests_total", "Route and match requests served, and requests expired.", []string{"kind"}, nil)
+	descActive    = prometheus.NewDesc("kvrouterd_active_requests", "Routed requests not completed yet.", nil, nil)
+	descEntries   = prometheus.NewDesc("kvrouterd_index_blocks", "Distinct blocks in a model's index.", []string{"model"}, nil)
+	descResidency = prometheus.NewDesc("kvrouterd_index_residencies", "(block, worker) pairs in a model's index.", []string{"model"}, nil)
+	descWorker    = prometheus.NewDesc("kvrouterd_worker_load", "Per worker and dp rank: cached blocks, active blocks, active prefill tokens, active requests.", []string{"model", "worker", "dp_rank", "kind"}, nil)
+)
+
+func (c *routerCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descEvents, descBlocks, descGaps, descQueue, descWaits, descRequests, descActive, descEntries, descResidency, descWorker} {
+		ch <- d
+	}
+}
+
+func (c *routerCollector) Collect(ch chan<- prometheus.Metric) {
+	st := c.r.Stats()
+	for s := shard.Status(0); int(s) < len(st.Events.ByStatus); s++ {
+		ch <- prometheus.MustNewConstMetric(descEvents, prometheus.CounterValue, float64(st.Events.ByStatus[s]), s.String())
+	}
+	ch <- prometheus.MustNewConstMetric(descBlocks, prometheus.CounterValue, float64(st.Events.StoredBlocks), "stored")
+	ch <- prometheus.MustNewConstMetric(descBlocks, prometheus.CounterValue, float64(st.Events.RemovedBlocks), "removed")
+	ch <- prometheus.MustNewConstMetric(descBlocks, prometheus.CounterValue, float64(st.Events.SkippedBlocks), "skipped")
+	ch <- prometheus.MustNewConstMetric(descGaps, prometheus.CounterValue, float64(st.Events.Gaps), "gaps")
+	ch <- prometheus.MustNewConstMetric(descGaps, prometheus.CounterValue, float64(st.Events.MissedIDs), "missed_ids")
+	ch <- prometheus.MustNewConstMetric(descQueue, prometheus.GaugeValue, float64(st.Events.QueueDepth))
+	ch <- prometheus.MustNewConstMetric(descWaits, prometheus.CounterValue, float64(st.Events.EnqueueWaits))
+	ch <- prometheus.MustNewConstMetric(descRequests, prometheus.CounterValue, float64(st.Routed), "routed")
+	ch <- prometheus.MustNewConstMetric(descRequests, prometheus.CounterValue, float64(st.Matched), "matched")
+	ch <- prometheus.MustNewConstMetric(descRequests, prometheus.CounterValue, float64(st.Expired), "expired")
+	ch <- prometheus.MustNewConstMetric(descActive, prometheus.GaugeValue, float64(st.ActiveRequests))
+	for _, m := range c.r.Models() {
+		ch <- prometheus.MustNewConstMetric(descEntries, prometheus.GaugeValue, float64(m.Blocks), m.Name)
+		ch <- prometheus.MustNewConstMetric(descResidency, prometheus.GaugeValue, float64(m.Residencies), m.Name)
+	}
+	for _, w := range c.r.Workers() {
+		id, rank := strconv.FormatUint(w.ID, 10), strconv.FormatUint(uint64(w.Rank), 10)
+		ch <- prometheus.MustNewConstMetric(descWorker, prometheus.GaugeValue, float64(w.CachedBlocks), w.Model, id, rank, "cached_blocks")
+		ch <- prometheus.MustNewConstMetric(descWorker, prometheus.GaugeValue, float64(w.ActiveBlocks), w.Model, id, rank, "active_blocks")
+		ch <- prometheus.MustNewConstMetric(descWorker, prometheus.GaugeValue, float64(w.ActivePrefill), w.Model, id, rank, "active_prefill_tokens")
+		ch <- prometheus.MustNewConstMetric(descWorker, prometheus.GaugeValue, float64(w.ActiveRequests), w.Model, id, rank, "active_requests")
+	}
+}

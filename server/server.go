@@ -1,0 +1,367 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvrouterd/kvrouterd/router"
+	"github.com/kvrouterd/kvrouterd/shard"
+	"github.com/kvrouterd/kvrouterd/wire"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/valyala/fasthttp"
+)
+
+// ContentType marks bodies in package wire's binary format.
+const ContentType = wire.ContentType
+
+// Config configures a Server. Zero values take the defaults listed.
+type Config struct {
+	// MaxBodyBytes bounds request bodies (8 MiB, Dynamo's limit); larger ones get 413.
+	MaxBodyBytes int
+	// ReadTimeout and WriteTimeout bound one request's I/O (30 s each); IdleTimeout closes
+	// idle keep-alive connections (120 s).
+	ReadTimeout, WriteTimeout, IdleTimeout time.Duration
+	// Logger receives one line per refused request, at warn level (slog.Default()).
+	Logger *slog.Logger
+	// Registry is where the metrics are registered (a new registry).
+	Registry *prometheus.Registry
+}
+
+// Server serves the HTTP API of one Router. Safe for concurrent use.
+type Server struct {
+	r       *router.Router
+	cfg     Config
+	log     *slog.Logger
+	m       *metrics
+	srv     *fasthttp.Server
+	ready   atomic.Bool
+	bufs    sync.Pool // *buffers
+	metrics fasthttp.RequestHandler
+}
+
+// buffers is one request's reusable decode and encode state.
+type buffers struct {
+	req  wire.RouteRequest
+	resp wire.RouteResponse
+	ev   wire.EventBatch
+	out  []byte
+	oc   []shard.Outcome
+}
+
+// New returns a Server for r.
+func New(r *router.Router, cfg Config) *Server {
+	if cfg.MaxBodyBytes <= 0 {
+		cfg.MaxBodyBytes = 8 << 20
+	}
+	if cfg.ReadTimeout <= 0 {
+		cfg.ReadTimeout = 30 * time.Second
+	}
+	if cfg.WriteTimeout <= 0 {
+		cfg.WriteTimeout = 30 * time.Second
+	}
+	if cfg.IdleTimeout <= 0 {
+		cfg.IdleTimeout = 120 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Registry == nil {
+		cfg.Registry = prometheus.NewRegistry()
+	}
+	s := &Server{r: r, cfg: cfg, log: cfg.Logger}
+	s.m = newMetrics(cfg.Registry, r)
+	s.metrics = metricsHandler(cfg.Registry)
+	s.bufs.New = func() any { return new(buffers) }
+	s.srv = &fasthttp.Server{
+		Handler:                      s.Handle,
+		Name:                         "kvrouterd",
+		MaxRequestBodySize:           cfg.MaxBodyBytes,
+		ReadTimeout:                  cfg.ReadTimeout,
+		WriteTimeout:                 cfg.WriteTimeout,
+		IdleTimeout:                  cfg.IdleTimeout,
+		NoDefaultDate:                true,
+		NoDefaultContentType:         true,
+		DisablePreParseMultipartForm: true,
+		ErrorHandler:                 s.transportError,
+		Logger:                       fasthttpLogger{cfg.Logger},
+	}
+	s.ready.Store(true)
+	return s
+}
+
+// Serve accepts connections on ln until Shutdown.
+func (s *Server) Serve(ln net.Listener) error { return s.srv.Serve(ln) }
+
+// Shutdown stops accepting connections and waits for requests in flight to finish. /readyz
+// reports 503 from its start.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.ready.Store(false)
+	return s.srv.ShutdownWithContext(ctx)
+}
+
+// transportError answers requests fasthttp refuses before the handler: oversized or unreadable.
+func (s *Server) transportError(ctx *fasthttp.RequestCtx, err error) {
+	status, reason := fasthttp.StatusBadRequest, "unreadable"
+	if errors.Is(err, fasthttp.ErrBodyTooLarge) {
+		status, reason = fasthttp.StatusRequestEntityTooLarge, "too_large"
+	}
+	s.m.rejected.WithLabelValues("any", reason).Inc()
+	s.log.Warn("request refused", "reason", reason, "err", err, "remote", ctx.RemoteAddr().String())
+	ctx.SetStatusCode(status)
+	ctx.SetContentType("application/json")
+	ctx.SetBody(appendError(nil, "body: "+err.Error(), "body", -1))
+}
+
+// Handle serves one request; it is the fasthttp handler (tests may call it directly).
+func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
+	start := time.Now()
+	ep := s.dispatch(ctx)
+	s.m.latency[ep].Observe(time.Since(start).Seconds())
+}
+
+var (
+	pRoute     = []byte("/v1/route")
+	pMatch     = []byte("/v1/match")
+	pEvents    = []byte("/v1/events")
+	pWorkers   = []byte("/v1/workers")
+	pWorkersS  = []byte("/v1/workers/")
+	pRequests  = []byte("/v1/requests/")
+	sPrefill   = []byte("/prefill_done")
+	sComplete  = []byte("/complete")
+	mPost      = []byte("POST")
+	mGet       = []byte("GET")
+	mDelete    = []byte("DELETE")
+	binaryType = []byte(ContentType)
+)
+
+func (s *Server) dispatch(ctx *fasthttp.RequestCtx) endpoint {
+	path, method := ctx.Path(), ctx.Method()
+	switch {
+	case bytes.Equal(path, pRoute):
+		if s.method(ctx, epRoute, method, mPost) {
+			s.route(ctx, true)
+		}
+		return epRoute
+	case bytes.Equal(path, pMatch):
+		if s.method(ctx, epMatch, method, mPost) {
+			s.route(ctx, false)
+		}
+		return epMatch
+	case bytes.HasPrefix(path, pRequests):
+		rest := path[len(pRequests):]
+		switch {
+		case bytes.HasSuffix(rest, sPrefill):
+			if s.method(ctx, epPrefillDone, method, mPost) {
+				s.lifecycle(ctx, epPrefillDone, rest[:len(rest)-len(sPrefill)])
+			}
+			return epPrefillDone
+		case bytes.HasSuffix(rest, sComplete):
+			if s.method(ctx, epComplete, method, mPost) {
+				s.lifecycle(ctx, epComplete, rest[:len(rest)-len(sComplete)])
+			}
+			return epComplete
+		}
+	case bytes.Equal(path, pEvents):
+		if s.method(ctx, epEvents, method, mPost) {
+			s.events(ctx)
+		}
+		return epEvents
+	case bytes.Equal(path, pWorkers):
+		switch {
+		case bytes.Equal(method, mGet):
+			s.listWorkers(ctx)
+		case s.method(ctx, epWorkers, method, mPost):
+			s.registerWorker(ctx)
+		}
+		return epWorkers
+	case bytes.HasPrefix(path, pWorkersS):
+		if s.method(ctx, epWorkers, method, mDelete) {
+			s.unregisterWorker(ctx, path[len(pWorkersS):])
+		}
+		return epWorkers
+	}
+	switch string(path) {
+	case "/healthz", "/health":
+		ctx.SetStatusCode(fasthttp.StatusOK)
+		if string(path) == "/healthz" {
+			ctx.SetBodyString("ok\n")
+		}
+		return epHealth
+	case "/readyz":
+		if s.ready.Load() {
+			ctx.SetBodyString("ready\n")
+		} else {
+			ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
+			ctx.SetBodyString("shutting down\n")
+		}
+		return epHealth
+	case "/metrics":
+		s.metrics(ctx)
+		return epMetrics
+	case "/register", "/unregister", "/workers", "/query", "/query_by_hash", "/dump":
+		s.dynamo(ctx, string(path))
+		return epDynamo
+	}
+	s.reject(ctx, epOther, fasthttp.StatusNotFound, "not_found", "path", -1, "no endpoint "+strconv.Quote(string(path)))
+	return epOther
+}
+
+func (s *Server) method(ctx *fasthttp.RequestCtx, ep endpoint, got, want []byte) bool {
+	if bytes.Equal(got, want) {
+		return true
+	}
+	ctx.Response.Header.Set("Allow", string(want))
+	s.reject(ctx, ep, fasthttp.StatusMethodNotAllowed, "method", "method", -1, "use "+string(want))
+	return false
+}
+
+func binary(ctx *fasthttp.RequestCtx) bool {
+	return bytes.HasPrefix(ctx.Request.Header.ContentType(), binaryType)
+}
+
+// reject answers a refused request: status, a JSON error naming the field (and the byte offset
+// for binary bodies, -1 when it does not apply), a counter and a log line.
+func (s *Server) reject(ctx *fasthttp.RequestCtx, ep endpoint, status int, reason, field string, offset int, msg string) {
+	s.m.rejected.WithLabelValues(endpointNames[ep], reason).Inc()
+	s.log.Warn("request refused", "endpoint", endpointNames[ep], "status", status, "reason", reason,
+		"field", field, "offset", offset, "error", msg, "remote", ctx.RemoteAddr().String())
+	ctx.SetStatusCode(status)
+	ctx.SetContentType("application/json")
+	ctx.SetBody(appendError(ctx.Response.Body()[:0], msg, field, offset))
+}
+
+// fail maps an error of package router or wire to a refusal.
+func (s *Server) fail(ctx *fasthttp.RequestCtx, ep endpoint, err error) {
+	var je *jsonError
+	if errors.As(err, &je) {
+		s.reject(ctx, ep, fasthttp.StatusBadRequest, "json", je.field, je.offset, je.msg)
+		return
+	}
+	var we *wire.Error
+	if errors.As(err, &we) {
+		reason := "malformed"
+		for _, c := range []struct {
+			err    error
+			reason string
+		}{{wire.ErrTruncated, "truncated"}, {wire.ErrMagic, "magic"}, {wire.ErrVersion, "version"},
+			{wire.ErrType, "type"}, {wire.ErrTrailing, "trailing"}, {wire.ErrTooLong, "too_long"}} {
+			if errors.Is(err, c.err) {
+				reason = c.reason
+			}
+		}
+		s.reject(ctx, ep, fasthttp.StatusBadRequest, reason, we.Field, we.Offset, err.Error())
+		return
+	}
+	status, reason := fasthttp.StatusBadRequest, "invalid"
+	switch {
+	case errors.Is(err, router.ErrUnknownModel):
+		status, reason = fasthttp.StatusNotFound, "unknown_model"
+	case errors.Is(err, router.ErrUnknownWorker):
+		status, reason = fasthttp.StatusNotFound, "unknown_worker"
+	case errors.Is(err, router.ErrUnknownRequest):
+		status, reason = fasthttp.StatusNotFound, "unknown_request"
+	case errors.Is(err, router.ErrConflict):
+		status, reason = fasthttp.StatusConflict, "conflict"
+	case errors.Is(err, router.ErrClosed):
+		status, reason = fasthttp.StatusServiceUnavailable, "closed"
+	}
+	field := ""
+	var fe *router.FieldError
+	if errors.As(err, &fe) {
+		field = fe.Field
+	}
+	s.reject(ctx, ep, status, reason, field, -1, err.Error())
+}
+
+func (s *Server) route(ctx *fasthttp.RequestCtx, book bool) {
+	ep := epMatch
+	if book {
+		ep = epRoute
+	}
+	b := s.bufs.Get().(*buffers)
+	defer s.bufs.Put(b)
+	if binary(ctx) {
+		if err := wire.DecodeRouteRequest(ctx.PostBody(), &b.req); err != nil {
+			s.fail(ctx, ep, err)
+			return
+		}
+	} else if err := decodeRouteJSON(ctx.PostBody(), &b.req); err != nil {
+		s.fail(ctx, ep, err)
+		return
+	}
+	var err error
+	if book {
+		err = s.r.Route(&b.req, &b.resp)
+	} else {
+		err = s.r.Match(&b.req, &b.resp)
+	}
+	if err != nil {
+		s.fail(ctx, ep, err)
+		return
+	}
+	if binary(ctx) {
+		b.out = wire.AppendRouteResponse(b.out[:0], &b.resp)
+		ctx.SetContentTypeBytes(binaryType)
+	} else {
+		b.out = appendRouteJSON(b.out[:0], &b.resp)
+		ctx.SetContentType("application/json")
+	}
+	ctx.SetBody(b.out)
+}
+
+func (s *Server) lifecycle(ctx *fasthttp.RequestCtx, ep endpoint, id []byte) {
+	if len(id) == 0 || bytes.IndexByte(id, '/') >= 0 {
+		s.reject(ctx, ep, fasthttp.StatusBadRequest, "invalid", "id", -1, "the path must be /v1/requests/{id}/"+endpointNames[ep])
+		return
+	}
+	var err error
+	if ep == epPrefillDone {
+		err = s.r.PrefillDone(string(id))
+	} else {
+		err = s.r.Complete(string(id))
+	}
+	if err != nil {
+		s.fail(ctx, ep, err)
+		return
+	}
+	ctx.SetStatusCode(fasthttp.StatusNoContent)
+}
+
+func (s *Server) events(ctx *fasthttp.RequestCtx) {
+	b := s.bufs.Get().(*buffers)
+	defer s.bufs.Put(b)
+	if binary(ctx) {
+		if err := wire.DecodeEventBatch(ctx.PostBody(), &b.ev); err != nil {
+			s.fail(ctx, epEvents, err)
+			return
+		}
+	} else if err := decodeEventsJSON(ctx.PostBody(), &b.ev); err != nil {
+		s.fail(ctx, epEvents, err)
+		return
+	}
+	var err error
+	b.oc, err = s.r.ApplyEvents(&b.ev, b.oc[:0])
+	if err != nil {
+		s.fail(ctx, epEvents, err)
+		return
+	}
+	ctx.SetContentType("application/json")
+	b.out = appendOutcomesJSON(b.out[:0], b.oc)
+	ctx.SetBody(b.out)
+}
+
+// fasthttpLogger sends fasthttp's own messages (connection errors) to slog at debug level: the
+// refusals that matter are logged by transportError.
+type fasthttpLogger struct{ l *slog.Logger }
+
+func (f fasthttpLogger) Printf(format string, args ...any) {
+	f.l.Debug("fasthttp: " + fmt.Sprintf(format, args...))
+}
