@@ -101,7 +101,7 @@ func (r *Router) route(req *wire.RouteRequest, resp *wire.RouteResponse, book bo
 		p.ISL = n
 	}
 
-	s := r.scratch.Get().(*scratch)
+	s := r.scratch.Get()
 	defer r.scratch.Put(s)
 	if req.ByHash {
 		s.seqs = append(s.seqs[:0], req.Hashes...)

@@ -22,6 +22,7 @@ func BenchmarkRoute(b *testing.B) {
 			}
 			var g atomic.Int64
 			b.ReportAllocs()
+			b.ResetTimer()
 			b.RunParallel(func(pb *testing.PB) {
 				// Ids must be unique among requests in flight: one per goroutine, completed
 				// before it is used again.

@@ -5,12 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime"
 	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/kvrouterd/kvrouterd/internal/freelist"
 	"github.com/kvrouterd/kvrouterd/radix"
 	"github.com/kvrouterd/kvrouterd/scoring"
 	"github.com/kvrouterd/kvrouterd/shard"
@@ -97,7 +99,7 @@ type Router struct {
 	tracker *scoring.Tracker
 	chooser scoring.Chooser
 	log     *slog.Logger
-	scratch sync.Pool // *scratch
+	scratch *freelist.List[scratch]
 
 	mu      sync.Mutex
 	models  atomic.Pointer[map[string]*model] // copy-on-write; written under mu
@@ -153,13 +155,13 @@ func New(cfg Config) *Router {
 		cfg:     cfg,
 		set:     shard.New(shard.Config{Shards: cfg.Shards, QueueLen: cfg.QueueLen, MaxBlocks: cfg.MaxBlocks, Observer: cfg.Observer}),
 		tracker: scoring.NewTracker(),
+		scratch: freelist.New[scratch](4 * runtime.GOMAXPROCS(0)),
 		log:     cfg.Logger,
 		workers: make(map[uint64]*registration),
 		stop:    make(chan struct{}),
 		done:    make(chan struct{}),
 	}
 	r.models.Store(&map[string]*model{})
-	r.scratch.New = func() any { return new(scratch) }
 	go r.expireLoop()
 	return r
 }

@@ -5,6 +5,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/kvrouterd/kvrouterd/internal/freelist"
 	"github.com/kvrouterd/kvrouterd/internal/u64map"
 	"github.com/kvrouterd/kvrouterd/radix"
 	"github.com/zeebo/xxh3"
@@ -37,7 +38,7 @@ type Tracker struct {
 	mu     sync.Mutex              // serializes Register
 	loads  atomic.Pointer[[]*Load] // slot → Load, copy-on-write
 	shards [reqShards]reqShard
-	pool   sync.Pool // *booking
+	pool   *freelist.List[booking]
 	n      atomic.Int64
 }
 
@@ -76,12 +77,11 @@ func NewTracker() *Tracker {
 	if err != nil {
 		panic(err) // block size 1 is valid
 	}
-	t := &Tracker{roots: ix}
+	t := &Tracker{roots: ix, pool: freelist.New[booking](4096)}
 	t.loads.Store(&[]*Load{})
 	for i := range t.shards {
 		t.shards[i].m = make(map[uint64]*booking)
 	}
-	t.pool.New = func() any { return new(booking) }
 	return t
 }
 
@@ -185,7 +185,7 @@ func (t *Tracker) Book(id string, l *Load, seqs []uint64, prefill int64, deadlin
 		return ErrRequestID
 	}
 	sh, h := t.shard(id)
-	b := t.pool.Get().(*booking)
+	b := t.pool.Get()
 	b.id = append(b.id[:0], id...)
 	b.load, b.prefill, b.prefillDone, b.deadline = l, prefill, false, deadline
 	b.seqs = append(b.seqs[:0], seqs...)

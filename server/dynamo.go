@@ -145,7 +145,7 @@ func (s *Server) dynamoQuery(ctx *fasthttp.RequestCtx, byHash bool) {
 		s.reject(ctx, epDynamo, fasthttp.StatusNotFound, "unknown_model", "model_name", -1, "no indexer for model="+j.Model+" tenant="+tenant)
 		return
 	}
-	b := s.bufs.Get().(*buffers)
+	b := s.bufs.Get()
 	defer s.bufs.Put(b)
 	b.req = wire.RouteRequest{Model: key, LoRA: j.LoRA, Tokens: j.Tokens, ByHash: byHash}
 	if byHash {

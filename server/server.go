@@ -7,11 +7,12 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"runtime"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/kvrouterd/kvrouterd/internal/freelist"
 	"github.com/kvrouterd/kvrouterd/router"
 	"github.com/kvrouterd/kvrouterd/shard"
 	"github.com/kvrouterd/kvrouterd/wire"
@@ -43,7 +44,7 @@ type Server struct {
 	m       *metrics
 	srv     *fasthttp.Server
 	ready   atomic.Bool
-	bufs    sync.Pool // *buffers
+	bufs    *freelist.List[buffers]
 	metrics fasthttp.RequestHandler
 }
 
@@ -79,7 +80,7 @@ func New(r *router.Router, cfg Config) *Server {
 	s := &Server{r: r, cfg: cfg, log: cfg.Logger}
 	s.m = newMetrics(cfg.Registry, r)
 	s.metrics = metricsHandler(cfg.Registry)
-	s.bufs.New = func() any { return new(buffers) }
+	s.bufs = freelist.New[buffers](4 * runtime.GOMAXPROCS(0))
 	s.srv = &fasthttp.Server{
 		Handler:                      s.Handle,
 		Name:                         "kvrouterd",
@@ -286,7 +287,7 @@ func (s *Server) route(ctx *fasthttp.RequestCtx, book bool) {
 	if book {
 		ep = epRoute
 	}
-	b := s.bufs.Get().(*buffers)
+	b := s.bufs.Get()
 	defer s.bufs.Put(b)
 	if binary(ctx) {
 		if err := wire.DecodeRouteRequest(ctx.PostBody(), &b.req); err != nil {
@@ -336,7 +337,7 @@ func (s *Server) lifecycle(ctx *fasthttp.RequestCtx, ep endpoint, id []byte) {
 }
 
 func (s *Server) events(ctx *fasthttp.RequestCtx) {
-	b := s.bufs.Get().(*buffers)
+	b := s.bufs.Get()
 	defer s.bufs.Put(b)
 	if binary(ctx) {
 		if err := wire.DecodeEventBatch(ctx.PostBody(), &b.ev); err != nil {
