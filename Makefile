@@ -7,7 +7,7 @@ BENCHCOUNT ?= 6
 BENCHSTAT  := golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9c6c9d4da
 OUT        := bench/out
 
-.PHONY: build run test vet bench fuzz clean
+.PHONY: build run test vet bench load fuzz clean
 
 build:
 	$(GO) build ./...
@@ -38,6 +38,12 @@ bench:
 	$(GO) test -run '^$$' -bench 'ShardMemory|VsXsync|VsBuiltin' -benchtime 1x ./radix/ ./shard/ ./internal/u64map/ | tee $(OUT)/memory.txt
 	$(GO) test -run '^$$' -bench 'Memory' -count 3 ./internal/prefetch/ | tee $(OUT)/prefetch.txt
 	$(GO) run $(BENCHSTAT) $(OUT)/micro.txt | tee $(OUT)/micro-medians.txt
+
+# HTTP route throughput and latency against a no-op fasthttp handler, 8 and 1,000 workers
+# (about a minute; client and server share the machine).
+load:
+	mkdir -p $(OUT)
+	$(GO) run ./bench/kvrload --suite | tee $(OUT)/load.txt
 
 # Each fuzz target for FUZZTIME (go test fuzzes one target per run).
 fuzz:

@@ -1,0 +1,326 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/kvrouterd/kvrouterd/client"
+	"github.com/kvrouterd/kvrouterd/wire"
+)
+
+// maxFailRatio is the share of failed requests above which a run fails.
+const maxFailRatio = 0.001
+
+// drainGrace bounds how long an open-loop run keeps sending requests scheduled in its window after
+// the window ends: a target that far behind did not sustain the rate, and the rest count as failed.
+const drainGrace = 2 * time.Second
+
+// maxConnRate is the open-loop rate per connection above which the spacing of requests, 1 ms,
+// nears the lateness of Go's timers on Linux.
+const maxConnRate = 1000
+
+// result is one run's outcome; a plain value.
+type result struct {
+	Target    string  `json:"target"`
+	Workers   int     `json:"workers"`
+	Blocks    int     `json:"blocks"`
+	BlockSize int     `json:"block_size"`
+	Conns     int     `json:"conns"`
+	Rate      float64 `json:"rate"`     // requested; 0 = closed loop
+	Seconds   float64 `json:"seconds"`  // the window, or longer if an open loop drained late
+	Requests  int64   `json:"requests"` // scheduled or sent in the measured window
+	OK        int64   `json:"ok"`
+	Errors    int64   `json:"errors"`      // failed calls, bad answers and unsent requests
+	BadAnswer int64   `json:"bad_answers"` // route answers that chose no registered worker
+	Unsent    int64   `json:"unsent"`      // open loop: scheduled, never sent before the grace ended
+	RPS       float64 `json:"rps"`         // successful routes per second of Seconds
+	P50       float64 `json:"p50_us"`
+	P90       float64 `json:"p90_us"`
+	P99       float64 `json:"p99_us"`
+	P999      float64 `json:"p999_us"`
+	Max       float64 `json:"max_us"`
+	Mean      float64 `json:"mean_us"`
+	// CPUPerReq is this process's CPU time per successful route in the measured window, in µs:
+	// client and in-process target together, both calls (the client alone with --addr). It
+	// depends less than req/s on what else runs on the machine. 0 when unknown.
+	CPUPerReq float64 `json:"cpu_us_per_req"`
+	// Others is the share of the machine's CPU capacity that other processes (and hypervisor
+	// steal) used during the measured window, in percent; -1 when unknown. Above a few percent
+	// the run measured the neighbours too. An external kvrouterd (--addr) on the same machine
+	// counts as another process.
+	Others   float64 `json:"others_cpu_pct"`
+	FirstErr string  `json:"first_error,omitempty"` // of the measured window
+	// WarmupErrors are failures during the warmup, not counted in Errors: reported because a
+	// target that fails while connections open is worth knowing about.
+	WarmupErrors int64  `json:"warmup_errors"`
+	WarmupErr    string `json:"warmup_error,omitempty"`
+}
+
+func (r *result) failed() error {
+	if r.Requests == 0 {
+		return fmt.Errorf("%s: no request was measured", r.Target)
+	}
+	if float64(r.Errors) > maxFailRatio*float64(r.Requests) {
+		return fmt.Errorf("%s, %d workers: %d of %d requests failed (more than %.1f%%); first: %s",
+			r.Target, r.Workers, r.Errors, r.Requests, 100*maxFailRatio, r.FirstErr)
+	}
+	return nil
+}
+
+func printResult(w io.Writer, r *result, asJSON bool) {
+	rate := "sat"
+	if r.Rate > 0 {
+		rate = strconv.FormatFloat(r.Rate, 'f', 0, 64)
+	}
+	fmt.Fprintf(w, "target=%-9s workers=%-4d blocks=%d conns=%d rate=%-6s req/s=%-8.0f p50=%.1fµs p90=%.1fµs p99=%.1fµs p99.9=%.1fµs max=%.1fµs errors=%d cpu/req=%.1fµs others=%.0f%%\n",
+		r.Target, r.Workers, r.Blocks, r.Conns, rate, r.RPS, r.P50, r.P90, r.P99, r.P999, r.Max, r.Errors, r.CPUPerReq, r.Others)
+	if r.FirstErr != "" {
+		fmt.Fprintf(w, "  first error: %s\n", r.FirstErr)
+	}
+	if r.WarmupErrors > 0 {
+		fmt.Fprintf(w, "  %d errors during the warmup (not counted); first: %s\n", r.WarmupErrors, r.WarmupErr)
+	}
+	if asJSON {
+		b, _ := json.Marshal(r)
+		fmt.Fprintf(w, "%s\n", b)
+	}
+}
+
+// runOne starts the target of c, loads it, and stops it.
+func runOne(ctx context.Context, c config, log io.Writer) (result, error) {
+	w := newWorkload(&c)
+	t0 := time.Now()
+	t, err := start(&c, w)
+	if err != nil {
+		return result{}, err
+	}
+	fmt.Fprintf(log, "# %s at %s: %d workers ready in %v\n", c.Target, t.addr, c.Workers, time.Since(t0).Round(time.Millisecond))
+	if per := c.Rate / float64(c.Conns); per > maxConnRate {
+		fmt.Fprintf(log, "# warning: %.0f req/s per connection: Go's timers wake up to ~1 ms late, so late wake-ups will be timed as queueing; use more --conns\n", per)
+	}
+	cl := client.New(client.Config{Addr: t.addr, Timeout: c.Timeout, MaxConns: c.Conns})
+	res := load(ctx, cl, w, &c)
+	if err := t.stop(); err != nil {
+		return res, fmt.Errorf("stopping %s: %w", c.Target, err)
+	}
+	return res, nil
+}
+
+// conn is one load goroutine's state; it belongs to that goroutine until load merges it.
+type conn struct {
+	idx    int
+	rng    *rand.Rand
+	req    wire.RouteRequest
+	resp   wire.RouteResponse
+	id     []byte // the request id prefix, then the current request's sequence number
+	prefix int    // length of the id prefix
+	seq    int64
+	lat    []time.Duration // of the measured successful routes
+	n, ok  int64
+	errs   int64
+	bad    int64
+	unsent int64
+	first  error // of the measured window
+	warm   int64 // failures during the warmup
+	wfirst error
+	last   time.Time // when the last measured request finished
+}
+
+// load drives c.Conns goroutines against cl for c.Warmup and then c.Duration, and summarizes the
+// measured window.
+func load(ctx context.Context, cl *client.Client, w *workload, c *config) result {
+	// A nonce in the request ids keeps runs against the same external kvrouterd apart.
+	nonce := strconv.FormatInt(time.Now().UnixNano()%(1<<40), 36)
+	conns := make([]*conn, c.Conns)
+	start := time.Now()
+	ws := start.Add(c.Warmup)
+	end := ws.Add(c.Duration)
+	var wg sync.WaitGroup
+	for i := range conns {
+		k := &conn{idx: i, rng: rand.New(rand.NewPCG(c.Seed, uint64(i)+1))}
+		k.req.Model = model
+		k.id = append(k.id, "kvrl-"+nonce+"-"+strconv.Itoa(i)+"-"...)
+		k.prefix = len(k.id)
+		conns[i] = k
+		wg.Go(func() {
+			if c.Rate > 0 {
+				k.openLoop(ctx, cl, w, c, start, ws, end)
+			} else {
+				k.closedLoop(ctx, cl, w, ws, end)
+			}
+		})
+	}
+	// Sample the CPU accounting at the window's edges while the goroutines run.
+	sleepUntil(ctx, ws)
+	cpu0 := sampleCPU()
+	sleepUntil(ctx, end)
+	cpu1 := sampleCPU()
+	wg.Wait()
+
+	r := result{Target: c.Target, Workers: c.Workers, Blocks: c.Blocks, BlockSize: c.BlockSize, Conns: c.Conns, Rate: c.Rate}
+	var lat []time.Duration
+	last := end
+	for _, k := range conns {
+		if k.last.After(last) {
+			last = k.last
+		}
+		r.Requests += k.n
+		r.OK += k.ok
+		r.Errors += k.errs + k.bad + k.unsent
+		r.BadAnswer += k.bad
+		r.Unsent += k.unsent
+		if k.first != nil && r.FirstErr == "" {
+			r.FirstErr = k.first.Error()
+		}
+		r.WarmupErrors += k.warm
+		if k.wfirst != nil && r.WarmupErr == "" {
+			r.WarmupErr = k.wfirst.Error()
+		}
+		lat = append(lat, k.lat...)
+	}
+	// An open loop that fell behind finishes its window's requests after the window: its rate is
+	// over the time it took, not the window's.
+	r.Seconds = last.Sub(ws).Seconds()
+	r.RPS = float64(r.OK) / r.Seconds
+	self, others := cpuUse(cpu0, cpu1)
+	r.Others = others
+	if others >= 0 {
+		r.Others = math.Round(1000*others) / 10
+	}
+	if r.RPS > 0 && self > 0 {
+		// The CPU time is the window's; so is this count of requests.
+		r.CPUPerReq = float64(self) / 1e3 / (r.RPS * c.Duration.Seconds())
+	}
+	if len(lat) > 0 {
+		slices.Sort(lat)
+		us := func(d time.Duration) float64 { return float64(d) / 1e3 }
+		// Nearest rank: the smallest sample with at least q of the samples at or below it.
+		q := func(q float64) float64 {
+			i := int(math.Ceil(q*float64(len(lat)))) - 1
+			return us(lat[min(max(i, 0), len(lat)-1)])
+		}
+		var sum time.Duration
+		for _, d := range lat {
+			sum += d
+		}
+		r.P50, r.P90, r.P99, r.P999 = q(0.5), q(0.9), q(0.99), q(0.999)
+		r.Max = us(lat[len(lat)-1])
+		r.Mean = us(sum / time.Duration(len(lat)))
+	}
+	return r
+}
+
+// closedLoop sends the next request as soon as the previous one is done, until end.
+func (k *conn) closedLoop(ctx context.Context, cl *client.Client, w *workload, ws, end time.Time) {
+	for ctx.Err() == nil {
+		t0 := time.Now()
+		if !t0.Before(end) {
+			return
+		}
+		k.request(cl, w, t0, !t0.Before(ws))
+	}
+}
+
+// openLoop sends request j of this goroutine at start + (j·conns + idx)/rate, so that the
+// goroutines together send at c.Rate, evenly spaced.
+func (k *conn) openLoop(ctx context.Context, cl *client.Client, w *workload, c *config, start, ws, end time.Time) {
+	conns := int64(c.Conns)
+	at := func(j int64) time.Time {
+		return start.Add(time.Duration(float64(j*conns+int64(k.idx)) * 1e9 / c.Rate))
+	}
+	hard := end.Add(drainGrace)
+	for j := int64(0); ctx.Err() == nil; j++ {
+		sched := at(j)
+		if !sched.Before(end) {
+			return
+		}
+		measured := !sched.Before(ws)
+		now := time.Now()
+		if now.After(hard) {
+			// Too far behind to catch up: the rest of the window counts as failed.
+			for ; at(j).Before(end); j++ {
+				if !at(j).Before(ws) {
+					k.n++
+					k.unsent++
+				}
+			}
+			if k.first == nil {
+				k.first = fmt.Errorf("open loop at %.0f req/s: connection %d had %d requests still unsent %v after the window",
+					c.Rate, k.idx, k.unsent, drainGrace)
+			}
+			return
+		}
+		from := sched
+		if now.Before(sched) {
+			// Idle until the scheduled time: time the request from when the timer let it go,
+			// since the timer's lateness is the load generator's and not the target's.
+			time.Sleep(sched.Sub(now))
+			from = time.Now()
+		}
+		k.request(cl, w, from, measured)
+	}
+}
+
+// request routes one prompt and completes it, timing the route from from.
+func (k *conn) request(cl *client.Client, w *workload, from time.Time, measured bool) {
+	k.req.Tokens, _ = w.prompt(k.rng, k.req.Tokens)
+	k.seq++
+	k.id = strconv.AppendInt(k.id[:k.prefix], k.seq, 10)
+	k.req.RequestID = string(k.id)
+	err := cl.Route(&k.req, &k.resp)
+	lat := time.Since(from)
+	if measured {
+		k.n++
+	}
+	if err != nil {
+		k.fail(err, measured, &k.errs)
+		return
+	}
+	if !k.resp.Chosen || k.resp.Worker < workerID(0) || k.resp.Worker > workerID(w.workers-1) {
+		k.fail(fmt.Errorf("route %s: the answer chose no registered worker: chosen %v, worker %d",
+			k.req.RequestID, k.resp.Chosen, k.resp.Worker), measured, &k.bad)
+		return
+	}
+	if err := cl.Complete(k.req.RequestID); err != nil {
+		k.fail(err, measured, &k.errs)
+		return
+	}
+	if measured {
+		k.ok++
+		k.lat = append(k.lat, lat)
+		k.last = time.Now()
+	}
+}
+
+// fail records a failure: in counter during the measured window, as a warmup error before it.
+func (k *conn) fail(err error, measured bool, counter *int64) {
+	if !measured {
+		k.warm++
+		if k.wfirst == nil {
+			k.wfirst = err
+		}
+		return
+	}
+	*counter++
+	if k.first == nil {
+		k.first = err
+	}
+}
+
+// sleepUntil sleeps until t or until ctx is done.
+func sleepUntil(ctx context.Context, t time.Time) {
+	timer := time.NewTimer(time.Until(t))
+	defer timer.Stop()
+	select {
+	case <-timer.C:
+	case <-ctx.Done():
+	}
+}
