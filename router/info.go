@@ -198,3 +198,17 @@ func (r *Router) ModelWorkers(model string) []uint64 {
 	}
 	return ids
 }
+
+// HasRank reports whether worker id is registered with data-parallel rank rank.
+func (r *Router) HasRank(id uint64, rank uint32) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if reg := r.workers[id]; reg != nil {
+		for _, w := range reg.ranks {
+			if w.key.Rank == rank {
+				return true
+			}
+		}
+	}
+	return false
+}

@@ -65,12 +65,10 @@ func (s *Server) dynamo(ctx *fasthttp.RequestCtx, path string) {
 			s.reject(ctx, epDynamo, fasthttp.StatusBadRequest, "invalid", "instance_id", -1, "instance_id, model_name and block_size are required")
 			return
 		}
-		for _, w := range s.r.Workers() {
-			if w.ID == *j.Instance && w.Rank == j.Rank {
-				s.reject(ctx, epDynamo, fasthttp.StatusConflict, "conflict", "dp_rank", -1,
-					"instance "+strconv.FormatUint(*j.Instance, 10)+" dp_rank "+strconv.FormatUint(uint64(j.Rank), 10)+" already registered")
-				return
-			}
+		if s.r.HasRank(*j.Instance, j.Rank) {
+			s.reject(ctx, epDynamo, fasthttp.StatusConflict, "conflict", "dp_rank", -1,
+				"instance "+strconv.FormatUint(*j.Instance, 10)+" dp_rank "+strconv.FormatUint(uint64(j.Rank), 10)+" already registered")
+			return
 		}
 		err := s.r.Register(router.Registration{
 			ID: *j.Instance, Model: modelKey(j.Model, j.Tenant), BlockSize: j.BlockSize,
