@@ -54,7 +54,20 @@ func (r *Router) Workers() []WorkerInfo {
 			}
 		}
 		x.EventLag = reg.received.Load() - reg.applied.Load()
-		_ = r.set.Do(x.ID, func(a *shard.Applier) { x.LastEventID = a.Cursor(x.ID, x.Rank) })
+	}
+	// Cursors live on the shards: one visit per shard, not per worker (metrics scrapes list
+	// every worker).
+	byShard := make(map[int][]int)
+	for i := range out {
+		sh := r.set.ShardOf(out[i].ID)
+		byShard[sh] = append(byShard[sh], i)
+	}
+	for _, idx := range byShard {
+		_ = r.set.Do(out[idx[0]].ID, func(a *shard.Applier) {
+			for _, i := range idx {
+				out[i].LastEventID = a.Cursor(out[i].ID, out[i].Rank)
+			}
+		})
 	}
 	slices.SortFunc(out, func(a, b WorkerInfo) int {
 		switch {

@@ -1,7 +1,6 @@
 package router
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -74,7 +73,6 @@ var (
 	ErrConflict       = errors.New("router: conflicts with the registered state")
 	ErrInvalid        = errors.New("router: invalid request")
 	ErrClosed         = errors.New("router: closed")
-	ErrDuplicateRoute = scoring.ErrDuplicateRequest
 	ErrUnknownRequest = scoring.ErrUnknownRequest
 )
 
@@ -165,9 +163,6 @@ func New(cfg Config) *Router {
 	go r.expireLoop()
 	return r
 }
-
-// Config returns the configuration in effect, defaults filled in.
-func (r *Router) Config() Config { return r.cfg }
 
 // Close stops expiry and drains the shards: every event accepted before is applied.
 func (r *Router) Close() {
@@ -361,16 +356,4 @@ func (r *Router) Unregister(id uint64) error {
 	}
 	r.log.Info("worker unregistered", "worker", id, "model", reg.model.name)
 	return nil
-}
-
-// Drain waits until every event accepted so far is applied.
-func (r *Router) Drain(ctx context.Context) error {
-	done := make(chan error, 1)
-	go func() { done <- r.set.Barrier() }()
-	select {
-	case err := <-done:
-		return err
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }

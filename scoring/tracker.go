@@ -226,19 +226,12 @@ func (t *Tracker) Book(id string, l *Load, seqs []uint64, prefill int64, deadlin
 	return nil
 }
 
-// take finds the booking of id; with remove it also deletes it.
-func (t *Tracker) take(id string, remove bool) (*booking, error) {
-	sh, h := t.shard(id)
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	b := sh.m[h]
-	if b == nil || string(b.id) != id {
-		return nil, ErrUnknownRequest
+// findLocked returns the booking of id in sh, or nil. REQUIRES sh.mu.
+func findLocked(sh *reqShard, h uint64, id string) *booking {
+	if b := sh.m[h]; b != nil && string(b.id) == id {
+		return b
 	}
-	if remove {
-		delete(sh.m, h)
-	}
-	return b, nil
+	return nil
 }
 
 // PrefillDone records that request id has finished its prefill: its prompt tokens no longer
@@ -246,8 +239,8 @@ func (t *Tracker) take(id string, remove bool) (*booking, error) {
 func (t *Tracker) PrefillDone(id string) error {
 	sh, h := t.shard(id)
 	sh.mu.Lock()
-	b := sh.m[h]
-	if b == nil || string(b.id) != id {
+	b := findLocked(sh, h, id)
+	if b == nil {
 		sh.mu.Unlock()
 		return ErrUnknownRequest
 	}
@@ -267,9 +260,15 @@ func (t *Tracker) PrefillDone(id string) error {
 
 // Complete frees request id's blocks and any prefill tokens still counted.
 func (t *Tracker) Complete(id string) error {
-	b, err := t.take(id, true)
-	if err != nil {
-		return err
+	sh, h := t.shard(id)
+	sh.mu.Lock()
+	b := findLocked(sh, h, id)
+	if b != nil {
+		delete(sh.m, h)
+	}
+	sh.mu.Unlock()
+	if b == nil {
+		return ErrUnknownRequest
 	}
 	t.release(b)
 	return nil

@@ -8,6 +8,7 @@ import (
 	"io"
 	"math"
 	"strconv"
+	"strings"
 
 	"github.com/kvrouterd/kvrouterd/scoring"
 	"github.com/kvrouterd/kvrouterd/shard"
@@ -50,9 +51,9 @@ func decodeJSON(body []byte, v any) error {
 	}
 	msg := err.Error()
 	field := "body"
-	if f, ok := bytes.CutPrefix([]byte(msg), []byte("json: unknown field ")); ok {
-		field, _ = strconv.Unquote(string(f))
-		msg = "unknown field " + string(f)
+	if f, ok := strings.CutPrefix(msg, "json: unknown field "); ok {
+		field, _ = strconv.Unquote(f)
+		msg = "unknown field " + f
 	}
 	return &jsonError{field: field, offset: int(d.InputOffset()), msg: msg}
 }
