@@ -208,15 +208,14 @@ func (t *Tracker) Book(id string, l *Load, seqs []uint64, prefill int64, deadlin
 	sh.m[h] = b
 	sh.mu.Unlock()
 	added := int64(0)
+	l.refs.Prefetch(b.seqs)
 	for i, s := range b.seqs {
-		c, ok := l.refs.Get(s)
-		if !ok {
+		if l.refs.Ref(s) {
 			if i == 0 {
 				t.roots.Add(s, l.slot)
 			}
 			added++
 		}
-		l.refs.Put(s, c+1)
 	}
 	l.blocks.Add(added)
 	l.prefill.Add(prefill)
@@ -279,16 +278,13 @@ func (t *Tracker) release(b *booking) {
 	l.mu.Lock()
 	if !l.gone {
 		freed := int64(0)
+		l.refs.Prefetch(b.seqs)
 		for i, s := range b.seqs {
-			c, _ := l.refs.Get(s)
-			if c <= 1 {
-				l.refs.Del(s)
+			if l.refs.Unref(s) {
 				if i == 0 {
 					t.roots.Remove(s, l.slot)
 				}
 				freed++
-			} else {
-				l.refs.Put(s, c-1)
 			}
 		}
 		l.blocks.Add(-freed)

@@ -137,7 +137,7 @@ func (m *Map) insert(k, v uint64) {
 	}
 }
 
-// del removes k and returns its value.
+// Del removes k and returns its value.
 func (m *Map) Del(k uint64) (uint64, bool) {
 	if k == 0 {
 		v, ok := m.zeroVal, m.hasZero
@@ -149,7 +149,57 @@ func (m *Map) Del(k uint64) (uint64, bool) {
 		return 0, false
 	}
 	v := m.slots[i].v
-	// Shift the following run back by one until a key sits at its home or a slot is empty.
+	m.delAt(i)
+	return v, true
+}
+
+// Ref adds 1 to the value of k, an absent k counting as 0, and reports whether k was absent:
+// Get and Put in one probe, for maps of reference counts.
+func (m *Map) Ref(k uint64) (added bool) {
+	if k == 0 {
+		added = !m.hasZero
+		m.hasZero = true
+		m.zeroVal++
+		return added
+	}
+	if i := m.find(k); i >= 0 {
+		m.slots[i].v++
+		return false
+	}
+	if m.n >= m.maxN {
+		m.resize(max(len(m.slots)*emGrowNum/emGrowDen, emMin))
+	}
+	m.insert(k, 1)
+	m.n++
+	return true
+}
+
+// Unref subtracts 1 from the value of k and removes k when that leaves 0 or less, reporting
+// whether it removed it. An absent k is left absent and reported removed.
+func (m *Map) Unref(k uint64) (removed bool) {
+	if k == 0 {
+		if m.zeroVal <= 1 {
+			m.hasZero, m.zeroVal = false, 0
+			return true
+		}
+		m.zeroVal--
+		return false
+	}
+	i := m.find(k)
+	if i < 0 {
+		return true
+	}
+	if m.slots[i].v > 1 {
+		m.slots[i].v--
+		return false
+	}
+	m.delAt(i)
+	return true
+}
+
+// delAt removes the key at position i: it shifts the following run back by one until a key
+// sits at its home or a slot is empty.
+func (m *Map) delAt(i int) {
 	for {
 		j := i + 1
 		if j == len(m.slots) {
@@ -164,7 +214,6 @@ func (m *Map) Del(k uint64) (uint64, bool) {
 	}
 	m.slots[i] = emSlot{}
 	m.n--
-	return v, true
 }
 
 func (m *Map) resize(c int) {

@@ -52,7 +52,7 @@ func applyEngineOps(t *testing.T, data []byte, keyRange uint64) {
 	for i := 0; len(data) >= 9; i++ {
 		op, k := data[0], binary.LittleEndian.Uint64(data[1:9])%keyRange
 		data = data[9:]
-		switch op % 4 {
+		switch op % 6 { // 255 % 6 == 3
 		case 0, 1:
 			m.Put(k, uint64(i))
 			want[k] = uint64(i)
@@ -67,6 +67,22 @@ func applyEngineOps(t *testing.T, data []byte, keyRange uint64) {
 			if op == 255 {
 				m.Reset()
 				clear(want)
+			}
+		case 4:
+			_, had := want[k]
+			if added := m.Ref(k); added == had {
+				t.Fatalf("ref(%d) = added %v, but it was present: %v", k, added, had)
+			}
+			want[k]++
+		case 5:
+			v, had := want[k]
+			if removed := m.Unref(k); removed != (v <= 1) {
+				t.Fatalf("unref(%d) of %d (present %v) = removed %v", k, v, had, removed)
+			}
+			if v <= 1 {
+				delete(want, k)
+			} else {
+				want[k] = v - 1
 			}
 		}
 	}
