@@ -72,7 +72,7 @@ func (ix *Index) Match(seqs []uint64, m *Match) {
 	}
 	m.Depth = slices.Grow(m.Depth, n)[:n]
 	m.Cached = slices.Grow(m.Cached, n)[:n]
-	ix.slots.fillBlocks(m.Slots, m.Cached)
+	ix.FillBlocks(m.Slots, m.Cached)
 
 	var i int
 	var act []int32

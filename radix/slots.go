@@ -139,13 +139,20 @@ func (ix *Index) Blocks(s Slot) int64 {
 	return ix.slots.info(s).blocks.Load()
 }
 
-// fillBlocks sets blocks[i] to the block count of slots[i] (slots in use, ascending).
-func (t *slotTable) fillBlocks(slots []Slot, blocks []int64) {
+// FillBlocks sets blocks[i] to the block count of slots[i], as Blocks does, for slots that
+// Acquire returned at some time (released ones included). It is cheapest with slots ascending.
+// Lock-free.
+func (ix *Index) FillBlocks(slots []Slot, blocks []int64) {
+	high := Slot(ix.slots.high.Load())
+	blocks = blocks[:len(slots)]
 	var chunk *[slotChunk]slotInfo
 	cur := Slot(1<<32 - 1)
 	for i, s := range slots {
+		if s >= high {
+			panic(fmt.Sprintf("radix: FillBlocks of slot %d, never acquired", s))
+		}
 		if c := s / slotChunk; c != cur {
-			chunk, cur = t.chunks[c].Load(), c
+			chunk, cur = ix.slots.chunks[c].Load(), c
 		}
 		blocks[i] = chunk[s%slotChunk].blocks.Load()
 	}

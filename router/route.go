@@ -21,9 +21,28 @@ type scratch struct {
 	seqs    []uint64
 	m, am   radix.Match
 	cands   []scoring.Candidate
-	at      []int32 // worker list position → candidate, -1 when filtered out
-	pos     []int32 // candidate → worker list position
+	tree    []int64
+	all     bool    // every worker is a candidate: candidate i is worker list position i
+	at      []int32 // unless all: worker list position → candidate, -1 when filtered out
+	pos     []int32 // unless all: candidate → worker list position
 	allowed []uint64
+	top     []int32 // candidates of a capped answer, a max-heap by (logit, index) while filled
+}
+
+// cand returns the candidate of worker list position pos, -1 for none.
+func (s *scratch) cand(pos int32) int32 {
+	if s.all {
+		return pos
+	}
+	return s.at[pos]
+}
+
+// worker returns the worker list position of candidate c.
+func (s *scratch) worker(c int) int32 {
+	if s.all {
+		return int32(c)
+	}
+	return s.pos[c]
 }
 
 // Route scores req against the workers of its model, chooses one, books the request's load on
@@ -114,13 +133,13 @@ func (r *Router) route(req *wire.RouteRequest, resp *wire.RouteResponse, book bo
 	r.tracker.Match(s.seqs, &s.am)
 
 	list := m.list.Load()
-	if err := s.candidates(list, req); err != nil {
+	if err := s.candidates(m.ix, list, req); err != nil {
 		return err
 	}
 	for i, slot := range s.m.Slots {
 		if int(slot) < len(list.bySlot) {
 			if pos := list.bySlot[slot]; pos >= 0 {
-				if c := s.at[pos]; c >= 0 {
+				if c := s.cand(pos); c >= 0 {
 					s.cands[c].Cached = s.m.Depth[i]
 				}
 			}
@@ -129,7 +148,7 @@ func (r *Router) route(req *wire.RouteRequest, resp *wire.RouteResponse, book bo
 	for i, slot := range s.am.Slots {
 		if int(slot) < len(list.byActive) {
 			if pos := list.byActive[slot]; pos >= 0 {
-				if c := s.at[pos]; c >= 0 {
+				if c := s.cand(pos); c >= 0 {
 					s.cands[c].Shared = s.am.Depth[i]
 				}
 			}
@@ -152,7 +171,7 @@ func (r *Router) route(req *wire.RouteRequest, resp *wire.RouteResponse, book bo
 	}
 	if book {
 		c := &s.cands[chosen]
-		w := list.ws[s.pos[chosen]]
+		w := list.ws[s.worker(chosen)]
 		prefill := int64(p.ISL) - int64(c.Cached)*int64(bs)
 		if err := r.tracker.Book(req.RequestID, w.load, s.seqs, prefill, r.cfg.Now()+int64(r.cfg.RequestExpiry)); err != nil {
 			if err == scoring.ErrDuplicateRequest {
@@ -164,60 +183,81 @@ func (r *Router) route(req *wire.RouteRequest, resp *wire.RouteResponse, book bo
 	} else {
 		r.matched.Add(1)
 	}
-	fill(resp, req, &p, s.cands, chosen, book)
+	limit := int(req.MaxCandidates)
+	if limit == 0 {
+		limit = r.cfg.MaxCandidates
+	}
+	s.fill(resp, req, &p, chosen, book, limit)
 	return nil
 }
 
 // candidates fills s.cands with the allowed workers of list and their loads.
-func (s *scratch) candidates(list *workerList, req *wire.RouteRequest) error {
+func (s *scratch) candidates(ix *radix.Index, list *workerList, req *wire.RouteRequest) error {
+	n := len(list.keys)
+	s.tree = slices.Grow(s.tree[:0], n)[:n]
+	ix.FillBlocks(list.slots, s.tree)
+	s.all = !req.HasPinned && len(req.Allowed) == 0
+	if s.all {
+		s.cands = slices.Grow(s.cands[:0], n)[:n]
+		for i, k := range list.keys {
+			l, c := list.loads[i], &s.cands[i]
+			c.Worker, c.Rank, c.Cached, c.Shared, c.Tree = k.ID, k.Rank, 0, 0, s.tree[i]
+			c.ActiveBlocks, c.ActivePrefill, c.ActiveRequests = l.ActiveBlocks(), l.ActivePrefill(), l.Requests()
+		}
+		if n == 0 {
+			return fieldErr(ErrUnknownWorker, "model", "model %q has no registered worker", req.Model)
+		}
+		return nil
+	}
 	s.cands, s.pos = s.cands[:0], s.pos[:0]
-	s.at = slices.Grow(s.at[:0], len(list.ws))[:len(list.ws)]
+	s.at = slices.Grow(s.at[:0], n)[:n]
 	allowed := req.Allowed
 	if len(allowed) > 8 {
 		s.allowed = append(s.allowed[:0], allowed...)
 		slices.Sort(s.allowed)
 		allowed = s.allowed
 	}
-	for i, w := range list.ws {
+	for i, k := range list.keys {
 		s.at[i] = -1
 		switch {
 		case req.HasPinned:
-			if w.key.ID != req.PinnedWorker || w.key.Rank != req.PinnedRank {
+			if k.ID != req.PinnedWorker || k.Rank != req.PinnedRank {
 				continue
 			}
 		case len(allowed) > 8:
-			if _, ok := slices.BinarySearch(allowed, w.key.ID); !ok {
+			if _, ok := slices.BinarySearch(allowed, k.ID); !ok {
 				continue
 			}
 		case len(allowed) > 0:
-			if !slices.Contains(allowed, w.key.ID) {
+			if !slices.Contains(allowed, k.ID) {
 				continue
 			}
 		}
+		l := list.loads[i]
 		s.at[i] = int32(len(s.cands))
 		s.pos = append(s.pos, int32(i))
 		s.cands = append(s.cands, scoring.Candidate{
-			Worker:         w.key.ID,
-			Rank:           w.key.Rank,
-			Tree:           w.reg.model.ix.Blocks(w.slot),
-			ActiveBlocks:   w.load.ActiveBlocks(),
-			ActivePrefill:  w.load.ActivePrefill(),
-			ActiveRequests: w.load.Requests(),
+			Worker:         k.ID,
+			Rank:           k.Rank,
+			Tree:           s.tree[i],
+			ActiveBlocks:   l.ActiveBlocks(),
+			ActivePrefill:  l.ActivePrefill(),
+			ActiveRequests: l.Requests(),
 		})
 	}
 	if len(s.cands) == 0 {
-		switch {
-		case req.HasPinned:
+		if req.HasPinned {
 			return fieldErr(ErrUnknownWorker, "pinned_worker", "worker %d rank %d is not registered for model %q", req.PinnedWorker, req.PinnedRank, req.Model)
-		case len(req.Allowed) > 0:
-			return fieldErr(ErrUnknownWorker, "allowed_workers", "none of the %d allowed workers is registered for model %q", len(req.Allowed), req.Model)
 		}
-		return fieldErr(ErrUnknownWorker, "model", "model %q has no registered worker", req.Model)
+		return fieldErr(ErrUnknownWorker, "allowed_workers", "none of the %d allowed workers is registered for model %q", len(req.Allowed), req.Model)
 	}
 	return nil
 }
 
-func fill(resp *wire.RouteResponse, req *wire.RouteRequest, p *scoring.Params, cands []scoring.Candidate, chosen int, book bool) {
+// fill writes the answer: every candidate in worker order, or, when limit is below their
+// number, the chosen worker first and then the lowest logits (ties in worker order), up to limit.
+func (s *scratch) fill(resp *wire.RouteResponse, req *wire.RouteRequest, p *scoring.Params, chosen int, book bool, limit int) {
+	cands := s.cands
 	resp.RequestID = req.RequestID
 	resp.Mode = wire.Mode(p.Mode)
 	resp.Chosen = book
@@ -228,18 +268,90 @@ func fill(resp *wire.RouteResponse, req *wire.RouteRequest, p *scoring.Params, c
 	resp.Blocks = uint32(p.Blocks)
 	resp.ISL = uint32(p.ISL)
 	resp.Candidates = resp.Candidates[:0]
-	for i := range cands {
-		c := &cands[i]
-		resp.Candidates = append(resp.Candidates, wire.Candidate{
-			Worker:        c.Worker,
-			Rank:          c.Rank,
-			CachedBlocks:  uint32(c.Cached),
-			PrefillTokens: clampU32(c.PrefillTokens),
-			ActiveBlocks:  clampU32(c.DecodeBlocks),
-			TreeBlocks:    uint64(max(c.Tree, 0)),
-			Logit:         c.Logit,
-		})
+	if limit <= 0 || limit >= len(cands) {
+		for i := range cands {
+			resp.Candidates = appendCandidate(resp.Candidates, &cands[i])
+		}
+		return
 	}
+	skip := -1
+	if book {
+		resp.Candidates = appendCandidate(resp.Candidates, &cands[chosen])
+		skip, limit = chosen, limit-1
+	}
+	s.top = lowest(s.top[:0], cands, limit, skip)
+	for _, c := range s.top {
+		resp.Candidates = appendCandidate(resp.Candidates, &cands[c])
+	}
+}
+
+func appendCandidate(dst []wire.Candidate, c *scoring.Candidate) []wire.Candidate {
+	return append(dst, wire.Candidate{
+		Worker:        c.Worker,
+		Rank:          c.Rank,
+		CachedBlocks:  uint32(c.Cached),
+		PrefillTokens: clampU32(c.PrefillTokens),
+		ActiveBlocks:  clampU32(c.DecodeBlocks),
+		TreeBlocks:    uint64(max(c.Tree, 0)),
+		Logit:         c.Logit,
+	})
+}
+
+// lowest appends to dst the k candidates other than skip with the lowest (logit, index), in
+// that order. It keeps them in a max-heap while it scans: O(n log k).
+func lowest(dst []int32, cands []scoring.Candidate, k, skip int) []int32 {
+	above := func(a, b int32) bool { // a ranks after b
+		la, lb := cands[a].Logit, cands[b].Logit
+		return la > lb || la == lb && a > b
+	}
+	down := func(h []int32, i int) {
+		for {
+			c := 2*i + 1
+			if c >= len(h) {
+				return
+			}
+			if c+1 < len(h) && above(h[c+1], h[c]) {
+				c++
+			}
+			if !above(h[c], h[i]) {
+				return
+			}
+			h[i], h[c] = h[c], h[i]
+			i = c
+		}
+	}
+	if k <= 0 {
+		return dst
+	}
+	h := dst
+	for i := range cands {
+		if i == skip {
+			continue
+		}
+		c := int32(i)
+		if len(h) < k {
+			h = append(h, c)
+			for j := len(h) - 1; j > 0; {
+				parent := (j - 1) / 2
+				if !above(h[j], h[parent]) {
+					break
+				}
+				h[j], h[parent] = h[parent], h[j]
+				j = parent
+			}
+			continue
+		}
+		if above(h[0], c) {
+			h[0] = c
+			down(h, 0)
+		}
+	}
+	// Pop the heap from the back: the largest goes last.
+	for end := len(h) - 1; end > 0; end-- {
+		h[0], h[end] = h[end], h[0]
+		down(h[:end], 0)
+	}
+	return h
 }
 
 func clampU32(v int64) uint32 {

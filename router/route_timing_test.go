@@ -13,12 +13,18 @@ import (
 // 128-block (2048-token) prompt, hash, match, score every worker, book, encode the answer,
 // complete.
 func BenchmarkRoute(b *testing.B) {
-	for _, workers := range []int{8, 1000} {
-		b.Run(fmt.Sprintf("workers=%d", workers), func(b *testing.B) {
-			r := fleet(b, workers)
+	for _, bc := range []struct{ workers, max int }{{8, 0}, {1000, 0}, {1000, 8}} {
+		name := fmt.Sprintf("workers=%d", bc.workers)
+		if bc.max > 0 {
+			name += fmt.Sprintf("/candidates=%d", bc.max)
+		}
+		b.Run(name, func(b *testing.B) {
+			r := fleet(b, bc.workers)
 			var reqs [][]byte
 			for i := range 64 {
-				reqs = append(reqs, wire.AppendRouteRequest(nil, &wire.RouteRequest{RequestID: "r", Model: "m", Tokens: familyPrompt(i % 16)}))
+				reqs = append(reqs, wire.AppendRouteRequest(nil, &wire.RouteRequest{
+					RequestID: "r", Model: "m", Tokens: familyPrompt(i % 16), MaxCandidates: uint16(bc.max),
+				}))
 			}
 			var g atomic.Int64
 			b.ReportAllocs()

@@ -30,6 +30,8 @@ type Config struct {
 	Temperature float64
 	// TrackPrefill counts the workers' active prefill tokens in the cost.
 	TrackPrefill bool
+	// MaxCandidates caps the candidates of an answer when the request does not say (0: all).
+	MaxCandidates int
 	// RequestExpiry frees routed requests never completed (300 s).
 	RequestExpiry time.Duration
 	// Shards, QueueLen and MaxBlocks configure event application (see shard.Config).
@@ -123,6 +125,12 @@ type workerList struct {
 	ws       []*rankWorker // sorted by id, then rank
 	bySlot   []int32       // index slot → position in ws, -1 for none
 	byActive []int32       // tracker slot → position in ws
+
+	// ws's fields side by side, so that scoring every worker reads three dense arrays instead
+	// of following a pointer per worker.
+	keys  []radix.WorkerKey
+	slots []radix.Slot
+	loads []*scoring.Load
 }
 
 type rankWorker struct {
@@ -310,10 +318,16 @@ func (r *Router) publishLocked(m *model) {
 		a, b := ws[i].key, ws[j].key
 		return a.ID < b.ID || a.ID == b.ID && a.Rank < b.Rank
 	})
-	l := &workerList{ws: ws}
+	l := &workerList{
+		ws:    ws,
+		keys:  make([]radix.WorkerKey, len(ws)),
+		slots: make([]radix.Slot, len(ws)),
+		loads: make([]*scoring.Load, len(ws)),
+	}
 	for i, w := range ws {
 		l.bySlot = setPos(l.bySlot, int(w.slot), i)
 		l.byActive = setPos(l.byActive, int(w.load.Slot()), i)
+		l.keys[i], l.slots[i], l.loads[i] = w.key, w.slot, w.load
 	}
 	m.list.Store(l)
 }

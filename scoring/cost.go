@@ -93,49 +93,26 @@ func Score(c []Candidate, p *Params) {
 // broken by the smallest Tree, then at random), a softmax sample over range-normalised logits
 // above 0. c must not be empty; rng may be nil (the runtime's source is used then).
 func Select(c []Candidate, temperature float64, rng *rand.Rand) int {
-	lo, hi := math.Inf(1), math.Inf(-1)
+	if temperature > 0 {
+		return sample(c, temperature, rng)
+	}
+	// Lowest logit, then smallest tree, in one pass that counts the equals; a second pass picks
+	// one of them at random only when there are several.
+	lo, best, n, first := math.Inf(1), int64(math.MaxInt64), 0, 0
 	for i := range c {
-		lo = min(lo, c[i].Logit)
-		hi = max(hi, c[i].Logit)
-	}
-	if temperature > 0 && hi > lo {
-		scale := 1 / ((hi - lo) * temperature)
-		sum := 0.0
-		for i := range c {
-			w := math.Exp(-(c[i].Logit - lo) * scale)
-			c[i].weight = w
-			sum += w
-		}
-		u := float64frac(rng) * sum
-		for i := range c {
-			u -= c[i].weight
-			if u < 0 {
-				return i
-			}
-		}
-		return len(c) - 1
-	}
-	if temperature > 0 { // all logits equal: uniform
-		return intn(rng, len(c))
-	}
-	// Lowest logit, then smallest tree; count the survivors, then pick one of them at random.
-	best, n := int64(math.MaxInt64), 0
-	for i := range c {
-		if c[i].Logit != lo {
-			continue
-		}
-		switch t := c[i].Tree; {
-		case t < best:
-			best, n = t, 1
-		case t == best:
+		l, t := c[i].Logit, c[i].Tree
+		switch {
+		case l < lo || l == lo && t < best:
+			lo, best, n, first = l, t, 1, i
+		case l == lo && t == best:
 			n++
 		}
 	}
-	k := 0
-	if n > 1 {
-		k = intn(rng, n)
+	if n <= 1 {
+		return first
 	}
-	for i := range c {
+	k := intn(rng, n)
+	for i := first; i < len(c); i++ {
 		if c[i].Logit == lo && c[i].Tree == best {
 			if k == 0 {
 				return i
@@ -143,7 +120,35 @@ func Select(c []Candidate, temperature float64, rng *rand.Rand) int {
 			k--
 		}
 	}
-	return 0 // unreachable: lo is some candidate's logit
+	return first // unreachable: n equals were counted from first on
+}
+
+// sample draws a candidate with probability ∝ exp(−(logit − min) / ((max − min) · temperature)),
+// uniformly when all logits are equal.
+func sample(c []Candidate, temperature float64, rng *rand.Rand) int {
+	lo, hi := math.Inf(1), math.Inf(-1)
+	for i := range c {
+		lo = min(lo, c[i].Logit)
+		hi = max(hi, c[i].Logit)
+	}
+	if hi == lo {
+		return intn(rng, len(c))
+	}
+	scale := 1 / ((hi - lo) * temperature)
+	sum := 0.0
+	for i := range c {
+		w := math.Exp(-(c[i].Logit - lo) * scale)
+		c[i].weight = w
+		sum += w
+	}
+	u := float64frac(rng) * sum
+	for i := range c {
+		u -= c[i].weight
+		if u < 0 {
+			return i
+		}
+	}
+	return len(c) - 1
 }
 
 // Chooser applies a routing mode. It keeps the round-robin position; safe for concurrent use.

@@ -232,6 +232,15 @@ func TestRouteTies(t *testing.T) {
 	if seen[1] != 0 || seen[2] == 0 || seen[3] == 0 {
 		t.Fatalf("tie picks %v: want workers 2 and 3 only, both", seen)
 	}
+
+	// max_candidates caps the answer at the chosen worker, in JSON as in binary.
+	code, body := h.post("/v1/route", "application/json", []byte(`{"request_id":"cap","model":"m","token_ids":[0,1,2,3,4,5,6,7],"max_candidates":1}`))
+	if code != 200 || strings.Count(body, `"worker_id"`) != 2 { // the choice, and its one candidate
+		t.Fatalf("route capped at 1: %d %s", code, body)
+	}
+	if code, body = h.post("/v1/route", "application/json", []byte(`{"request_id":"cap2","model":"m","token_ids":[0,1,2,3],"max_candidates":70000}`)); code != 400 || !strings.Contains(body, "max_candidates") {
+		t.Fatalf("max_candidates 70000: %d %s", code, body)
+	}
 }
 
 // TestBadInput sends malformed and inconsistent requests: each gets a 4xx naming the field, a

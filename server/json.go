@@ -75,6 +75,8 @@ type routeJSON struct {
 	Temperature *float64   `json:"router_temperature"`
 	Allowed     []uint64   `json:"allowed_workers"`
 	Pinned      *workerRef `json:"pinned_worker"`
+	// MaxCandidates caps the answer's candidates; 0 = the server's default.
+	MaxCandidates uint16 `json:"max_candidates"`
 }
 
 func decodeRouteJSON(body []byte, r *wire.RouteRequest) error {
@@ -88,6 +90,7 @@ func decodeRouteJSON(body []byte, r *wire.RouteRequest) error {
 	*r = wire.RouteRequest{
 		RequestID: j.RequestID, Model: j.Model, LoRA: j.LoRA, ISL: j.ISL, Allowed: j.Allowed,
 		Tokens: j.TokenIDs, Hashes: j.BlockHashes, ByHash: j.BlockHashes != nil,
+		MaxCandidates: j.MaxCandidates,
 	}
 	if j.Mode != "" {
 		m, err := scoring.ParseMode(j.Mode)

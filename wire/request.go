@@ -22,7 +22,7 @@ const (
 const requestFixed = 40 // bytes of the body before request_id
 
 var requestLayout = [...]field{
-	{"flags", 4}, {"mode", 1}, {"reserved", 3}, {"overlap_score_weight", 8},
+	{"flags", 4}, {"mode", 1}, {"reserved", 1}, {"max_candidates", 2}, {"overlap_score_weight", 8},
 	{"router_temperature", 8}, {"pinned_worker", 8}, {"pinned_rank", 4}, {"isl", 4},
 }
 
@@ -47,11 +47,14 @@ type RouteRequest struct {
 	PinnedWorker   uint64
 	PinnedRank     uint32
 
-	ISL     uint32   // prompt length in tokens; 0 = derive it from the items
-	Allowed []uint64 // worker ids the router may choose; empty = all
-	ByHash  bool     // the prompt is given as Hashes (local block hashes), else as Tokens
-	Tokens  []uint32 // must be empty when ByHash
-	Hashes  []uint64 // must be empty unless ByHash
+	ISL uint32 // prompt length in tokens; 0 = derive it from the items
+	// MaxCandidates caps the candidate records of the answer (the chosen worker first, then the
+	// lowest logits); 0 = the server's default.
+	MaxCandidates uint16
+	Allowed       []uint64 // worker ids the router may choose; empty = all
+	ByHash        bool     // the prompt is given as Hashes (local block hashes), else as Tokens
+	Tokens        []uint32 // must be empty when ByHash
+	Hashes        []uint64 // must be empty unless ByHash
 }
 
 // Validate reports the first field of r that the format cannot carry as it is, as an *Error
@@ -137,7 +140,8 @@ func AppendRouteRequest(dst []byte, r *RouteRequest) []byte {
 	dst = slices.Grow(dst, HeaderSize+body)
 	dst = appendHeader(dst, TypeRouteRequest, body)
 	dst = le.AppendUint32(dst, flags)
-	dst = append(dst, byte(r.Mode), 0, 0, 0)
+	dst = append(dst, byte(r.Mode), 0)
+	dst = le.AppendUint16(dst, r.MaxCandidates)
 	dst = le.AppendUint64(dst, math.Float64bits(r.Weight))
 	dst = le.AppendUint64(dst, math.Float64bits(r.Temperature))
 	dst = le.AppendUint64(dst, r.PinnedWorker)
@@ -181,7 +185,7 @@ func DecodeRouteRequest(b []byte, r *RouteRequest) error {
 	if mode > ModeDirect {
 		return d.errAt("mode", base+4, ErrInvalid, "mode %d, max %d", mode, ModeDirect)
 	}
-	if err := d.zero("reserved", base+5, p[5:8]); err != nil {
+	if err := d.zero("reserved", base+5, p[5:6]); err != nil {
 		return err
 	}
 	weight, temp, worker := le.Uint64(p[8:]), le.Uint64(p[16:]), le.Uint64(p[24:])
@@ -234,6 +238,7 @@ func DecodeRouteRequest(b []byte, r *RouteRequest) error {
 	r.HasTemperature, r.Temperature = flags&reqTemperature != 0, math.Float64frombits(temp)
 	r.HasPinned, r.PinnedWorker, r.PinnedRank = flags&reqPinned != 0, worker, rank
 	r.ISL = isl
+	r.MaxCandidates = le.Uint16(p[6:])
 	return nil
 }
 

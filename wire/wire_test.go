@@ -601,7 +601,18 @@ func TestRouteRequestErrors(t *testing.T) {
 	f(golden, set(15, 0x80), wire.ErrInvalid, "flags", 12)
 	f(golden, set(16, 6), wire.ErrInvalid, "mode", 16)
 	f(golden, set(16, 0xff), wire.ErrInvalid, "mode", 16)
-	f(golden, set(18, 1), wire.ErrInvalid, "reserved", 17)
+	f(golden, set(17, 1), wire.ErrInvalid, "reserved", 17)
+
+	// max_candidates (body offset 6, message offset 18) is a plain u16: any value decodes.
+	mc := slices.Clone(golden)
+	binary.LittleEndian.PutUint16(mc[18:], 0x0102)
+	var r wire.RouteRequest
+	if err := wire.DecodeRouteRequest(mc, &r); err != nil || r.MaxCandidates != 0x0102 {
+		t.Errorf("max_candidates 0x0102: got %#x, %v", r.MaxCandidates, err)
+	}
+	if back := wire.AppendRouteRequest(nil, &r); !bytes.Equal(back, mc) {
+		t.Errorf("max_candidates does not re-encode to the same bytes:\n%x\n%x", back, mc)
+	}
 	f(golden, set(12, 0x02), wire.ErrInvalid, "overlap_score_weight", 20)     // weight without bit0
 	f(golden, set(12, 0x01), wire.ErrInvalid, "router_temperature", 28)       // temperature without bit1
 	f(golden, set(40, 1), wire.ErrInvalid, "pinned_worker", 36)               // worker without bit2

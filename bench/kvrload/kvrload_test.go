@@ -16,7 +16,7 @@ import (
 // Timing is never asserted: this machine's speed is not the code's.
 func TestSuiteSmoke(t *testing.T) {
 	if testing.Short() {
-		t.Skip("eight short load runs take about 3 s")
+		t.Skip("eleven short load runs take about 4 s")
 	}
 	c := defaults()
 	c.Suite, c.SuiteWorkers = true, []int{8, 50}
@@ -26,8 +26,10 @@ func TestSuiteSmoke(t *testing.T) {
 	if err != nil {
 		t.Fatalf("suite: %v\n%s%s", err, log.String(), out.String())
 	}
-	if len(rows) != 2 || rows[0].Workers != 8 || rows[1].Workers != 50 {
-		t.Fatalf("rows %+v, want workers 8 and 50", rows)
+	// The cap of 8 candidates is skipped for 8 workers: it is all of them.
+	if len(rows) != 3 || rows[0].Workers != 8 || rows[0].MaxCands != 0 || rows[1].Workers != 50 || rows[1].MaxCands != 0 ||
+		rows[2].Workers != 50 || rows[2].MaxCands != 8 || rows[2].NoopSat != rows[1].NoopSat {
+		t.Fatalf("rows %+v, want 8 workers with every candidate, 50 with every candidate and capped at 8", rows)
 	}
 	for _, r := range rows {
 		for _, res := range []result{r.NoopSat, r.RouteSat, r.RouteHalf, r.NoopHalf} {
@@ -45,11 +47,12 @@ func TestSuiteSmoke(t *testing.T) {
 	var table bytes.Buffer
 	writeTable(&table, rows)
 	lines := strings.Split(strings.TrimSpace(table.String()), "\n")
-	if len(lines) != 4 || !strings.HasPrefix(lines[2], "| 8 |") || !strings.HasPrefix(lines[3], "| 50 |") {
+	if len(lines) != 5 || !strings.HasPrefix(lines[2], "| 8 | all |") || !strings.HasPrefix(lines[3], "| 50 | all |") ||
+		!strings.HasPrefix(lines[4], "| 50 | 8 |") {
 		t.Fatalf("table:\n%s", table.String())
 	}
-	if got := strings.Count(out.String(), "target="); got != 8 {
-		t.Fatalf("%d result lines, want 8:\n%s", got, out.String())
+	if got := strings.Count(out.String(), "target="); got != 11 {
+		t.Fatalf("%d result lines, want 11:\n%s", got, out.String())
 	}
 }
 

@@ -31,6 +31,7 @@ const maxConnRate = 1000
 type result struct {
 	Target    string  `json:"target"`
 	Workers   int     `json:"workers"`
+	MaxCands  int     `json:"max_candidates"` // 0 = every worker in each answer
 	Blocks    int     `json:"blocks"`
 	BlockSize int     `json:"block_size"`
 	Conns     int     `json:"conns"`
@@ -80,8 +81,8 @@ func printResult(w io.Writer, r *result, asJSON bool) {
 	if r.Rate > 0 {
 		rate = strconv.FormatFloat(r.Rate, 'f', 0, 64)
 	}
-	fmt.Fprintf(w, "target=%-9s workers=%-4d blocks=%d conns=%d rate=%-6s req/s=%-8.0f p50=%.1fµs p90=%.1fµs p99=%.1fµs p99.9=%.1fµs max=%.1fµs errors=%d cpu/req=%.1fµs others=%.0f%%\n",
-		r.Target, r.Workers, r.Blocks, r.Conns, rate, r.RPS, r.P50, r.P90, r.P99, r.P999, r.Max, r.Errors, r.CPUPerReq, r.Others)
+	fmt.Fprintf(w, "target=%-9s workers=%-4d candidates=%-4s blocks=%d conns=%d rate=%-6s req/s=%-8.0f p50=%.1fµs p90=%.1fµs p99=%.1fµs p99.9=%.1fµs max=%.1fµs errors=%d cpu/req=%.1fµs others=%.0f%%\n",
+		r.Target, r.Workers, candidates(r.MaxCands), r.Blocks, r.Conns, rate, r.RPS, r.P50, r.P90, r.P99, r.P999, r.Max, r.Errors, r.CPUPerReq, r.Others)
 	if r.FirstErr != "" {
 		fmt.Fprintf(w, "  first error: %s\n", r.FirstErr)
 	}
@@ -122,6 +123,7 @@ type conn struct {
 	resp   wire.RouteResponse
 	id     []byte // the request id prefix, then the current request's sequence number
 	prefix int    // length of the id prefix
+	cands  int    // candidates every answer must carry, -1 for any
 	seq    int64
 	lat    []time.Duration // of the measured successful routes
 	n, ok  int64
@@ -147,6 +149,14 @@ func load(ctx context.Context, cl *client.Client, w *workload, c *config) result
 	for i := range conns {
 		k := &conn{idx: i, rng: rand.New(rand.NewPCG(c.Seed, uint64(i)+1))}
 		k.req.Model = model
+		k.req.MaxCandidates = uint16(c.MaxCandidates)
+		k.cands = -1 // the no-op target's answer is fixed
+		if c.Target == "kvrouterd" {
+			k.cands = c.Workers
+			if c.MaxCandidates > 0 {
+				k.cands = min(c.MaxCandidates, c.Workers)
+			}
+		}
 		k.id = append(k.id, "kvrl-"+nonce+"-"+strconv.Itoa(i)+"-"...)
 		k.prefix = len(k.id)
 		conns[i] = k
@@ -165,7 +175,7 @@ func load(ctx context.Context, cl *client.Client, w *workload, c *config) result
 	cpu1 := sampleCPU()
 	wg.Wait()
 
-	r := result{Target: c.Target, Workers: c.Workers, Blocks: c.Blocks, BlockSize: c.BlockSize, Conns: c.Conns, Rate: c.Rate}
+	r := result{Target: c.Target, Workers: c.Workers, MaxCands: c.MaxCandidates, Blocks: c.Blocks, BlockSize: c.BlockSize, Conns: c.Conns, Rate: c.Rate}
 	var lat []time.Duration
 	last := end
 	for _, k := range conns {
@@ -289,6 +299,11 @@ func (k *conn) request(cl *client.Client, w *workload, from time.Time, measured 
 			k.req.RequestID, k.resp.Chosen, k.resp.Worker), measured, &k.bad)
 		return
 	}
+	if k.cands >= 0 && len(k.resp.Candidates) != k.cands {
+		k.fail(fmt.Errorf("route %s: %d candidates in the answer, want %d (max_candidates %d, %d workers)",
+			k.req.RequestID, len(k.resp.Candidates), k.cands, k.req.MaxCandidates, w.workers), measured, &k.bad)
+		return
+	}
 	if err := cl.Complete(k.req.RequestID); err != nil {
 		k.fail(err, measured, &k.errs)
 		return
@@ -323,4 +338,12 @@ func sleepUntil(ctx context.Context, t time.Time) {
 	case <-timer.C:
 	case <-ctx.Done():
 	}
+}
+
+// candidates names a --max-candidates value.
+func candidates(n int) string {
+	if n == 0 {
+		return "all"
+	}
+	return strconv.Itoa(n)
 }

@@ -66,7 +66,11 @@ type config struct {
 	JSON         bool
 	Suite        bool
 	SuiteWorkers []int
-	CPUProfile   string
+	// MaxCandidates caps the candidates of each route answer (0: all); SuiteCandidates lists
+	// the caps of the --suite matrix.
+	MaxCandidates   int
+	SuiteCandidates []int
+	CPUProfile      string
 }
 
 // Under --suite, runs are this long unless --duration or --warmup is given, so that the eight runs
@@ -89,11 +93,16 @@ func defaults() config {
 		Seed:         1,
 		Timeout:      time.Second,
 		SuiteWorkers: []int{8, 1000},
+		// Every worker, and the few a gateway needs besides the choice (fallbacks).
+		SuiteCandidates: []int{0, 8},
 	}
 }
 
-// intList is a flag.Value of comma-separated positive integers.
-type intList struct{ p *[]int }
+// intList is a flag.Value of comma-separated integers ≥ min.
+type intList struct {
+	p   *[]int
+	min int
+}
 
 func (l intList) String() string {
 	if l.p == nil {
@@ -110,8 +119,8 @@ func (l intList) Set(v string) error {
 	var out []int
 	for f := range strings.SplitSeq(v, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(f))
-		if err != nil || n < 1 {
-			return fmt.Errorf("%q is not a positive integer", f)
+		if err != nil || n < l.min {
+			return fmt.Errorf("%q is not an integer ≥ %d", f, l.min)
 		}
 		out = append(out, n)
 	}
@@ -138,7 +147,9 @@ func parseConfig(args []string, out io.Writer) (config, error) {
 	fs.DurationVar(&c.Timeout, "timeout", c.Timeout, "bound on one call; a call that exceeds it counts as an error")
 	fs.BoolVar(&c.JSON, "json", c.JSON, "also print each result as one JSON object per line")
 	fs.BoolVar(&c.Suite, "suite", c.Suite, "run the reported matrix (per --suite-workers: noop and kvrouterd at saturation, then both at half kvrouterd's saturation) and print a markdown table")
-	fs.Var(intList{&c.SuiteWorkers}, "suite-workers", "worker counts of the --suite matrix, comma-separated")
+	fs.Var(intList{&c.SuiteWorkers, 1}, "suite-workers", "worker counts of the --suite matrix, comma-separated")
+	fs.IntVar(&c.MaxCandidates, "max-candidates", c.MaxCandidates, "candidates per route answer (the request's max_candidates); 0 = every worker")
+	fs.Var(intList{&c.SuiteCandidates, 0}, "suite-candidates", "--max-candidates values of the --suite matrix, comma-separated; caps not below the worker count are skipped")
 	fs.StringVar(&c.CPUProfile, "cpuprofile", c.CPUProfile, "write a CPU profile of the whole process (client and in-process target) to this file")
 	fs.Usage = func() {
 		fmt.Fprintf(out, "kvrload: route throughput and latency of kvrouterd next to a no-op fasthttp handler.\n\n"+
@@ -188,8 +199,12 @@ func (c *config) check() error {
 		return fmt.Errorf("--prompts %d: want 1 to 65536", c.Prompts)
 	case c.Timeout <= 0:
 		return fmt.Errorf("--timeout %v: want a positive duration", c.Timeout)
+	case c.MaxCandidates < 0 || c.MaxCandidates > 1<<16-1:
+		return fmt.Errorf("--max-candidates %d: want 0 (all) to 65535", c.MaxCandidates)
 	case c.Suite && len(c.SuiteWorkers) == 0:
 		return fmt.Errorf("--suite-workers: want at least one worker count")
+	case c.Suite && len(c.SuiteCandidates) == 0:
+		return fmt.Errorf("--suite-candidates: want at least one value")
 	}
 	return nil
 }

@@ -24,6 +24,7 @@ type config struct {
 	RouterTemperature  float64
 	TrackPrefillTokens bool
 	RequestExpiry      time.Duration
+	MaxCandidates      int
 	MaxBlocks          int64
 	QueueLen           int
 	MaxBodyBytes       int
@@ -73,6 +74,7 @@ func parseConfig(args []string, env func(string) (string, bool), out io.Writer) 
 	fs.Float64Var(&c.RouterTemperature, "router-temperature", c.RouterTemperature, "softmax temperature of worker selection; 0 picks the cheapest")
 	fs.BoolVar(&c.TrackPrefillTokens, "track-prefill-tokens", c.TrackPrefillTokens, "count workers' active prefill tokens in the cost")
 	fs.DurationVar(&c.RequestExpiry, "request-expiry", c.RequestExpiry, "free routed requests not completed after this long")
+	fs.IntVar(&c.MaxCandidates, "max-candidates", c.MaxCandidates, "candidates in a route or match answer when the request does not say: the chosen worker, then the lowest costs; 0 = every worker")
 	fs.Int64Var(&c.MaxBlocks, "max-blocks", c.MaxBlocks, "bound on (block, worker) residencies over all models; 0 = none")
 	fs.IntVar(&c.QueueLen, "queue-len", c.QueueLen, "event batches each shard queue holds before producers wait")
 	fs.IntVar(&c.MaxBodyBytes, "max-body-bytes", c.MaxBodyBytes, "largest HTTP request body accepted")
@@ -117,6 +119,8 @@ func (c *config) check() error {
 		return fmt.Errorf("--overlap-score-weight %v: want a finite number ≥ 0", c.OverlapScoreWeight)
 	case !(c.RouterTemperature >= 0) || c.RouterTemperature > 1e9:
 		return fmt.Errorf("--router-temperature %v: want a finite number ≥ 0", c.RouterTemperature)
+	case c.MaxCandidates < 0 || c.MaxCandidates > 1<<16-1:
+		return fmt.Errorf("--max-candidates %d: want 0 (every worker) to 65535", c.MaxCandidates)
 	case c.RequestExpiry <= 0:
 		return fmt.Errorf("--request-expiry %v: want a positive duration", c.RequestExpiry)
 	case c.MaxBlocks < 0 || c.QueueLen < 1 || c.MaxBodyBytes < 1024:

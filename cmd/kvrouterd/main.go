@@ -52,6 +52,7 @@ func run(ctx context.Context, c config) error {
 		Temperature:     c.RouterTemperature,
 		TrackPrefill:    c.TrackPrefillTokens,
 		RequestExpiry:   c.RequestExpiry,
+		MaxCandidates:   c.MaxCandidates,
 		Shards:          c.Shards,
 		QueueLen:        c.QueueLen,
 		MaxBlocks:       c.MaxBlocks,

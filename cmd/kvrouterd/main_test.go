@@ -23,11 +23,12 @@ func TestConfigEnvAndFlags(t *testing.T) {
 	}
 	c, err := parseConfig([]string{"--shards", "5"}, env(map[string]string{
 		"KVR_SHARDS": "3", "KVR_ROUTER_MODE": "random", "KVR_REQUEST_EXPIRY": "90s", "KVR_TRACK_PREFILL_TOKENS": "false",
+		"KVR_MAX_CANDIDATES": "8",
 	}), io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.Shards != 5 || c.RouterMode != "random" || c.RequestExpiry != 90*time.Second || c.TrackPrefillTokens {
+	if c.Shards != 5 || c.RouterMode != "random" || c.RequestExpiry != 90*time.Second || c.TrackPrefillTokens || c.MaxCandidates != 8 {
 		t.Fatalf("flags over env over defaults: got %+v", c)
 	}
 	d, err := parseConfig(nil, env(nil), io.Discard)
@@ -45,6 +46,7 @@ func TestConfigEnvAndFlags(t *testing.T) {
 	f([]string{"--router-mode", "fastest"}, nil, "--router-mode")
 	f([]string{"--overlap-score-weight", "NaN"}, nil, "--overlap-score-weight")
 	f([]string{"--log-format", "xml"}, nil, "--log-format")
+	f([]string{"--max-candidates", "70000"}, nil, "--max-candidates")
 	var help bytes.Buffer
 	if _, err := parseConfig([]string{"--help"}, env(nil), &help); err == nil || !strings.Contains(help.String(), "KVR_ROUTER_TEMPERATURE") {
 		t.Fatalf("--help: %v\n%s", err, help.String())
