@@ -34,8 +34,7 @@ var (
 // DecodeEventBatch points the decoded events' Hashes, Tokens and MM into arenas the batch keeps
 // and reuses: they are valid until the next decode into the same EventBatch. Model and every
 // event's LoRA alias the decoded buffer: valid only while it is unchanged (strings.Clone keeps
-// one). shard.Batch.Add copies slices but not strings, so a batch handed to a shard must not
-// outlive the buffer unless its strings are cloned.
+// one). shard.Batch.Add copies both slices and strings.
 type EventBatch struct {
 	Worker uint64
 	Model  string
