@@ -42,6 +42,7 @@ func (r *Router) ApplyEvents(b *wire.EventBatch, dst []shard.Outcome) ([]shard.O
 		}
 	}
 	reg.received.Add(int64(len(b.Events)))
+	reg.lastSeen.Store(r.cfg.Now())
 	err := r.set.Do(b.Worker, func(a *shard.Applier) {
 		for i := range b.Events {
 			dst = append(dst, a.Apply(m.ix, b.Worker, &b.Events[i]))

@@ -23,6 +23,8 @@ type WorkerInfo struct {
 	MaxTokens int64  `json:"max_batched_tokens,omitempty"`
 	Endpoint  string `json:"endpoint,omitempty"`
 	Replay    string `json:"replay_endpoint,omitempty"`
+	// Report is the worker's last load report, if it sends them.
+	Report *LoadReport `json:"load_report,omitempty"`
 }
 
 // Workers lists the registered workers, by model, id and rank.
@@ -51,9 +53,11 @@ func (r *Router) Workers() []WorkerInfo {
 				x.ActiveBlocks = w.load.ActiveBlocks()
 				x.ActivePrefill = w.load.ActivePrefill()
 				x.ActiveRequests = w.load.Requests()
+				x.Report = w.report.Load()
 			}
 		}
 		x.EventLag = reg.received.Load() - reg.applied.Load()
+
 	}
 	// Cursors live on the shards: one visit per shard, not per worker (metrics scrapes list
 	// every worker).
@@ -136,6 +140,7 @@ func (r *Router) ModelBlockSize(name string) (int, bool) {
 type Stats struct {
 	Routed, Matched, Expired int64
 	ActiveRequests           int64
+	Discovered, TimedOut     int64 // workers registered by their events, dropped as silent
 	Events                   shard.Stats
 }
 
@@ -144,7 +149,8 @@ func (r *Router) Stats() Stats {
 	return Stats{
 		Routed: r.routed.Load(), Matched: r.matched.Load(), Expired: r.expired.Load(),
 		ActiveRequests: r.tracker.Active(),
-		Events:         r.set.Stats(),
+		Discovered:     r.discovered.Load(), TimedOut: r.timedOut.Load(),
+		Events: r.set.Stats(),
 	}
 }
 

@@ -32,6 +32,9 @@ type Config struct {
 	TrackPrefill bool
 	// MaxCandidates caps the candidates of an answer when the request does not say (0: all).
 	MaxCandidates int
+	// WorkerTimeout unregisters a worker that sends load reports once it has been silent this
+	// long (see DropSilent); 0 never does.
+	WorkerTimeout time.Duration
 	// RequestExpiry frees routed requests never completed (300 s).
 	RequestExpiry time.Duration
 	// Shards, QueueLen and MaxBlocks configure event application (see shard.Config).
@@ -107,6 +110,8 @@ type Router struct {
 
 	routed, matched atomic.Int64
 	expired         atomic.Int64
+	discovered      atomic.Int64 // workers registered by their first event or report
+	timedOut        atomic.Int64 // workers dropped by DropSilent
 
 	stop chan struct{}
 	done chan struct{}
@@ -138,6 +143,8 @@ type rankWorker struct {
 	slot radix.Slot
 	load *scoring.Load
 	reg  *registration
+
+	report atomic.Pointer[LoadReport] // the last one, if the rank sends them
 }
 
 // registration is one worker id: a model and the ranks it serves. Fields other than the atomics
@@ -152,6 +159,9 @@ type registration struct {
 	replay    string
 
 	received, applied atomic.Int64 // events
+
+	lastSeen  atomic.Int64 // Config.Now of the last event or load report
+	heartbeat atomic.Bool  // it sends load reports: subject to Config.WorkerTimeout
 }
 
 // New starts a Router: its shard goroutines and the request expiry loop. Close stops them.
@@ -187,6 +197,9 @@ func (r *Router) Close() {
 func (r *Router) expireLoop() {
 	defer close(r.done)
 	every := min(r.cfg.RequestExpiry/4, time.Second)
+	if r.cfg.WorkerTimeout > 0 {
+		every = min(every, r.cfg.WorkerTimeout/4)
+	}
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
@@ -195,6 +208,9 @@ func (r *Router) expireLoop() {
 			return
 		case <-t.C:
 			r.ExpireRequests()
+			if r.cfg.WorkerTimeout > 0 {
+				r.DropSilent(r.cfg.WorkerTimeout)
+			}
 		}
 	}
 }

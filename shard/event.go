@@ -3,6 +3,7 @@ package shard
 import (
 	"fmt"
 	"strings"
+	"sync/atomic"
 
 	"github.com/kvrouterd/kvrouterd/radix"
 )
@@ -101,6 +102,8 @@ type Event struct {
 type Batch struct {
 	Index  *radix.Index
 	Worker uint64
+	// Applied, if set, is increased by the number of events once they are applied.
+	Applied *atomic.Int64
 
 	events []Event
 	// Arenas the events' slices point into. A slice taken before an arena grew keeps the old
@@ -109,11 +112,19 @@ type Batch struct {
 	tokens []uint32
 	mm     [][]uint64
 	mmData []uint64
+	lora   string // the last adapter name copied
 }
 
-// Add appends a copy of ev; ev's slices may be reused once Add returns.
+// Add appends a copy of ev; ev's slices and string may be reused once Add returns.
 func (b *Batch) Add(ev *Event) {
 	e := *ev
+	if ev.LoRA != "" {
+		// Batches of one worker name few adapters: copy a name only when it changes.
+		if ev.LoRA != b.lora {
+			b.lora = strings.Clone(ev.LoRA)
+		}
+		e.LoRA = b.lora
+	}
 	e.Hashes = appendArena(&b.hashes, ev.Hashes)
 	e.Tokens = appendArena(&b.tokens, ev.Tokens)
 	if ev.MM != nil {
@@ -131,7 +142,7 @@ func (b *Batch) Add(ev *Event) {
 const maxKeptArena = 1 << 20
 
 func (b *Batch) reset() {
-	b.Index, b.Worker = nil, 0
+	b.Index, b.Worker, b.Applied = nil, 0, nil
 	clear(b.events) // drop LoRA strings and slices for the GC
 	b.events = b.events[:0]
 	b.hashes, b.tokens, b.mmData = b.hashes[:0], b.tokens[:0], b.mmData[:0]

@@ -232,6 +232,9 @@ func (sh *shard) handle(s *Set, m msg) {
 			sh.a.Apply(b.Index, b.Worker, &b.events[i])
 		}
 		sh.c.batches.Add(1)
+		if b.Applied != nil {
+			b.Applied.Add(int64(len(b.events)))
+		}
 		b.reset()
 		select {
 		case s.free <- b:

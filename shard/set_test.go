@@ -2,8 +2,10 @@ package shard_test
 
 import (
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/kvrouterd/kvrouterd/radix"
 	"github.com/kvrouterd/kvrouterd/shard"
@@ -239,5 +241,33 @@ func TestSetCloseWhileEnqueueing(t *testing.T) {
 			t.Fatalf("round %d: %d batches accepted, %d events applied, %d residencies",
 				round, total, st.Events, ix.Stats().Residencies)
 		}
+	}
+}
+
+// A batch owns what it carries: the LoRA name's buffer may change once Add returns, and the
+// batch's Applied counter counts its events once they apply.
+func TestBatchOwnsItsEvents(t *testing.T) {
+	ix, _ := radix.New(radix.Config{BlockSize: bs})
+	set := shard.New(shard.Config{Shards: 2})
+	defer set.Close()
+	buf := []byte("adapter-a")
+	ev := stored(1, []uint64{1}, 1)
+	ev.LoRA = unsafe.String(&buf[0], len(buf)) // as a zero-copy decoder hands it over
+	var applied atomic.Int64
+	b := set.NewBatch(ix, 9)
+	b.Applied = &applied
+	b.Add(ev)
+	copy(buf, "XXXXXXXXX")
+	if err := set.Enqueue(b); err != nil {
+		t.Fatal(err)
+	}
+	set.Barrier()
+	if applied.Load() != 1 {
+		t.Fatalf("applied %d, want 1", applied.Load())
+	}
+	var m radix.Match
+	ix.MatchTokens(blk(1), radix.LoRASeed("adapter-a"), &m)
+	if len(m.Slots) != 1 || m.Depth[0] != 1 {
+		t.Fatalf("the block is not under adapter-a: %+v", m)
 	}
 }

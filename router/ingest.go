@@ -1,0 +1,188 @@
+package router
+
+import (
+	"time"
+
+	"github.com/kvrouterd/kvrouterd/shard"
+)
+
+// Ingest checks one worker's events as ApplyEvents does and hands them to the worker's shard
+// without waiting for them to apply: the path of event streams (NATS, ZMQ), whose publishers do
+// not register. A worker or data-parallel rank seen for the first time is registered for model
+// with the block size its stored events state (or the model's, or the default). Events of one
+// worker apply in the order Ingest was called for them. A batch that fails the checks changes
+// nothing and is returned as a *FieldError; stream anomalies (gaps, duplicates, unknown parents)
+// go to Config.Observer as they apply. Safe for concurrent use; events and their slices may be
+// reused once Ingest returns.
+func (r *Router) Ingest(worker uint64, model string, events []shard.Event) error {
+	if len(events) > MaxEventsPerBatch {
+		return fieldErr(ErrInvalid, "events", "%d events, at most %d per batch", len(events), MaxEventsPerBatch)
+	}
+	reg, ranks, err := r.ensure(worker, model, events)
+	if err != nil {
+		return err
+	}
+	m := reg.model
+	for i := range events {
+		if err := checkEvent(&events[i], i, m.blockSize, ranks); err != nil {
+			return err
+		}
+	}
+	reg.lastSeen.Store(r.cfg.Now())
+	if len(events) == 0 {
+		return nil
+	}
+	b := r.set.NewBatch(m.ix, worker)
+	b.Applied = &reg.applied
+	for i := range events {
+		b.Add(&events[i])
+	}
+	reg.received.Add(int64(len(events)))
+	if err := r.set.Enqueue(b); err != nil {
+		reg.received.Add(-int64(len(events)))
+		return ErrClosed
+	}
+	return nil
+}
+
+// ensure returns worker's registration and ranks, registering the worker and any rank of events
+// it lacks.
+func (r *Router) ensure(worker uint64, model string, events []shard.Event) (*registration, []uint32, error) {
+	var ranks []uint32
+	lookup := func() *registration {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		reg := r.workers[worker]
+		ranks = ranks[:0]
+		if reg != nil {
+			for _, w := range reg.ranks {
+				ranks = append(ranks, w.key.Rank)
+			}
+		}
+		return reg
+	}
+	reg := lookup()
+	if reg != nil && model != "" && model != reg.model.name {
+		return nil, nil, fieldErr(ErrConflict, "model", "worker %d serves model %q, not %q", worker, reg.model.name, model)
+	}
+	var missing []uint32
+	bs := 0
+	for i := range events {
+		ev := &events[i]
+		if ev.Kind == shard.Stored && bs == 0 {
+			bs = ev.BlockSize
+		}
+		if !hasRank(ranks, ev.Rank) && !hasRank(missing, ev.Rank) {
+			missing = append(missing, ev.Rank)
+		}
+	}
+	if reg != nil && len(missing) == 0 {
+		return reg, ranks, nil
+	}
+	if reg == nil && model == "" {
+		return nil, nil, fieldErr(ErrUnknownWorker, "worker_id", "worker %d is not registered and the events name no model", worker)
+	}
+	name := model
+	if reg != nil {
+		name = reg.model.name
+		bs = 0 // the model's block size is settled; a disagreeing event fails its check
+	}
+	if len(missing) == 0 {
+		missing = []uint32{0}
+	}
+	if err := r.Register(Registration{ID: worker, Model: name, BlockSize: bs, Ranks: missing}); err != nil {
+		return nil, nil, err
+	}
+	r.discovered.Add(1)
+	r.log.Info("worker discovered from its events", "worker", worker, "model", name, "ranks", missing)
+	if reg = lookup(); reg == nil {
+		return nil, nil, fieldErr(ErrUnknownWorker, "worker_id", "worker %d was unregistered meanwhile", worker)
+	}
+	return reg, ranks, nil
+}
+
+func hasRank(ranks []uint32, r uint32) bool {
+	for _, x := range ranks {
+		if x == r {
+			return true
+		}
+	}
+	return false
+}
+
+// LoadReport is a worker's own account of its load, published periodically by the worker or a
+// bridge beside it. It doubles as a heartbeat: see Config.WorkerTimeout.
+type LoadReport struct {
+	Worker           uint64  `json:"worker_id"`
+	Rank             uint32  `json:"dp_rank"`
+	Model            string  `json:"model"`
+	ActiveBlocks     int64   `json:"active_blocks"`
+	WaitingRequests  int64   `json:"waiting_requests"`
+	KVUsage          float64 `json:"kv_usage"` // fraction of the KV cache in use, 0 to 1
+	MaxBatchedTokens int64   `json:"max_batched_tokens"`
+}
+
+// Report records a load report. A worker not registered yet is registered for the report's
+// model. From its first report on, the worker is subject to Config.WorkerTimeout. Safe for
+// concurrent use.
+func (r *Router) Report(rep *LoadReport) error {
+	if !(rep.KVUsage >= 0 && rep.KVUsage <= 1) {
+		return fieldErr(ErrInvalid, "kv_usage", "%v is not a fraction between 0 and 1", rep.KVUsage)
+	}
+	if rep.ActiveBlocks < 0 || rep.WaitingRequests < 0 || rep.MaxBatchedTokens < 0 {
+		return fieldErr(ErrInvalid, "active_blocks", "counts must not be negative")
+	}
+	ev := shard.Event{Kind: shard.Cleared, Rank: rep.Rank} // only its rank is used
+	reg, _, err := r.ensure(rep.Worker, rep.Model, []shard.Event{ev})
+	if err != nil {
+		return err
+	}
+	cp := *rep
+	cp.Model = reg.model.name
+	r.mu.Lock()
+	for _, w := range reg.ranks {
+		if w.key.Rank == rep.Rank {
+			w.report.Store(&cp)
+		}
+	}
+	if rep.MaxBatchedTokens > 0 {
+		reg.maxTokens = rep.MaxBatchedTokens
+	}
+	r.mu.Unlock()
+	reg.heartbeat.Store(true)
+	reg.lastSeen.Store(r.cfg.Now())
+	return nil
+}
+
+// DropSilent unregisters every worker that has sent a load report and has been silent (no
+// report, no event) for longer than timeout, and returns how many. Its blocks leave the index;
+// its next event or report registers it again. The Router calls it periodically when
+// Config.WorkerTimeout is set.
+func (r *Router) DropSilent(timeout time.Duration) int {
+	deadline := r.cfg.Now() - int64(timeout)
+	var silent []uint64
+	r.mu.Lock()
+	for id, reg := range r.workers {
+		if reg.heartbeat.Load() && reg.lastSeen.Load() < deadline {
+			silent = append(silent, id)
+		}
+	}
+	r.mu.Unlock()
+	n := 0
+	for _, id := range silent {
+		if err := r.Unregister(id); err == nil {
+			n++
+			r.timedOut.Add(1)
+			r.log.Warn("worker silent past the timeout: removed from routing, its blocks dropped", "worker", id, "timeout", timeout)
+		}
+	}
+	return n
+}
+
+// Flush returns once every event handed to Ingest before it is applied.
+func (r *Router) Flush() error {
+	if err := r.set.Barrier(); err != nil {
+		return ErrClosed
+	}
+	return nil
+}
