@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvrouterd/kvrouterd/ingest"
 	"github.com/kvrouterd/kvrouterd/scoring"
 )
 
@@ -31,6 +32,21 @@ type config struct {
 	ShutdownTimeout    time.Duration
 	LogLevel           string
 	LogFormat          string
+
+	// Event ingestion.
+	NATSURL       string
+	NATSListen    string
+	NATSCreds     string
+	NATSTLSCA     string
+	NATSTLSCert   string
+	NATSTLSKey    string
+	NATSStream    string
+	NATSPrefix    string
+	NATSMaxAge    time.Duration
+	NATSMaxBytes  int64
+	NATSReplicas  int
+	NATSStartSeq  uint64
+	WorkerTimeout time.Duration
 }
 
 func defaults() config {
@@ -49,6 +65,13 @@ func defaults() config {
 		ShutdownTimeout:    30 * time.Second,
 		LogLevel:           "info",
 		LogFormat:          "text",
+		NATSListen:         "127.0.0.1:4222",
+		NATSStream:         ingest.DefaultStream,
+		NATSPrefix:         ingest.DefaultPrefix,
+		NATSMaxAge:         24 * time.Hour,
+		NATSMaxBytes:       4 << 30,
+		NATSReplicas:       1,
+		WorkerTimeout:      30 * time.Second,
 	}
 }
 
@@ -81,6 +104,19 @@ func parseConfig(args []string, env func(string) (string, bool), out io.Writer) 
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", c.ShutdownTimeout, "how long a graceful shutdown waits for requests in flight")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error (debug logs every routing decision)")
 	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "text or json")
+	fs.StringVar(&c.NATSURL, "nats-url", c.NATSURL, "NATS server or cluster to take events from (comma-separated URLs); empty runs an embedded server with JetStream in --data-dir")
+	fs.StringVar(&c.NATSListen, "nats-listen", c.NATSListen, "client address of the embedded NATS server, for publishers (port 0: any free port)")
+	fs.StringVar(&c.NATSCreds, "nats-creds", c.NATSCreds, "credentials file (JWT and NKey) for --nats-url")
+	fs.StringVar(&c.NATSTLSCA, "nats-tls-ca", c.NATSTLSCA, "CA certificate file to verify --nats-url's servers")
+	fs.StringVar(&c.NATSTLSCert, "nats-tls-cert", c.NATSTLSCert, "client certificate file for --nats-url (with --nats-tls-key)")
+	fs.StringVar(&c.NATSTLSKey, "nats-tls-key", c.NATSTLSKey, "client key file for --nats-url")
+	fs.StringVar(&c.NATSStream, "nats-stream", c.NATSStream, "JetStream stream holding the events (created if missing)")
+	fs.StringVar(&c.NATSPrefix, "nats-subject-prefix", c.NATSPrefix, "first token of the event and load-report subjects")
+	fs.DurationVar(&c.NATSMaxAge, "nats-max-age", c.NATSMaxAge, "stream retention: events older than this are dropped (0: no limit)")
+	fs.Int64Var(&c.NATSMaxBytes, "nats-max-bytes", c.NATSMaxBytes, "stream retention: the oldest events are dropped past this size (0: no limit)")
+	fs.IntVar(&c.NATSReplicas, "nats-replicas", c.NATSReplicas, "stream replicas in a NATS cluster")
+	fs.Uint64Var(&c.NATSStartSeq, "nats-start-seq", c.NATSStartSeq, "first stream sequence to apply; 0 = the oldest retained")
+	fs.DurationVar(&c.WorkerTimeout, "worker-timeout", c.WorkerTimeout, "a worker that sends load reports is removed from routing, its blocks dropped, after this long silent (0: never)")
 	fs.Usage = func() {
 		fmt.Fprintf(out, "kvrouterd: a KV-cache-aware router for LLM inference workers.\n\n"+
 			"Usage: kvrouterd [flags]\n\nEvery flag can also be set by an environment variable, %s plus its\n"+
@@ -127,6 +163,16 @@ func (c *config) check() error {
 		return fmt.Errorf("--max-blocks, --queue-len, --max-body-bytes: out of range")
 	case c.LogFormat != "text" && c.LogFormat != "json":
 		return fmt.Errorf("--log-format %q: want text or json", c.LogFormat)
+	case c.NATSMaxAge < 0 || c.NATSMaxBytes < 0 || c.NATSReplicas < 1 || c.NATSReplicas > 5:
+		return fmt.Errorf("--nats-max-age, --nats-max-bytes, --nats-replicas: out of range")
+	case c.NATSStream == "" || strings.ContainsAny(c.NATSStream, " .*>"):
+		return fmt.Errorf("--nats-stream %q: want a name without spaces, dots, * or >", c.NATSStream)
+	case c.NATSPrefix == "" || strings.ContainsAny(c.NATSPrefix, " *>"):
+		return fmt.Errorf("--nats-subject-prefix %q: want subject tokens without spaces, * or >", c.NATSPrefix)
+	case (c.NATSTLSCert == "") != (c.NATSTLSKey == ""):
+		return fmt.Errorf("--nats-tls-cert and --nats-tls-key go together")
+	case c.WorkerTimeout < 0:
+		return fmt.Errorf("--worker-timeout %v: want 0 (never) or a positive duration", c.WorkerTimeout)
 	}
 	if m, err := scoring.ParseMode(c.RouterMode); err != nil || m == scoring.Default {
 		return fmt.Errorf("--router-mode %q: want kv, round_robin, random, least_loaded or direct", c.RouterMode)

@@ -8,15 +8,21 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 	"time"
 
+	"github.com/kvrouterd/kvrouterd/ingest"
 	"github.com/kvrouterd/kvrouterd/router"
 	"github.com/kvrouterd/kvrouterd/scoring"
 	"github.com/kvrouterd/kvrouterd/server"
+	natsserver "github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 func main() {
@@ -56,20 +62,29 @@ func run(ctx context.Context, c config) error {
 		Shards:          c.Shards,
 		QueueLen:        c.QueueLen,
 		MaxBlocks:       c.MaxBlocks,
+		WorkerTimeout:   c.WorkerTimeout,
 		Logger:          log,
 	})
-	srv := server.New(r, server.Config{MaxBodyBytes: c.MaxBodyBytes, Logger: log})
-	ln, err := net.Listen("tcp", c.HTTPAddr)
+	reg := prometheus.NewRegistry()
+	stream, err := startStream(ctx, c, r, reg, log)
 	if err != nil {
 		r.Close()
 		return err
 	}
-	log.Info("kvrouterd listening", "http", ln.Addr().String(), "shards", c.Shards, "mode", c.RouterMode,
+	srv := server.New(r, server.Config{MaxBodyBytes: c.MaxBodyBytes, Logger: log, Registry: reg})
+	ln, err := net.Listen("tcp", c.HTTPAddr)
+	if err != nil {
+		stream.close()
+		r.Close()
+		return err
+	}
+	log.Info("kvrouterd listening", "http", ln.Addr().String(), "nats", stream.url, "shards", c.Shards, "mode", c.RouterMode,
 		"block_size", c.BlockSize, "data_dir", c.DataDir)
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
 	select {
 	case err = <-served:
+		stream.close()
 		r.Close()
 		return err
 	case <-ctx.Done():
@@ -81,7 +96,74 @@ func run(ctx context.Context, c config) error {
 	if err := srv.Shutdown(sctx); err != nil {
 		log.Warn("requests still in flight at the shutdown timeout", "err", err)
 	}
-	r.Close() // applies every event accepted
+	stream.close() // stops taking events; the ones taken are in the shard queues
+	r.Close()      // applies every event accepted
 	log.Info("stopped", "took", time.Since(start))
 	return nil
+}
+
+// stream is the event stream's side of the daemon: the embedded server if any, the connection,
+// the consumer.
+type stream struct {
+	url  string
+	ns   *natsserver.Server
+	nc   *nats.Conn
+	cons *ingest.Consumer
+}
+
+// startStream connects to --nats-url, or starts the embedded server, and consumes the events.
+func startStream(ctx context.Context, c config, r *router.Router, reg *prometheus.Registry, log *slog.Logger) (*stream, error) {
+	st := &stream{url: c.NATSURL}
+	opts := ingest.ConnectOptions(log)
+	if c.NATSURL == "" {
+		ns, err := ingest.StartEmbedded(ingest.EmbeddedConfig{
+			Dir: filepath.Join(c.DataDir, "nats"), Listen: c.NATSListen, Logger: log,
+		})
+		if err != nil {
+			return nil, err
+		}
+		st.ns, st.url = ns, ns.ClientURL()
+		opts = append(opts, nats.InProcessServer(ns))
+	} else {
+		if c.NATSCreds != "" {
+			opts = append(opts, nats.UserCredentials(c.NATSCreds))
+		}
+		if c.NATSTLSCA != "" {
+			opts = append(opts, nats.RootCAs(c.NATSTLSCA))
+		}
+		if c.NATSTLSCert != "" {
+			opts = append(opts, nats.ClientCert(c.NATSTLSCert, c.NATSTLSKey))
+		}
+	}
+	nc, err := nats.Connect(st.url, opts...)
+	if err != nil {
+		st.close()
+		return nil, fmt.Errorf("nats %s: %w", st.url, err)
+	}
+	st.nc = nc
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	st.cons, err = ingest.NewConsumer(cctx, nc, r, ingest.ConsumerConfig{
+		Prefix: c.NATSPrefix, Stream: c.NATSStream, MaxAge: c.NATSMaxAge, MaxBytes: c.NATSMaxBytes,
+		Replicas: c.NATSReplicas, StartSeq: c.NATSStartSeq, Logger: log,
+	})
+	if err != nil {
+		st.close()
+		return nil, err
+	}
+	reg.MustRegister(st.cons.Collector())
+	return st, nil
+}
+
+func (st *stream) close() {
+	if st.cons != nil {
+		st.cons.Close()
+	}
+	if st.nc != nil {
+		st.nc.Close()
+	}
+	if st.ns != nil {
+		st.ns.Shutdown()
+		st.ns.WaitForShutdown()
+	}
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"io"
 	"net"
 	"os/exec"
@@ -13,8 +14,10 @@ import (
 	"time"
 
 	"github.com/kvrouterd/kvrouterd/client"
+	"github.com/kvrouterd/kvrouterd/ingest"
 	"github.com/kvrouterd/kvrouterd/shard"
 	"github.com/kvrouterd/kvrouterd/wire"
+	"github.com/nats-io/nats.go"
 )
 
 func TestConfigEnvAndFlags(t *testing.T) {
@@ -64,14 +67,9 @@ func TestDaemonOverTCP(t *testing.T) {
 	if out, err := exec.Command(gobin, "build", "-o", bin, ".").CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
+	addr, natsAddr := freeAddr(t), freeAddr(t)
 	var logs bytes.Buffer
-	cmd := exec.Command(bin, "--http-addr", addr, "--data-dir", t.TempDir(), "--shards", "2", "--log-level", "debug")
+	cmd := exec.Command(bin, "--http-addr", addr, "--nats-listen", natsAddr, "--data-dir", t.TempDir(), "--shards", "2", "--log-level", "debug")
 	cmd.Stderr = &logs
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -109,6 +107,34 @@ func TestDaemonOverTCP(t *testing.T) {
 	if err := c.Complete("r1"); err != nil {
 		t.Fatal(err)
 	}
+
+	// An engine's batch published to the embedded NATS server by another process's connection
+	// registers worker 3 and reaches the index.
+	nc, err := nats.Connect("nats://" + natsAddr)
+	if err != nil {
+		t.Fatalf("embedded nats: %v\n%s", err, logs.String())
+	}
+	defer nc.Close()
+	pub, err := ingest.NewPublisher(nc, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	eb := wire.EngineBatch{Events: []shard.Event{{Kind: shard.Stored, BlockSize: 4, Hashes: []uint64{5, 6}, Tokens: toks[:8]}}}
+	if _, err := pub.Engine(context.Background(), "m", 3, -1, 0, wire.AppendEngineBatch(nil, &eb, wire.EngineForm{MapBatch: true, MapEvents: true})); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if err := c.Match(&wire.RouteRequest{Model: "m", Tokens: toks}, &resp); err != nil {
+			t.Fatal(err)
+		}
+		if len(resp.Candidates) == 3 && resp.Candidates[2].Worker == 3 && resp.Candidates[2].CachedBlocks == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("worker 3's events never applied: %+v\n%s", resp, logs.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
@@ -127,4 +153,15 @@ func TestDaemonOverTCP(t *testing.T) {
 			t.Fatalf("log lacks %q:\n%s", want, logs.String())
 		}
 	}
+}
+
+// freeAddr returns a loopback address with a port free a moment ago.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
 }

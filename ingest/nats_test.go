@@ -1,0 +1,201 @@
+package ingest
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/kvrouterd/kvrouterd/router"
+	"github.com/kvrouterd/kvrouterd/shard"
+	"github.com/kvrouterd/kvrouterd/wire"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+)
+
+func quietLog() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+func toks(from, n int) []uint32 {
+	t := make([]uint32, n)
+	for i := range t {
+		t[i] = uint32(from + i)
+	}
+	return t
+}
+
+// embedded starts a NATS server with JetStream in a temporary directory.
+func embedded(t testing.TB) *server.Server {
+	t.Helper()
+	s, err := StartEmbedded(EmbeddedConfig{Dir: t.TempDir(), Listen: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Shutdown)
+	return s
+}
+
+func connect(t testing.TB, url string) *nats.Conn {
+	t.Helper()
+	nc, err := nats.Connect(url, ConnectOptions(quietLog())...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
+
+// waitFor polls cond; it bounds how long a broken build hangs, it asserts no timing.
+func waitFor(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); !cond(); time.Sleep(2 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("gave up waiting for %s", what)
+		}
+	}
+}
+
+func cached(t testing.TB, r *router.Router, model string, tokens []uint32) map[uint64]uint32 {
+	t.Helper()
+	if err := r.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	var resp wire.RouteResponse
+	if err := r.Match(&wire.RouteRequest{Model: model, Tokens: tokens}, &resp); err != nil {
+		t.Fatal(err)
+	}
+	out := map[uint64]uint32{}
+	for _, c := range resp.Candidates {
+		out[c.Worker<<8|uint64(c.Rank)] += c.CachedBlocks
+	}
+	return out
+}
+
+// TestEmbeddedStream publishes from a separate client connection, over TCP, both payload
+// formats and a load report, and checks that they reach the index; then bad messages, which are
+// counted and change nothing.
+func TestEmbeddedStream(t *testing.T) {
+	s := embedded(t)
+	r := router.New(router.Config{Shards: 2, Logger: quietLog()})
+	defer r.Close()
+	ctx := context.Background()
+	cons, err := NewConsumer(ctx, connect(t, s.ClientURL()), r, ConsumerConfig{Logger: quietLog()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cons.Close()
+	pub, err := NewPublisher(connect(t, s.ClientURL()), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const model = "meta-llama/Llama-3.1-8B"
+
+	// Worker 1: kvrouterd's binary batch, numbered events, block size 4.
+	b := &wire.EventBatch{Worker: 1, Model: model, Events: []shard.Event{
+		{Kind: shard.Stored, ID: 1, BlockSize: 4, Hashes: []uint64{101, 102}, Tokens: toks(0, 8)},
+	}}
+	if _, err := pub.Batch(ctx, b); err != nil {
+		t.Fatal(err)
+	}
+	// Worker 2: an engine's msgpack batch, rank from the header, hashes as negative int64.
+	eb := wire.EngineBatch{TS: 1.5, Events: []shard.Event{
+		{Kind: shard.Stored, BlockSize: 4, Hashes: []uint64{1 << 63, 1<<63 + 1, 1<<63 + 2}, Tokens: toks(0, 12)},
+	}}
+	payload := wire.AppendEngineBatch(nil, &eb, wire.EngineForm{Hashes: wire.HashInt64})
+	seq, err := pub.Engine(ctx, model, 2, 1, 17, payload)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "both batches", func() bool { return cons.LastSeq() == seq })
+	got := cached(t, r, model, toks(0, 12))
+	if len(got) != 2 || got[1<<8] != 2 || got[2<<8|1] != 3 {
+		t.Fatalf("cached blocks by worker<<8|rank: %v; want worker 1 rank 0: 2, worker 2 rank 1: 3", got)
+	}
+
+	// A load report reaches the worker's listing.
+	if err := pub.Report(&router.LoadReport{Worker: 2, Rank: 1, Model: model, ActiveBlocks: 40, KVUsage: 0.25}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the load report", func() bool { return cons.Stats().Reports == 1 })
+	for _, w := range r.Workers() {
+		if w.ID == 2 && (w.Report == nil || w.Report.ActiveBlocks != 40) {
+			t.Fatalf("worker 2's listing: %+v", w)
+		}
+	}
+
+	// Bad input: garbage, a batch whose worker is not its subject's, a batch the router refuses
+	// (token count). Each is counted; the index is unchanged; later good batches still apply.
+	js := pub.js
+	if _, err := js.Publish(ctx, EventSubject("kvr", model, 1), []byte("KVRW garbage")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.Publish(ctx, EventSubject("kvr", model, 3), wire.AppendEventBatch(nil, b)); err != nil {
+		t.Fatal(err)
+	}
+	short := &wire.EventBatch{Worker: 1, Model: model, Events: []shard.Event{
+		{Kind: shard.Stored, ID: 2, Parent: 102, HasParent: true, Hashes: []uint64{103}, Tokens: toks(8, 3)},
+	}}
+	if _, err := pub.Batch(ctx, short); err != nil {
+		t.Fatal(err)
+	}
+	good := &wire.EventBatch{Worker: 1, Model: model, Events: []shard.Event{
+		{Kind: shard.Stored, ID: 2, Parent: 102, HasParent: true, Hashes: []uint64{103}, Tokens: toks(8, 4)},
+	}}
+	if seq, err = pub.Batch(ctx, good); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the bad batches and the good one", func() bool { return cons.LastSeq() == seq })
+	st := cons.Stats()
+	if st.Rejected[RejectDecode] != 1 || st.Rejected[RejectSubject] != 1 || st.Rejected[RejectInvalid] != 1 {
+		t.Fatalf("rejections %v, want one each of decode, subject, invalid", st.Rejected)
+	}
+	got = cached(t, r, model, toks(0, 12))
+	if got[1<<8] != 3 || got[2<<8|1] != 3 {
+		t.Fatalf("cached blocks %v; want 3 on each worker", got)
+	}
+}
+
+// TestConsumerStartSeq checks that a consumer started at a sequence applies exactly the events
+// from there on, as a restarted replica resuming from its snapshot does.
+func TestConsumerStartSeq(t *testing.T) {
+	s := embedded(t)
+	ctx := context.Background()
+	pub, err := NewPublisher(connect(t, s.ClientURL()), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The stream must exist before publishing: a first consumer creates it.
+	r0 := router.New(router.Config{Shards: 1, Logger: quietLog()})
+	defer r0.Close()
+	c0, err := NewConsumer(ctx, connect(t, s.ClientURL()), r0, ConsumerConfig{Logger: quietLog()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c0.Close()
+	var seqs []uint64
+	for i := range 4 {
+		b := &wire.EventBatch{Worker: uint64(i + 1), Model: "m", Events: []shard.Event{
+			{Kind: shard.Stored, ID: 1, BlockSize: 2, Hashes: []uint64{1}, Tokens: toks(0, 2)},
+		}}
+		seq, err := pub.Batch(ctx, b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		seqs = append(seqs, seq)
+	}
+	r := router.New(router.Config{Shards: 1, Logger: quietLog()})
+	defer r.Close()
+	c, err := NewConsumer(ctx, connect(t, s.ClientURL()), r, ConsumerConfig{Logger: quietLog(), StartSeq: seqs[2]})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	waitFor(t, "the last batch", func() bool { return c.LastSeq() == seqs[3] })
+	got := cached(t, r, "m", toks(0, 2))
+	if len(got) != 2 || got[3<<8] != 1 || got[4<<8] != 1 {
+		t.Fatalf("cached %v, want workers 3 and 4 only", got)
+	}
+	if st := c.Stats(); st.Messages != 2 || st.Gaps != 0 {
+		t.Fatalf("stats %+v, want 2 messages and no gap", st)
+	}
+}
