@@ -34,10 +34,12 @@ test: vet
 # not depend on timing). Raw output in bench/out/.
 bench:
 	mkdir -p $(OUT)
-	$(GO) test -run '^$$' -bench 'HashBlocks|IndexMatch|ShardApply|ApplierApply|^BenchmarkRoute$$|RouteRequestDecode|RouteResponseEncode' -count $(BENCHCOUNT) ./radix/ ./shard/ ./router/ ./wire/ | tee $(OUT)/micro.txt
+	$(GO) test -run '^$$' -bench 'HashBlocks|IndexMatch|ShardApply|ApplierApply|^BenchmarkRoute$$|RouteRequestDecode|RouteResponseEncode|DecodeEngineBatch' -count $(BENCHCOUNT) ./radix/ ./shard/ ./router/ ./wire/ | tee $(OUT)/micro.txt
 	$(GO) test -run '^$$' -bench 'ShardMemory|VsXsync|VsBuiltin' -benchtime 1x ./radix/ ./shard/ ./internal/u64map/ | tee $(OUT)/memory.txt
 	$(GO) test -run '^$$' -bench 'Memory' -count 3 ./internal/prefetch/ | tee $(OUT)/prefetch.txt
 	$(GO) run $(BENCHSTAT) $(OUT)/micro.txt | tee $(OUT)/micro-medians.txt
+	$(GO) test -run '^$$' -bench 'NATSIngest|ZMQIngest' -benchtime 3000x -count $(BENCHCOUNT) ./ingest/ | tee $(OUT)/ingest.txt
+	$(GO) run $(BENCHSTAT) $(OUT)/ingest.txt | tee $(OUT)/ingest-medians.txt
 
 # HTTP route throughput and latency against a no-op fasthttp handler, 8 and 1,000 workers
 # (about a minute; client and server share the machine).
@@ -53,6 +55,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeRouteRequest$$' -fuzztime $(FUZZTIME) ./wire/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeRouteResponse$$' -fuzztime $(FUZZTIME) ./wire/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeEventBatch$$' -fuzztime $(FUZZTIME) ./wire/
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeEngineBatch$$' -fuzztime $(FUZZTIME) ./wire/
 
 clean:
 	rm -rf $(OUT) bin
