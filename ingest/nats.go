@@ -72,12 +72,14 @@ func StartEmbedded(cfg EmbeddedConfig) (*server.Server, error) {
 // natsLogger adapts the server's logger to slog.
 type natsLogger struct{ l *slog.Logger }
 
-func (n *natsLogger) Noticef(format string, v ...any) { n.l.Debug("nats: " + fmt.Sprintf(format, v...)) }
-func (n *natsLogger) Warnf(format string, v ...any)   { n.l.Warn("nats: " + fmt.Sprintf(format, v...)) }
-func (n *natsLogger) Fatalf(format string, v ...any)  { n.l.Error("nats: " + fmt.Sprintf(format, v...)) }
-func (n *natsLogger) Errorf(format string, v ...any)  { n.l.Error("nats: " + fmt.Sprintf(format, v...)) }
-func (n *natsLogger) Debugf(format string, v ...any)  {}
-func (n *natsLogger) Tracef(format string, v ...any)  {}
+func (n *natsLogger) Noticef(format string, v ...any) {
+	n.l.Debug("nats: " + fmt.Sprintf(format, v...))
+}
+func (n *natsLogger) Warnf(format string, v ...any)  { n.l.Warn("nats: " + fmt.Sprintf(format, v...)) }
+func (n *natsLogger) Fatalf(format string, v ...any) { n.l.Error("nats: " + fmt.Sprintf(format, v...)) }
+func (n *natsLogger) Errorf(format string, v ...any) { n.l.Error("nats: " + fmt.Sprintf(format, v...)) }
+func (n *natsLogger) Debugf(format string, v ...any) {}
+func (n *natsLogger) Tracef(format string, v ...any) {}
 
 // Sink is what the consumer feeds: router.Router.
 type Sink interface {
