@@ -1,0 +1,5 @@
+//go:build !race
+
+package approx
+
+const raceEnabled = false
