@@ -770,17 +770,27 @@ func alias(s []byte) string {
 	return unsafe.String(&s[0], len(s))
 }
 
-// hashes reads block_hashes into the hash arena.
-func (d *engineDecoder) hashes(out *EngineBatch, b []byte) ([]uint64, []byte, error) {
-	const name = "block_hashes"
+// array reads the header of the array that field name holds, checking that its elements can
+// fit in what follows.
+func (d *engineDecoder) array(b []byte, name string) (uint32, []byte, error) {
 	if msgp.NextType(b) != msgp.ArrayType {
-		return nil, nil, d.bad(b, name, -1, -1, "array", nil)
+		return 0, nil, d.bad(b, name, -1, -1, "array", nil)
 	}
 	n, r, err := msgp.ReadArrayHeaderBytes(b)
 	if err != nil {
-		return nil, nil, d.bad(b, name, -1, -1, "array", err)
+		return 0, nil, d.bad(b, name, -1, -1, "array", err)
 	}
 	if err := d.count(b, r, name, -1, -1, n, 1); err != nil {
+		return 0, nil, err
+	}
+	return n, r, nil
+}
+
+// hashes reads block_hashes into the hash arena.
+func (d *engineDecoder) hashes(out *EngineBatch, b []byte) ([]uint64, []byte, error) {
+	const name = "block_hashes"
+	n, r, err := d.array(b, name)
+	if err != nil {
 		return nil, nil, err
 	}
 	if n == 0 {
@@ -843,14 +853,8 @@ func beTail(v []byte) uint64 {
 // tokens reads token_ids into the token arena.
 func (d *engineDecoder) tokens(out *EngineBatch, b []byte) ([]uint32, []byte, error) {
 	const name = "token_ids"
-	if msgp.NextType(b) != msgp.ArrayType {
-		return nil, nil, d.bad(b, name, -1, -1, "array", nil)
-	}
-	n, r, err := msgp.ReadArrayHeaderBytes(b)
+	n, r, err := d.array(b, name)
 	if err != nil {
-		return nil, nil, d.bad(b, name, -1, -1, "array", err)
-	}
-	if err := d.count(b, r, name, -1, -1, n, 1); err != nil {
 		return nil, nil, err
 	}
 	if n == 0 {
