@@ -57,9 +57,12 @@ type EngineSource struct {
 	Endpoint string
 	// Replay is rank 0's replay ROUTER socket, in the same form; "" when the engine has none.
 	Replay string
-	// Ranks is the number of data-parallel ranks, at least 1: rank r publishes on Endpoint's
-	// port + r and replays on Replay's port + r.
+	// Ranks is the number of data-parallel ranks, at least 1: rank FirstRank + r publishes on
+	// Endpoint's port + r and replays on Replay's port + r.
 	Ranks int
+	// FirstRank is the data-parallel rank of Endpoint (0, unless each rank is registered on its
+	// own, as Dynamo's /register does).
+	FirstRank uint32
 	// Topic is the subscription prefix; "" receives every topic.
 	Topic string
 }
@@ -68,7 +71,8 @@ type EngineSource struct {
 //
 //	worker=7,model=llama,endpoint=tcp://10.0.0.5:5557,replay=tcp://10.0.0.5:5558,ranks=2
 //
-// worker, model and endpoint are required; replay, ranks (1) and topic ("") are optional.
+// worker, model and endpoint are required; replay, ranks (1), rank (the first rank, 0) and
+// topic ("") are optional.
 // Values cannot hold commas. Errors wrap ErrEngineSource and name the bad key.
 func ParseEngineSource(s string) (EngineSource, error) {
 	src := EngineSource{Ranks: 1}
@@ -106,10 +110,16 @@ func ParseEngineSource(s string) (EngineSource, error) {
 				return EngineSource{}, sourceErr(k, "%q is not a number", v)
 			}
 			src.Ranks = n
+		case "rank":
+			r, err := strconv.ParseUint(v, 10, 32)
+			if err != nil {
+				return EngineSource{}, sourceErr(k, "%q is not a data-parallel rank", v)
+			}
+			src.FirstRank = uint32(r)
 		case "topic":
 			src.Topic = v
 		default:
-			return EngineSource{}, sourceErr(k, "unknown key: want worker, model, endpoint, replay, ranks or topic")
+			return EngineSource{}, sourceErr(k, "unknown key: want worker, model, endpoint, replay, ranks, rank or topic")
 		}
 	}
 	for _, k := range []string{"worker", "model", "endpoint"} {
@@ -129,6 +139,9 @@ func (s EngineSource) String() string {
 	}
 	if s.Ranks > 1 {
 		b.WriteString(",ranks=" + strconv.Itoa(s.Ranks))
+	}
+	if s.FirstRank > 0 {
+		b.WriteString(",rank=" + strconv.FormatUint(uint64(s.FirstRank), 10))
 	}
 	if s.Topic != "" {
 		b.WriteString(",topic=" + s.Topic)
@@ -392,7 +405,8 @@ func newEngineStream(src EngineSource, cfg EngineConfig, out engineOutput) (*eng
 	s.log = cfg.Logger.With("worker", src.Worker, "model", src.Model)
 	s.zlog = slog.NewLogLogger(s.log.Handler(), slog.LevelDebug)
 	for r := range src.Ranks {
-		rl := &rankLoop{s: s, rank: uint32(r), endpoint: rankEndpoint(src.Endpoint, r), log: s.log.With("rank", r)}
+		rank := src.FirstRank + uint32(r)
+		rl := &rankLoop{s: s, rank: rank, endpoint: rankEndpoint(src.Endpoint, r), log: s.log.With("rank", rank)}
 		if src.Replay != "" {
 			rl.replay = rankEndpoint(src.Replay, r)
 		}

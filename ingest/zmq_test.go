@@ -485,6 +485,7 @@ func TestParseEngineSource(t *testing.T) {
 	ok(" model = meta-llama/Llama-3.1-8B , endpoint=tcp://[::1]:5557,worker=18446744073709551615,topic=kv@,",
 		EngineSource{Worker: 1<<64 - 1, Model: "meta-llama/Llama-3.1-8B", Endpoint: "tcp://[::1]:5557", Ranks: 1, Topic: "kv@"})
 	ok("worker=0,model=m,endpoint=ipc:///tmp/kv.sock", EngineSource{Model: "m", Endpoint: "ipc:///tmp/kv.sock", Ranks: 1})
+	ok("worker=3,model=m,endpoint=tcp://h:5558,rank=1", EngineSource{Worker: 3, Model: "m", Endpoint: "tcp://h:5558", Ranks: 1, FirstRank: 1})
 
 	bad := func(s, key string) {
 		t.Helper()
@@ -505,6 +506,7 @@ func TestParseEngineSource(t *testing.T) {
 	bad(base+",ranks=two", "ranks")
 	bad(base+",ranks=257", "ranks")
 	bad(base+",color=red", "color")
+	bad(base+",rank=-1", "rank")
 	bad(base+",replay", "replay")
 	bad("worker=7,model=llama,endpoint=h:5557", "endpoint")
 	bad("worker=7,model=llama,endpoint=tcp://*:5557", "endpoint")

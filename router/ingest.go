@@ -170,7 +170,7 @@ func (r *Router) DropSilent(timeout time.Duration) int {
 	r.mu.Unlock()
 	n := 0
 	for _, id := range silent {
-		if err := r.Unregister(id); err == nil {
+		if err := r.unregister(id); err == nil {
 			n++
 			r.timedOut.Add(1)
 			r.log.Warn("worker silent past the timeout: removed from routing, its blocks dropped", "worker", id, "timeout", timeout)

@@ -179,6 +179,9 @@ func (r *Router) route(req *wire.RouteRequest, resp *wire.RouteResponse, book bo
 			}
 			return fieldErr(ErrUnknownWorker, "worker", "%v", err)
 		}
+		if r.approx != nil {
+			r.recordApprox(m, w, s.seqs)
+		}
 		r.routed.Add(1)
 	} else {
 		r.matched.Add(1)

@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvrouterd/kvrouterd/approx"
 	"github.com/kvrouterd/kvrouterd/internal/freelist"
 	"github.com/kvrouterd/kvrouterd/radix"
 	"github.com/kvrouterd/kvrouterd/scoring"
@@ -32,6 +33,13 @@ type Config struct {
 	TrackPrefill bool
 	// MaxCandidates caps the candidates of an answer when the request does not say (0: all).
 	MaxCandidates int
+	// Approximate, if set, turns on approximate mode (for workers that publish no KV events):
+	// each routed request's blocks count as cached on the chosen worker, with a TTL, a cap and
+	// pruning (see package approx).
+	Approximate *approx.Config
+	// Endpoints, if set, learns of the KV-event endpoints workers register with, and of
+	// their leaving: the daemon subscribes to them.
+	Endpoints EndpointWatcher
 	// WorkerTimeout unregisters a worker that sends load reports once it has been silent this
 	// long (see DropSilent); 0 never does.
 	WorkerTimeout time.Duration
@@ -113,6 +121,8 @@ type Router struct {
 	discovered      atomic.Int64 // workers registered by their first event or report
 	timedOut        atomic.Int64 // workers dropped by DropSilent
 
+	approx *approxMode // nil unless Config.Approximate
+
 	stop chan struct{}
 	done chan struct{}
 }
@@ -165,6 +175,7 @@ type registration struct {
 }
 
 // New starts a Router: its shard goroutines and the request expiry loop. Close stops them.
+// It panics on a Config.Approximate that approx.New refuses.
 func New(cfg Config) *Router {
 	cfg.defaults()
 	r := &Router{
@@ -178,6 +189,13 @@ func New(cfg Config) *Router {
 		done:    make(chan struct{}),
 	}
 	r.models.Store(&map[string]*model{})
+	if cfg.Approximate != nil {
+		c, err := approx.New(*cfg.Approximate)
+		if err != nil {
+			panic("router: Config.Approximate: " + err.Error())
+		}
+		r.approx = &approxMode{c: c}
+	}
 	go r.expireLoop()
 	return r
 }
@@ -208,6 +226,9 @@ func (r *Router) expireLoop() {
 			return
 		case <-t.C:
 			r.ExpireRequests()
+			if r.approx != nil {
+				r.expireApprox()
+			}
 			if r.cfg.WorkerTimeout > 0 {
 				r.DropSilent(r.cfg.WorkerTimeout)
 			}
@@ -228,6 +249,14 @@ func (r *Router) ExpireRequests() int {
 
 func (r *Router) model(name string) *model { return (*r.models.Load())[name] }
 
+// EndpointWatcher learns of workers' KV-event endpoints. Registered is called after a
+// registration that names one (the worker is registered whatever it returns); Unregistered after
+// the worker left. Calls may come from many goroutines.
+type EndpointWatcher interface {
+	Registered(Registration) error
+	Unregistered(id uint64)
+}
+
 // Registration describes a worker joining: POST /v1/workers, /register.
 type Registration struct {
 	ID        uint64
@@ -244,6 +273,18 @@ type Registration struct {
 // a later worker stating another block size is refused, as is a worker id moving to another
 // model.
 func (r *Router) Register(g Registration) error {
+	if err := r.register(g); err != nil {
+		return err
+	}
+	if g.Endpoint != "" && r.cfg.Endpoints != nil {
+		if err := r.cfg.Endpoints.Registered(g); err != nil {
+			return fieldErr(ErrInvalid, "endpoint", "the worker is registered but its event endpoint is refused: %v", err)
+		}
+	}
+	return nil
+}
+
+func (r *Router) register(g Registration) error {
 	if g.Model == "" {
 		return fieldErr(ErrInvalid, "model", "must not be empty")
 	}
@@ -357,8 +398,20 @@ func setPos(a []int32, at, pos int) []int32 {
 }
 
 // Unregister removes worker id: it leaves routing at once, and its blocks leave the index after
-// its earlier events apply. Its active requests stop counting.
+// its earlier events apply. Its active requests stop counting. Config.Endpoints learns of it.
 func (r *Router) Unregister(id uint64) error {
+	if err := r.unregister(id); err != nil {
+		return err
+	}
+	if r.cfg.Endpoints != nil {
+		r.cfg.Endpoints.Unregistered(id)
+	}
+	return nil
+}
+
+// unregister is Unregister without telling Config.Endpoints: a worker dropped for silence
+// keeps its subscription, whose next event brings it back.
+func (r *Router) unregister(id uint64) error {
 	r.mu.Lock()
 	reg := r.workers[id]
 	if reg == nil {
@@ -370,6 +423,9 @@ func (r *Router) Unregister(id uint64) error {
 	r.mu.Unlock()
 	for _, w := range reg.ranks {
 		r.tracker.Unregister(w.load)
+		if r.approx != nil {
+			r.forgetApprox(reg.model.ix, w)
+		}
 	}
 	ix := reg.model.ix
 	err := r.set.Do(id, func(a *shard.Applier) {

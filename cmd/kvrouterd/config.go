@@ -36,10 +36,7 @@ type config struct {
 	// Event ingestion.
 	NATSURL       string
 	NATSListen    string
-	NATSCreds     string
-	NATSTLSCA     string
-	NATSTLSCert   string
-	NATSTLSKey    string
+	NATS          natsAuth // for --nats-url
 	NATSStream    string
 	NATSPrefix    string
 	NATSMaxAge    time.Duration
@@ -47,6 +44,13 @@ type config struct {
 	NATSReplicas  int
 	NATSStartSeq  uint64
 	WorkerTimeout time.Duration
+	ZMQ           []ingest.EngineSource
+
+	// Approximate mode.
+	NoKVEvents        bool
+	ApproxTTL         time.Duration
+	ApproxMaxBlocks   int
+	ApproxPruneTarget float64
 }
 
 func defaults() config {
@@ -72,6 +76,9 @@ func defaults() config {
 		NATSMaxBytes:       4 << 30,
 		NATSReplicas:       1,
 		WorkerTimeout:      30 * time.Second,
+		ApproxTTL:          120 * time.Second,
+		ApproxMaxBlocks:    1 << 20,
+		ApproxPruneTarget:  0.8,
 	}
 }
 
@@ -106,21 +113,32 @@ func parseConfig(args []string, env func(string) (string, bool), out io.Writer) 
 	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "text or json")
 	fs.StringVar(&c.NATSURL, "nats-url", c.NATSURL, "NATS server or cluster to take events from (comma-separated URLs); empty runs an embedded server with JetStream in --data-dir")
 	fs.StringVar(&c.NATSListen, "nats-listen", c.NATSListen, "client address of the embedded NATS server, for publishers (port 0: any free port)")
-	fs.StringVar(&c.NATSCreds, "nats-creds", c.NATSCreds, "credentials file (JWT and NKey) for --nats-url")
-	fs.StringVar(&c.NATSTLSCA, "nats-tls-ca", c.NATSTLSCA, "CA certificate file to verify --nats-url's servers")
-	fs.StringVar(&c.NATSTLSCert, "nats-tls-cert", c.NATSTLSCert, "client certificate file for --nats-url (with --nats-tls-key)")
-	fs.StringVar(&c.NATSTLSKey, "nats-tls-key", c.NATSTLSKey, "client key file for --nats-url")
+	c.NATS.flags(fs)
 	fs.StringVar(&c.NATSStream, "nats-stream", c.NATSStream, "JetStream stream holding the events (created if missing)")
 	fs.StringVar(&c.NATSPrefix, "nats-subject-prefix", c.NATSPrefix, "first token of the event and load-report subjects")
 	fs.DurationVar(&c.NATSMaxAge, "nats-max-age", c.NATSMaxAge, "stream retention: events older than this are dropped (0: no limit)")
 	fs.Int64Var(&c.NATSMaxBytes, "nats-max-bytes", c.NATSMaxBytes, "stream retention: the oldest events are dropped past this size (0: no limit)")
 	fs.IntVar(&c.NATSReplicas, "nats-replicas", c.NATSReplicas, "stream replicas in a NATS cluster")
 	fs.Uint64Var(&c.NATSStartSeq, "nats-start-seq", c.NATSStartSeq, "first stream sequence to apply; 0 = the oldest retained")
+	fs.Var(&sourceList{&c.ZMQ}, "zmq", "subscribe to an engine's ZMQ KV events: worker=ID,model=NAME,endpoint=tcp://host:port[,replay=tcp://host:port][,ranks=N][,rank=R][,topic=T]; repeat the flag, or separate sources with ';'")
+	fs.BoolVar(&c.NoKVEvents, "no-kv-events", c.NoKVEvents, "approximate mode, for workers that publish no KV events: a routed request's blocks count as cached on the chosen worker for --approx-ttl; no NATS")
+	fs.DurationVar(&c.ApproxTTL, "approx-ttl", c.ApproxTTL, "approximate mode: how long a block stays cached after the last request that used it")
+	fs.IntVar(&c.ApproxMaxBlocks, "approx-max-blocks", c.ApproxMaxBlocks, "approximate mode: cap on (block, worker) residencies")
+	fs.Float64Var(&c.ApproxPruneTarget, "approx-prune-target", c.ApproxPruneTarget, "approximate mode: past the cap, prune the least recently used (deepest first) down to this fraction of it")
 	fs.DurationVar(&c.WorkerTimeout, "worker-timeout", c.WorkerTimeout, "a worker that sends load reports is removed from routing, its blocks dropped, after this long silent (0: never)")
+	if err := parseFlags(fs, args, env, out, "kvrouterd: a KV-cache-aware router for LLM inference workers.\n\n"+
+		"Usage: kvrouterd [flags]\n       kvrouterd bridge [flags]   (kvrouterd bridge --help)"); err != nil {
+		return c, err
+	}
+	return c, c.check()
+}
+
+// parseFlags sets fs's flags from their environment variables (see envName), then from args,
+// and refuses positional arguments. --help prints title and every flag with its variable.
+func parseFlags(fs *flag.FlagSet, args []string, env func(string) (string, bool), out io.Writer, title string) error {
 	fs.Usage = func() {
-		fmt.Fprintf(out, "kvrouterd: a KV-cache-aware router for LLM inference workers.\n\n"+
-			"Usage: kvrouterd [flags]\n\nEvery flag can also be set by an environment variable, %s plus its\n"+
-			"name in upper case with underscores (e.g. KVR_SHARDS=32); flags win.\n\n", envPrefix)
+		fmt.Fprintf(out, "%s\n\nEvery flag can also be set by an environment variable, %s plus its\n"+
+			"name in upper case with underscores (e.g. KVR_SHARDS=32); flags win.\n\n", title, envPrefix)
 		fs.VisitAll(func(f *flag.Flag) {
 			fmt.Fprintf(out, "  --%s (env %s, default %q)\n    \t%s\n", f.Name, envName(f.Name), f.DefValue, f.Usage)
 		})
@@ -134,15 +152,15 @@ func parseConfig(args []string, env func(string) (string, bool), out io.Writer) 
 		}
 	})
 	if err != nil {
-		return c, err
+		return err
 	}
 	if err := fs.Parse(args); err != nil {
-		return c, err
+		return err
 	}
 	if fs.NArg() > 0 {
-		return c, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
-	return c, c.check()
+	return nil
 }
 
 func (c *config) check() error {
@@ -167,19 +185,37 @@ func (c *config) check() error {
 		return fmt.Errorf("--nats-max-age, --nats-max-bytes, --nats-replicas: out of range")
 	case c.NATSStream == "" || strings.ContainsAny(c.NATSStream, " .*>"):
 		return fmt.Errorf("--nats-stream %q: want a name without spaces, dots, * or >", c.NATSStream)
-	case c.NATSPrefix == "" || strings.ContainsAny(c.NATSPrefix, " *>"):
-		return fmt.Errorf("--nats-subject-prefix %q: want subject tokens without spaces, * or >", c.NATSPrefix)
-	case (c.NATSTLSCert == "") != (c.NATSTLSKey == ""):
-		return fmt.Errorf("--nats-tls-cert and --nats-tls-key go together")
+	case c.ApproxTTL <= 0 || c.ApproxMaxBlocks < 1 || !(c.ApproxPruneTarget > 0 && c.ApproxPruneTarget <= 1):
+		return fmt.Errorf("--approx-ttl, --approx-max-blocks, --approx-prune-target: want a positive duration, a positive count, a fraction in (0, 1]")
 	case c.WorkerTimeout < 0:
 		return fmt.Errorf("--worker-timeout %v: want 0 (never) or a positive duration", c.WorkerTimeout)
 	}
 	if m, err := scoring.ParseMode(c.RouterMode); err != nil || m == scoring.Default {
 		return fmt.Errorf("--router-mode %q: want kv, round_robin, random, least_loaded or direct", c.RouterMode)
 	}
+	if err := checkPrefix(c.NATSPrefix); err != nil {
+		return err
+	}
+	if err := c.NATS.check(); err != nil {
+		return err
+	}
+	return c.checkLog()
+}
+
+func checkPrefix(p string) error {
+	if p == "" || strings.ContainsAny(p, " *>") {
+		return fmt.Errorf("--nats-subject-prefix %q: want subject tokens without spaces, * or >", p)
+	}
+	return nil
+}
+
+func (c *config) checkLog() error {
 	var l slog.Level
 	if err := l.UnmarshalText([]byte(c.LogLevel)); err != nil {
 		return fmt.Errorf("--log-level %q: want debug, info, warn or error", c.LogLevel)
+	}
+	if c.LogFormat != "text" && c.LogFormat != "json" {
+		return fmt.Errorf("--log-format %q: want text or json", c.LogFormat)
 	}
 	return nil
 }
@@ -192,4 +228,33 @@ func (c *config) logger(w io.Writer) *slog.Logger {
 		return slog.New(slog.NewJSONHandler(w, opts))
 	}
 	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+// sourceList is a flag.Value collecting engine sources; one value may hold several, separated
+// by ';' (how the environment variable holds several).
+type sourceList struct{ p *[]ingest.EngineSource }
+
+func (l *sourceList) String() string {
+	if l.p == nil {
+		return ""
+	}
+	s := make([]string, len(*l.p))
+	for i, src := range *l.p {
+		s[i] = src.String()
+	}
+	return strings.Join(s, ";")
+}
+
+func (l *sourceList) Set(v string) error {
+	for part := range strings.SplitSeq(v, ";") {
+		if strings.TrimSpace(part) == "" {
+			continue
+		}
+		src, err := ingest.ParseEngineSource(part)
+		if err != nil {
+			return err
+		}
+		*l.p = append(*l.p, src)
+	}
+	return nil
 }

@@ -13,9 +13,12 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
+	"sync"
 	"syscall"
 	"time"
 
+	"github.com/kvrouterd/kvrouterd/approx"
 	"github.com/kvrouterd/kvrouterd/ingest"
 	"github.com/kvrouterd/kvrouterd/router"
 	"github.com/kvrouterd/kvrouterd/scoring"
@@ -26,6 +29,10 @@ import (
 )
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "bridge" {
+		bridgeMain(os.Args[2:])
+		return
+	}
 	c, err := parseConfig(os.Args[1:], os.LookupEnv, os.Stderr)
 	if errors.Is(err, flag.ErrHelp) {
 		return
@@ -50,6 +57,8 @@ func run(ctx context.Context, c config) error {
 		return fmt.Errorf("data dir: %w", err)
 	}
 	mode, _ := scoring.ParseMode(c.RouterMode)
+	watch := &engineWatcher{}
+	defer watch.close()
 	r := router.New(router.Config{
 		BlockSize:       c.BlockSize,
 		Mode:            mode,
@@ -63,9 +72,12 @@ func run(ctx context.Context, c config) error {
 		QueueLen:        c.QueueLen,
 		MaxBlocks:       c.MaxBlocks,
 		WorkerTimeout:   c.WorkerTimeout,
+		Approximate:     c.approx(),
+		Endpoints:       watch,
 		Logger:          log,
 	})
 	reg := prometheus.NewRegistry()
+	watch.set(engines(ctx, c, r, log))
 	stream, err := startStream(ctx, c, r, reg, log)
 	if err != nil {
 		r.Close()
@@ -97,7 +109,8 @@ func run(ctx context.Context, c config) error {
 		log.Warn("requests still in flight at the shutdown timeout", "err", err)
 	}
 	stream.close() // stops taking events; the ones taken are in the shard queues
-	r.Close()      // applies every event accepted
+	watch.close()
+	r.Close() // applies every event accepted
 	log.Info("stopped", "took", time.Since(start))
 	return nil
 }
@@ -114,6 +127,10 @@ type stream struct {
 // startStream connects to --nats-url, or starts the embedded server, and consumes the events.
 func startStream(ctx context.Context, c config, r *router.Router, reg *prometheus.Registry, log *slog.Logger) (*stream, error) {
 	st := &stream{url: c.NATSURL}
+	if c.NoKVEvents {
+		st.url = "off (--no-kv-events)"
+		return st, nil
+	}
 	opts := ingest.ConnectOptions(log)
 	if c.NATSURL == "" {
 		ns, err := ingest.StartEmbedded(ingest.EmbeddedConfig{
@@ -125,15 +142,7 @@ func startStream(ctx context.Context, c config, r *router.Router, reg *prometheu
 		st.ns, st.url = ns, ns.ClientURL()
 		opts = append(opts, nats.InProcessServer(ns))
 	} else {
-		if c.NATSCreds != "" {
-			opts = append(opts, nats.UserCredentials(c.NATSCreds))
-		}
-		if c.NATSTLSCA != "" {
-			opts = append(opts, nats.RootCAs(c.NATSTLSCA))
-		}
-		if c.NATSTLSCert != "" {
-			opts = append(opts, nats.ClientCert(c.NATSTLSCert, c.NATSTLSKey))
-		}
+		opts = append(opts, c.NATS.options()...)
 	}
 	nc, err := nats.Connect(st.url, opts...)
 	if err != nil {
@@ -165,5 +174,88 @@ func (st *stream) close() {
 	if st.ns != nil {
 		st.ns.Shutdown()
 		st.ns.WaitForShutdown()
+	}
+}
+
+// approx is the router's approximate-mode configuration, nil unless --no-kv-events.
+func (c *config) approx() *approx.Config {
+	if !c.NoKVEvents {
+		return nil
+	}
+	return &approx.Config{TTL: c.ApproxTTL, MaxBlocks: c.ApproxMaxBlocks, PruneTarget: c.ApproxPruneTarget}
+}
+
+// engines subscribes to the --zmq sources; nil in approximate mode.
+func engines(ctx context.Context, c config, r *router.Router, log *slog.Logger) *ingest.Engines {
+	if c.NoKVEvents {
+		return nil
+	}
+	e := ingest.NewEngines(ctx, r, ingest.EngineConfig{Logger: log})
+	for _, src := range c.ZMQ {
+		if err := e.Add(src); err != nil {
+			log.Error("engine source refused", "source", src.String(), "err", err)
+		}
+	}
+	return e
+}
+
+// engineWatcher subscribes to the event endpoints workers register with (Dynamo's /register
+// endpoint and replay_endpoint). Set once, before the HTTP API serves.
+type engineWatcher struct {
+	mu sync.Mutex
+	e  *ingest.Engines
+}
+
+func (w *engineWatcher) set(e *ingest.Engines) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.e = e
+}
+
+func (w *engineWatcher) engines() *ingest.Engines {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.e
+}
+
+func (w *engineWatcher) Registered(g router.Registration) error {
+	e := w.engines()
+	if e == nil {
+		return nil // approximate mode: no events to read
+	}
+	src := ingest.EngineSource{Worker: g.ID, Model: g.Model, Endpoint: g.Endpoint, Replay: g.Replay, Ranks: 1}
+	if len(g.Ranks) > 0 {
+		src.FirstRank, src.Ranks = slices.Min(g.Ranks), len(g.Ranks)
+	}
+	return e.Add(src)
+}
+
+func (w *engineWatcher) Unregistered(id uint64) {
+	if e := w.engines(); e != nil {
+		e.Remove(id)
+	}
+}
+
+func (w *engineWatcher) close() {
+	if e := w.engines(); e != nil {
+		e.Close()
+	}
+}
+
+// bridgeMain runs `kvrouterd bridge` until SIGTERM or SIGINT.
+func bridgeMain(args []string) {
+	c, err := parseBridgeConfig(args, os.LookupEnv, os.Stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "kvrouterd bridge:", err)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	if err := runBridge(ctx, c, os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "kvrouterd bridge:", err)
+		os.Exit(1)
 	}
 }

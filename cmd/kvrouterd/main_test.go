@@ -3,8 +3,10 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"os/exec"
 	"path/filepath"
 	"runtime"
@@ -13,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-zeromq/zmq4"
 	"github.com/kvrouterd/kvrouterd/client"
 	"github.com/kvrouterd/kvrouterd/ingest"
 	"github.com/kvrouterd/kvrouterd/shard"
@@ -50,6 +53,16 @@ func TestConfigEnvAndFlags(t *testing.T) {
 	f([]string{"--overlap-score-weight", "NaN"}, nil, "--overlap-score-weight")
 	f([]string{"--log-format", "xml"}, nil, "--log-format")
 	f([]string{"--max-candidates", "70000"}, nil, "--max-candidates")
+	f([]string{"--zmq", "worker=1,model=m"}, nil, "endpoint")
+	f([]string{"--nats-tls-cert", "c.pem"}, nil, "--nats-tls-key")
+	f([]string{"--approx-prune-target", "1.5"}, nil, "--approx-prune-target")
+	z, err := parseConfig(nil, env(map[string]string{"KVR_ZMQ": "worker=1,model=m,endpoint=tcp://h:5557;worker=2,model=m,endpoint=tcp://h:6557,ranks=2"}), io.Discard)
+	if err != nil || len(z.ZMQ) != 2 || z.ZMQ[1].Ranks != 2 {
+		t.Fatalf("KVR_ZMQ with two sources: %+v %v", z.ZMQ, err)
+	}
+	if _, err := parseBridgeConfig(nil, env(nil), io.Discard); err == nil || !strings.Contains(err.Error(), "--zmq") {
+		t.Fatalf("bridge without --zmq: %v", err)
+	}
 	var help bytes.Buffer
 	if _, err := parseConfig([]string{"--help"}, env(nil), &help); err == nil || !strings.Contains(help.String(), "KVR_ROUTER_TEMPERATURE") {
 		t.Fatalf("--help: %v\n%s", err, help.String())
@@ -135,6 +148,78 @@ func TestDaemonOverTCP(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+	// A worker registered through Dynamo's /register with its ZMQ endpoint (data-parallel rank 1)
+	// is subscribed to: a fake engine's PUB socket reaches the index.
+	engine := zmq4.NewPub(context.Background())
+	defer engine.Close()
+	zaddr := freeAddr(t)
+	if err := engine.Listen("tcp://" + zaddr); err != nil {
+		t.Fatal(err)
+	}
+	reg := fmt.Sprintf(`{"instance_id":4,"endpoint":"tcp://%s","model_name":"m","block_size":4,"dp_rank":1}`, zaddr)
+	hr, err := http.Post("http://"+addr+"/register", "application/json", strings.NewReader(reg))
+	if err != nil || hr.StatusCode != 201 {
+		t.Fatalf("/register: %v %v", hr, err)
+	}
+	hr.Body.Close()
+	zb := wire.EngineBatch{Events: []shard.Event{{Kind: shard.Stored, BlockSize: 4, Hashes: []uint64{9, 10}, Tokens: toks[:8]}}}
+	payload := wire.AppendEngineBatch(nil, &zb, wire.EngineForm{})
+	seq0 := make([]byte, 8) // the first batch, sequence 0; repeats are duplicates until one lands
+	for {
+		if err := engine.Send(zmq4.NewMsgFrom([]byte("kv"), seq0, payload)); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Match(&wire.RouteRequest{Model: "m", Tokens: toks}, &resp); err != nil {
+			t.Fatal(err)
+		}
+		if n := len(resp.Candidates); n == 4 && resp.Candidates[3].Worker == 4 && resp.Candidates[3].Rank == 1 && resp.Candidates[3].CachedBlocks == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("worker 4's ZMQ events never applied: %+v\n%s", resp, logs.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+
+	// `kvrouterd bridge` beside another engine forwards its events through the daemon's NATS
+	// stream into the index (worker 5).
+	engine2 := zmq4.NewPub(context.Background())
+	defer engine2.Close()
+	zaddr2 := freeAddr(t)
+	if err := engine2.Listen("tcp://" + zaddr2); err != nil {
+		t.Fatal(err)
+	}
+	var blogs bytes.Buffer
+	bridge := exec.Command(bin, "bridge", "--zmq", "worker=5,model=m,endpoint=tcp://"+zaddr2, "--nats-url", "nats://"+natsAddr)
+	bridge.Stderr = &blogs
+	if err := bridge.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer bridge.Process.Kill()
+	zb.Events[0].Hashes = []uint64{11, 12}
+	payload = wire.AppendEngineBatch(nil, &zb, wire.EngineForm{})
+	for {
+		if err := engine2.Send(zmq4.NewMsgFrom([]byte("kv"), seq0, payload)); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Match(&wire.RouteRequest{Model: "m", Tokens: toks}, &resp); err != nil {
+			t.Fatal(err)
+		}
+		if n := len(resp.Candidates); n == 5 && resp.Candidates[4].Worker == 5 && resp.Candidates[4].CachedBlocks == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("worker 5's bridged events never applied: %+v\nbridge:\n%s\ndaemon:\n%s", resp, blogs.String(), logs.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := bridge.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := bridge.Wait(); err != nil {
+		t.Fatalf("bridge exit: %v\n%s", err, blogs.String())
+	}
+
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}

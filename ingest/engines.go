@@ -1,0 +1,98 @@
+package ingest
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+)
+
+// Engines keeps one Subscriber per engine source, as flags and registrations (Dynamo's
+// /register with an endpoint) add and remove them. Safe for concurrent use.
+type Engines struct {
+	ctx  context.Context
+	sink EventSink
+	cfg  EngineConfig
+	log  *slog.Logger
+
+	mu     sync.Mutex
+	subs   map[engineKey]*Subscriber
+	closed bool
+}
+
+// engineKey identifies a source: a worker's ranks from FirstRank on.
+type engineKey struct {
+	worker uint64
+	rank   uint32
+}
+
+// NewEngines returns an empty set of subscriptions feeding sink until ctx ends or Close.
+func NewEngines(ctx context.Context, sink EventSink, cfg EngineConfig) *Engines {
+	cfg.defaults()
+	return &Engines{ctx: ctx, sink: sink, cfg: cfg, log: cfg.Logger, subs: map[engineKey]*Subscriber{}}
+}
+
+// Add subscribes to src. A source already subscribed for the same worker and first rank is
+// kept if it is the same, else replaced.
+func (e *Engines) Add(src EngineSource) error {
+	if err := src.Validate(); err != nil {
+		return err
+	}
+	k := engineKey{src.Worker, src.FirstRank}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return context.Canceled
+	}
+	if old := e.subs[k]; old != nil {
+		if old.Source() == src {
+			return nil
+		}
+		old.Close()
+		delete(e.subs, k)
+	}
+	sub, err := NewSubscriber(src, e.sink, e.cfg)
+	if err != nil {
+		return err
+	}
+	if err := sub.Start(e.ctx); err != nil {
+		return err
+	}
+	e.subs[k] = sub
+	e.log.Info("subscribed to an engine's KV events", "source", src.String())
+	return nil
+}
+
+// Remove ends the subscriptions of worker.
+func (e *Engines) Remove(worker uint64) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for k, sub := range e.subs {
+		if k.worker == worker {
+			sub.Close()
+			delete(e.subs, k)
+			e.log.Info("unsubscribed from an engine's KV events", "source", sub.Source().String())
+		}
+	}
+}
+
+// Stats returns each subscription's source and counters.
+func (e *Engines) Stats() map[string]EngineStats {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	out := make(map[string]EngineStats, len(e.subs))
+	for _, sub := range e.subs {
+		out[sub.Source().String()] = sub.Stats()
+	}
+	return out
+}
+
+// Close ends every subscription.
+func (e *Engines) Close() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.closed = true
+	for k, sub := range e.subs {
+		sub.Close()
+		delete(e.subs, k)
+	}
+}
