@@ -37,8 +37,9 @@ func BenchmarkCacheRecord(b *testing.B) {
 				w, seqs := s.next()
 				added, evicted = c.Record(w, seqs, now, added[:0], evicted[:0])
 			}
-			// Until a prune has run to the end.
-			for pruned := false; !pruned || c.pruning; {
+			// Until a prune has run to the end, or, for a working set below the cap (shared:
+			// no prune ever), until every family has been recorded a few times.
+			for pruned, n := false, 0; (!pruned || c.pruning) && (pruned || n < 4*bc.families); n++ {
 				step()
 				pruned = pruned || len(evicted) > 0
 			}
