@@ -32,6 +32,54 @@ func mustCheck(t testing.TB, c *Cache) {
 	}
 }
 
+// check verifies the Cache's invariants and returns the first violation; tests call it.
+func (c *Cache) check() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	seen, prevLast := 0, int64(math.MinInt64)
+	for x := c.nodes[0].next; x != 0; x = c.nodes[x].next {
+		nd := &c.nodes[x]
+		if c.nodes[nd.next].prev != x {
+			return fmt.Errorf("node %d: next %d links back to %d", x, nd.next, c.nodes[nd.next].prev)
+		}
+		if nd.last < prevLast {
+			return fmt.Errorf("node %d: used at %d after a node used at %d", x, nd.last, prevLast)
+		}
+		prevLast = nd.last
+		if nd.worker < 0 || int(nd.worker) >= len(c.workers) {
+			return fmt.Errorf("node %d: worker %d out of range", x, nd.worker)
+		}
+		wk := &c.workers[nd.worker]
+		if wi, ok := c.byKey[wk.key]; !ok || wi != nd.worker {
+			return fmt.Errorf("node %d: worker %d (%v) is not registered", x, nd.worker, wk.key)
+		}
+		if v, ok := wk.m.Get(nd.seq); !ok || int32(v) != x {
+			return fmt.Errorf("node %d: worker %v maps %#x to %d, %v", x, wk.key, nd.seq, v, ok)
+		}
+		if seen++; seen > c.n {
+			return fmt.Errorf("list longer than %d residencies", c.n)
+		}
+	}
+	if seen != c.n {
+		return fmt.Errorf("list has %d residencies, count %d", seen, c.n)
+	}
+	total := 0
+	for k, wi := range c.byKey {
+		wk := &c.workers[wi]
+		if wk.key != k || wk.m.Len() != wk.n {
+			return fmt.Errorf("worker %v: entry for %v, map %d, count %d", k, wk.key, wk.m.Len(), wk.n)
+		}
+		total += wk.n
+	}
+	if total != c.n {
+		return fmt.Errorf("workers hold %d residencies, count %d", total, c.n)
+	}
+	if c.n > c.max {
+		return fmt.Errorf("%d residencies over the cap %d", c.n, c.max)
+	}
+	return nil
+}
+
 // res builds residencies of worker id: pairs of sequence hash and depth.
 func res(id uint64, seqDepth ...int) []Residency {
 	var out []Residency
@@ -136,6 +184,31 @@ func TestPruneOrder(t *testing.T) {
 	same(t, "evicted with expired blocks", evicted, res(42, 2, 1, 1, 0, 12, 1))
 	same(t, "expired", c.Expire(20*sec, nil), res(42, 11, 0))
 
+	// A prune is spread over the Records that follow: each evicts down to the cap, then step
+	// more, until the target is reached; a block they use again is kept.
+	c = newCache(t, Config{TTL: time.Minute, MaxBlocks: 10, PruneTarget: 0.4})
+	c.step = 1
+	for i := range 5 {
+		c.Record(w, []uint64{uint64(10*i + 1), uint64(10*i + 2)}, int64(i), nil, nil)
+	}
+	_, evicted = c.Record(w, []uint64{51}, 5, nil, nil) // 11 > 10: back to 10, then step more
+	same(t, "evicted passing the cap", evicted, res(42, 2, 1, 1, 0))
+	_, evicted = c.Record(w, []uint64{11}, 6, nil, nil) // uses 11 again
+	same(t, "evicted on the way", evicted, res(42, 12, 1, 22, 1))
+	_, evicted = c.Record(w, []uint64{61}, 7, nil, nil)
+	same(t, "evicted on the way", evicted, res(42, 21, 0, 32, 1))
+	_, evicted = c.Record(w, []uint64{71}, 8, nil, nil)
+	same(t, "evicted on the way", evicted, res(42, 31, 0, 42, 1))
+	if c.Len() != 5 || !c.pruning {
+		t.Fatalf("Len %d pruning %v, want 5 true", c.Len(), c.pruning)
+	}
+	_, evicted = c.Record(w, []uint64{81}, 9, nil, nil)
+	same(t, "evicted reaching the target", evicted, res(42, 41, 0, 51, 0))
+	if c.Len() != 4 || c.pruning {
+		t.Fatalf("Len %d pruning %v, want 4 false", c.Len(), c.pruning)
+	}
+	mustCheck(t, c) // 11, 61, 71, 81 are left
+
 	// A request longer than the target evicts its own deepest blocks.
 	c = newCache(t, Config{TTL: time.Minute, MaxBlocks: 4, PruneTarget: 0.5})
 	added, evicted = c.Record(w, []uint64{1, 2, 3, 4, 5, 6}, 0, nil, nil)
@@ -190,11 +263,12 @@ func TestRepeatedHash(t *testing.T) {
 
 // refModel is the Cache written plainly: a map of residencies, sorted when an order is needed.
 type refModel struct {
-	ttl         int64
-	max, target int
-	now         int64
-	rec         int
-	m           map[refKey]refEntry
+	ttl               int64
+	max, target, step int
+	now               int64
+	rec               int
+	pruning           bool
+	m                 map[refKey]refEntry
 }
 
 type refKey struct {
@@ -247,10 +321,13 @@ func (r *refModel) record(w radix.WorkerKey, seqs []uint64, now int64) (added, e
 		}
 		r.m[k] = refEntry{last: now, rec: r.rec, depth: int32(i)}
 	}
-	if len(r.m) > r.max {
-		for _, k := range r.lru()[:len(r.m)-r.target] {
+	r.pruning = r.pruning || len(r.m) > r.max
+	if r.pruning {
+		k := max(len(r.m)-r.max, min(len(r.m)-r.target, len(seqs)+r.step))
+		for _, k := range r.lru()[:k] {
 			evicted = r.take(k, evicted)
 		}
+		r.pruning = len(r.m) > r.target
 	}
 	return added, evicted
 }
@@ -262,6 +339,7 @@ func (r *refModel) expire(now int64) (out []Residency) {
 			out = r.take(k, out)
 		}
 	}
+	r.pruning = r.pruning && len(r.m) > r.target
 	return out
 }
 
@@ -277,6 +355,7 @@ func (r *refModel) removeWorker(w radix.WorkerKey) (out []Residency) {
 	for _, x := range out {
 		delete(r.m, refKey{w, x.Seq})
 	}
+	r.pruning = r.pruning && len(r.m) > r.target
 	return out
 }
 
@@ -343,7 +422,8 @@ func TestRandomAgainstModel(t *testing.T) {
 			rng := rand.New(rand.NewPCG(seed, 99))
 			cfg := Config{TTL: 100 * time.Second, MaxBlocks: 20 + rng.IntN(100), PruneTarget: 0.3 + 0.7*rng.Float64()}
 			c := newCache(t, cfg)
-			r := &refModel{ttl: c.ttl, max: c.max, target: c.target, now: math.MinInt64, m: map[refKey]refEntry{}}
+			c.step = rng.IntN(20) // so that prunes take several Records
+			r := &refModel{ttl: c.ttl, max: c.max, target: c.target, step: c.step, now: math.MinInt64, m: map[refKey]refEntry{}}
 			ch := &chainer{parent: map[uint64]uint64{}}
 			workers := 2 + rng.IntN(6)
 			var now int64
@@ -372,8 +452,11 @@ func TestRandomAgainstModel(t *testing.T) {
 					out = c.RemoveWorker(w, out[:0])
 					same(t, fmt.Sprintf("op %d: removed", op), out, want)
 				}
-				if c.Len() != len(r.m) {
-					t.Fatalf("op %d: Len %d, model %d", op, c.Len(), len(r.m))
+				if c.Len() != len(r.m) || c.pruning != r.pruning {
+					t.Fatalf("op %d: Len %d pruning %v, model %d %v", op, c.Len(), c.pruning, len(r.m), r.pruning)
+				}
+				if c.Len() > c.max {
+					t.Fatalf("op %d: Len %d over the cap %d", op, c.Len(), c.max)
 				}
 				if op%50 == 0 {
 					mustCheck(t, c)
@@ -422,18 +505,22 @@ func TestConcurrent(t *testing.T) {
 	mustCheck(t, c)
 }
 
-// steady is a workload of 128-block requests: a family prompt routed to the family's worker
-// (every tenth request to another), then blocks unique to the request.
+// steady is a workload of 128-block requests: a family prompt, families drawn by a Zipf law
+// (s = 1.1, a few hot, a long tail), routed to the family's worker and every tenth request to a
+// random one, then blocks unique to the request.
 type steady struct {
 	workers  int
 	unique   int
 	families [][]uint64
+	rng      *rand.Rand
+	zipf     *rand.Zipf
 	seqs     []uint64
 	n        uint64
 }
 
 func newSteady(workers, families, unique int) *steady {
-	s := &steady{workers: workers, unique: unique}
+	rng := rand.New(rand.NewPCG(1, 2))
+	s := &steady{workers: workers, unique: unique, rng: rng, zipf: rand.NewZipf(rng, 1.1, 1, uint64(families-1))}
 	var ch chainer
 	for f := range families {
 		var prev uint64
@@ -449,13 +536,16 @@ func newSteady(workers, families, unique int) *steady {
 
 func (s *steady) next() (radix.WorkerKey, []uint64) {
 	s.n++
-	f := int(s.n % uint64(len(s.families)))
-	w := radix.WorkerKey{ID: uint64(f % s.workers)}
-	if s.n%10 == 0 {
-		w.ID = s.n * 7919 % uint64(s.workers)
+	f := s.zipf.Uint64()
+	w := radix.WorkerKey{ID: f % uint64(s.workers)}
+	if s.rng.IntN(10) == 0 {
+		w.ID = uint64(s.rng.IntN(s.workers))
 	}
 	s.seqs = append(s.seqs[:0], s.families[f]...)
-	prev := s.seqs[len(s.seqs)-1]
+	var prev uint64
+	if len(s.seqs) > 0 {
+		prev = s.seqs[len(s.seqs)-1]
+	}
 	var ch chainer
 	for i := range s.unique {
 		prev = ch.next(prev, s.n<<8|uint64(i))
@@ -494,54 +584,6 @@ func TestRecordAllocs(t *testing.T) {
 	mustCheck(t, c)
 }
 
-// check verifies the Cache's invariants and returns the first violation; tests call it.
-func (c *Cache) check() error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	seen, prevLast := 0, int64(math.MinInt64)
-	for x := c.nodes[0].next; x != 0; x = c.nodes[x].next {
-		nd := &c.nodes[x]
-		if c.nodes[nd.next].prev != x {
-			return fmt.Errorf("node %d: next %d links back to %d", x, nd.next, c.nodes[nd.next].prev)
-		}
-		if nd.last < prevLast {
-			return fmt.Errorf("node %d: used at %d after a node used at %d", x, nd.last, prevLast)
-		}
-		prevLast = nd.last
-		if nd.worker < 0 || int(nd.worker) >= len(c.workers) {
-			return fmt.Errorf("node %d: worker %d out of range", x, nd.worker)
-		}
-		wk := &c.workers[nd.worker]
-		if wi, ok := c.byKey[wk.key]; !ok || wi != nd.worker {
-			return fmt.Errorf("node %d: worker %d (%v) is not registered", x, nd.worker, wk.key)
-		}
-		if v, ok := wk.m.Get(nd.seq); !ok || int32(v) != x {
-			return fmt.Errorf("node %d: worker %v maps %#x to %d, %v", x, wk.key, nd.seq, v, ok)
-		}
-		if seen++; seen > c.n {
-			return fmt.Errorf("list longer than %d residencies", c.n)
-		}
-	}
-	if seen != c.n {
-		return fmt.Errorf("list has %d residencies, count %d", seen, c.n)
-	}
-	total := 0
-	for k, wi := range c.byKey {
-		wk := &c.workers[wi]
-		if wk.key != k || wk.m.Len() != wk.n {
-			return fmt.Errorf("worker %v: entry for %v, map %d, count %d", k, wk.key, wk.m.Len(), wk.n)
-		}
-		total += wk.n
-	}
-	if total != c.n {
-		return fmt.Errorf("workers hold %d residencies, count %d", total, c.n)
-	}
-	if c.n > c.max {
-		return fmt.Errorf("%d residencies over the cap %d", c.n, c.max)
-	}
-	return nil
-}
-
 // TestShrink: a worker that falls far below its peak gets a table sized for what it holds.
 func TestShrink(t *testing.T) {
 	c := newCache(t, Config{TTL: time.Second, MaxBlocks: 1 << 16})
@@ -564,8 +606,8 @@ func TestShrink(t *testing.T) {
 	}
 	mustCheck(t, c)
 	c.Expire(2*sec, nil)
-	if wk := c.workers[0]; wk.n != 0 || wk.peak != 0 || wk.m.Len() != 0 {
-		t.Fatalf("after expiry of all: %d residencies, peak %d", wk.n, wk.peak)
+	if wk := c.workers[0]; wk.n != 0 || wk.m.Len() != 0 {
+		t.Fatalf("after expiry of all: %d residencies, map %d", wk.n, wk.m.Len())
 	}
 	mustCheck(t, c)
 }

@@ -9,12 +9,21 @@
 //
 // A residency is one block (a sequence hash) held by one worker. Record(w, seqs, now) makes
 // every block of the chain seqs resident on w, used at now: new residencies are reported as
-// added, held ones are refreshed. A residency expires TTL after its last use. The number of
-// residencies over all workers is capped at MaxBlocks: when a Record takes it above, the Cache
-// evicts down to PruneTarget × MaxBlocks. Expired residencies go first, then the least recently
-// used; among residencies last used by the same Record, the deepest block of the chain first.
-// This is Dynamo's order: its heap pops the earliest expiry first, and among blocks of one
-// insertion, which share an expiry, the highest sequence position first.
+// added, held ones are refreshed. A residency expires TTL after its last use; Expire removes
+// the expired ones. The number of residencies over all workers is capped at MaxBlocks: when a
+// Record takes it above, the Cache prunes down to PruneTarget × MaxBlocks. Expired residencies
+// go first, then the least recently used; among residencies last used by the same Record, the
+// deepest block of the chain first. This is Dynamo's order: its heap pops the earliest expiry
+// first, and among the blocks of one insertion, which share an expiry, the highest sequence
+// position first.
+//
+// Unlike Dynamo, which prunes in one go, the Cache spreads a prune over Records: from the one
+// that passes the cap until the target is reached, each Record evicts as many residencies as it
+// has blocks, plus pruneStep (256), oldest first. The cap is never exceeded once a call
+// returns, each prune step brings the Cache 256 closer to the target, no Record does more than
+// O(its blocks + 256) work, and blocks that those Records use again in the meantime are kept,
+// as a true LRU would keep them. At the defaults a prune in one go is 210,000 evictions, 20 ms
+// during which no request can be routed.
 //
 // # Prefix closure
 //
@@ -37,10 +46,11 @@
 //
 // Residencies live in one slab of 32-byte nodes linked by int32 indices (no pointers for the
 // garbage collector to scan); each worker has an open-addressing map from sequence hash to node.
-// Record costs one map probe and one list move per block and allocates nothing once the slab
-// and maps have grown; Expire and pruning cost one map deletion per residency they remove.
-// Pruning removes (1 − PruneTarget) × MaxBlocks residencies in one call, as Dynamo does: at the
-// defaults about 210,000, a pause of a few milliseconds every time the cap is reached.
+// Record costs one map probe and one list move per block, prefetched a window ahead so that the
+// cache misses overlap, and allocates nothing once the slab and maps have grown; Expire and
+// pruning cost one list step and one map deletion per residency they remove. A worker's map
+// shrinks when the worker holds an eighth of its peak (of 4,096 or more), so memory follows
+// what is held.
 //
 // # Concurrency
 //
