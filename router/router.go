@@ -49,6 +49,9 @@ type Config struct {
 	Shards    int
 	QueueLen  int
 	MaxBlocks int64
+	// ClearOnGap drops a (worker, rank)'s blocks when its events skip ids, before applying the
+	// event after the gap: the events missed may have removed blocks (see shard.Applier).
+	ClearOnGap bool
 	// Observer receives anomalous event outcomes (may be nil).
 	Observer shard.Observer
 	// Logger receives decision lines at debug level and warnings (slog.Default()).
@@ -180,7 +183,7 @@ func New(cfg Config) *Router {
 	cfg.defaults()
 	r := &Router{
 		cfg:     cfg,
-		set:     shard.New(shard.Config{Shards: cfg.Shards, QueueLen: cfg.QueueLen, MaxBlocks: cfg.MaxBlocks, Observer: cfg.Observer}),
+		set:     shard.New(shard.Config{Shards: cfg.Shards, QueueLen: cfg.QueueLen, MaxBlocks: cfg.MaxBlocks, Observer: cfg.Observer, ClearOnGap: cfg.ClearOnGap}),
 		tracker: scoring.NewTracker(),
 		scratch: freelist.New[scratch](4 * runtime.GOMAXPROCS(0)),
 		log:     cfg.Logger,

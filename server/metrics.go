@@ -61,7 +61,7 @@ type routerCollector struct{ r *router.Router }
 var (
 	descEvents    = prometheus.NewDesc("kvrouterd_events_total", "KV events applied, by outcome status.", []string{"status"}, nil)
 	descBlocks    = prometheus.NewDesc("kvrouterd_event_blocks_total", "Blocks stored, removed, or skipped by events.", []string{"op"}, nil)
-	descGaps      = prometheus.NewDesc("kvrouterd_event_gaps_total", "Gaps in event ids, and the event ids missed.", []string{"kind"}, nil)
+	descGaps      = prometheus.NewDesc("kvrouterd_event_gaps_total", "Gaps in event ids, the event ids missed, and the ranks cleared to repair them.", []string{"kind"}, nil)
 	descQueue     = prometheus.NewDesc("kvrouterd_shard_queue_depth", "Batches waiting in the shard queues.", nil, nil)
 	descWaits     = prometheus.NewDesc("kvrouterd_shard_enqueue_waits_total", "Times a producer waited for a full shard queue.", nil, nil)
 	descRequests  = prometheus.NewDesc("kvrouterd_requests_total", "Route and match requests served, and requests expired.", []string{"kind"}, nil)
@@ -88,6 +88,7 @@ func (c *routerCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descBlocks, prometheus.CounterValue, float64(st.Events.SkippedBlocks), "skipped")
 	ch <- prometheus.MustNewConstMetric(descGaps, prometheus.CounterValue, float64(st.Events.Gaps), "gaps")
 	ch <- prometheus.MustNewConstMetric(descGaps, prometheus.CounterValue, float64(st.Events.MissedIDs), "missed_ids")
+	ch <- prometheus.MustNewConstMetric(descGaps, prometheus.CounterValue, float64(st.Events.GapClears), "ranks_cleared")
 	ch <- prometheus.MustNewConstMetric(descQueue, prometheus.GaugeValue, float64(st.Events.QueueDepth))
 	ch <- prometheus.MustNewConstMetric(descWaits, prometheus.CounterValue, float64(st.Events.EnqueueWaits))
 	ch <- prometheus.MustNewConstMetric(descRequests, prometheus.CounterValue, float64(st.Routed), "routed")

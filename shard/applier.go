@@ -11,12 +11,16 @@ import (
 // map, duplicate-content counts and event cursors. Every event of a worker must go through the
 // same Applier, in order. An Applier is for one goroutine at a time (a shard's, or a test's).
 type Applier struct {
-	workers   map[uint64]*worker
-	budget    *budget
-	allow     int64 // residencies reserved from budget and not used yet
-	obs       Observer
-	c         *counters
-	unflushed int64 // residencies removed by the current call, counted once at its end
+	workers map[uint64]*worker
+	budget  *budget
+	allow   int64 // residencies reserved from budget and not used yet
+	obs     Observer
+	c       *counters
+	// ClearOnGap drops a rank's blocks when an event arrives after a gap in its ids, before
+	// applying it: the missed events may have removed blocks, which the index would otherwise
+	// keep reporting. Set it before the first Apply.
+	ClearOnGap bool
+	unflushed  int64 // residencies removed by the current call, counted once at its end
 
 	h        radix.Hasher
 	seqs     []uint64 // an event's sequence hashes
@@ -113,6 +117,10 @@ func (a *Applier) apply(ix *radix.Index, id uint64, ev *Event, o *Outcome) {
 		}
 		if r.last != 0 && ev.ID > r.last+1 {
 			o.Gap = ev.ID - r.last - 1
+			if a.ClearOnGap {
+				o.Cleared = a.clearRank(w, r)
+				a.c.gapClears.Add(1)
+			}
 		}
 		r.last = ev.ID
 	}
@@ -253,14 +261,21 @@ func (a *Applier) drop(ix *radix.Index, r *rankState, seq uint64) bool {
 func (a *Applier) clear(w *worker) int {
 	n := 0
 	for _, r := range w.ranks {
-		r.engine.Each(func(_, seq uint64) {
-			if w.ix.Remove(seq, r.slot) {
-				n++
-			}
-		})
-		r.engine.Reset()
-		r.dup = nil
+		n += a.clearRank(w, r)
 	}
+	return n
+}
+
+// clearRank removes every block of rank r of w and returns how many residencies went away.
+func (a *Applier) clearRank(w *worker, r *rankState) int {
+	n := 0
+	r.engine.Each(func(_, seq uint64) {
+		if w.ix.Remove(seq, r.slot) {
+			n++
+		}
+	})
+	r.engine.Reset()
+	r.dup = nil
 	a.release(n)
 	return n
 }

@@ -218,3 +218,32 @@ func TestApplierWorkers(t *testing.T) {
 		t.Fatalf("returning worker: %+v", o)
 	}
 }
+
+// With ClearOnGap an event after a gap first drops its rank's blocks (a missed removal would
+// otherwise leave them reported), then applies; other ranks keep theirs.
+func TestApplierClearOnGap(t *testing.T) {
+	ix, _ := radix.New(radix.Config{BlockSize: bs})
+	a := shard.NewApplier(0, nil)
+	a.ClearOnGap = true
+	if o := a.Apply(ix, 7, stored(1, []uint64{101, 102}, 1, 2)); o.Status != shard.OK {
+		t.Fatal(o)
+	}
+	r1 := stored(1, []uint64{201}, 1)
+	r1.Rank = 1
+	if o := a.Apply(ix, 7, r1); o.Status != shard.OK {
+		t.Fatal(o)
+	}
+	o := a.Apply(ix, 7, stored(4, []uint64{301}, 3))
+	if o.Status != shard.OK || o.Gap != 2 || o.Cleared != 2 || o.Applied != 1 {
+		t.Fatalf("outcome %+v, want gap 2, 2 cleared, 1 applied", o)
+	}
+	if d := depths(t, ix, 1, 2)[radix.WorkerKey{ID: 7}]; d != 0 {
+		t.Fatalf("rank 0 still caches %d blocks of the old prompt", d)
+	}
+	if d := depths(t, ix, 1)[radix.WorkerKey{ID: 7, Rank: 1}]; d != 1 {
+		t.Fatalf("rank 1 lost its block: depth %d", d)
+	}
+	if st := a.Stats(); st.GapClears != 1 || st.Residencies != 2 {
+		t.Fatalf("stats %+v, want one gap clear and 2 residencies", st)
+	}
+}

@@ -53,7 +53,10 @@ type Outcome struct {
 	Status  Status
 	// Gap is the number of event ids missing right before this one (the event itself was
 	// applied): the caller should repair the worker (replay, or clear and resync).
-	Gap     uint64
+	Gap uint64
+	// Cleared is the residencies of the event's rank dropped before applying it, to repair a gap
+	// (Applier.ClearOnGap).
+	Cleared int
 	Applied int // blocks stored or removed
 	Skipped int // blocks named by the event but not applied (see Status)
 }
@@ -86,6 +89,7 @@ type Stats struct {
 	Clears        int64
 	Gaps          int64 // events that arrived after a gap in ids
 	MissedIDs     int64 // ids missing in those gaps
+	GapClears     int64 // ranks cleared to repair a gap (Config.ClearOnGap)
 	// ByStatus counts events per Status (ByStatus[OK] are events applied in full).
 	ByStatus [numStatus]int64
 	// SkippedBlocks counts blocks named by events but not applied.
@@ -100,6 +104,7 @@ type Stats struct {
 // anyone.
 type counters struct {
 	batches, events, stored, removed, clears, gaps, missed atomic.Int64
+	gapClears                                              atomic.Int64
 	byStatus                                               [numStatus]atomic.Int64
 	skipped, workersRemoved, enqueueWaits, residencies     atomic.Int64
 }
@@ -112,6 +117,7 @@ func (c *counters) addTo(s *Stats) {
 	s.Clears += c.clears.Load()
 	s.Gaps += c.gaps.Load()
 	s.MissedIDs += c.missed.Load()
+	s.GapClears += c.gapClears.Load()
 	for i := range c.byStatus {
 		s.ByStatus[i] += c.byStatus[i].Load()
 	}

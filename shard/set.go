@@ -29,6 +29,8 @@ type Config struct {
 	MaxBlocks int64
 	// Observer, if set, receives every anomalous outcome.
 	Observer Observer
+	// ClearOnGap sets Applier.ClearOnGap on every shard.
+	ClearOnGap bool
 }
 
 // Set is the event-application stage: N shard goroutines, each the only writer of the workers it
@@ -87,6 +89,7 @@ func New(cfg Config) *Set {
 	for range n {
 		sh := &shard{q: make(chan msg, ql)}
 		sh.a = newApplier(s.budget, cfg.Observer, &sh.c)
+		sh.a.ClearOnGap = cfg.ClearOnGap
 		s.shards = append(s.shards, sh)
 	}
 	s.wg.Add(n)

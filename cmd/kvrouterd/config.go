@@ -44,6 +44,7 @@ type config struct {
 	NATSReplicas  int
 	NATSStartSeq  uint64
 	WorkerTimeout time.Duration
+	ClearOnGap    bool
 	ZMQ           []ingest.EngineSource
 
 	// Approximate mode.
@@ -76,6 +77,7 @@ func defaults() config {
 		NATSMaxBytes:       4 << 30,
 		NATSReplicas:       1,
 		WorkerTimeout:      30 * time.Second,
+		ClearOnGap:         true,
 		ApproxTTL:          120 * time.Second,
 		ApproxMaxBlocks:    1 << 20,
 		ApproxPruneTarget:  0.8,
@@ -125,6 +127,7 @@ func parseConfig(args []string, env func(string) (string, bool), out io.Writer) 
 	fs.DurationVar(&c.ApproxTTL, "approx-ttl", c.ApproxTTL, "approximate mode: how long a block stays cached after the last request that used it")
 	fs.IntVar(&c.ApproxMaxBlocks, "approx-max-blocks", c.ApproxMaxBlocks, "approximate mode: cap on (block, worker) residencies")
 	fs.Float64Var(&c.ApproxPruneTarget, "approx-prune-target", c.ApproxPruneTarget, "approximate mode: past the cap, prune the least recently used (deepest first) down to this fraction of it")
+	fs.BoolVar(&c.ClearOnGap, "clear-on-gap", c.ClearOnGap, "when a worker's event ids skip (events lost upstream), drop that rank's blocks before applying the next event: an index that under-reports, never one that reports blocks a missed event removed")
 	fs.DurationVar(&c.WorkerTimeout, "worker-timeout", c.WorkerTimeout, "a worker that sends load reports is removed from routing, its blocks dropped, after this long silent (0: never)")
 	if err := parseFlags(fs, args, env, out, "kvrouterd: a KV-cache-aware router for LLM inference workers.\n\n"+
 		"Usage: kvrouterd [flags]\n       kvrouterd bridge [flags]   (kvrouterd bridge --help)"); err != nil {

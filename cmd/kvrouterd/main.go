@@ -72,6 +72,7 @@ func run(ctx context.Context, c config) error {
 		QueueLen:        c.QueueLen,
 		MaxBlocks:       c.MaxBlocks,
 		WorkerTimeout:   c.WorkerTimeout,
+		ClearOnGap:      c.ClearOnGap,
 		Approximate:     c.approx(),
 		Endpoints:       watch,
 		Logger:          log,
