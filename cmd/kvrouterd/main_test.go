@@ -75,11 +75,7 @@ func TestDaemonOverTCP(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the binary")
 	}
-	bin := filepath.Join(t.TempDir(), "kvrouterd")
-	gobin := filepath.Join(runtime.GOROOT(), "bin", "go")
-	if out, err := exec.Command(gobin, "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	bin := buildDaemon(t)
 	addr, natsAddr := freeAddr(t), freeAddr(t)
 	var logs bytes.Buffer
 	cmd := exec.Command(bin, "--http-addr", addr, "--nats-listen", natsAddr, "--data-dir", t.TempDir(), "--shards", "2", "--log-level", "debug")
@@ -249,4 +245,117 @@ func freeAddr(t *testing.T) string {
 	}
 	defer ln.Close()
 	return ln.Addr().String()
+}
+
+// buildDaemon builds the binary into a temporary directory.
+func buildDaemon(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "kvrouterd")
+	gobin := filepath.Join(runtime.GOROOT(), "bin", "go")
+	if out, err := exec.Command(gobin, "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// TestDaemonExternalNATS runs the binary with --nats-url against a nats-server process, which is
+// stopped and started again: the daemon keeps answering, reconnects, and applies what is
+// published after the restart.
+func TestDaemonExternalNATS(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the binary and nats-server")
+	}
+	natsBin, err := exec.LookPath("nats-server")
+	if err != nil {
+		t.Skip("nats-server is not installed (Debian: apt-get install nats-server); .ci/run installs it")
+	}
+	natsAddr, store := freeAddr(t), t.TempDir()
+	host, port, _ := net.SplitHostPort(natsAddr)
+	startNATS := func() *exec.Cmd {
+		c := exec.Command(natsBin, "-a", host, "-p", port, "-js", "-sd", store)
+		if err := c.Start(); err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	ns := startNATS()
+	defer func() { ns.Process.Kill(); ns.Wait() }()
+
+	bin := buildDaemon(t)
+	addr := freeAddr(t)
+	var logs bytes.Buffer
+	cmd := exec.Command(bin, "--http-addr", addr, "--nats-url", "nats://"+natsAddr, "--data-dir", t.TempDir(), "--shards", "2")
+	cmd.Stderr = &logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	c := client.New(client.Config{Addr: addr, Timeout: 5 * time.Second})
+	deadline := time.Now().Add(30 * time.Second)
+	nc, err := nats.Connect("nats://"+natsAddr, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	pub, err := ingest.NewPublisher(nc, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	toks := []uint32{1, 2, 3, 4, 5, 6, 7, 8}
+	// publish stores block b (chained) on worker w, retrying while the server is away or the
+	// stream does not exist yet (the daemon creates it).
+	publish := func(w, id uint64, hashes []uint64, tokens []uint32, parent uint64) {
+		b := &wire.EventBatch{Worker: w, Model: "m", Events: []shard.Event{{Kind: shard.Stored, ID: id, BlockSize: 4,
+			Hashes: hashes, Tokens: tokens, Parent: parent, HasParent: parent != 0}}}
+		for {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			_, err := pub.Batch(ctx, b)
+			cancel()
+			if err == nil {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("publish: %v\n%s", err, logs.String())
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	var resp wire.RouteResponse
+	waitCached := func(w uint64, blocks uint32) {
+		for {
+			err := c.Match(&wire.RouteRequest{Model: "m", Tokens: toks}, &resp)
+			if err == nil {
+				for _, cd := range resp.Candidates {
+					if cd.Worker == w && cd.CachedBlocks == blocks {
+						return
+					}
+				}
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("worker %d never cached %d blocks: %+v %v\n%s", w, blocks, resp, err, logs.String())
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	publish(1, 1, []uint64{11}, toks[:4], 0)
+	waitCached(1, 1)
+
+	ns.Process.Signal(syscall.SIGTERM)
+	ns.Wait()
+	// The server is gone: routes are still answered from the index.
+	if err := c.Route(&wire.RouteRequest{RequestID: "r", Model: "m", Tokens: toks}, &resp); err != nil || resp.Worker != 1 {
+		t.Fatalf("route while NATS is down: %+v %v", resp, err)
+	}
+	ns = startNATS()
+	publish(1, 2, []uint64{12}, toks[4:8], 11)
+	waitCached(1, 2)
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("exit: %v\n%s", err, logs.String())
+	}
+	if !strings.Contains(logs.String(), "nats reconnected") {
+		t.Fatalf("no reconnection in the log:\n%s", logs.String())
+	}
 }
