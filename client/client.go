@@ -177,6 +177,7 @@ type EventsResult struct {
 		Applied int    `json:"applied"`
 		Skipped int    `json:"skipped"`
 		Gap     uint64 `json:"gap"`
+		Cleared int    `json:"cleared"` // residencies dropped to repair the gap
 	} `json:"outcomes"`
 }
 

@@ -263,6 +263,8 @@ func appendOutcomesJSON(b []byte, oc []shard.Outcome) []byte {
 		b = strconv.AppendInt(b, int64(o.Skipped), 10)
 		b = append(b, `,"gap":`...)
 		b = strconv.AppendUint(b, o.Gap, 10)
+		b = append(b, `,"cleared":`...)
+		b = strconv.AppendInt(b, int64(o.Cleared), 10)
 		b = append(b, '}')
 	}
 	return append(b, "]}\n"...)
