@@ -157,7 +157,7 @@ func (r *Router) route(req *wire.RouteRequest, resp *wire.RouteResponse, book bo
 	var chosen int
 	var err error
 	if book {
-		chosen, err = r.chooser.Choose(s.cands, &p, nil)
+		chosen, err = r.chooser.Choose(s.cands, &p, r.cfg.Rand)
 	} else {
 		if err = p.Check(); err == nil {
 			scoring.Score(s.cands, &p)

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"runtime"
 	"slices"
 	"sort"
@@ -56,6 +57,10 @@ type Config struct {
 	Observer shard.Observer
 	// Logger receives decision lines at debug level and warnings (slog.Default()).
 	Logger *slog.Logger
+	// Rand, if set, is the source of tie-breaks and softmax samples, for reproducible
+	// simulations; such a Router must not route from several goroutines at once. nil uses the
+	// runtime's source, safe for concurrent use.
+	Rand *rand.Rand
 	// Now is the clock for request expiry, in nanoseconds (a monotonic clock by default).
 	Now func() int64
 }
