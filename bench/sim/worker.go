@@ -1,0 +1,643 @@
+package sim
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/kvrouterd/kvrouterd/radix"
+	"github.com/kvrouterd/kvrouterd/shard"
+)
+
+var (
+	// ErrEmptyPrompt: a request without prompt tokens.
+	ErrEmptyPrompt = errors.New("sim: request has an empty prompt")
+	// ErrTooLarge: a request whose prompt and output could not fit even in an empty cache.
+	ErrTooLarge = errors.New("sim: request does not fit in the worker's KV cache")
+)
+
+// WorkerConfig sizes a Worker. It is a plain value; zero fields take the defaults of Dynamo's
+// mocker (DefaultWorkerConfig).
+type WorkerConfig struct {
+	Blocks           int    // KV capacity in blocks (default 16384)
+	BlockSize        int    // tokens per block (default 64)
+	MaxSeqs          int    // max running sequences (default 256)
+	MaxBatchedTokens int    // max tokens per step: prefill chunks + 1 per decoding sequence (default 8192)
+	Timing           Timing // step-time model (default DefaultTiming(); the zero Timing means default)
+}
+
+// DefaultWorkerConfig returns the defaults of Dynamo's mocker: 16384 blocks of 64 tokens, 256
+// sequences, 8192 batched tokens, DefaultTiming.
+func DefaultWorkerConfig() WorkerConfig {
+	return WorkerConfig{Blocks: 16384, BlockSize: 64, MaxSeqs: 256, MaxBatchedTokens: 8192, Timing: DefaultTiming()}
+}
+
+func (c WorkerConfig) withDefaults() WorkerConfig {
+	d := DefaultWorkerConfig()
+	if c.Blocks <= 0 {
+		c.Blocks = d.Blocks
+	}
+	if c.BlockSize <= 0 {
+		c.BlockSize = d.BlockSize
+	}
+	if c.MaxSeqs <= 0 {
+		c.MaxSeqs = d.MaxSeqs
+	}
+	if c.MaxBatchedTokens <= 0 {
+		c.MaxBatchedTokens = d.MaxBatchedTokens
+	}
+	if c.Timing == (Timing{}) {
+		c.Timing = d.Timing
+	}
+	return c
+}
+
+// Request is one inference request. The worker keeps Tokens (not a copy) until the request
+// completes: the caller must not modify it before then.
+type Request struct {
+	ID     uint64
+	Tokens []uint32 // the prompt
+	Output int      // tokens to generate; values below 1 count as 1
+}
+
+// Done reports a request's progress.
+type Done struct {
+	ID     uint64
+	At     int64 // simulated time, ns: the end of the step
+	Cached int   // prompt tokens that were a prefix-cache hit
+}
+
+// StepOutput is what one Step produced. Step resets and refills it; the slices (and the
+// slices inside Events) are valid until the next Step with the same StepOutput. Reusing one
+// StepOutput across steps makes steady-state steps allocation-free.
+type StepOutput struct {
+	// Events are the KV events of the step, in order, IDs from 1 up per worker: the batch a real
+	// engine would publish after this step.
+	Events      []shard.Event
+	PrefillDone []Done // requests whose prefill finished in this step (first token at At)
+	Completed   []Done // requests that finished in this step
+
+	PrefillTokens int // prompt tokens computed in the step
+	DecodeTokens  int // decoding sequences served in the step (first tokens not counted)
+
+	hashes []uint64 // arena of the events' Hashes
+	tokens []uint32 // arena of the events' Tokens
+}
+
+func (o *StepOutput) reset() {
+	clear(o.Events) // drop references into old arenas
+	o.Events = o.Events[:0]
+	o.PrefillDone = o.PrefillDone[:0]
+	o.Completed = o.Completed[:0]
+	o.PrefillTokens, o.DecodeTokens = 0, 0
+	o.hashes = o.hashes[:0]
+	o.tokens = o.tokens[:0]
+}
+
+// Stats are a worker's cumulative counters.
+type Stats struct {
+	Submitted, Rejected, Admitted, Completed uint64
+	PromptTokens                             uint64 // prompt tokens of admitted requests
+	CachedTokens                             uint64 // of which prefix-cache hits
+	StoredBlocks, EvictedBlocks              uint64
+	Steps                                    uint64
+}
+
+const none int32 = -1
+
+// block is one KV block slot. A block is free (in Worker.free), private to one sequence
+// (ref 1, not stored), or stored: in byHash, pinned by ref running sequences, or in the LRU
+// list when ref is 0.
+type block struct {
+	hash, parent      uint64 // engine hash and parent's engine hash, when stored
+	ref               int32
+	prev, next        int32 // LRU links
+	stored, hasParent bool
+}
+
+// seq is a request inside the worker.
+type seq struct {
+	id        uint64
+	tokens    []uint32
+	output    int
+	hashes    []uint64 // engine hashes of the full prompt blocks
+	blocks    []int32  // the sequence's KV blocks in order
+	maxBlocks int      // blocks it holds when it completes
+	stored    int      // blocks[:stored] are stored prompt blocks it pins
+	computed  int      // tokens whose KV is computed
+	generated int
+	cached    int // prompt tokens hit in the cache
+	emitted   bool
+}
+
+// Worker is a simulated inference worker. It belongs to one goroutine at a time.
+type Worker struct {
+	id  uint64
+	cfg WorkerConfig
+
+	blocks           []block
+	free             []int32 // stack of free block slots
+	lruHead, lruTail int32   // least recently used at the head
+	lruLen           int
+	byHash           map[uint64]int32
+	reserved         int // blocks running sequences may still allocate
+
+	running []*seq
+	waiting []*seq
+	whead   int // waiting[whead:] is the queue
+	pool    []*seq
+
+	hasher radix.Hasher
+	seed   uint64
+	nextID uint64 // ID of the last event published
+
+	out  *StepOutput // during Step
+	recs []eventRec
+	st   Stats
+}
+
+// eventRec is an event of the step under way; its hashes and tokens are ranges of the output's
+// arenas, turned into slices once the arenas stop growing.
+type eventRec struct {
+	kind      shard.Kind
+	h0, h1    int
+	t0, t1    int
+	parent    uint64
+	hasParent bool
+}
+
+// NewWorker returns an idle worker with an empty cache. id is informational (ID).
+func NewWorker(id uint64, cfg WorkerConfig) *Worker {
+	cfg = cfg.withDefaults()
+	w := &Worker{
+		id:      id,
+		cfg:     cfg,
+		blocks:  make([]block, cfg.Blocks),
+		free:    make([]int32, cfg.Blocks),
+		lruHead: none, lruTail: none,
+		byHash: make(map[uint64]int32, cfg.Blocks),
+		seed:   radix.LoRASeed(""),
+	}
+	// Pop order 0, 1, 2, …: the stack holds the slots in reverse.
+	for i := range w.free {
+		w.free[i] = int32(cfg.Blocks - 1 - i)
+	}
+	for i := range w.blocks {
+		w.blocks[i].prev, w.blocks[i].next = none, none
+	}
+	return w
+}
+
+// ID returns the id the worker was created with.
+func (w *Worker) ID() uint64 { return w.id }
+
+// Config returns the worker's configuration with defaults filled in.
+func (w *Worker) Config() WorkerConfig { return w.cfg }
+
+// Stats returns the worker's cumulative counters.
+func (w *Worker) Stats() Stats { return w.st }
+
+// Idle reports whether nothing is running or waiting.
+func (w *Worker) Idle() bool { return len(w.running) == 0 && w.whead == len(w.waiting) }
+
+// Running returns the number of running sequences.
+func (w *Worker) Running() int { return len(w.running) }
+
+// Waiting returns the number of queued requests.
+func (w *Worker) Waiting() int { return len(w.waiting) - w.whead }
+
+// Usage returns the fraction of KV blocks in use: held by running sequences or cached.
+func (w *Worker) Usage() float64 {
+	return float64(w.cfg.Blocks-len(w.free)) / float64(w.cfg.Blocks)
+}
+
+// ActiveUsage returns the fraction of KV blocks held by running sequences (cached blocks nobody
+// pins excluded). The step-time model uses it, as Dynamo's mocker uses its active blocks.
+func (w *Worker) ActiveUsage() float64 {
+	return float64(w.cfg.Blocks-len(w.free)-w.lruLen) / float64(w.cfg.Blocks)
+}
+
+// CachedBlocks returns the number of blocks the worker holds (cached or in use) and has
+// published as stored.
+func (w *Worker) CachedBlocks() int { return len(w.byHash) }
+
+func (w *Worker) blocksFor(tokens int) int {
+	return (tokens + w.cfg.BlockSize - 1) / w.cfg.BlockSize
+}
+
+// Submit enqueues r at the back of the waiting queue (now is its arrival time; the worker does
+// not otherwise use it). It refuses, with an error wrapping ErrEmptyPrompt or ErrTooLarge, a
+// request with no prompt tokens or one that needs more than the whole cache; a refused request
+// is not queued and will never be reported.
+func (w *Worker) Submit(r *Request, now int64) error {
+	_ = now
+	w.st.Submitted++
+	if len(r.Tokens) == 0 {
+		w.st.Rejected++
+		return fmt.Errorf("%w (request %d)", ErrEmptyPrompt, r.ID)
+	}
+	output := max(r.Output, 1)
+	// The last generated token is sampled, never fed back: its KV is not stored.
+	need := w.blocksFor(len(r.Tokens) + output - 1)
+	if need > w.cfg.Blocks {
+		w.st.Rejected++
+		return fmt.Errorf("%w: request %d (%d prompt + %d output tokens) needs %d blocks, capacity %d",
+			ErrTooLarge, r.ID, len(r.Tokens), output, need, w.cfg.Blocks)
+	}
+	var s *seq
+	if n := len(w.pool); n > 0 {
+		s, w.pool = w.pool[n-1], w.pool[:n-1]
+	} else {
+		s = new(seq)
+	}
+	*s = seq{id: r.ID, tokens: r.Tokens, output: output, maxBlocks: need,
+		hashes: s.hashes[:0], blocks: s.blocks[:0]}
+	s.hashes = w.hasher.AppendSequence(s.hashes, r.Tokens, w.cfg.BlockSize, w.seed)
+	if w.whead > 0 && w.whead == len(w.waiting) {
+		clear(w.waiting)
+		w.waiting, w.whead = w.waiting[:0], 0
+	} else if w.whead > 64 && w.whead*2 > len(w.waiting) {
+		n := copy(w.waiting, w.waiting[w.whead:])
+		clear(w.waiting[n:])
+		w.waiting, w.whead = w.waiting[:n], 0
+	}
+	w.waiting = append(w.waiting, s)
+	return nil
+}
+
+// Step runs one scheduler step starting at now (see the package doc for the model) and
+// returns the time it ends. out is reset and refilled. An idle worker does nothing and returns
+// now (out is still reset). Every other step takes at least 1 ns, so a simulation always
+// advances.
+func (w *Worker) Step(now int64, out *StepOutput) int64 {
+	out.reset()
+	w.recs = w.recs[:0]
+	if w.Idle() {
+		return now
+	}
+	w.st.Steps++
+	w.out = out
+	budget := w.cfg.MaxBatchedTokens
+	decoding := false
+	// Decoding sequences first, then running prefills in admission order.
+	for _, s := range w.running {
+		if budget == 0 {
+			break
+		}
+		if s.computed >= len(s.tokens) {
+			budget -= w.schedule(s, budget)
+			decoding = true
+		}
+	}
+	for _, s := range w.running {
+		if budget == 0 {
+			break
+		}
+		if s.computed < len(s.tokens) {
+			budget -= w.schedule(s, budget)
+			decoding = decoding || s.emitted
+		}
+	}
+	for budget > 0 && len(w.running) < w.cfg.MaxSeqs && w.whead < len(w.waiting) {
+		s := w.waiting[w.whead]
+		if !w.admit(s) {
+			break
+		}
+		w.waiting[w.whead] = nil
+		w.whead++
+		w.running = append(w.running, s)
+		budget -= w.schedule(s, budget)
+		decoding = decoding || s.emitted
+	}
+
+	end := now + max(1, int64(w.cfg.Timing.StepTime(out.PrefillTokens, w.ActiveUsage(), decoding)))
+
+	kept := w.running[:0]
+	for _, s := range w.running {
+		if !s.emitted {
+			kept = append(kept, s)
+			continue
+		}
+		s.emitted = false
+		if s.generated == 1 {
+			out.PrefillDone = append(out.PrefillDone, Done{ID: s.id, At: end, Cached: s.cached})
+		}
+		if s.generated < s.output {
+			kept = append(kept, s)
+			continue
+		}
+		out.Completed = append(out.Completed, Done{ID: s.id, At: end, Cached: s.cached})
+		w.release(s)
+	}
+	clear(w.running[len(kept):])
+	w.running = kept
+
+	for _, r := range w.recs {
+		w.nextID++
+		ev := shard.Event{Kind: r.kind, ID: w.nextID, Hashes: out.hashes[r.h0:r.h1:r.h1]}
+		if r.kind == shard.Stored {
+			ev.Parent, ev.HasParent = r.parent, r.hasParent
+			ev.BlockSize = w.cfg.BlockSize
+			ev.Tokens = out.tokens[r.t0:r.t1:r.t1]
+		}
+		out.Events = append(out.Events, ev)
+	}
+	w.out = nil
+	return end
+}
+
+// schedule gives s its work of this step within budget (> 0) and returns the tokens used.
+func (w *Worker) schedule(s *seq, budget int) int {
+	prompt := len(s.tokens)
+	if s.computed < prompt {
+		chunk := min(prompt-s.computed, budget)
+		w.grow(s, s.computed+chunk)
+		s.computed += chunk
+		w.storeFull(s)
+		w.out.PrefillTokens += chunk
+		if s.computed == prompt {
+			s.generated++ // the first token is sampled from the last prefill position
+			s.emitted = true
+		}
+		return chunk
+	}
+	// Decode: compute the KV of the token sampled last step and sample the next one.
+	w.grow(s, s.computed+1)
+	s.computed++
+	s.generated++
+	s.emitted = true
+	w.out.DecodeTokens++
+	return 1
+}
+
+// admit pins s's cache hit and reserves the blocks it can still need, or reports false when
+// the cache cannot hold it now.
+func (w *Worker) admit(s *seq) bool {
+	limit := min(len(s.hashes), (len(s.tokens)-1)/w.cfg.BlockSize)
+	hit, unpinned := 0, 0
+	for hit < limit {
+		b, ok := w.byHash[s.hashes[hit]]
+		if !ok {
+			break
+		}
+		if w.blocks[b].ref == 0 {
+			unpinned++
+		}
+		hit++
+	}
+	need := s.maxBlocks - hit
+	if need > len(w.free)+w.lruLen-unpinned-w.reserved {
+		return false
+	}
+	for i := range hit {
+		b := w.byHash[s.hashes[i]]
+		w.pin(b)
+		s.blocks = append(s.blocks, b)
+	}
+	s.stored = hit
+	s.computed = hit * w.cfg.BlockSize
+	s.cached = s.computed
+	w.reserved += need
+	w.st.Admitted++
+	w.st.PromptTokens += uint64(len(s.tokens))
+	w.st.CachedTokens += uint64(s.cached)
+	return true
+}
+
+// grow gives s the blocks to hold tokens tokens of KV.
+func (w *Worker) grow(s *seq, tokens int) {
+	for need := w.blocksFor(tokens); len(s.blocks) < need; {
+		b := w.alloc()
+		w.blocks[b].ref = 1
+		s.blocks = append(s.blocks, b)
+		w.reserved--
+	}
+}
+
+// alloc takes a free block, or evicts the least recently used unpinned cached one.
+func (w *Worker) alloc() int32 {
+	if n := len(w.free); n > 0 {
+		b := w.free[n-1]
+		w.free = w.free[:n-1]
+		return b
+	}
+	b := w.lruHead
+	if b == none {
+		panic("sim: no KV block to allocate; the admission reservation is broken")
+	}
+	w.lruRemove(b)
+	blk := &w.blocks[b]
+	delete(w.byHash, blk.hash)
+	w.recordRemoved(blk.hash)
+	*blk = block{prev: none, next: none}
+	w.st.EvictedBlocks++
+	return b
+}
+
+// storeFull stores s's prompt blocks that the chunks so far have filled.
+func (w *Worker) storeFull(s *seq) {
+	full := min(s.computed/w.cfg.BlockSize, len(s.hashes))
+	for i := s.stored; i < full; i++ {
+		b, h := s.blocks[i], s.hashes[i]
+		if e, ok := w.byHash[h]; ok {
+			// Computed concurrently by another sequence: share the cached copy.
+			w.pin(e)
+			w.blocks[b].ref = 0
+			w.free = append(w.free, b)
+			s.blocks[i] = e
+			continue
+		}
+		blk := &w.blocks[b]
+		blk.hash, blk.stored = h, true
+		if i > 0 {
+			blk.parent, blk.hasParent = s.hashes[i-1], true
+		}
+		w.byHash[h] = b
+		w.recordStored(blk.hash, blk.parent, blk.hasParent, s.tokens[i*w.cfg.BlockSize:(i+1)*w.cfg.BlockSize])
+		w.st.StoredBlocks++
+	}
+	s.stored = max(s.stored, full)
+}
+
+// release returns a completed sequence's blocks, tail first, and recycles s.
+func (w *Worker) release(s *seq) {
+	w.reserved -= s.maxBlocks - len(s.blocks)
+	for i := len(s.blocks) - 1; i >= 0; i-- {
+		b := s.blocks[i]
+		blk := &w.blocks[b]
+		blk.ref--
+		if blk.ref > 0 {
+			continue
+		}
+		if blk.stored {
+			w.lruPushTail(b)
+		} else {
+			w.free = append(w.free, b)
+		}
+	}
+	w.st.Completed++
+	s.tokens = nil
+	w.pool = append(w.pool, s)
+}
+
+func (w *Worker) pin(b int32) {
+	if w.blocks[b].ref == 0 {
+		w.lruRemove(b)
+	}
+	w.blocks[b].ref++
+}
+
+func (w *Worker) lruPushTail(b int32) {
+	blk := &w.blocks[b]
+	blk.prev, blk.next = w.lruTail, none
+	if w.lruTail == none {
+		w.lruHead = b
+	} else {
+		w.blocks[w.lruTail].next = b
+	}
+	w.lruTail = b
+	w.lruLen++
+}
+
+func (w *Worker) lruRemove(b int32) {
+	blk := &w.blocks[b]
+	if blk.prev == none {
+		w.lruHead = blk.next
+	} else {
+		w.blocks[blk.prev].next = blk.next
+	}
+	if blk.next == none {
+		w.lruTail = blk.prev
+	} else {
+		w.blocks[blk.next].prev = blk.prev
+	}
+	blk.prev, blk.next = none, none
+	w.lruLen--
+}
+
+// recordStored appends a stored block to the step's events, extending the last event when it is
+// a Stored event ending with the block's parent.
+func (w *Worker) recordStored(hash, parent uint64, hasParent bool, tokens []uint32) {
+	o := w.out
+	if n := len(w.recs); n > 0 && hasParent {
+		r := &w.recs[n-1]
+		if r.kind == shard.Stored && o.hashes[r.h1-1] == parent {
+			o.hashes = append(o.hashes, hash)
+			o.tokens = append(o.tokens, tokens...)
+			r.h1, r.t1 = len(o.hashes), len(o.tokens)
+			return
+		}
+	}
+	r := eventRec{kind: shard.Stored, h0: len(o.hashes), t0: len(o.tokens), parent: parent, hasParent: hasParent}
+	o.hashes = append(o.hashes, hash)
+	o.tokens = append(o.tokens, tokens...)
+	r.h1, r.t1 = len(o.hashes), len(o.tokens)
+	w.recs = append(w.recs, r)
+}
+
+// recordRemoved appends an evicted block to the step's events, extending the last event when
+// it is a Removed event.
+func (w *Worker) recordRemoved(hash uint64) {
+	o := w.out
+	if n := len(w.recs); n > 0 && w.recs[n-1].kind == shard.Removed {
+		o.hashes = append(o.hashes, hash)
+		w.recs[n-1].h1 = len(o.hashes)
+		return
+	}
+	w.recs = append(w.recs, eventRec{kind: shard.Removed, h0: len(o.hashes), h1: len(o.hashes) + 1})
+	o.hashes = append(o.hashes, hash)
+}
+
+// check verifies the worker's internal invariants; tests call it after every step.
+func (w *Worker) check() error {
+	refs := make([]int32, len(w.blocks))
+	reserved := 0
+	for _, s := range w.running {
+		if s.stored > len(s.blocks) || len(s.blocks) > s.maxBlocks {
+			return fmt.Errorf("seq %d: stored %d, blocks %d, max %d", s.id, s.stored, len(s.blocks), s.maxBlocks)
+		}
+		if want := w.blocksFor(s.computed); len(s.blocks) != want {
+			return fmt.Errorf("seq %d: %d blocks for %d computed tokens", s.id, len(s.blocks), s.computed)
+		}
+		for i, b := range s.blocks {
+			refs[b]++
+			blk := &w.blocks[b]
+			if (i < s.stored) != blk.stored {
+				return fmt.Errorf("seq %d block %d: stored %v, seq stored %d", s.id, i, blk.stored, s.stored)
+			}
+			if blk.stored && blk.hash != s.hashes[i] {
+				return fmt.Errorf("seq %d block %d: hash mismatch", s.id, i)
+			}
+		}
+		reserved += s.maxBlocks - len(s.blocks)
+	}
+	if reserved != w.reserved {
+		return fmt.Errorf("reserved %d, want %d", w.reserved, reserved)
+	}
+	inFree := make([]bool, len(w.blocks))
+	for _, b := range w.free {
+		if inFree[b] {
+			return fmt.Errorf("block %d free twice", b)
+		}
+		inFree[b] = true
+	}
+	inLRU := make([]bool, len(w.blocks))
+	lruPos := make([]int, len(w.blocks))
+	n, prev := 0, none
+	for b := w.lruHead; b != none; b = w.blocks[b].next {
+		if w.blocks[b].prev != prev {
+			return fmt.Errorf("LRU link broken at %d", b)
+		}
+		inLRU[b] = true
+		lruPos[b] = n
+		prev = b
+		n++
+	}
+	if n != w.lruLen || prev != w.lruTail {
+		return fmt.Errorf("LRU length %d, counted %d", w.lruLen, n)
+	}
+	stored := 0
+	for b := range w.blocks {
+		blk := &w.blocks[b]
+		if blk.ref != refs[b] {
+			return fmt.Errorf("block %d: ref %d, held by %d", b, blk.ref, refs[b])
+		}
+		switch {
+		case inFree[b]:
+			if blk.ref != 0 || blk.stored || inLRU[b] {
+				return fmt.Errorf("free block %d in use", b)
+			}
+		case blk.stored:
+			stored++
+			if w.byHash[blk.hash] != int32(b) {
+				return fmt.Errorf("stored block %d not indexed", b)
+			}
+			if inLRU[b] != (blk.ref == 0) {
+				return fmt.Errorf("stored block %d: ref %d, in LRU %v", b, blk.ref, inLRU[b])
+			}
+			if blk.hasParent {
+				p, ok := w.byHash[blk.parent]
+				if !ok {
+					return fmt.Errorf("stored block %d: parent not cached", b)
+				}
+				if blk.ref > 0 && w.blocks[p].ref < blk.ref {
+					return fmt.Errorf("stored block %d pinned %d times, parent %d", b, blk.ref, w.blocks[p].ref)
+				}
+				// Children leave the LRU first: a parent is never evicted before its child.
+				if inLRU[b] && inLRU[p] && lruPos[p] < lruPos[b] {
+					return fmt.Errorf("stored block %d: parent %d older in the LRU", b, p)
+				}
+			}
+		default:
+			if blk.ref != 1 || inLRU[b] {
+				return fmt.Errorf("private block %d: ref %d", b, blk.ref)
+			}
+		}
+	}
+	if stored != len(w.byHash) {
+		return fmt.Errorf("%d stored blocks, %d indexed", stored, len(w.byHash))
+	}
+	if free := len(w.free); free+w.lruLen < w.reserved {
+		return fmt.Errorf("free %d + evictable %d < reserved %d", free, w.lruLen, w.reserved)
+	}
+	return nil
+}

@@ -1,0 +1,586 @@
+package sim
+
+import (
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"math/rand/v2"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/kvrouterd/kvrouterd/radix"
+	"github.com/kvrouterd/kvrouterd/shard"
+)
+
+func TestTiming(t *testing.T) {
+	tm := DefaultTiming()
+	f := func(prefill int, u float64, decoding bool, wantMs float64) {
+		t.Helper()
+		want := time.Duration(wantMs*1e6 + 0.5)
+		if got := tm.StepTime(prefill, u, decoding); got != want {
+			t.Errorf("StepTime(%d, %v, %v) = %v, want %v", prefill, u, decoding, got, want)
+		}
+	}
+	// 4.209989e-7·1000² + 1.518344e-2·1000 + 16.50142 = 0.4209989 + 15.18344 + 16.50142
+	f(1000, 0, false, 32.1058589)
+	// 4.209989e-7·8192² + 1.518344e-2·8192 + 16.50142 = 28.2527… + 124.3827… + 16.50142
+	f(8192, 0.9, false, 169.1369184042496)
+	f(1, 0, false, 16.5166038609989)
+	f(0, 0, false, 0)
+	f(0, 0, true, 5.74)                  // u = 0: D0
+	f(0, 0.5, true, 26.31)               // −25.74·0.25 + 54.01·0.5 + 5.74
+	f(0, 1, true, 34.01)                 // −25.74 + 54.01 + 5.74
+	f(0, 0.07, true, 9.394574)           // −25.74·0.0049 + 54.01·0.07 + 5.74
+	f(1000, 0.5, true, 32.1058589+26.31) // a mixed step pays both parts
+	f(100, 0.07, true, 18.023973989+9.394574)
+
+	// The floor applies when the polynomial drops below it.
+	low := Timing{P0: 1, D0: -3, D1: 1, DecodeFloor: 1}
+	if got := low.StepTime(0, 0.5, true); got != time.Millisecond {
+		t.Errorf("floored decode = %v, want 1ms", got)
+	}
+	if got := (Timing{P0: -5}).StepTime(10, 0, false); got != 0 {
+		t.Errorf("negative prefill = %v, want 0", got)
+	}
+}
+
+func toks(start, n int) []uint32 {
+	s := make([]uint32, n)
+	for i := range s {
+		s[i] = uint32(start + i)
+	}
+	return s
+}
+
+func seqHashes(tokens []uint32, bs int) []uint64 {
+	var h radix.Hasher
+	return h.AppendSequence(nil, tokens, bs, radix.LoRASeed(""))
+}
+
+// run steps w until it is idle, returning the outputs of every step (deep-copied).
+func drain(t *testing.T, w *Worker, now int64) (int64, []StepOutput) {
+	t.Helper()
+	var outs []StepOutput
+	var out StepOutput
+	for !w.Idle() {
+		now = w.Step(now, &out)
+		if err := w.check(); err != nil {
+			t.Fatal(err)
+		}
+		outs = append(outs, cloneOut(&out))
+	}
+	return now, outs
+}
+
+func cloneOut(o *StepOutput) StepOutput {
+	c := StepOutput{
+		PrefillDone:   slices.Clone(o.PrefillDone),
+		Completed:     slices.Clone(o.Completed),
+		PrefillTokens: o.PrefillTokens,
+		DecodeTokens:  o.DecodeTokens,
+	}
+	for _, ev := range o.Events {
+		ev.Hashes = slices.Clone(ev.Hashes)
+		ev.Tokens = slices.Clone(ev.Tokens)
+		c.Events = append(c.Events, ev)
+	}
+	return c
+}
+
+func TestSingleRequestTiming(t *testing.T) {
+	w := NewWorker(1, WorkerConfig{Blocks: 100, BlockSize: 16})
+	if err := w.Submit(&Request{ID: 7, Tokens: toks(0, 100), Output: 3}, 0); err != nil {
+		t.Fatal(err)
+	}
+	end, outs := drain(t, w, 0)
+	if len(outs) != 3 {
+		t.Fatalf("%d steps, want 3 (prefill + first token, then two decode steps)", len(outs))
+	}
+	// Step 1: prefill of 100 tokens (18.023973989 ms) plus the first token's decode at
+	// u = 7 blocks / 100 (9.394574 ms). Steps 2 and 3 decode at the same usage.
+	first := int64(27418548)
+	if got := outs[0].PrefillDone; len(got) != 1 || got[0] != (Done{ID: 7, At: first}) {
+		t.Errorf("PrefillDone = %+v", got)
+	}
+	if want := first + 2*9394574; end != want || outs[2].Completed[0].At != want {
+		t.Errorf("end %d, completed %+v, want %d", end, outs[2].Completed, want)
+	}
+	if outs[0].PrefillTokens != 100 || outs[1].DecodeTokens != 1 || outs[2].DecodeTokens != 1 {
+		t.Errorf("tokens per step: %+v", outs)
+	}
+	// Six full prompt blocks were stored in one chained event; the tail stays private.
+	ev := outs[0].Events
+	if len(ev) != 1 || ev[0].Kind != shard.Stored || ev[0].ID != 1 || ev[0].HasParent ||
+		!slices.Equal(ev[0].Hashes, seqHashes(toks(0, 100), 16)) || ev[0].BlockSize != 16 ||
+		!slices.Equal(ev[0].Tokens, toks(0, 96)) {
+		t.Errorf("events %+v", ev)
+	}
+	if w.CachedBlocks() != 6 || w.Usage() != 0.06 || w.ActiveUsage() != 0 {
+		t.Errorf("cached %d, usage %v, active %v", w.CachedBlocks(), w.Usage(), w.ActiveUsage())
+	}
+	// Idle: nothing happens.
+	var out StepOutput
+	if got := w.Step(end+5, &out); got != end+5 || len(out.Events) != 0 {
+		t.Errorf("idle step returned %d, %d events", got, len(out.Events))
+	}
+}
+
+func TestEvictionLRUAndPrefixHits(t *testing.T) {
+	const bs = 4
+	w := NewWorker(1, WorkerConfig{Blocks: 8, BlockSize: bs})
+	A := seqHashes(toks(0, 16), bs)
+	B := seqHashes(toks(100, 16), bs)
+	cTok := append(toks(0, 8), toks(200, 8)...)
+	C := seqHashes(cTok, bs)
+	dTok := append(toks(0, 4), toks(300, 12)...)
+	D := seqHashes(dTok, bs)
+	eTok := toks(400, 16)
+
+	var removed []uint64
+	var now int64
+	submit := func(id uint64, tokens []uint32, output int) {
+		t.Helper()
+		if err := w.Submit(&Request{ID: id, Tokens: tokens, Output: output}, now); err != nil {
+			t.Fatal(err)
+		}
+	}
+	collect := func(outs []StepOutput) {
+		for _, o := range outs {
+			for _, ev := range o.Events {
+				if ev.Kind == shard.Removed {
+					removed = append(removed, ev.Hashes...)
+				}
+			}
+		}
+	}
+
+	submit(1, toks(0, 16), 1)
+	now, outs := drain(t, w, now)
+	collect(outs)
+	submit(2, toks(100, 16), 1)
+	now, outs = drain(t, w, now)
+	collect(outs)
+	if w.CachedBlocks() != 8 || w.Usage() != 1 || len(removed) != 0 {
+		t.Fatalf("after A, B: cached %d, usage %v, removed %d", w.CachedBlocks(), w.Usage(), len(removed))
+	}
+
+	// C shares A's first two blocks: it pins them and evicts the two least recently used
+	// blocks, A's tail (released tail first, so A3 goes before A2).
+	submit(3, cTok, 1)
+	now, outs = drain(t, w, now)
+	collect(outs)
+	if got := outs[0].PrefillDone; len(got) != 1 || got[0].Cached != 8 {
+		t.Errorf("C PrefillDone %+v, want 8 cached tokens", got)
+	}
+	if got := outs[0].Completed; len(got) != 1 || got[0].Cached != 8 {
+		t.Errorf("C Completed %+v", got)
+	}
+	ev := outs[0].Events
+	if len(ev) != 2 || ev[0].Kind != shard.Removed || !slices.Equal(ev[0].Hashes, []uint64{A[3], A[2]}) ||
+		ev[1].Kind != shard.Stored || !ev[1].HasParent || ev[1].Parent != A[1] ||
+		!slices.Equal(ev[1].Hashes, C[2:]) {
+		t.Errorf("C events %+v", ev)
+	}
+
+	// D pins A0 and runs for a while; E cannot be admitted until D is done. D's decode blocks
+	// evict B, then C3; A0 (pinned) and D's blocks never go.
+	submit(4, dTok, 9)
+	submit(5, eTok, 1)
+	var out StepOutput
+	now = w.Step(now, &out)
+	if w.Running() != 1 || w.Waiting() != 1 || out.PrefillDone[0].Cached != 4 {
+		t.Fatalf("running %d waiting %d, done %+v", w.Running(), w.Waiting(), out.PrefillDone)
+	}
+	collect([]StepOutput{cloneOut(&out)})
+	for w.Running() == 1 && w.Waiting() == 1 {
+		now = w.Step(now, &out)
+		collect([]StepOutput{cloneOut(&out)})
+		if err := w.check(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, outs = drain(t, w, now)
+	collect(outs)
+	want := []uint64{A[3], A[2], B[3], B[2], B[1], B[0], C[3], C[2], C[1]}
+	if !slices.Equal(removed, want) {
+		t.Errorf("eviction order\n got %x\nwant %x", removed, want)
+	}
+	for _, h := range []uint64{A[0], D[1], D[2], D[3]} {
+		if _, ok := w.byHash[h]; !ok {
+			t.Errorf("block %x evicted", h)
+		}
+	}
+}
+
+func TestFullyCachedPrompt(t *testing.T) {
+	w := NewWorker(1, WorkerConfig{Blocks: 16, BlockSize: 4})
+	w.Submit(&Request{ID: 1, Tokens: toks(0, 8), Output: 1}, 0)
+	now, _ := drain(t, w, 0)
+	// The same prompt again: its last token is recomputed, so only the first block is a hit;
+	// the recomputed second block is already cached and is not stored again.
+	w.Submit(&Request{ID: 2, Tokens: toks(0, 8), Output: 3}, now)
+	_, outs := drain(t, w, now)
+	if d := outs[0].PrefillDone; len(d) != 1 || d[0].Cached != 4 || outs[0].PrefillTokens != 4 {
+		t.Errorf("PrefillDone %+v, %d prefill tokens", d, outs[0].PrefillTokens)
+	}
+	for _, o := range outs {
+		if len(o.Events) != 0 {
+			t.Errorf("events %+v", o.Events)
+		}
+	}
+	if w.CachedBlocks() != 2 || w.Usage() != 2.0/16 {
+		t.Errorf("cached %d, usage %v", w.CachedBlocks(), w.Usage())
+	}
+}
+
+func TestSubmitRefuses(t *testing.T) {
+	w := NewWorker(1, WorkerConfig{Blocks: 4, BlockSize: 4})
+	if err := w.Submit(&Request{ID: 1}, 0); !errors.Is(err, ErrEmptyPrompt) {
+		t.Errorf("empty prompt: %v", err)
+	}
+	if err := w.Submit(&Request{ID: 2, Tokens: toks(0, 16), Output: 2}, 0); !errors.Is(err, ErrTooLarge) {
+		t.Errorf("17 tokens of KV in 16: %v", err)
+	}
+	if err := w.Submit(&Request{ID: 3, Tokens: toks(0, 16), Output: 1}, 0); err != nil {
+		t.Errorf("16 tokens of KV in 16: %v", err)
+	}
+	if w.Waiting() != 1 {
+		t.Errorf("waiting %d", w.Waiting())
+	}
+}
+
+func TestLimits(t *testing.T) {
+	w := NewWorker(1, WorkerConfig{Blocks: 1000, BlockSize: 4, MaxSeqs: 2})
+	for i := range 5 {
+		w.Submit(&Request{ID: uint64(i), Tokens: toks(i*100, 10), Output: 5}, 0)
+	}
+	var out StepOutput
+	w.Step(0, &out)
+	if w.Running() != 2 || w.Waiting() != 3 {
+		t.Errorf("MaxSeqs 2: running %d, waiting %d", w.Running(), w.Waiting())
+	}
+
+	w = NewWorker(1, WorkerConfig{Blocks: 1000, BlockSize: 4, MaxBatchedTokens: 16})
+	for i := range 3 {
+		w.Submit(&Request{ID: uint64(i), Tokens: toks(i*100, 10), Output: 5}, 0)
+	}
+	now := w.Step(0, &out)
+	if out.PrefillTokens != 16 || w.Running() != 2 || w.Waiting() != 1 || len(out.PrefillDone) != 1 {
+		t.Errorf("step 1: %d prefill tokens, running %d, waiting %d, %+v", out.PrefillTokens, w.Running(), w.Waiting(), out.PrefillDone)
+	}
+	// Step 2: request 0 decodes (1), request 1 finishes its prompt (4), request 2 gets 10.
+	w.Step(now, &out)
+	if out.DecodeTokens != 1 || out.PrefillTokens != 14 || w.Running() != 3 || len(out.PrefillDone) != 2 {
+		t.Errorf("step 2: %d decode, %d prefill, running %d", out.DecodeTokens, out.PrefillTokens, w.Running())
+	}
+}
+
+func TestChunkedPrefill(t *testing.T) {
+	w := NewWorker(1, WorkerConfig{})
+	w.Submit(&Request{ID: 1, Tokens: toks(0, 20000), Output: 1}, 0)
+	_, outs := drain(t, w, 0)
+	if len(outs) != 3 {
+		t.Fatalf("%d steps, want 3", len(outs))
+	}
+	tm := DefaultTiming()
+	var now int64
+	for i, want := range []int{8192, 8192, 3616} {
+		o := outs[i]
+		if o.PrefillTokens != want || (len(o.PrefillDone) == 1) != (i == 2) {
+			t.Errorf("step %d: %d prefill tokens, done %+v", i, o.PrefillTokens, o.PrefillDone)
+		}
+		// Chunks that finish no prompt cost the prefill part only: 169.1369184042496 ms.
+		d := tm.StepTime(want, 313.0/16384, i == 2)
+		if i < 2 && d != 169136918 {
+			t.Errorf("chunk time %v", d)
+		}
+		now += int64(d)
+	}
+	if got := outs[2].Completed[0].At; got != now {
+		t.Errorf("completed at %d, want %d", got, now)
+	}
+	var stored int
+	for _, o := range outs {
+		for _, ev := range o.Events {
+			stored += len(ev.Hashes)
+		}
+	}
+	if stored != 20000/64 {
+		t.Errorf("%d blocks stored, want %d", stored, 20000/64)
+	}
+
+	// A decoding sequence takes its token first; the long prompt gets the rest of the budget.
+	w = NewWorker(1, WorkerConfig{})
+	w.Submit(&Request{ID: 1, Tokens: toks(0, 100), Output: 50}, 0)
+	var out StepOutput
+	now = w.Step(0, &out)
+	w.Submit(&Request{ID: 2, Tokens: toks(1000, 20000), Output: 2}, now)
+	for i, want := range []int{8191, 8191, 3618} {
+		now = w.Step(now, &out)
+		if out.PrefillTokens != want || out.DecodeTokens != 1 || (len(out.PrefillDone) == 1) != (i == 2) {
+			t.Errorf("mixed step %d: prefill %d, decode %d, done %+v", i, out.PrefillTokens, out.DecodeTokens, out.PrefillDone)
+		}
+	}
+}
+
+// model is the router's view of one worker, built from its events alone.
+type model struct {
+	t        *testing.T
+	bs       int
+	nextID   uint64
+	parent   map[uint64]uint64 // cached block → parent (0 at the root)
+	children map[uint64]int
+	hasher   radix.Hasher
+	buf      []uint64
+}
+
+func newModel(t *testing.T, bs int) *model {
+	return &model{t: t, bs: bs, parent: map[uint64]uint64{}, children: map[uint64]int{}}
+}
+
+func (m *model) apply(evs []shard.Event) {
+	t := m.t
+	t.Helper()
+	for _, ev := range evs {
+		m.nextID++
+		if ev.ID != m.nextID {
+			t.Fatalf("event id %d, want %d", ev.ID, m.nextID)
+		}
+		switch ev.Kind {
+		case shard.Stored:
+			if ev.BlockSize != m.bs || len(ev.Tokens) != len(ev.Hashes)*m.bs || len(ev.Hashes) == 0 {
+				t.Fatalf("stored event %d: block size %d, %d tokens for %d blocks", ev.ID, ev.BlockSize, len(ev.Tokens), len(ev.Hashes))
+			}
+			// The router re-hashes the tokens: it must land on the engine hashes.
+			m.buf = m.hasher.AppendLocal(m.buf[:0], ev.Tokens, m.bs, radix.LoRASeed(""))
+			radix.ChainInPlace(m.buf, ev.Parent, ev.HasParent)
+			if !slices.Equal(m.buf, ev.Hashes) {
+				t.Fatalf("stored event %d: hashes are not the sequence hashes of its tokens", ev.ID)
+			}
+			p, hasP := ev.Parent, ev.HasParent
+			for _, h := range ev.Hashes {
+				if hasP {
+					if _, ok := m.parent[p]; !ok {
+						t.Fatalf("stored event %d: parent %x not cached", ev.ID, p)
+					}
+					m.children[p]++
+				} else {
+					p = 0
+				}
+				if _, ok := m.parent[h]; ok {
+					t.Fatalf("stored event %d: block %x stored twice", ev.ID, h)
+				}
+				m.parent[h] = p
+				p, hasP = h, true
+			}
+		case shard.Removed:
+			for _, h := range ev.Hashes {
+				p, ok := m.parent[h]
+				if !ok {
+					t.Fatalf("removed event %d: block %x not cached", ev.ID, h)
+				}
+				if m.children[h] != 0 {
+					t.Fatalf("removed event %d: block %x still has %d cached children", ev.ID, h, m.children[h])
+				}
+				delete(m.parent, h)
+				delete(m.children, h)
+				if p != 0 {
+					m.children[p]--
+				}
+			}
+		default:
+			t.Fatalf("unexpected event %v", ev.Kind)
+		}
+	}
+}
+
+type workload struct {
+	cfg      WorkerConfig
+	requests int
+	seed     uint64
+}
+
+// simulate runs a random workload with shared prefixes through one worker, checking the event
+// stream against the reference model and the worker's invariants after every step. It returns
+// a digest of everything the worker reported.
+func simulate(t *testing.T, wl workload) uint64 {
+	t.Helper()
+	rng := rand.New(rand.NewPCG(wl.seed, 42))
+	w := NewWorker(3, wl.cfg)
+	cfg := w.Config()
+	m := newModel(t, cfg.BlockSize)
+	digest := fnv.New64a()
+	put := func(xs ...uint64) {
+		for _, x := range xs {
+			var b [8]byte
+			for i := range b {
+				b[i] = byte(x >> (8 * i))
+			}
+			digest.Write(b[:])
+		}
+	}
+
+	prefixes := make([][]uint32, 12)
+	for i := range prefixes {
+		prefixes[i] = toks(rng.IntN(1<<20), rng.IntN(8*cfg.BlockSize))
+	}
+	type pending struct {
+		prompt, output int
+		prefill        bool
+	}
+	accepted := map[uint64]*pending{}
+	var next int64
+	var out StepOutput
+	submitted := 0
+	for submitted < wl.requests || !w.Idle() {
+		for submitted < wl.requests && (w.Idle() || next <= 0) {
+			p := prefixes[rng.IntN(len(prefixes))]
+			if rng.IntN(4) == 0 {
+				p = p[:rng.IntN(len(p)+1)]
+			}
+			prompt := append(slices.Clone(p), toks(rng.IntN(1<<20), 1+rng.IntN(3*cfg.BlockSize))...)
+			if len(p) > 0 && rng.IntN(8) == 0 {
+				// A repeated prompt: fully cached when p ends on a block boundary, so its
+				// last block is recomputed and shares the cached copy.
+				prompt = slices.Clone(p[:max(1, len(p)/cfg.BlockSize*cfg.BlockSize)])
+			}
+			id := uint64(submitted)
+			r := &Request{ID: id, Tokens: prompt, Output: 1 + rng.IntN(40)}
+			if err := w.Submit(r, 0); err == nil {
+				accepted[id] = &pending{prompt: len(prompt), output: r.Output}
+			} else if !errors.Is(err, ErrTooLarge) {
+				t.Fatal(err)
+			}
+			submitted++
+			next = int64(rng.IntN(3)) // steps until the next arrival
+		}
+		next--
+		if w.Idle() {
+			continue
+		}
+		if n := w.Step(0, &out); n <= 0 {
+			t.Fatalf("step took %d ns", n)
+		} else {
+			put(uint64(n))
+		}
+		if err := w.check(); err != nil {
+			t.Fatal(err)
+		}
+		if out.PrefillTokens+out.DecodeTokens > cfg.MaxBatchedTokens || w.Running() > cfg.MaxSeqs {
+			t.Fatalf("step over limits: %d+%d tokens, %d running", out.PrefillTokens, out.DecodeTokens, w.Running())
+		}
+		m.apply(out.Events)
+		if len(m.parent) != w.CachedBlocks() {
+			t.Fatalf("model has %d blocks, worker %d", len(m.parent), w.CachedBlocks())
+		}
+		for h := range m.parent {
+			if _, ok := w.byHash[h]; !ok {
+				t.Fatalf("model block %x not cached by the worker", h)
+			}
+		}
+		for _, ev := range out.Events {
+			put(uint64(ev.Kind), ev.ID, ev.Parent)
+			put(ev.Hashes...)
+		}
+		for _, d := range out.PrefillDone {
+			p := accepted[d.ID]
+			if p == nil || p.prefill || d.Cached%cfg.BlockSize != 0 || d.Cached >= p.prompt {
+				t.Fatalf("bad PrefillDone %+v", d)
+			}
+			p.prefill = true
+			put(d.ID, uint64(d.Cached))
+		}
+		for _, d := range out.Completed {
+			p := accepted[d.ID]
+			if p == nil || !p.prefill {
+				t.Fatalf("bad Completed %+v", d)
+			}
+			delete(accepted, d.ID)
+			put(d.ID)
+		}
+	}
+	if len(accepted) != 0 {
+		t.Fatalf("%d requests never completed", len(accepted))
+	}
+	st := w.Stats()
+	t.Logf("stats %+v", st)
+	if st.EvictedBlocks == 0 || st.CachedTokens == 0 {
+		t.Errorf("workload too easy: %+v", st)
+	}
+	return digest.Sum64()
+}
+
+func TestEventStreamMatchesCache(t *testing.T) {
+	for i, cfg := range []WorkerConfig{
+		{Blocks: 64, BlockSize: 4, MaxSeqs: 4, MaxBatchedTokens: 32},
+		{Blocks: 200, BlockSize: 4, MaxSeqs: 32, MaxBatchedTokens: 64},
+		{Blocks: 128, BlockSize: 16, MaxSeqs: 8, MaxBatchedTokens: 4096},
+		{Blocks: 40, BlockSize: 16, MaxSeqs: 1, MaxBatchedTokens: 7},
+		{Blocks: 500, BlockSize: 1, MaxSeqs: 16, MaxBatchedTokens: 100},
+	} {
+		t.Run(fmt.Sprintf("%d", i), func(t *testing.T) {
+			simulate(t, workload{cfg: cfg, requests: 3000, seed: uint64(i)})
+		})
+	}
+}
+
+func TestDeterminism(t *testing.T) {
+	wl := workload{cfg: WorkerConfig{Blocks: 100, BlockSize: 4, MaxSeqs: 8, MaxBatchedTokens: 64}, requests: 2000, seed: 9}
+	a, b := simulate(t, wl), simulate(t, wl)
+	if a != b {
+		t.Errorf("same inputs, digests %x and %x", a, b)
+	}
+	wl.seed++
+	if c := simulate(t, wl); c == a {
+		t.Errorf("different inputs, same digest")
+	}
+}
+
+// steady drives a worker with a fixed pool of requests, keeping about load of them in flight.
+type steady struct {
+	w    *Worker
+	reqs []Request
+	i    int
+	now  int64
+	out  StepOutput
+	load int
+}
+
+func newSteady(cfg WorkerConfig, load int) *steady {
+	rng := rand.New(rand.NewPCG(1, 2))
+	s := &steady{w: NewWorker(1, cfg), load: load}
+	prefixes := make([][]uint32, 32)
+	for i := range prefixes {
+		prefixes[i] = toks(rng.IntN(1<<24), 64*(4+rng.IntN(16)))
+	}
+	for range 1024 {
+		p := prefixes[rng.IntN(len(prefixes))]
+		prompt := append(slices.Clone(p), toks(rng.IntN(1<<24), 64+rng.IntN(1024))...)
+		s.reqs = append(s.reqs, Request{Tokens: prompt, Output: 16 + rng.IntN(256)})
+	}
+	return s
+}
+
+func (s *steady) step() {
+	for s.w.Running()+s.w.Waiting() < s.load {
+		r := &s.reqs[s.i%len(s.reqs)]
+		r.ID = uint64(s.i)
+		s.i++
+		s.w.Submit(r, s.now)
+	}
+	s.now = s.w.Step(s.now, &s.out)
+}
+
+func TestWorkerStepAllocs(t *testing.T) {
+	if testing.Short() {
+		t.Skip("warm-up is long")
+	}
+	s := newSteady(WorkerConfig{}, 128)
+	for range 20000 {
+		s.step()
+	}
+	if n := testing.AllocsPerRun(2000, s.step); n > 0.01 {
+		t.Errorf("%.3f allocations per steady-state step", n)
+	}
+}
