@@ -1,0 +1,173 @@
+package trace
+
+import (
+	"math/rand/v2"
+	"time"
+)
+
+// SyntheticConfig describes a shared-prefix workload. Plain data; DefaultSynthetic is a sensible
+// start. Each arrival is one of three kinds:
+//
+//   - a document request (when FanOut > 0, with probability DocShare, or always when Sessions
+//     is 0): system prompt, then the current document of DocTokens, then a fresh question;
+//     every FanOut of them a new document starts;
+//   - a session turn (otherwise, when Sessions > 0): one of Sessions open conversations, picked
+//     uniformly, sends its next turn, whose prompt is its previous prompt, the previous answer
+//     (Output tokens) and about TurnTokens new tokens; a conversation that has sent
+//     TurnsPerSession turns is replaced by a new one with a new Session id;
+//   - a single request (when there are neither): system prompt and a fresh question.
+//
+// Every conversation and document starts with one of SystemPrompts system prompts of
+// SystemTokens each, picked uniformly. Question, turn and output lengths are uniform in
+// [½, 1½] × their mean.
+type SyntheticConfig struct {
+	Seed            uint64
+	Duration        time.Duration // arrivals in [0, Duration)
+	Rate            float64       // mean arrivals per second (Poisson)
+	SystemPrompts   int           // distinct system prompts; 0 = prompts start without one
+	SystemTokens    int           // tokens per system prompt
+	Sessions        int           // conversations open at once
+	TurnsPerSession int           // turns per conversation; ≤ 0 → 1
+	TurnTokens      int           // mean new user tokens per turn or question (at least 1)
+	FanOut          int           // requests per document; 0 = no document requests
+	DocTokens       int           // tokens per document
+	DocShare        float64       // fraction of arrivals that are document requests; 0 → 0.2
+	Output          int           // mean output tokens (at least 1)
+	Vocab           uint32        // token ids are in [0, Vocab); 0 → DefaultVocab
+}
+
+// DefaultSynthetic is a ten-minute workload of about 2,400 requests at 4 per second: 4 system
+// prompts of 1,024 tokens, 64 open conversations of 6 turns (256 new tokens and a 256-token
+// answer per turn), and a fifth of the arrivals in fan-outs of 8 over 4,096-token documents.
+func DefaultSynthetic() SyntheticConfig {
+	return SyntheticConfig{
+		Seed:            1,
+		Duration:        10 * time.Minute,
+		Rate:            4,
+		SystemPrompts:   4,
+		SystemTokens:    1024,
+		Sessions:        64,
+		TurnsPerSession: 6,
+		TurnTokens:      256,
+		FanOut:          8,
+		DocTokens:       4096,
+		DocShare:        0.2,
+		Output:          256,
+		Vocab:           DefaultVocab,
+	}
+}
+
+// synth is the state of one Synthetic run.
+type synth struct {
+	cfg   SyntheticConfig
+	rng   *rand.Rand
+	vocab uint64
+	key   uint64 // next token stream; every fresh run of tokens gets its own
+	sys   [][]uint32
+}
+
+// fresh appends n tokens no other part of the workload has.
+func (g *synth) fresh(dst []uint32, n int) []uint32 {
+	start := len(dst)
+	dst = append(dst, make([]uint32, n)...)
+	fillTokens(dst[start:], g.key, g.vocab)
+	g.key++
+	return dst
+}
+
+// around returns a length uniform in [mean/2, 3·mean/2], at least 1.
+func (g *synth) around(mean int) int {
+	mean = max(mean, 1)
+	return max(1, mean/2+g.rng.IntN(mean+1))
+}
+
+func (g *synth) system() []uint32 {
+	if len(g.sys) == 0 {
+		return nil
+	}
+	return g.sys[g.rng.IntN(len(g.sys))]
+}
+
+// session is one open conversation. Its prompts are prefixes of buf, which only grows, so all
+// its turns share one array (until append moves it).
+type session struct {
+	id     uint64
+	buf    []uint32
+	turns  int
+	answer int // output tokens of the previous turn, appended before the next question
+}
+
+// Synthetic generates a shared-prefix workload without any trace file (see SyntheticConfig),
+// sorted by At. It is deterministic for cfg: equal configs give equal workloads.
+func Synthetic(cfg SyntheticConfig) []Request {
+	if !(cfg.Rate > 0) || cfg.Duration <= 0 {
+		return nil
+	}
+	if cfg.DocShare == 0 {
+		cfg.DocShare = 0.2
+	}
+	g := &synth{
+		cfg:   cfg,
+		rng:   rand.New(rand.NewPCG(cfg.Seed, 0x73796e7468)),
+		vocab: DefaultVocab,
+		key:   mix64(cfg.Seed ^ 0x73796e7468657469),
+	}
+	if cfg.Vocab != 0 {
+		g.vocab = uint64(cfg.Vocab)
+	}
+	for range cfg.SystemPrompts {
+		g.sys = append(g.sys, g.fresh(nil, cfg.SystemTokens))
+	}
+	turns := max(cfg.TurnsPerSession, 1)
+	nextID := uint64(1)
+	newSession := func() *session {
+		s := &session{id: nextID}
+		nextID++
+		s.buf = append(s.buf, g.system()...)
+		return s
+	}
+	open := make([]*session, cfg.Sessions)
+	for i := range open {
+		open[i] = newSession()
+	}
+	var doc []uint32 // system prompt and the current document
+	docLeft := 0
+
+	var reqs []Request
+	at := time.Duration(0)
+	for {
+		at += time.Duration(g.rng.ExpFloat64() / cfg.Rate * float64(time.Second))
+		if at >= cfg.Duration {
+			break
+		}
+		out := g.around(cfg.Output)
+		switch {
+		case cfg.FanOut > 0 && (cfg.Sessions == 0 || g.rng.Float64() < cfg.DocShare):
+			if docLeft == 0 {
+				doc = g.fresh(append([]uint32(nil), g.system()...), cfg.DocTokens)
+				docLeft = cfg.FanOut
+			}
+			docLeft--
+			toks := make([]uint32, len(doc), len(doc)+cfg.TurnTokens*3/2+1)
+			copy(toks, doc)
+			toks = g.fresh(toks, g.around(cfg.TurnTokens))
+			reqs = append(reqs, Request{At: at, Tokens: toks[:len(toks):len(toks)], Output: out})
+		case cfg.Sessions > 0:
+			i := g.rng.IntN(len(open))
+			s := open[i]
+			s.buf = g.fresh(s.buf, s.answer)
+			s.buf = g.fresh(s.buf, g.around(cfg.TurnTokens))
+			s.answer = out
+			s.turns++
+			n := len(s.buf)
+			reqs = append(reqs, Request{At: at, Tokens: s.buf[:n:n], Output: out, Session: s.id})
+			if s.turns == turns {
+				open[i] = newSession()
+			}
+		default:
+			toks := g.fresh(append([]uint32(nil), g.system()...), g.around(cfg.TurnTokens))
+			reqs = append(reqs, Request{At: at, Tokens: toks, Output: out})
+		}
+	}
+	return reqs
+}

@@ -1,0 +1,418 @@
+package trace
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"slices"
+	"strings"
+	"time"
+	"unsafe"
+
+	"github.com/zeebo/xxh3"
+)
+
+// Request is one request of a workload: arrival time, prompt, output length. Plain data, safe
+// to read from any number of goroutines; Tokens may share its array with other requests and must
+// not be written.
+type Request struct {
+	At      time.Duration // arrival, from the trace's start
+	Tokens  []uint32      // the prompt's token ids
+	Output  int           // tokens to generate
+	Session uint64        // conversation/session id when known, else 0
+}
+
+// MooncakeBlock is the number of tokens one Mooncake hash id stands for.
+const MooncakeBlock = 512
+
+// DefaultVocab is the token id range used when an option leaves Vocab zero (Llama 3 has 128,256
+// ids; the exact value does not matter to a router, only that ids are spread).
+const DefaultVocab = 128000
+
+// ErrRow is wrapped by every error about the content of a trace row.
+var ErrRow = errors.New("trace: bad row")
+
+// RowError says which line of a trace and which field of its row was wrong. It is plain data.
+// errors.Is(err, ErrRow) holds for it.
+type RowError struct {
+	Line  int    // 1-based line number in the input
+	Field string // JSON field name, empty when the line as a whole is wrong
+	Err   error
+}
+
+func (e *RowError) Error() string {
+	if e.Field == "" {
+		return fmt.Sprintf("trace: line %d: %v", e.Line, e.Err)
+	}
+	return fmt.Sprintf("trace: line %d: field %s: %v", e.Line, e.Field, e.Err)
+}
+
+func (e *RowError) Unwrap() []error { return []error{ErrRow, e.Err} }
+
+// MooncakeOptions controls how a Mooncake trace becomes a workload. The zero value is valid:
+// arrival times as recorded, every row, DefaultVocab, seed 0.
+type MooncakeOptions struct {
+	TimeScale float64 // multiplies arrival times (2 = half the load); 0 → 1
+	Limit     int     // first N rows, 0 = all
+	Vocab     uint32  // token ids are in [0, Vocab); 0 → DefaultVocab
+	Seed      uint64  // varies the tokens of every hash id; equal ids stay equal under one seed
+}
+
+func (o MooncakeOptions) vocab() uint64 {
+	if o.Vocab == 0 {
+		return DefaultVocab
+	}
+	return uint64(o.Vocab)
+}
+
+// MooncakeRow is one row of a Mooncake trace before tokens are made: plain data.
+type MooncakeRow struct {
+	Line         int           // 1-based line number in the input
+	At           time.Duration // timestamp × TimeScale
+	InputLength  int
+	OutputLength int
+	HashIDs      []uint64 // ceil(InputLength / MooncakeBlock) ids
+}
+
+// LoadMooncake reads a Mooncake JSON-lines trace ({"timestamp": ms, "input_length",
+// "output_length", "hash_ids": [...]}); each hash id stands for one 512-token block identifying
+// its whole prefix. Tokens: each hash id gets 512 deterministic pseudo-random token ids derived
+// from the id and opt.Seed, concatenated and truncated to input_length, so equal ids give equal
+// token prefixes. Rows come back sorted by arrival (stable, so equal timestamps keep file order).
+// Errors name the line and field (*RowError).
+func LoadMooncake(path string, opt MooncakeOptions) ([]Request, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	reqs, err := ReadMooncake(f, opt)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return reqs, nil
+}
+
+// ReadMooncake is LoadMooncake from an io.Reader. All prompts share one pointer-free array.
+func ReadMooncake(r io.Reader, opt MooncakeOptions) ([]Request, error) {
+	rows, err := ReadMooncakeRows(r, opt)
+	if err != nil {
+		return nil, err
+	}
+	total := 0
+	for i := range rows {
+		total += rows[i].InputLength
+	}
+	buf := make([]uint32, 0, total)
+	reqs := make([]Request, len(rows))
+	for i := range rows {
+		row := &rows[i]
+		start := len(buf)
+		buf = opt.AppendTokens(buf, row.HashIDs, row.InputLength)
+		reqs[i] = Request{At: row.At, Tokens: buf[start:len(buf):len(buf)], Output: row.OutputLength}
+	}
+	return reqs, nil
+}
+
+// mooncakeJSON is a row as decoded; pointers tell a missing field from a zero one.
+type mooncakeJSON struct {
+	Timestamp    *float64  `json:"timestamp"`
+	InputLength  *int      `json:"input_length"`
+	OutputLength *int      `json:"output_length"`
+	HashIDs      *[]uint64 `json:"hash_ids"`
+}
+
+// ReadMooncakeRows reads a Mooncake trace without making tokens, for callers that make each
+// prompt on demand with AppendTokens. Blank lines are skipped; unknown fields are ignored.
+func ReadMooncakeRows(r io.Reader, opt MooncakeOptions) ([]MooncakeRow, error) {
+	scale := opt.TimeScale
+	if scale == 0 {
+		scale = 1
+	}
+	if !(scale > 0) || math.IsInf(scale, 0) {
+		return nil, fmt.Errorf("trace: TimeScale %v: want a positive finite number", opt.TimeScale)
+	}
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 0, 64<<10), 64<<20)
+	var rows []MooncakeRow
+	line := 0
+	for sc.Scan() {
+		line++
+		b := bytes.TrimSpace(sc.Bytes())
+		if len(b) == 0 {
+			continue
+		}
+		if opt.Limit > 0 && len(rows) == opt.Limit {
+			break
+		}
+		row, err := parseMooncakeRow(b, line, scale)
+		if err != nil {
+			return nil, err
+		}
+		rows = append(rows, row)
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("trace: after line %d: %w", line, err)
+	}
+	if !slices.IsSortedFunc(rows, cmpRowAt) {
+		slices.SortStableFunc(rows, cmpRowAt)
+	}
+	return rows, nil
+}
+
+func cmpRowAt(a, b MooncakeRow) int {
+	switch {
+	case a.At < b.At:
+		return -1
+	case a.At > b.At:
+		return 1
+	}
+	return 0
+}
+
+func parseMooncakeRow(b []byte, line int, scale float64) (MooncakeRow, error) {
+	bad := func(field, format string, args ...any) error {
+		return &RowError{Line: line, Field: field, Err: fmt.Errorf(format, args...)}
+	}
+	var j mooncakeJSON
+	if err := json.Unmarshal(b, &j); err != nil {
+		var syn *json.SyntaxError
+		var typ *json.UnmarshalTypeError
+		switch {
+		case errors.As(err, &syn):
+			return MooncakeRow{}, bad("", "byte %d: %v", syn.Offset, err)
+		case errors.As(err, &typ):
+			field := typ.Field
+			if field == "" {
+				return MooncakeRow{}, bad("", "%s is not a JSON object", typ.Value)
+			}
+			// Field is "hash_ids" for an element of the array too.
+			return MooncakeRow{}, bad(strings.SplitN(field, ".", 2)[0], "%s does not fit %v", typ.Value, typ.Type)
+		}
+		return MooncakeRow{}, bad("", "%v", err)
+	}
+	switch {
+	case j.Timestamp == nil:
+		return MooncakeRow{}, bad("timestamp", "missing")
+	case j.InputLength == nil:
+		return MooncakeRow{}, bad("input_length", "missing")
+	case j.OutputLength == nil:
+		return MooncakeRow{}, bad("output_length", "missing")
+	case j.HashIDs == nil:
+		return MooncakeRow{}, bad("hash_ids", "missing")
+	}
+	ts := *j.Timestamp * scale * float64(time.Millisecond)
+	if !(ts >= 0) || ts >= math.MaxInt64 {
+		return MooncakeRow{}, bad("timestamp", "%v ms: want 0 ≤ t < %v after scaling", *j.Timestamp, time.Duration(math.MaxInt64))
+	}
+	in, out, ids := *j.InputLength, *j.OutputLength, *j.HashIDs
+	if in < 0 {
+		return MooncakeRow{}, bad("input_length", "%d is negative", in)
+	}
+	if out < 0 {
+		return MooncakeRow{}, bad("output_length", "%d is negative", out)
+	}
+	if want := (in + MooncakeBlock - 1) / MooncakeBlock; len(ids) != want {
+		return MooncakeRow{}, bad("hash_ids", "%d ids for input_length %d, want %d (one per %d tokens)", len(ids), in, want, MooncakeBlock)
+	}
+	return MooncakeRow{Line: line, At: time.Duration(ts), InputLength: in, OutputLength: out, HashIDs: ids}, nil
+}
+
+// AppendTokens appends the first n tokens of the prompt that hashIDs stand for to dst and returns
+// the extended slice: for each id, MooncakeBlock tokens that depend only on the id, o.Seed and
+// o.Vocab. n beyond len(hashIDs)·MooncakeBlock is cut to it. It allocates only when dst is full.
+func (o MooncakeOptions) AppendTokens(dst []uint32, hashIDs []uint64, n int) []uint32 {
+	n = min(n, len(hashIDs)*MooncakeBlock)
+	if n <= 0 {
+		return dst
+	}
+	start := len(dst)
+	dst = slices.Grow(dst, n)[:start+n]
+	out := dst[start:]
+	key := mix64(o.Seed + 0x6d6f6f6e63616b65) // so that seed 0 is not the identity
+	vocab := o.vocab()
+	for i, id := range hashIDs {
+		lo := i * MooncakeBlock
+		if lo >= n {
+			break
+		}
+		fillTokens(out[lo:min(lo+MooncakeBlock, n)], id^key, vocab)
+	}
+	return dst
+}
+
+const golden = 0x9e3779b97f4a7c15
+
+// mix64 is splitmix64's output function, a bijection on uint64.
+func mix64(z uint64) uint64 {
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
+	z = (z ^ (z >> 27)) * 0x94d049bb133111eb
+	return z ^ (z >> 31)
+}
+
+// fillTokens fills dst with the splitmix64 stream started at mix64(key), two token ids in
+// [0, vocab) per step (multiply-shift reduction; its bias below 2^-15 does not matter here).
+// Distinct keys start at distinct states, so their streams differ.
+func fillTokens(dst []uint32, key, vocab uint64) {
+	s := mix64(key)
+	i := 0
+	for ; i+1 < len(dst); i += 2 {
+		s += golden
+		z := mix64(s)
+		dst[i] = uint32((z & 0xffffffff) * vocab >> 32)
+		dst[i+1] = uint32((z >> 32) * vocab >> 32)
+	}
+	if i < len(dst) {
+		z := mix64(s + golden)
+		dst[i] = uint32((z & 0xffffffff) * vocab >> 32)
+	}
+}
+
+// HitCounts is what an infinite prefix cache shared by all workers would have served over a
+// workload replayed in arrival order, in blocks of one size. Plain data.
+type HitCounts struct {
+	BlockSize    int
+	Blocks       int   // every block of every prompt, a partial tail block included: Σ ⌈len/BlockSize⌉
+	FullBlocks   int   // full blocks only: Σ ⌊len/BlockSize⌋
+	Hits         int   // full blocks in each prompt's longest prefix already seen
+	PromptTokens int64 // Σ len
+}
+
+// Bound is Hits/Blocks, the fraction HitBound returns; 0 for an empty workload.
+func (c HitCounts) Bound() float64 {
+	if c.Blocks == 0 {
+		return 0
+	}
+	return float64(c.Hits) / float64(c.Blocks)
+}
+
+// FullBound is Hits/FullBlocks, the bound when partial tail blocks are not counted at all.
+func (c HitCounts) FullBound() float64 {
+	if c.FullBlocks == 0 {
+		return 0
+	}
+	return float64(c.Hits) / float64(c.FullBlocks)
+}
+
+// TokenBound is the fraction of prompt tokens in hit blocks: the prefill an ideal router saves.
+func (c HitCounts) TokenBound() float64 {
+	if c.PromptTokens == 0 {
+		return 0
+	}
+	return float64(c.Hits) * float64(c.BlockSize) / float64(c.PromptTokens)
+}
+
+// CountHits replays reqs in slice order (a workload's arrival order) against one infinite
+// prefix cache. A prompt's full block hits when the prompt up to and including that block was
+// the prefix of an earlier prompt; blocks are told apart by a chained 64-bit XXH3 of their
+// tokens, so two distinct prefixes are confused with probability about 2^-64 per pair (under
+// 10^-8 for the 3·10^5 blocks of the conversation trace). It panics if blockSize ≤ 0.
+func CountHits(reqs []Request, blockSize int) HitCounts {
+	if blockSize <= 0 {
+		panic(fmt.Sprintf("trace: block size %d: want a positive number", blockSize))
+	}
+	c := HitCounts{BlockSize: blockSize}
+	seen := make(map[uint64]struct{})
+	for i := range reqs {
+		toks := reqs[i].Tokens
+		c.PromptTokens += int64(len(toks))
+		c.Blocks += (len(toks) + blockSize - 1) / blockSize
+		full := len(toks) / blockSize
+		c.FullBlocks += full
+		h, hit := uint64(1337), true
+		for b := range full {
+			h = xxh3.HashSeed(tokenBytes(toks[b*blockSize:(b+1)*blockSize]), h)
+			if _, ok := seen[h]; ok && hit {
+				c.Hits++
+				continue
+			}
+			hit = false
+			seen[h] = struct{}{}
+		}
+	}
+	return c
+}
+
+// tokenBytes views toks as bytes in the machine's order, which is fine for hashes that never
+// leave the process.
+func tokenBytes(toks []uint32) []byte {
+	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(toks))), 4*len(toks))
+}
+
+// HitBound returns the fraction of prompt blocks that an infinite cache shared by all workers
+// would serve as prefix hits over the whole workload, in arrival order: the best any router can
+// do. Every block of a prompt counts, a partial tail block too (engines cache only full blocks,
+// so it is always computed); see CountHits for the other ratios. It panics if blockSize ≤ 0.
+func HitBound(reqs []Request, blockSize int) float64 {
+	return CountHits(reqs, blockSize).Bound()
+}
+
+// Scale returns a copy of reqs with arrival times multiplied by f (a load knob: f = 0.5 offers
+// twice the load). The copies share Tokens with reqs. It panics unless f is positive and finite.
+func Scale(reqs []Request, f float64) []Request {
+	if !(f > 0) || math.IsInf(f, 0) {
+		panic(fmt.Sprintf("trace: Scale factor %v: want a positive finite number", f))
+	}
+	out := slices.Clone(reqs)
+	for i := range out {
+		out[i].At = time.Duration(float64(out[i].At) * f)
+	}
+	return out
+}
+
+// Dist summarises a distribution of token counts: plain data.
+type Dist struct {
+	Mean     float64
+	P50, P99 int // nearest rank
+	Max      int
+}
+
+func (d Dist) String() string {
+	return fmt.Sprintf("mean %.0f p50 %d p99 %d max %d", d.Mean, d.P50, d.P99, d.Max)
+}
+
+// Stats summarises a workload: plain data.
+type Stats struct {
+	Requests     int
+	Duration     time.Duration // arrival of the last request, from the trace's start
+	Input        Dist          // prompt tokens per request
+	Output       Dist          // output tokens per request
+	PromptTokens int64
+	OutputTokens int64
+}
+
+func (s Stats) String() string {
+	return fmt.Sprintf("%d requests over %v; input %v; output %v; %d prompt tokens, %d output tokens",
+		s.Requests, s.Duration.Round(time.Millisecond), s.Input, s.Output, s.PromptTokens, s.OutputTokens)
+}
+
+// Summarize summarises a workload: requests, duration, mean/p50/p99 input and output tokens,
+// total prompt tokens.
+func Summarize(reqs []Request) Stats {
+	s := Stats{Requests: len(reqs)}
+	if len(reqs) == 0 {
+		return s
+	}
+	in := make([]int, len(reqs))
+	out := make([]int, len(reqs))
+	for i := range reqs {
+		in[i], out[i] = len(reqs[i].Tokens), reqs[i].Output
+		s.PromptTokens += int64(in[i])
+		s.OutputTokens += int64(out[i])
+		s.Duration = max(s.Duration, reqs[i].At)
+	}
+	s.Input = dist(in, s.PromptTokens)
+	s.Output = dist(out, s.OutputTokens)
+	return s
+}
+
+func dist(v []int, sum int64) Dist {
+	slices.Sort(v)
+	rank := func(p float64) int { return v[max(0, int(math.Ceil(p*float64(len(v))))-1)] }
+	return Dist{Mean: float64(sum) / float64(len(v)), P50: rank(0.50), P99: rank(0.99), Max: v[len(v)-1]}
+}
