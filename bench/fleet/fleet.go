@@ -1,0 +1,225 @@
+// Package fleet replays a workload on simulated inference workers routed by kvrouterd's own
+// router, in process, on a simulated clock: a discrete-event simulation, deterministic for a
+// seed, that runs an hour of trace in seconds. Each arriving request is routed (router.Route),
+// submitted to the chosen worker (bench/sim), and the workers' KV events, prefill completions
+// and request completions go back to the router when the simulated step that produced them
+// ends, as they would from real engines.
+package fleet
+
+import (
+	"container/heap"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/kvrouterd/kvrouterd/bench/sim"
+	"github.com/kvrouterd/kvrouterd/bench/trace"
+	"github.com/kvrouterd/kvrouterd/router"
+	"github.com/kvrouterd/kvrouterd/scoring"
+	"github.com/kvrouterd/kvrouterd/wire"
+)
+
+// Config configures a simulation; a plain value.
+type Config struct {
+	Workers int
+	Mode    scoring.Mode // routing mode (kv by default)
+	// OverlapWeight (0: 1.0), Temperature (0) and NoPrefill (false: active prefill tokens
+	// count) are the router's cost settings.
+	OverlapWeight float64
+	Temperature   float64
+	NoPrefill     bool // do not count active prefill tokens in the cost
+	Worker        sim.WorkerConfig
+	Seed          uint64
+	// Sample, if > 0, records every worker's running and waiting requests every Sample of
+	// simulated time.
+	Sample time.Duration
+}
+
+// Result is what one simulation measured; plain data.
+type Result struct {
+	Requests      int
+	TTFT, E2E     []time.Duration // per request, in arrival order
+	PromptTokens  int64
+	CachedTokens  int64 // prompt tokens served from a worker's prefix cache
+	OutputTokens  int64
+	Makespan      time.Duration // first arrival to last completion
+	PerWorker     []int         // requests routed to each worker
+	Samples       []LoadSample
+	RouteFailures int
+	Refused       int // requests larger than a worker's whole KV cache
+}
+
+// LoadSample is the fleet's load at one simulated instant.
+type LoadSample struct {
+	At      time.Duration
+	Running []int // per worker
+	Waiting []int
+}
+
+// HitRate is the fraction of prompt tokens served from cache.
+func (r *Result) HitRate() float64 {
+	if r.PromptTokens == 0 {
+		return 0
+	}
+	return float64(r.CachedTokens) / float64(r.PromptTokens)
+}
+
+// Imbalance is the most requests any worker got over the mean (1 = perfectly even).
+func (r *Result) Imbalance() float64 {
+	if len(r.PerWorker) == 0 || r.Requests == 0 {
+		return 0
+	}
+	return float64(slices.Max(r.PerWorker)) * float64(len(r.PerWorker)) / float64(r.Requests)
+}
+
+// worker is one simulated worker and its step in flight.
+type worker struct {
+	id   uint64
+	w    *sim.Worker
+	out  sim.StepOutput
+	busy bool  // a step is in flight, ending at end
+	end  int64 // ns
+	idx  int   // position in the heap
+}
+
+// stepHeap orders the workers with a step in flight by its end, then by id.
+type stepHeap []*worker
+
+func (h stepHeap) Len() int { return len(h) }
+func (h stepHeap) Less(i, j int) bool {
+	return h[i].end < h[j].end || h[i].end == h[j].end && h[i].id < h[j].id
+}
+func (h stepHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i]; h[i].idx = i; h[j].idx = j }
+func (h *stepHeap) Push(x any)   { w := x.(*worker); w.idx = len(*h); *h = append(*h, w) }
+func (h *stepHeap) Pop() any     { old := *h; w := old[len(old)-1]; *h = old[:len(old)-1]; return w }
+func (h stepHeap) peek() *worker { return h[0] }
+
+const model = "sim"
+
+// Run replays reqs (sorted by arrival) on cfg.Workers simulated workers.
+func Run(cfg Config, reqs []trace.Request) (*Result, error) {
+	if cfg.Workers < 1 {
+		return nil, fmt.Errorf("fleet: %d workers", cfg.Workers)
+	}
+	if !slices.IsSortedFunc(reqs, func(a, b trace.Request) int { return int(a.At - b.At) }) {
+		return nil, fmt.Errorf("fleet: requests not sorted by arrival")
+	}
+	wc := cfg.Worker
+	if wc.BlockSize == 0 {
+		wc.BlockSize = 64
+	}
+	var now int64
+	r := router.New(router.Config{
+		BlockSize:     wc.BlockSize,
+		Mode:          cfg.Mode,
+		OverlapWeight: cfg.OverlapWeight, // 0: the router's default, 1.0
+		Temperature:   cfg.Temperature,
+		TrackPrefill:  !cfg.NoPrefill,
+		RequestExpiry: 24 * time.Hour,
+		Shards:        1,
+		Logger:        slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Rand:          rand.New(rand.NewPCG(cfg.Seed, 0x666c656574)),
+		Now:           func() int64 { return now },
+	})
+	defer r.Close()
+	ws := make([]*worker, cfg.Workers)
+	for i := range ws {
+		id := uint64(i + 1)
+		ws[i] = &worker{id: id, w: sim.NewWorker(id, wc)}
+		if err := r.Register(router.Registration{ID: id, Model: model, BlockSize: wc.BlockSize}); err != nil {
+			return nil, err
+		}
+	}
+	res := &Result{Requests: len(reqs), TTFT: make([]time.Duration, len(reqs)), E2E: make([]time.Duration, len(reqs)),
+		PerWorker: make([]int, cfg.Workers)}
+	arrival := make([]int64, len(reqs))
+	var h stepHeap
+	start := func(w *worker, at int64) {
+		if w.busy || w.w.Idle() {
+			return
+		}
+		w.end = w.w.Step(at, &w.out)
+		w.busy = true
+		heap.Push(&h, w)
+	}
+	var batch wire.EventBatch
+	ids := make([]string, len(reqs))
+	// deliver hands the router what worker w's finished step produced.
+	deliver := func(w *worker) error {
+		if len(w.out.Events) > 0 {
+			batch = wire.EventBatch{Worker: w.id, Model: model, Events: w.out.Events}
+			if _, err := r.ApplyEvents(&batch, nil); err != nil {
+				return fmt.Errorf("worker %d events: %w", w.id, err)
+			}
+		}
+		for _, d := range w.out.PrefillDone {
+			res.TTFT[d.ID] = time.Duration(d.At - arrival[d.ID])
+			res.CachedTokens += int64(d.Cached)
+			_ = r.PrefillDone(ids[d.ID])
+		}
+		for _, d := range w.out.Completed {
+			res.E2E[d.ID] = time.Duration(d.At - arrival[d.ID])
+			_ = r.Complete(ids[d.ID])
+			res.Makespan = max(res.Makespan, time.Duration(d.At))
+		}
+		return nil
+	}
+	var (
+		req     wire.RouteRequest
+		resp    wire.RouteResponse
+		next    = 0
+		sampleT int64
+	)
+	for next < len(reqs) || h.Len() > 0 {
+		// Step ends first at equal times: the router sees what the workers did by then.
+		if h.Len() > 0 && (next == len(reqs) || h.peek().end <= int64(reqs[next].At)) {
+			w := heap.Pop(&h).(*worker)
+			now = w.end
+			w.busy = false
+			if err := deliver(w); err != nil {
+				return nil, err
+			}
+			start(w, now)
+			continue
+		}
+		q := &reqs[next]
+		now = int64(q.At)
+		for cfg.Sample > 0 && sampleT <= now {
+			s := LoadSample{At: time.Duration(sampleT), Running: make([]int, len(ws)), Waiting: make([]int, len(ws))}
+			for i, w := range ws {
+				s.Running[i], s.Waiting[i] = w.w.Running(), w.w.Waiting()
+			}
+			res.Samples = append(res.Samples, s)
+			sampleT += int64(cfg.Sample)
+		}
+		arrival[next] = now
+		ids[next] = strconv.Itoa(next)
+		req = wire.RouteRequest{RequestID: ids[next], Model: model, Tokens: q.Tokens}
+		if err := r.Route(&req, &resp); err != nil {
+			res.RouteFailures++
+			next++
+			continue
+		}
+		w := ws[resp.Worker-1]
+		res.PerWorker[resp.Worker-1]++
+		res.PromptTokens += int64(len(q.Tokens))
+		res.OutputTokens += int64(max(q.Output, 1))
+		if err := w.w.Submit(&sim.Request{ID: uint64(next), Tokens: q.Tokens, Output: max(q.Output, 1)}, now); err != nil {
+			// Larger than the worker's whole cache: no engine could serve it.
+			res.Refused++
+			_ = r.Complete(ids[next])
+			next++
+			continue
+		}
+		start(w, now)
+		next++
+	}
+	if len(reqs) > 0 {
+		res.Makespan -= reqs[0].At
+	}
+	return res, nil
+}
