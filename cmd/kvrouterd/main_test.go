@@ -132,18 +132,28 @@ func TestDaemonOverTCP(t *testing.T) {
 	if _, err := pub.Engine(context.Background(), "m", 3, -1, 0, wire.AppendEngineBatch(nil, &eb, wire.EngineForm{MapBatch: true, MapEvents: true})); err != nil {
 		t.Fatal(err)
 	}
-	for {
-		if err := c.Match(&wire.RouteRequest{Model: "m", Tokens: toks}, &resp); err != nil {
-			t.Fatal(err)
+	// awaitCached repeats poke (nil: nothing) until worker w's rank caches blocks of toks.
+	awaitCached := func(w uint64, rank uint32, blocks uint32, poke func()) {
+		t.Helper()
+		for {
+			if poke != nil {
+				poke()
+			}
+			if err := c.Match(&wire.RouteRequest{Model: "m", Tokens: toks}, &resp); err != nil {
+				t.Fatal(err)
+			}
+			for _, cd := range resp.Candidates {
+				if cd.Worker == w && cd.Rank == rank && cd.CachedBlocks == blocks {
+					return
+				}
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("worker %d's events never applied: %+v\n%s", w, resp, logs.String())
+			}
+			time.Sleep(20 * time.Millisecond)
 		}
-		if len(resp.Candidates) == 3 && resp.Candidates[2].Worker == 3 && resp.Candidates[2].CachedBlocks == 2 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("worker 3's events never applied: %+v\n%s", resp, logs.String())
-		}
-		time.Sleep(20 * time.Millisecond)
 	}
+	awaitCached(3, 0, 2, nil)
 	// A worker registered through Dynamo's /register with its ZMQ endpoint (data-parallel rank 1)
 	// is subscribed to: a fake engine's PUB socket reaches the index.
 	engine := zmq4.NewPub(context.Background())
@@ -161,21 +171,14 @@ func TestDaemonOverTCP(t *testing.T) {
 	zb := wire.EngineBatch{Events: []shard.Event{{Kind: shard.Stored, BlockSize: 4, Hashes: []uint64{9, 10}, Tokens: toks[:8]}}}
 	payload := wire.AppendEngineBatch(nil, &zb, wire.EngineForm{})
 	seq0 := make([]byte, 8) // the first batch, sequence 0; repeats are duplicates until one lands
-	for {
-		if err := engine.Send(zmq4.NewMsgFrom([]byte("kv"), seq0, payload)); err != nil {
-			t.Fatal(err)
+	send := func(e zmq4.Socket, payload []byte) func() {
+		return func() {
+			if err := e.Send(zmq4.NewMsgFrom([]byte("kv"), seq0, payload)); err != nil {
+				t.Fatal(err)
+			}
 		}
-		if err := c.Match(&wire.RouteRequest{Model: "m", Tokens: toks}, &resp); err != nil {
-			t.Fatal(err)
-		}
-		if n := len(resp.Candidates); n == 4 && resp.Candidates[3].Worker == 4 && resp.Candidates[3].Rank == 1 && resp.Candidates[3].CachedBlocks == 2 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("worker 4's ZMQ events never applied: %+v\n%s", resp, logs.String())
-		}
-		time.Sleep(20 * time.Millisecond)
 	}
+	awaitCached(4, 1, 2, send(engine, payload))
 
 	// `kvrouterd bridge` beside another engine forwards its events through the daemon's NATS
 	// stream into the index (worker 5).
@@ -193,22 +196,7 @@ func TestDaemonOverTCP(t *testing.T) {
 	}
 	defer bridge.Process.Kill()
 	zb.Events[0].Hashes = []uint64{11, 12}
-	payload = wire.AppendEngineBatch(nil, &zb, wire.EngineForm{})
-	for {
-		if err := engine2.Send(zmq4.NewMsgFrom([]byte("kv"), seq0, payload)); err != nil {
-			t.Fatal(err)
-		}
-		if err := c.Match(&wire.RouteRequest{Model: "m", Tokens: toks}, &resp); err != nil {
-			t.Fatal(err)
-		}
-		if n := len(resp.Candidates); n == 5 && resp.Candidates[4].Worker == 5 && resp.Candidates[4].CachedBlocks == 2 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("worker 5's bridged events never applied: %+v\nbridge:\n%s\ndaemon:\n%s", resp, blogs.String(), logs.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	awaitCached(5, 0, 2, send(engine2, wire.AppendEngineBatch(nil, &zb, wire.EngineForm{})))
 	if err := bridge.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
