@@ -4,7 +4,9 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"runtime"
+	"slices"
 	"testing"
+	"time"
 
 	"github.com/kvrouterd/kvrouterd/internal/memstat"
 	"github.com/kvrouterd/kvrouterd/radix"
@@ -244,4 +246,103 @@ func buildThroughApplier(residencies, workers int, shared bool) (*radix.Index, *
 		}
 	}
 	return ix, a, ix.Stats().Residencies
+}
+
+// BenchmarkMatchUnderLoad measures match latency while events apply: workers engines each hold
+// a shared 8-block system prompt and capacity blocks of their own conversations, and one
+// goroutine keeps enqueueing their steady-state events (16 stored, 16 evicted per step, round
+// robin over the engines) through the shards as fast as they apply. Each op matches a 64-block
+// query: the system prompt, which every worker holds, then blocks no one holds. The op's time
+// is the match alone; p50/p99/p99.9 are of single matches, in µs; writer-blocks/s is what the
+// writer applied meanwhile.
+func BenchmarkMatchUnderLoad(b *testing.B) {
+	for _, workers := range []int{8, 1000, 10000} {
+		b.Run(fmt.Sprintf("workers=%d", workers), func(b *testing.B) {
+			// 2^20 residencies at most, 256 per worker at least, whole events.
+			capacity := max(256, 1<<20/workers) / benchEvent * benchEvent
+			benchMatchUnderLoad(b, workers, capacity)
+		})
+	}
+}
+
+func benchMatchUnderLoad(b *testing.B, workers, capacity int) {
+	ix, _ := radix.New(radix.Config{BlockSize: benchBlockSize})
+	set := shard.New(shard.Config{})
+	defer set.Close()
+	sys := make([]uint32, 8*benchBlockSize)
+	for i := range sys {
+		sys[i] = uint32(i + 7)
+	}
+	engines := make([]*engine, workers)
+	for i := range engines {
+		e := newEngine(uint64(i+1), capacity)
+		engines[i] = e
+		prefix := shard.Event{Kind: shard.Stored, Tokens: sys}
+		for j := range 8 {
+			prefix.Hashes = append(prefix.Hashes, 1<<62|uint64(j)) // outside the engine's own hashes
+		}
+		batch := set.NewBatch(ix, e.id)
+		batch.Add(&prefix)
+		for { // fill up to the first eviction: steady state
+			evict := e.step()
+			batch.Add(&e.stored)
+			if evict {
+				batch.Add(&e.removed)
+				break
+			}
+		}
+		set.Enqueue(batch)
+	}
+	set.Barrier()
+	stop := make(chan struct{})
+	done := make(chan int)
+	go func() {
+		blocks := 0
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				done <- blocks
+				return
+			default:
+			}
+			e := engines[i%len(engines)]
+			batch := set.NewBatch(ix, e.id)
+			if e.step() {
+				batch.Add(&e.removed)
+				blocks += benchEvent
+			}
+			batch.Add(&e.stored)
+			blocks += benchEvent
+			set.Enqueue(batch)
+		}
+	}()
+	query := append([]uint32(nil), sys...)
+	for range 56 * benchBlockSize {
+		query = append(query, 1<<30) // held by no one
+	}
+	var m radix.Match
+	var h radix.Hasher
+	seqs := h.AppendSequence(nil, query, benchBlockSize, radix.BaseSeed)
+	lat := make([]time.Duration, 0, b.N)
+	b.ResetTimer()
+	start := time.Now()
+	for range b.N {
+		t0 := time.Now()
+		ix.Match(seqs, &m)
+		lat = append(lat, time.Since(t0))
+		if len(m.Slots) != workers {
+			b.Fatalf("%d holders of the system prompt, want %d", len(m.Slots), workers)
+		}
+	}
+	el := time.Since(start)
+	b.StopTimer()
+	close(stop)
+	blocks := <-done
+	set.Barrier()
+	slices.Sort(lat)
+	q := func(p float64) float64 { return float64(lat[min(len(lat)-1, int(p*float64(len(lat))))]) / 1e3 }
+	b.ReportMetric(q(0.5), "p50-µs")
+	b.ReportMetric(q(0.99), "p99-µs")
+	b.ReportMetric(q(0.999), "p99.9-µs")
+	b.ReportMetric(float64(blocks)/el.Seconds(), "writer-blocks/s")
 }
