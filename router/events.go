@@ -1,6 +1,7 @@
 package router
 
 import (
+	"slices"
 	"strconv"
 
 	"github.com/kvrouterd/kvrouterd/shard"
@@ -17,15 +18,7 @@ const MaxEventsPerBatch = 1 << 16
 // duplicate in event ids, an unknown parent — are not input errors: they are applied as
 // package shard defines and reported in the outcomes.
 func (r *Router) ApplyEvents(b *wire.EventBatch, dst []shard.Outcome) ([]shard.Outcome, error) {
-	r.mu.Lock()
-	reg := r.workers[b.Worker]
-	var ranks []uint32
-	if reg != nil {
-		for _, w := range reg.ranks {
-			ranks = append(ranks, w.key.Rank)
-		}
-	}
-	r.mu.Unlock()
+	reg, ranks := r.ranksOf(b.Worker)
 	if reg == nil {
 		return dst, fieldErr(ErrUnknownWorker, "worker_id", "worker %d is not registered", b.Worker)
 	}
@@ -33,13 +26,8 @@ func (r *Router) ApplyEvents(b *wire.EventBatch, dst []shard.Outcome) ([]shard.O
 	if b.Model != "" && b.Model != m.name {
 		return dst, fieldErr(ErrConflict, "model", "worker %d serves model %q, not %q", b.Worker, m.name, b.Model)
 	}
-	if len(b.Events) > MaxEventsPerBatch {
-		return dst, fieldErr(ErrInvalid, "events", "%d events, at most %d per batch", len(b.Events), MaxEventsPerBatch)
-	}
-	for i := range b.Events {
-		if err := checkEvent(&b.Events[i], i, m.blockSize, ranks); err != nil {
-			return dst, err
-		}
+	if err := checkEvents(b.Events, m.blockSize, ranks); err != nil {
+		return dst, err
 	}
 	reg.received.Add(int64(len(b.Events)))
 	reg.lastSeen.Store(r.cfg.Now())
@@ -55,12 +43,37 @@ func (r *Router) ApplyEvents(b *wire.EventBatch, dst []shard.Outcome) ([]shard.O
 	return dst, nil
 }
 
-func checkEvent(ev *shard.Event, i, bs int, ranks []uint32) error {
-	known := false
-	for _, r := range ranks {
-		known = known || r == ev.Rank
+// ranksOf returns worker id's registration and its ranks, nil if it is not registered.
+func (r *Router) ranksOf(id uint64) (*registration, []uint32) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	reg := r.workers[id]
+	if reg == nil {
+		return nil, nil
 	}
-	if !known {
+	ranks := make([]uint32, len(reg.ranks))
+	for i, w := range reg.ranks {
+		ranks[i] = w.key.Rank
+	}
+	return reg, ranks
+}
+
+// checkEvents checks a batch for a model of block size bs whose worker has ranks: the checks
+// that refuse it whole.
+func checkEvents(evs []shard.Event, bs int, ranks []uint32) error {
+	if len(evs) > MaxEventsPerBatch {
+		return fieldErr(ErrInvalid, "events", "%d events, at most %d per batch", len(evs), MaxEventsPerBatch)
+	}
+	for i := range evs {
+		if err := checkEvent(&evs[i], i, bs, ranks); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func checkEvent(ev *shard.Event, i, bs int, ranks []uint32) error {
+	if !slices.Contains(ranks, ev.Rank) {
 		return fieldErr(ErrUnknownWorker, evField(i, "dp_rank"), "rank %d is not registered for this worker", ev.Rank)
 	}
 	if ev.Tier > shard.External {

@@ -1,6 +1,7 @@
 package router
 
 import (
+	"slices"
 	"time"
 
 	"github.com/kvrouterd/kvrouterd/shard"
@@ -15,7 +16,7 @@ import (
 // go to Config.Observer as they apply. Safe for concurrent use; events and their slices may be
 // reused once Ingest returns.
 func (r *Router) Ingest(worker uint64, model string, events []shard.Event) error {
-	if len(events) > MaxEventsPerBatch {
+	if len(events) > MaxEventsPerBatch { // before registering anything
 		return fieldErr(ErrInvalid, "events", "%d events, at most %d per batch", len(events), MaxEventsPerBatch)
 	}
 	reg, ranks, err := r.ensure(worker, model, events)
@@ -23,10 +24,8 @@ func (r *Router) Ingest(worker uint64, model string, events []shard.Event) error
 		return err
 	}
 	m := reg.model
-	for i := range events {
-		if err := checkEvent(&events[i], i, m.blockSize, ranks); err != nil {
-			return err
-		}
+	if err := checkEvents(events, m.blockSize, ranks); err != nil {
+		return err
 	}
 	reg.lastSeen.Store(r.cfg.Now())
 	if len(events) == 0 {
@@ -48,20 +47,7 @@ func (r *Router) Ingest(worker uint64, model string, events []shard.Event) error
 // ensure returns worker's registration and ranks, registering the worker and any rank of events
 // it lacks.
 func (r *Router) ensure(worker uint64, model string, events []shard.Event) (*registration, []uint32, error) {
-	var ranks []uint32
-	lookup := func() *registration {
-		r.mu.Lock()
-		defer r.mu.Unlock()
-		reg := r.workers[worker]
-		ranks = ranks[:0]
-		if reg != nil {
-			for _, w := range reg.ranks {
-				ranks = append(ranks, w.key.Rank)
-			}
-		}
-		return reg
-	}
-	reg := lookup()
+	reg, ranks := r.ranksOf(worker)
 	if reg != nil && model != "" && model != reg.model.name {
 		return nil, nil, fieldErr(ErrConflict, "model", "worker %d serves model %q, not %q", worker, reg.model.name, model)
 	}
@@ -72,7 +58,7 @@ func (r *Router) ensure(worker uint64, model string, events []shard.Event) (*reg
 		if ev.Kind == shard.Stored && bs == 0 {
 			bs = ev.BlockSize
 		}
-		if !hasRank(ranks, ev.Rank) && !hasRank(missing, ev.Rank) {
+		if !slices.Contains(ranks, ev.Rank) && !slices.Contains(missing, ev.Rank) {
 			missing = append(missing, ev.Rank)
 		}
 	}
@@ -95,19 +81,10 @@ func (r *Router) ensure(worker uint64, model string, events []shard.Event) (*reg
 	}
 	r.discovered.Add(1)
 	r.log.Info("worker discovered from its events", "worker", worker, "model", name, "ranks", missing)
-	if reg = lookup(); reg == nil {
+	if reg, ranks = r.ranksOf(worker); reg == nil {
 		return nil, nil, fieldErr(ErrUnknownWorker, "worker_id", "worker %d was unregistered meanwhile", worker)
 	}
 	return reg, ranks, nil
-}
-
-func hasRank(ranks []uint32, r uint32) bool {
-	for _, x := range ranks {
-		if x == r {
-			return true
-		}
-	}
-	return false
 }
 
 // LoadReport is a worker's own account of its load, published periodically by the worker or a
