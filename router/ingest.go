@@ -19,7 +19,14 @@ func (r *Router) Ingest(worker uint64, model string, events []shard.Event) error
 	if len(events) > MaxEventsPerBatch { // before registering anything
 		return fieldErr(ErrInvalid, "events", "%d events, at most %d per batch", len(events), MaxEventsPerBatch)
 	}
-	reg, ranks, err := r.ensure(worker, model, events)
+	bs, want := 0, ranksNamed(events)
+	for i := range events {
+		if events[i].Kind == shard.Stored && events[i].BlockSize != 0 {
+			bs = events[i].BlockSize
+			break
+		}
+	}
+	reg, ranks, err := r.ensure(worker, model, bs, want)
 	if err != nil {
 		return err
 	}
@@ -44,22 +51,28 @@ func (r *Router) Ingest(worker uint64, model string, events []shard.Event) error
 	return nil
 }
 
-// ensure returns worker's registration and ranks, registering the worker and any rank of events
-// it lacks.
-func (r *Router) ensure(worker uint64, model string, events []shard.Event) (*registration, []uint32, error) {
+// ranksNamed returns the distinct ranks events name.
+func ranksNamed(events []shard.Event) []uint32 {
+	var want []uint32
+	for i := range events {
+		if !slices.Contains(want, events[i].Rank) {
+			want = append(want, events[i].Rank)
+		}
+	}
+	return want
+}
+
+// ensure returns worker's registration and ranks, registering the worker for model (with block
+// size bs, 0 for the model's or the default) and any of ranks it lacks.
+func (r *Router) ensure(worker uint64, model string, bs int, want []uint32) (*registration, []uint32, error) {
 	reg, ranks := r.ranksOf(worker)
 	if reg != nil && model != "" && model != reg.model.name {
 		return nil, nil, fieldErr(ErrConflict, "model", "worker %d serves model %q, not %q", worker, reg.model.name, model)
 	}
 	var missing []uint32
-	bs := 0
-	for i := range events {
-		ev := &events[i]
-		if ev.Kind == shard.Stored && bs == 0 {
-			bs = ev.BlockSize
-		}
-		if !slices.Contains(ranks, ev.Rank) && !slices.Contains(missing, ev.Rank) {
-			missing = append(missing, ev.Rank)
+	for _, rank := range want {
+		if !slices.Contains(ranks, rank) {
+			missing = append(missing, rank)
 		}
 	}
 	if reg != nil && len(missing) == 0 {
@@ -109,8 +122,7 @@ func (r *Router) Report(rep *LoadReport) error {
 	if rep.ActiveBlocks < 0 || rep.WaitingRequests < 0 || rep.MaxBatchedTokens < 0 {
 		return fieldErr(ErrInvalid, "active_blocks", "counts must not be negative")
 	}
-	ev := shard.Event{Kind: shard.Cleared, Rank: rep.Rank} // only its rank is used
-	reg, _, err := r.ensure(rep.Worker, rep.Model, []shard.Event{ev})
+	reg, _, err := r.ensure(rep.Worker, rep.Model, 0, []uint32{rep.Rank})
 	if err != nil {
 		return err
 	}
