@@ -122,7 +122,7 @@ const (
 	RejectReport  = "report"  // a malformed load report
 )
 
-var rejectReasons = []string{RejectSubject, RejectDecode, RejectInvalid, RejectReport}
+var rejectReasons = [...]string{RejectSubject, RejectDecode, RejectInvalid, RejectReport}
 
 // Consumer applies the event stream to a Sink: an ordered JetStream consumer from a known
 // sequence (it resumes from the last one it handled across reconnects), plus the load-report
@@ -141,7 +141,7 @@ type Consumer struct {
 
 	messages, events, reports, gaps atomic.Int64
 	lastSeq                         atomic.Uint64
-	rejected                        [4]atomic.Int64
+	rejected                        [len(rejectReasons)]atomic.Int64
 }
 
 // NewConsumer creates the stream if needed (or updates its retention), then starts consuming
