@@ -20,6 +20,7 @@ import (
 	"github.com/kvrouterd/kvrouterd/bench/trace"
 	"github.com/kvrouterd/kvrouterd/router"
 	"github.com/kvrouterd/kvrouterd/scoring"
+	"github.com/kvrouterd/kvrouterd/shard"
 	"github.com/kvrouterd/kvrouterd/wire"
 )
 
@@ -37,6 +38,10 @@ type Config struct {
 	// Sample, if > 0, records every worker's running and waiting requests every Sample of
 	// simulated time.
 	Sample time.Duration
+	// OnEvents, if set, sees every batch of KV events a worker published, at the simulated time
+	// the router got it (events is reused after the call returns): the trace's event stream,
+	// for replay into an index elsewhere.
+	OnEvents func(at time.Duration, worker uint64, events []shard.Event)
 }
 
 // Result is what one simulation measured; plain data.
@@ -151,6 +156,9 @@ func Run(cfg Config, reqs []trace.Request) (*Result, error) {
 	// deliver hands the router what worker w's finished step produced.
 	deliver := func(w *worker) error {
 		if len(w.out.Events) > 0 {
+			if cfg.OnEvents != nil {
+				cfg.OnEvents(time.Duration(now), w.id, w.out.Events)
+			}
 			batch = wire.EventBatch{Worker: w.id, Model: model, Events: w.out.Events}
 			if _, err := r.ApplyEvents(&batch, nil); err != nil {
 				return fmt.Errorf("worker %d events: %w", w.id, err)
