@@ -338,6 +338,92 @@ func CountHits(reqs []Request, blockSize int) HitCounts {
 	return c
 }
 
+// CountLRUHits is CountHits for one shared prefix cache of capacity blocks with LRU eviction: the
+// whole fleet's KV memory as a single cache with no load limits, a reference for what routing
+// can recover when caches are finite (infinite capacity gives CountHits). A prompt touches its
+// chain deepest block first, so a parent is always more recent than its children and evictions
+// take leaves first, keeping every cached block's prefix cached. It panics if blockSize ≤ 0 or
+// capacity < 1.
+func CountLRUHits(reqs []Request, blockSize, capacity int) HitCounts {
+	if blockSize <= 0 || capacity < 1 {
+		panic(fmt.Sprintf("trace: CountLRUHits(block size %d, capacity %d): want positive numbers", blockSize, capacity))
+	}
+	c := HitCounts{BlockSize: blockSize}
+	l := newLRU(capacity)
+	var chain []uint64
+	for i := range reqs {
+		toks := reqs[i].Tokens
+		c.PromptTokens += int64(len(toks))
+		c.Blocks += (len(toks) + blockSize - 1) / blockSize
+		full := len(toks) / blockSize
+		c.FullBlocks += full
+		chain = chain[:0]
+		h, hit := uint64(1337), true
+		for b := range full {
+			h = xxh3.HashSeed(tokenBytes(toks[b*blockSize:(b+1)*blockSize]), h)
+			chain = append(chain, h)
+			if hit && l.has(h) {
+				c.Hits++
+			} else {
+				hit = false
+			}
+		}
+		// A prompt larger than the cache keeps only its first capacity blocks.
+		for j := min(len(chain), capacity) - 1; j >= 0; j-- {
+			l.touch(chain[j])
+		}
+	}
+	return c
+}
+
+// lru is a set of block hashes of fixed capacity that forgets the least recently touched.
+type lru struct {
+	idx      map[uint64]int32 // hash → node
+	nodes    []lruNode        // nodes[0] is the list's sentinel
+	capacity int
+}
+
+type lruNode struct {
+	hash       uint64
+	prev, next int32
+}
+
+func newLRU(capacity int) *lru {
+	return &lru{idx: make(map[uint64]int32, capacity), nodes: make([]lruNode, 1, capacity+1), capacity: capacity}
+}
+
+func (l *lru) has(h uint64) bool { _, ok := l.idx[h]; return ok }
+
+// touch makes h the most recent, inserting it and evicting the least recent if full.
+func (l *lru) touch(h uint64) {
+	n, ok := l.idx[h]
+	switch {
+	case ok:
+		l.unlink(n)
+	case len(l.nodes) <= l.capacity:
+		n = int32(len(l.nodes))
+		l.nodes = append(l.nodes, lruNode{hash: h})
+		l.idx[h] = n
+	default:
+		n = l.nodes[0].prev // the least recent
+		l.unlink(n)
+		delete(l.idx, l.nodes[n].hash)
+		l.nodes[n].hash = h
+		l.idx[h] = n
+	}
+	// Insert after the sentinel: the front is the most recent.
+	first := l.nodes[0].next
+	l.nodes[n].prev, l.nodes[n].next = 0, first
+	l.nodes[first].prev = n
+	l.nodes[0].next = n
+}
+
+func (l *lru) unlink(n int32) {
+	p, x := l.nodes[n].prev, l.nodes[n].next
+	l.nodes[p].next = x
+	l.nodes[x].prev = p
+}
+
 // tokenBytes views toks as bytes in the machine's order, which is fine for hashes that never
 // leave the process.
 func tokenBytes(toks []uint32) []byte {

@@ -262,6 +262,44 @@ func TestHitBoundByHand(t *testing.T) {
 	}
 }
 
+func TestCountLRUHitsByHand(t *testing.T) {
+	reqs := func(prompts ...[]uint32) []Request {
+		r := make([]Request, len(prompts))
+		for i, p := range prompts {
+			r[i] = Request{At: time.Duration(i), Tokens: p}
+		}
+		return r
+	}
+	a, b := []uint32{1, 2, 3, 4}, []uint32{5, 6, 7, 8}
+	// Capacity 2 holds one two-block prompt: a, b, a misses everything; a, a hits both.
+	if got := CountLRUHits(reqs(a, b, a), 2, 2).Hits; got != 0 {
+		t.Errorf("a b a in 2 blocks: %d hits, want 0", got)
+	}
+	if got := CountLRUHits(reqs(a, a), 2, 2).Hits; got != 2 {
+		t.Errorf("a a in 2 blocks: %d hits, want 2", got)
+	}
+	// Capacity 3 after a, b: a's leaf [3 4] went first (a's root [1 2] is more recent than its
+	// child), so a then hits its root only.
+	if got := CountLRUHits(reqs(a, b, a), 2, 3).Hits; got != 1 {
+		t.Errorf("a b a in 3 blocks: %d hits, want 1", got)
+	}
+	// A prompt longer than the cache keeps its first blocks: the next identical prompt hits them.
+	long := []uint32{1, 2, 3, 4, 5, 6}
+	if got := CountLRUHits(reqs(long, long), 2, 2).Hits; got != 2 {
+		t.Errorf("3-block prompt twice in 2 blocks: %d hits, want 2", got)
+	}
+	// Ample capacity gives the infinite-cache counts.
+	cfg := DefaultSynthetic()
+	cfg.Duration = time.Minute
+	syn := Synthetic(cfg)
+	if got, want := CountLRUHits(syn, 16, 1<<20), CountHits(syn, 16); got != want {
+		t.Errorf("ample capacity: %+v, want %+v", got, want)
+	}
+	if got, want := CountLRUHits(syn, 16, 64).Hits, CountHits(syn, 16).Hits; got >= want {
+		t.Errorf("64 blocks: %d hits, infinite cache %d: want fewer", got, want)
+	}
+}
+
 func TestHitBoundMooncakeFixture(t *testing.T) {
 	reqs := loadFixture(t, "mooncake_small.jsonl", MooncakeOptions{})
 	// [0 1] cut to 1000: 1 full block (miss) + tail. [0 1 2]: 0 hits, [0 1] misses (only block 0
