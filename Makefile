@@ -7,7 +7,7 @@ BENCHCOUNT ?= 6
 BENCHSTAT  := golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9c6c9d4da
 OUT        := bench/out
 
-.PHONY: build run test vet bench load fuzz clean
+.PHONY: build run test vet bench bench-quick micro load fuzz clean
 
 build:
 	$(GO) build ./...
@@ -30,9 +30,17 @@ test: vet
 	$(GO) test -count=1 -tags invariants ./...
 	$(GO) test -count=1 -short -run '^$$' -bench . -benchtime=1x ./...
 
+# The performance and routing-quality report: bench/out/report.md, report.json and PNG plots
+# (under 10 minutes on 2 cores; bench-quick under 2).
+bench:
+	$(GO) run ./bench/report --out $(OUT)
+
+bench-quick:
+	$(GO) run ./bench/report --quick --out $(OUT)
+
 # Microbenchmarks, BENCHCOUNT runs each, summarized as medians; memory benchmarks once (they do
 # not depend on timing). Raw output in bench/out/.
-bench:
+micro:
 	mkdir -p $(OUT)
 	$(GO) test -run '^$$' -bench 'HashBlocks|IndexMatch|ShardApply|ApplierApply|MatchUnderLoad|^BenchmarkRoute$$|RouteRequestDecode|RouteResponseEncode|DecodeEngineBatch' -count $(BENCHCOUNT) ./radix/ ./shard/ ./router/ ./wire/ | tee $(OUT)/micro.txt
 	$(GO) test -run '^$$' -bench 'ShardMemory|VsXsync|VsBuiltin' -benchtime 1x ./radix/ ./shard/ ./internal/u64map/ | tee $(OUT)/memory.txt

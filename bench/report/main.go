@@ -1,0 +1,176 @@
+// Command report measures kvrouterd and writes the performance and routing-quality report:
+// bench/out/report.md (tables and what each number means), report.json (one flat object per
+// measurement: name, value, unit, conditions) and PNG plots beside them. It prints its progress
+// on stderr as it goes.
+//
+// Sections, each skippable with --skip:
+//
+//	quality  routing quality: the Mooncake conversation and synthetic traces and the built-in
+//	         generator on 8 simulated workers (package bench/fleet), per routing mode
+//	e2e      the same simulation against a whole daemon over HTTP and NATS (package bench/e2e)
+//	index    the index replaying the conversation trace's own KV events at 8, 1,000 and 10,000
+//	         workers (package bench/replay)
+//	http     HTTP route throughput and latency against a no-op fasthttp handler (bench/loadgen)
+//
+// `make bench` runs it in full (under 10 minutes on 2 cores), `make bench-quick` with --quick
+// (under 2 minutes: shorter trace windows and runs).
+//
+//	go run ./bench/report [--quick] [--out bench/out] [--traces ../shared/traces] [--skip http]
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"time"
+)
+
+// config is the whole configuration of one run.
+type config struct {
+	Quick  bool
+	Out    string
+	Traces string // directory holding mooncake/*.jsonl; sections that need a missing file say so
+	Skip   []string
+	Seed   uint64
+}
+
+// sections lists every section in the order they run.
+var sections = []string{"quality"}
+
+func main() {
+	c := config{Out: "bench/out", Traces: defaultTraces(), Seed: 1}
+	var skip string
+	flag.BoolVar(&c.Quick, "quick", false, "the quick report: shorter trace windows and runs (under 2 minutes)")
+	flag.StringVar(&c.Out, "out", c.Out, "directory for report.md, report.json and the plots")
+	flag.StringVar(&c.Traces, "traces", c.Traces, "directory with mooncake/conversation_trace.jsonl and mooncake/synthetic_trace.jsonl (env KVROUTERD_TRACES)")
+	flag.StringVar(&skip, "skip", "", "sections to leave out, comma-separated: "+strings.Join(sections, ","))
+	flag.Uint64Var(&c.Seed, "seed", c.Seed, "seed of the routers' tie-breaks and the load generators")
+	flag.Parse()
+	for s := range strings.SplitSeq(skip, ",") {
+		if s = strings.TrimSpace(s); s == "" {
+			continue
+		}
+		if !slices.Contains(sections, s) {
+			fmt.Fprintf(os.Stderr, "report: --skip %q: not one of %s\n", s, strings.Join(sections, ","))
+			os.Exit(2)
+		}
+		c.Skip = append(c.Skip, s)
+	}
+	if err := run(c, os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "report:", err)
+		os.Exit(1)
+	}
+}
+
+// defaultTraces is $KVROUTERD_TRACES, else the shared directory beside the repository.
+func defaultTraces() string {
+	if d := os.Getenv("KVROUTERD_TRACES"); d != "" {
+		return d
+	}
+	return "../shared/traces"
+}
+
+func run(c config, progress io.Writer) error {
+	if err := os.MkdirAll(c.Out, 0o755); err != nil {
+		return err
+	}
+	r := &report{cfg: c, start: time.Now(), progress: progress}
+	r.logf("report into %s (quick: %v)", c.Out, c.Quick)
+	var errs []error
+	for _, s := range sections {
+		if slices.Contains(c.Skip, s) {
+			r.logf("%s: skipped", s)
+			continue
+		}
+		t0 := time.Now()
+		var err error
+		switch s {
+		case "quality":
+			err = r.quality()
+		}
+		if err != nil {
+			// A failed section is reported and the others still run.
+			err = fmt.Errorf("%s: %w", s, err)
+			r.logf("%v", err)
+			fmt.Fprintf(&r.md, "\n**The %s section failed:** %v\n", s, err)
+			errs = append(errs, err)
+		}
+		r.logf("%s: done in %v", s, time.Since(t0).Round(100*time.Millisecond))
+	}
+	if err := r.write(); err != nil {
+		errs = append(errs, err)
+	}
+	r.logf("wrote %s and %s, %d measurements, in %v", filepath.Join(c.Out, "report.md"),
+		filepath.Join(c.Out, "report.json"), len(r.ms), time.Since(r.start).Round(time.Second))
+	return errors.Join(errs...)
+}
+
+// measurement is one number of report.json.
+type measurement struct {
+	Name       string  `json:"name"`
+	Value      float64 `json:"value"`
+	Unit       string  `json:"unit"`
+	Conditions string  `json:"conditions"`
+}
+
+// report accumulates the markdown and the measurements; used by one goroutine.
+type report struct {
+	cfg      config
+	start    time.Time
+	progress io.Writer
+	md       strings.Builder
+	ms       []measurement
+	plots    []string
+}
+
+func (r *report) logf(format string, args ...any) {
+	fmt.Fprintf(r.progress, "[%6.1fs] %s\n", time.Since(r.start).Seconds(), fmt.Sprintf(format, args...))
+}
+
+// add records a measurement; name is dotted and unique within the report.
+func (r *report) add(name string, value float64, unit, conditions string) {
+	r.ms = append(r.ms, measurement{Name: name, Value: value, Unit: unit, Conditions: conditions})
+}
+
+func (r *report) mdf(format string, args ...any) { fmt.Fprintf(&r.md, format, args...) }
+
+func (r *report) write() error {
+	var head strings.Builder
+	fmt.Fprintf(&head, "# kvrouterd performance and routing-quality report\n\n")
+	mode := "full"
+	if r.cfg.Quick {
+		mode = "quick"
+	}
+	fmt.Fprintf(&head, "Written by `go run ./bench/report%s` (%s run, %s) in %v on %s.\n",
+		map[bool]string{true: " --quick"}[r.cfg.Quick], mode, time.Now().UTC().Format(time.DateOnly),
+		time.Since(r.start).Round(time.Second), machine())
+	if err := os.WriteFile(filepath.Join(r.cfg.Out, "report.md"), []byte(head.String()+r.md.String()), 0o644); err != nil {
+		return err
+	}
+	b, err := json.MarshalIndent(r.ms, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(r.cfg.Out, "report.json"), append(b, '\n'), 0o644)
+}
+
+// machine describes the host: CPU model and logical CPUs.
+func machine() string {
+	model := "unknown CPU"
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for l := range strings.Lines(string(b)) {
+			if k, v, ok := strings.Cut(l, ":"); ok && strings.TrimSpace(k) == "model name" {
+				model = strings.TrimSpace(v)
+				break
+			}
+		}
+	}
+	return fmt.Sprintf("%s, %d logical CPUs, %s", model, runtime.NumCPU(), runtime.Version())
+}

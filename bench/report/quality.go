@@ -1,0 +1,307 @@
+package main
+
+import (
+	"fmt"
+	"path/filepath"
+	"slices"
+	"time"
+
+	"github.com/kvrouterd/kvrouterd/bench/fleet"
+	"github.com/kvrouterd/kvrouterd/bench/sim"
+	"github.com/kvrouterd/kvrouterd/bench/trace"
+	"github.com/kvrouterd/kvrouterd/scoring"
+)
+
+// The fleet of the routing-quality section: 8 workers with the defaults of Dynamo's simulated
+// engine (reference.md §5), so that the numbers compare with Dynamo's own.
+const (
+	fleetWorkers = 8
+	blockSize    = 64
+	kvBlocks     = 16384
+)
+
+// modes are the routing modes compared, kv first.
+var modes = []scoring.Mode{scoring.KV, scoring.RoundRobin, scoring.Random, scoring.LeastLoaded}
+
+// ladder is the arrival-time scales tried, lightest load first, for the loaded point: the first
+// at which round robin's mean TTFT is at least 10× its unloaded value.
+var ladder = []float64{0.5, 0.3, 0.2, 0.15, 0.12, 0.1, 0.08, 0.06, 0.05, 0.04, 0.03, 0.02, 0.015, 0.01, 0.0075, 0.005}
+
+const (
+	unloadedScale = 10 // arrivals 10× further apart: the prefill alone, almost no queueing
+	loadFactor    = 10
+)
+
+// workload is one request trace of the quality section.
+type workload struct {
+	name, about string
+	reqs        []trace.Request
+}
+
+// workloads loads the traces; a missing trace file is reported and skipped, the generated
+// workload needs none.
+func (r *report) workloads() []workload {
+	limit := 0
+	if r.cfg.Quick {
+		limit = 2500 // about the first 12 minutes of the conversation trace
+	}
+	var ws []workload
+	for _, f := range []struct{ name, file, about string }{
+		{"conversation", "conversation_trace.jsonl", "Mooncake conversation trace"},
+		{"mooncake-synthetic", "synthetic_trace.jsonl", "Mooncake synthetic trace"},
+	} {
+		path := filepath.Join(r.cfg.Traces, "mooncake", f.file)
+		reqs, err := trace.LoadMooncake(path, trace.MooncakeOptions{Limit: limit})
+		if err != nil {
+			r.logf("quality: %s: %v (skipped; --traces or KVROUTERD_TRACES names the directory)", f.name, err)
+			r.mdf("\n*%s not measured: %v.*\n", f.about, err)
+			continue
+		}
+		ws = append(ws, workload{f.name, f.about, reqs})
+	}
+	g := trace.DefaultSynthetic()
+	if r.cfg.Quick {
+		g.Duration = 4 * time.Minute
+	}
+	ws = append(ws, workload{"generated", fmt.Sprintf("built-in generator (%v: system prompts, multi-turn sessions, document fan-out)", g.Duration), trace.Synthetic(g)})
+	return ws
+}
+
+// qualityRun is one simulation and its summary.
+type qualityRun struct {
+	mode  scoring.Mode
+	scale float64
+	res   *fleet.Result
+	ttft  dist
+	e2e   dist
+}
+
+// simulate runs one fleet simulation of w at arrival scale s.
+func (r *report) simulate(w workload, mode scoring.Mode, s float64, blocks int, weight float64, sample time.Duration) (qualityRun, error) {
+	wc := sim.DefaultWorkerConfig()
+	wc.BlockSize, wc.Blocks = blockSize, blocks
+	t0 := time.Now()
+	res, err := fleet.Run(fleet.Config{Workers: fleetWorkers, Mode: mode, OverlapWeight: weight, Worker: wc,
+		Seed: r.cfg.Seed, Sample: sample}, trace.Scale(w.reqs, s))
+	if err != nil {
+		return qualityRun{}, fmt.Errorf("%s ×%g %s: %w", w.name, s, mode, err)
+	}
+	q := qualityRun{mode: mode, scale: s, res: res, ttft: summarize(res.TTFT), e2e: summarize(res.E2E)}
+	r.logf("quality: %s ×%g %-12s TTFT mean %7.0f ms, hit %4.1f %%  (%v)", w.name, s, mode, ms(q.ttft.mean),
+		100*res.HitRate(), time.Since(t0).Round(10*time.Millisecond))
+	return q, nil
+}
+
+// loadPoint finds the lightest load of the ladder at which round robin's mean TTFT is at least
+// loadFactor × its unloaded value, and returns both round-robin runs.
+func (r *report) loadPoint(w workload, blocks int) (unloaded, loaded qualityRun, err error) {
+	if unloaded, err = r.simulate(w, scoring.RoundRobin, unloadedScale, blocks, 0, 0); err != nil {
+		return
+	}
+	for _, s := range ladder {
+		if loaded, err = r.simulate(w, scoring.RoundRobin, s, blocks, 0, 0); err != nil {
+			return
+		}
+		if loaded.ttft.mean >= loadFactor*unloaded.ttft.mean {
+			return
+		}
+	}
+	return // the heaviest tried; the report shows the ratio reached
+}
+
+func (r *report) quality() error {
+	r.mdf("\n## Routing quality\n\n")
+	r.mdf("Each trace is replayed on %d simulated workers (package `bench/sim`: prefix-cached KV cache of %d blocks of %d tokens "+
+		"with LRU eviction, 256 sequences, 8,192 batched tokens, chunked prefill, the timing model of Dynamo's simulated engine) "+
+		"routed by kvrouterd's router in process, on a simulated clock (package `bench/fleet`; deterministic for a seed). "+
+		"Defaults as in Dynamo: overlap weight 1, temperature 0, prefill tokens tracked.\n\n", fleetWorkers, kvBlocks, blockSize)
+	r.mdf("The loaded point is the lightest arrival-time scale of %v at which round robin's mean TTFT is at least %d× its "+
+		"unloaded value (arrivals %d× further apart than the trace's). The hit rate is the fraction of prompt tokens served "+
+		"from a worker's cache; *of bound* divides it by the infinite-cache bound (one cache of unlimited size shared by all "+
+		"workers: no router can exceed it), *of pooled* by one LRU cache holding the whole fleet's %d×%d blocks with no load "+
+		"limits (what routing could recover with this much memory).\n", ladder, loadFactor, unloadedScale, fleetWorkers, kvBlocks)
+	var conv *loadedSet
+	for _, w := range r.workloads() {
+		set, err := r.qualityWorkload(w, kvBlocks)
+		if err != nil {
+			return err
+		}
+		if w.name == "conversation" {
+			conv = set
+		}
+	}
+	if conv != nil && !r.cfg.Quick {
+		if err := r.sensitivity(conv.w); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// loadedSet is the runs of every mode at a workload's loaded point.
+type loadedSet struct {
+	w    workload
+	runs []qualityRun
+}
+
+func (r *report) qualityWorkload(w workload, blocks int) (*loadedSet, error) {
+	st := trace.Summarize(w.reqs)
+	inf := trace.CountHits(w.reqs, blockSize).TokenBound()
+	pooled := trace.CountLRUHits(w.reqs, blockSize, fleetWorkers*blocks).TokenBound()
+	r.logf("quality: %s: %d requests over %v; bounds: infinite %.1f %%, pooled %.1f %%", w.name, st.Requests,
+		st.Duration.Round(time.Second), 100*inf, 100*pooled)
+	unloaded, loaded, err := r.loadPoint(w, blocks)
+	if err != nil {
+		return nil, err
+	}
+	ratio := float64(loaded.ttft.mean) / float64(unloaded.ttft.mean)
+	r.mdf("\n### %s\n\n%d requests over %v, mean prompt %.0f tokens, mean output %.0f. Infinite-cache bound %.1f %% of prompt tokens, "+
+		"pooled-cache bound %.1f %%. Round robin's mean TTFT: %.0f ms unloaded, %.0f ms at the loaded point ×%g (%.1f×%s).\n\n",
+		w.about, st.Requests, st.Duration.Round(time.Second), st.Input.Mean, st.Output.Mean, 100*inf, 100*pooled,
+		ms(unloaded.ttft.mean), ms(loaded.ttft.mean), loaded.scale, ratio,
+		map[bool]string{true: "", false: fmt.Sprintf("; short of %d×: the heaviest load tried", loadFactor)}[ratio >= loadFactor])
+	cond := func(s float64) string {
+		return fmt.Sprintf("%s, %d requests, arrival times ×%g; %d simulated workers × %d blocks of %d tokens; overlap weight 1, temperature 0; seed %d",
+			w.about, st.Requests, s, fleetWorkers, blocks, blockSize, r.cfg.Seed)
+	}
+	r.add(fmt.Sprintf("quality.%s.round_robin.ttft_unloaded_mean", w.name), ms(unloaded.ttft.mean), "ms", cond(unloadedScale))
+	r.add(fmt.Sprintf("quality.%s.bound_infinite", w.name), 100*inf, "%", cond(1))
+	r.add(fmt.Sprintf("quality.%s.bound_pooled", w.name), 100*pooled, "%", cond(1))
+	r.mdf("| load | mode | TTFT mean / p50 / p99 ms | e2e mean / p99 s | hit rate | of bound | of pooled | output tok/s | imbalance |\n")
+	r.mdf("|---|---|---:|---:|---:|---:|---:|---:|---:|\n")
+	set := &loadedSet{w: w}
+	for _, pt := range []struct {
+		label string
+		scale float64
+	}{{"trace speed", 1}, {"loaded", loaded.scale}} {
+		for _, m := range modes {
+			// Round robin at the loaded point runs again, with load samples (deterministic: the same numbers).
+			q, err := r.simulate(w, m, pt.scale, blocks, 0, loadSamples(w, pt.scale))
+			if err != nil {
+				return nil, err
+			}
+			res := q.res
+			hit := res.HitRate()
+			tput := float64(res.OutputTokens) / res.Makespan.Seconds()
+			r.mdf("| %s ×%g | %s | %.0f / %.0f / %.0f | %.1f / %.1f | %.1f %% | %.0f %% | %.0f %% | %.0f | %.2f |\n",
+				pt.label, pt.scale, m, ms(q.ttft.mean), ms(q.ttft.p50), ms(q.ttft.p99), q.e2e.mean.Seconds(), q.e2e.p99.Seconds(),
+				100*hit, 100*hit/inf, 100*hit/pooled, tput, res.Imbalance())
+			key := fmt.Sprintf("quality.%s.%s.%s.", w.name, map[bool]string{true: "trace_speed", false: "loaded"}[pt.scale == 1], m)
+			c := cond(pt.scale)
+			r.add(key+"ttft_mean", ms(q.ttft.mean), "ms", c)
+			r.add(key+"ttft_p50", ms(q.ttft.p50), "ms", c)
+			r.add(key+"ttft_p99", ms(q.ttft.p99), "ms", c)
+			r.add(key+"e2e_mean", q.e2e.mean.Seconds(), "s", c)
+			r.add(key+"e2e_p99", q.e2e.p99.Seconds(), "s", c)
+			r.add(key+"hit_rate", 100*hit, "%", c)
+			r.add(key+"hit_rate_of_bound", 100*hit/inf, "%", c)
+			r.add(key+"hit_rate_of_pooled", 100*hit/pooled, "%", c)
+			r.add(key+"output_throughput", tput, "tokens/s", c)
+			r.add(key+"imbalance", res.Imbalance(), "max/mean requests", c)
+			if pt.scale != 1 {
+				set.runs = append(set.runs, q)
+			}
+		}
+	}
+	r.verdict(w, set, inf)
+	if err := r.qualityPlots(w, set, inf, pooled); err != nil {
+		return nil, err
+	}
+	return set, nil
+}
+
+// verdict states, at the loaded point, how kv compares with round robin against the targets.
+func (r *report) verdict(w workload, set *loadedSet, inf float64) {
+	var kv, rr qualityRun
+	for _, q := range set.runs {
+		switch q.mode {
+		case scoring.KV:
+			kv = q
+		case scoring.RoundRobin:
+			rr = q
+		}
+	}
+	if kv.res == nil || rr.res == nil {
+		return
+	}
+	ratio := float64(kv.ttft.mean) / float64(rr.ttft.mean)
+	of := 100 * kv.res.HitRate() / inf
+	r.mdf("\nAt the loaded point kv's mean TTFT is %.2f of round robin's (target ≤ 0.33: %s), its p99 %.0f ms against %.0f ms (%s), "+
+		"and its hit rate %.0f %% of the bound (target ≥ 80 %%: %s).\n", ratio, met(ratio <= 1.0/3), ms(kv.ttft.p99), ms(rr.ttft.p99),
+		met(kv.ttft.p99 < rr.ttft.p99), of, met(of >= 80))
+	c := fmt.Sprintf("%s at the loaded point ×%g; %d workers × %d blocks", w.about, kv.scale, fleetWorkers, kvBlocks)
+	r.add(fmt.Sprintf("quality.%s.loaded.kv_over_round_robin_ttft_mean", w.name), ratio, "ratio", c)
+}
+
+func met(ok bool) string {
+	if ok {
+		return "met"
+	}
+	return "**missed**"
+}
+
+// sensitivity reruns the conversation trace with 4× the cache per worker (as with a host-memory
+// tier), and kv with a higher overlap weight, to show what moves the hit rate.
+func (r *report) sensitivity(w workload) error {
+	const blocks = 4 * kvBlocks
+	inf := trace.CountHits(w.reqs, blockSize).TokenBound()
+	pooled := trace.CountLRUHits(w.reqs, blockSize, fleetWorkers*blocks).TokenBound()
+	unloaded, loaded, err := r.loadPoint(w, blocks)
+	if err != nil {
+		return err
+	}
+	r.mdf("\n### Conversation trace with %d blocks per worker\n\nFour times the cache, as with a host-memory KV tier: pooled bound %.1f %%. "+
+		"Round robin's mean TTFT %.0f ms unloaded, %.0f ms at its loaded point ×%g.\n\n", blocks, 100*pooled, ms(unloaded.ttft.mean),
+		ms(loaded.ttft.mean), loaded.scale)
+	r.mdf("| mode | overlap weight | TTFT mean / p99 ms | hit rate | of bound | of pooled |\n|---|---:|---:|---:|---:|---:|\n")
+	row := func(q qualityRun, weight float64) {
+		hit := q.res.HitRate()
+		r.mdf("| %s | %g | %.0f / %.0f | %.1f %% | %.0f %% | %.0f %% |\n", q.mode, weight, ms(q.ttft.mean), ms(q.ttft.p99), 100*hit,
+			100*hit/inf, 100*hit/pooled)
+		c := fmt.Sprintf("%s, arrival times ×%g; %d workers × %d blocks of %d tokens; overlap weight %g", w.about, q.scale,
+			fleetWorkers, blocks, blockSize, weight)
+		key := fmt.Sprintf("quality.conversation.cache4x.%s.w%g.", q.mode, weight)
+		r.add(key+"ttft_mean", ms(q.ttft.mean), "ms", c)
+		r.add(key+"hit_rate_of_bound", 100*hit/inf, "%", c)
+	}
+	row(loaded, 1)
+	for _, weight := range []float64{1, 4} {
+		q, err := r.simulate(w, scoring.KV, loaded.scale, blocks, weight, 0)
+		if err != nil {
+			return err
+		}
+		row(q, weight)
+	}
+	return nil
+}
+
+// loadSamples is the load sampling period of w's arrivals scaled by s: about 300 samples over
+// the trace, for the per-worker load plot; none at trace speed (not plotted).
+func loadSamples(w workload, s float64) time.Duration {
+	if len(w.reqs) == 0 || s == 1 {
+		return 0
+	}
+	return max(100*time.Millisecond, time.Duration(float64(w.reqs[len(w.reqs)-1].At)*s/300))
+}
+
+// dist is the mean and percentiles of a set of durations.
+type dist struct{ mean, p50, p99 time.Duration }
+
+// summarize ignores zero durations (requests refused or never routed).
+func summarize(ds []time.Duration) dist {
+	v := make([]time.Duration, 0, len(ds))
+	var sum time.Duration
+	for _, d := range ds {
+		if d > 0 {
+			v = append(v, d)
+			sum += d
+		}
+	}
+	if len(v) == 0 {
+		return dist{}
+	}
+	slices.Sort(v)
+	return dist{mean: sum / time.Duration(len(v)), p50: v[len(v)/2], p99: v[min(len(v)-1, len(v)*99/100)]}
+}
+
+func ms(d time.Duration) float64 { return float64(d) / 1e6 }

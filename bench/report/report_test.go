@@ -1,0 +1,102 @@
+package main
+
+import (
+	"encoding/json"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestQuickReportGenerated runs the quality section on the built-in workload alone (no trace
+// directory) and checks what it wrote: unique, complete measurements, the plots it links, and
+// the mooncake traces reported as not measured rather than silently left out.
+func TestQuickReportGenerated(t *testing.T) {
+	if testing.Short() {
+		t.Skip("simulates a few thousand requests several times")
+	}
+	out := t.TempDir()
+	err := run(config{Quick: true, Out: out, Traces: filepath.Join(out, "none"), Seed: 1}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(out, "report.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ms []map[string]any
+	if err := json.Unmarshal(b, &ms); err != nil {
+		t.Fatal(err)
+	}
+	if len(ms) < 40 {
+		t.Fatalf("%d measurements, want the generated workload's ≥ 40", len(ms))
+	}
+	seen := map[string]bool{}
+	for _, m := range ms {
+		if len(m) != 4 {
+			t.Errorf("%v: want exactly name, value, unit, conditions", m)
+		}
+		name, _ := m["name"].(string)
+		unit, _ := m["unit"].(string)
+		cond, _ := m["conditions"].(string)
+		if _, ok := m["value"].(float64); !ok || name == "" || unit == "" || cond == "" {
+			t.Errorf("incomplete measurement %v", m)
+		}
+		if seen[name] {
+			t.Errorf("measurement %q twice", name)
+		}
+		seen[name] = true
+	}
+	for _, name := range []string{"quality.generated.loaded.kv.ttft_mean", "quality.generated.bound_infinite",
+		"quality.generated.loaded.kv_over_round_robin_ttft_mean"} {
+		if !seen[name] {
+			t.Errorf("no %s", name)
+		}
+	}
+	md, err := os.ReadFile(filepath.Join(out, "report.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"Mooncake conversation trace not measured", "| loaded ×", "](ttft-cdf-generated.png)"} {
+		if !strings.Contains(string(md), want) {
+			t.Errorf("report.md lacks %q", want)
+		}
+	}
+	for _, f := range []string{"ttft-cdf-generated.png", "hit-rate-generated.png", "load-generated-kv.png"} {
+		if st, err := os.Stat(filepath.Join(out, f)); err != nil || st.Size() == 0 {
+			t.Errorf("plot %s: %v", f, err)
+		}
+	}
+}
+
+func TestSummarize(t *testing.T) {
+	ds := make([]time.Duration, 0, 101)
+	for i := range 100 {
+		ds = append(ds, time.Duration(100-i)*time.Millisecond)
+	}
+	ds = append(ds, 0) // a refused request: ignored
+	d := summarize(ds)
+	if d.mean != 50500*time.Microsecond || d.p50 != 51*time.Millisecond || d.p99 != 100*time.Millisecond {
+		t.Errorf("got %+v", d)
+	}
+	if summarize(nil) != (dist{}) {
+		t.Error("empty input")
+	}
+}
+
+func TestCDF(t *testing.T) {
+	xy := cdf([]time.Duration{3 * time.Millisecond, 0, time.Millisecond, 2 * time.Millisecond})
+	if len(xy) != 3 || xy[0].X != 1 || xy[2].X != 3 || xy[2].Y != 1 || xy[0].Y != 1.0/3 {
+		t.Errorf("got %v", xy)
+	}
+	long := make([]time.Duration, 10007)
+	for i := range long {
+		long[i] = time.Duration(i+1) * time.Microsecond
+	}
+	xy = cdf(long)
+	if len(xy) > 600 || xy[len(xy)-1].Y != 1 || xy[len(xy)-1].X != 10.007 {
+		t.Errorf("thinned to %d points ending at %v", len(xy), xy[len(xy)-1])
+	}
+}
