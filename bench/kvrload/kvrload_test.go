@@ -4,130 +4,13 @@ import (
 	"bytes"
 	"errors"
 	"flag"
-	"math/rand/v2"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvrouterd/kvrouterd/bench/loadgen"
 )
-
-// TestSuiteSmoke runs the whole suite in-process for a moment and checks behaviour only: requests
-// were made, none failed, every answer chose a registered worker, and the table has its rows.
-// Timing is never asserted: this machine's speed is not the code's.
-func TestSuiteSmoke(t *testing.T) {
-	if testing.Short() {
-		t.Skip("eleven short load runs take about 4 s")
-	}
-	c := defaults()
-	c.Suite, c.SuiteWorkers = true, []int{8, 50}
-	c.Duration, c.Warmup, c.Conns = 200*time.Millisecond, 50*time.Millisecond, 4
-	var out, log bytes.Buffer
-	rows, err := runSuite(t.Context(), c, &out, &log)
-	if err != nil {
-		t.Fatalf("suite: %v\n%s%s", err, log.String(), out.String())
-	}
-	// The cap of 8 candidates is skipped for 8 workers: it is all of them.
-	if len(rows) != 3 || rows[0].Workers != 8 || rows[0].MaxCands != 0 || rows[1].Workers != 50 || rows[1].MaxCands != 0 ||
-		rows[2].Workers != 50 || rows[2].MaxCands != 8 || rows[2].NoopSat != rows[1].NoopSat {
-		t.Fatalf("rows %+v, want 8 workers with every candidate, 50 with every candidate and capped at 8", rows)
-	}
-	for _, r := range rows {
-		for _, res := range []result{r.NoopSat, r.RouteSat, r.RouteHalf, r.NoopHalf} {
-			if res.OK == 0 || res.Requests == 0 || res.Errors != 0 || res.BadAnswer != 0 || res.Unsent != 0 {
-				t.Errorf("%s, %d workers, rate %.0f: %+v; want requests and no errors", res.Target, res.Workers, res.Rate, res)
-			}
-			if res.P50 <= 0 || res.P50 > res.P99 || res.P99 > res.Max {
-				t.Errorf("%s, %d workers: percentiles out of order: %+v", res.Target, res.Workers, res)
-			}
-		}
-		if r.RouteHalf.Rate != r.RouteSat.RPS/2 || r.NoopHalf.Rate != r.RouteHalf.Rate {
-			t.Errorf("%d workers: half rates %v and %v, want %v", r.Workers, r.RouteHalf.Rate, r.NoopHalf.Rate, r.RouteSat.RPS/2)
-		}
-	}
-	var table bytes.Buffer
-	writeTable(&table, rows)
-	lines := strings.Split(strings.TrimSpace(table.String()), "\n")
-	if len(lines) != 5 || !strings.HasPrefix(lines[2], "| 8 | all |") || !strings.HasPrefix(lines[3], "| 50 | all |") ||
-		!strings.HasPrefix(lines[4], "| 50 | 8 |") {
-		t.Fatalf("table:\n%s", table.String())
-	}
-	if got := strings.Count(out.String(), "target="); got != 11 {
-		t.Fatalf("%d result lines, want 11:\n%s", got, out.String())
-	}
-}
-
-// TestWorkload checks the index content and the prompts against the brief: two whole holders per
-// family, every worker holding data, chained events, and cached depths between 3/4 and all.
-func TestWorkload(t *testing.T) {
-	f := func(workers int) {
-		t.Helper()
-		c := defaults()
-		c.Workers = workers
-		w := newWorkload(&c)
-		whole := make([]int, workers)
-		for i := range workers {
-			full, partial := w.holdings(i)
-			if len(full) == 0 && partial < 0 {
-				t.Fatalf("%d workers: worker %d holds nothing", workers, i)
-			}
-			for _, p := range full {
-				whole[i]++
-				if a, b := w.holders(p); a != i && b != i {
-					t.Fatalf("%d workers: worker %d holds family %d, whose holders are %d and %d", workers, i, p, a, b)
-				}
-			}
-			seen := map[uint64]bool{}
-			for j, ev := range w.events(i) {
-				if len(ev.Tokens) != len(ev.Hashes)*c.BlockSize || ev.HasParent != (j > 0) {
-					t.Fatalf("%d workers: worker %d event %d: %d tokens for %d hashes, parent %v", workers, i, j, len(ev.Tokens), len(ev.Hashes), ev.HasParent)
-				}
-				if ev.HasParent && ev.Parent != w.engineHash(0, w.prefix-1) {
-					t.Fatalf("%d workers: worker %d event %d chains onto %d, not the prefix", workers, i, j, ev.Parent)
-				}
-				for _, h := range ev.Hashes {
-					if seen[h] {
-						t.Fatalf("%d workers: worker %d stores engine hash %d twice", workers, i, h)
-					}
-					seen[h] = true
-				}
-			}
-		}
-		total := 0
-		for _, n := range whole {
-			total += n
-		}
-		if want := 2 * c.Prompts; workers > 1 && total != want {
-			t.Fatalf("%d workers: %d whole families held, want %d", workers, total, want)
-		}
-	}
-	f(1)
-	f(8)
-	f(1000)
-
-	c := defaults()
-	w := newWorkload(&c)
-	rng := rand.New(rand.NewPCG(1, 2))
-	var dst []uint32
-	depths := map[int]bool{}
-	for range 2000 {
-		var depth int
-		dst, depth = w.prompt(rng, dst)
-		depths[depth] = true
-		if depth < 96 || depth > 128 || len(dst) != 2048 {
-			t.Fatalf("depth %d, %d tokens", depth, len(dst))
-		}
-		fam := slices.IndexFunc(w.families, func(f []uint32) bool { return slices.Equal(f[:depth*16], dst[:depth*16]) })
-		if fam < 0 {
-			t.Fatal("the prompt's first blocks are no family's")
-		}
-		if depth < 128 && dst[depth*16] == w.families[fam][depth*16] {
-			t.Fatal("the tail was not changed")
-		}
-	}
-	if len(depths) != 33 {
-		t.Fatalf("%d distinct depths, want all 33 from 96 to 128", len(depths))
-	}
-}
 
 func TestConfig(t *testing.T) {
 	var help bytes.Buffer
@@ -135,10 +18,10 @@ func TestConfig(t *testing.T) {
 		t.Fatalf("--help: %v\n%s", err, help.String())
 	}
 	c, err := parseConfig([]string{"--suite", "--suite-workers", "8,50"}, &help)
-	if err != nil || c.Duration != suiteDuration || c.Warmup != suiteWarmup || !slices.Equal(c.SuiteWorkers, []int{8, 50}) {
+	if err != nil || c.Duration != loadgen.SuiteDuration || c.Warmup != loadgen.SuiteWarmup || !slices.Equal(c.SuiteWorkers, []int{8, 50}) {
 		t.Fatalf("--suite: %+v %v", c, err)
 	}
-	if c, err = parseConfig([]string{"--suite", "--duration", "1s"}, &help); err != nil || c.Duration != time.Second || c.Warmup != suiteWarmup {
+	if c, err = parseConfig([]string{"--suite", "--duration", "1s"}, &help); err != nil || c.Duration != time.Second || c.Warmup != loadgen.SuiteWarmup {
 		t.Fatalf("--suite --duration 1s: %+v %v", c, err)
 	}
 	f := func(args []string, want string) {
@@ -151,4 +34,44 @@ func TestConfig(t *testing.T) {
 	f([]string{"--rate", "-1"}, "--rate")
 	f([]string{"--suite-workers", "8,x"}, "suite-workers")
 	f([]string{"--target", "noop", "--addr", "h:1"}, "--addr")
+	f([]string{"--suite", "--target", "nginx"}, "--target")
+	f([]string{"--block-size", "0"}, "--block-size 0")
+	f([]string{"--max-candidates", "70000"}, "--max-candidates 70000")
+	if _, err := parseConfig([]string{"--suite", "--target", "noop", "--addr", "h:1"}, &help); err != nil {
+		t.Fatalf("--suite uses --addr for kvrouterd only: %v", err)
+	}
+	// Every field Check can name has a flag.
+	for field, name := range flagOf {
+		if !strings.Contains(help.String(), "--"+name+" ") {
+			t.Errorf("%s: no flag --%s", field, name)
+		}
+	}
+}
+
+// TestOutput checks the run line, the JSON line and the table on made-up results.
+func TestOutput(t *testing.T) {
+	r := loadgen.Result{Target: "kvrouterd", Workers: 1000, MaxCandidates: 8, Blocks: 128, BlockSize: 16, Conns: 32,
+		Rate: 12000.4, Requests: 1000, OK: 999, Errors: 1, RPS: 11990, P50: 101.25, P90: 150, P99: 300, P999: 900, Max: 1200,
+		CPUPerReq: 40.5, Others: 3, FirstErr: "boom"}
+	var out bytes.Buffer
+	printResult(&out, &r, true)
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	want := "target=kvrouterd workers=1000 candidates=8    blocks=128 conns=32 rate=12000  req/s=11990    p50=101.2µs p90=150.0µs p99=300.0µs p99.9=900.0µs max=1200.0µs errors=1 cpu/req=40.5µs others=3%"
+	if len(lines) != 3 || lines[0] != want || lines[1] != "  first error: boom" ||
+		!strings.HasPrefix(lines[2], `{"target":"kvrouterd","workers":1000,"max_candidates":8,"blocks":128,`) {
+		t.Fatalf("got\n%s\nwant first\n%s", out.String(), want)
+	}
+
+	noop := loadgen.Result{Target: "noop", RPS: 40000, Others: -1}
+	row := func(workers, cands int) loadgen.SuiteRow {
+		route := loadgen.Result{Target: "kvrouterd", RPS: 30000, P50: 400, P99: 1600, Errors: 2, Others: 5}
+		return loadgen.SuiteRow{Workers: workers, MaxCandidates: cands, NoopSat: noop, RouteSat: route, RouteHalf: route, NoopHalf: noop, HalfRate: 15000}
+	}
+	out.Reset()
+	writeTable(&out, []loadgen.SuiteRow{row(8, 0), row(1000, 8)})
+	lines = strings.Split(strings.TrimSpace(out.String()), "\n")
+	if len(lines) != 4 || lines[2] != "| 8 | all | 40000 | 30000 | 0.75 | 400 / 1600 | 15000 | 400 / 1600 | 0 / 0 | 4 | 5 |" ||
+		!strings.HasPrefix(lines[3], "| 1000 | 8 |") {
+		t.Fatalf("table:\n%s", out.String())
+	}
 }

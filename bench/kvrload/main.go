@@ -1,34 +1,19 @@
-// Command kvrload measures kvrouterd's HTTP route throughput and latency, and the same client
-// against a no-op fasthttp handler on the same machine, so that the router's own cost can be read
-// off as the difference between the two.
-//
-// Both targets see identical client work: the route request goes through package client (binary
-// format, one reused fasthttp HostClient) and is followed on the same goroutine by the complete
-// call, so that active load does not pile up; only the route call is timed. The no-op handler
-// answers /v1/route with a fixed 130-byte route response that the client decodes like a real one,
-// and the complete call with 204, as kvrouterd does.
-//
-// For --target kvrouterd the index is given realistic content first: every worker holds a shared
-// system prefix of blocks/8 blocks; each of --prompts families is a prompt of --blocks blocks that
-// starts with that prefix and is held whole by two workers; a worker without a whole family holds
-// the first half of one. Each request picks a family at random and replaces a random tail of it,
-// so that its cached depth is uniform between 3/4 of the prompt and all of it.
-//
-// --rate 0 runs a closed loop at saturation: --conns goroutines each send the next request as soon
-// as the previous one is answered. --rate R > 0 runs an open loop at R requests per second in total,
-// each goroutine on a fixed schedule of R/conns (as wrk2 does); a request that could not be sent at
-// its scheduled time because its goroutine was still waiting for an earlier answer is timed from
-// the scheduled time, so that queueing is not hidden. Go's timers wake about a millisecond late on
-// Linux, so a request whose goroutine was idle is timed from the moment it is actually sent: that
-// lateness is the load generator's, not the target's.
+// Command kvrload measures kvrouterd's HTTP route throughput and latency next to a no-op fasthttp
+// handler on the same machine: the command line of package bench/loadgen, whose documentation
+// gives the method (closed loop at saturation, open loop at a fixed rate, the index content and
+// how queueing is timed). The flags fill a loadgen.Config; --target, --rate and the others
+// correspond to its fields.
 //
 // Each run prints one line: achieved routes per second, route latency percentiles, errors, this
 // process's CPU time per request (client and in-process target), and the share of the machine
-// other processes used meanwhile: on a shared machine, a run with a high share measured them too.
-// --suite runs the reported matrix and prints it as a markdown table. The command exits with
-// status 1 if more than 0.1% of a run's requests fail. Run kvrload --help for the flags.
+// other processes used meanwhile (on a shared machine, a run with a high share measured them
+// too); --json adds the result as one JSON object per line. --suite runs the reported matrix
+// (loadgen.RunSuite), printing each run's line as it comes and then a markdown table; its runs
+// are loadgen.SuiteDuration long unless --duration or --warmup is given. Progress goes to
+// standard error. The command exits with status 2 for bad flags, and 1 if a run could not be
+// done or more than 0.1% of a run's requests failed. Run kvrload --help for the flags.
 //
-//	go run ./bench/kvrload --suite            # the reported matrix, about 50 s
+//	go run ./bench/kvrload --suite            # the reported matrix, about 70 s
 //	go run ./bench/kvrload --workers 1000     # one run against an in-process kvrouterd
 //	go run ./bench/kvrload --addr host:8090   # against a running kvrouterd
 package main
@@ -46,56 +31,16 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
-	"time"
+
+	"github.com/kvrouterd/kvrouterd/bench/loadgen"
 )
 
-// config is the whole configuration of one invocation: defaults here, then flags.
+// config is the whole configuration of one invocation: loadgen's defaults, then flags.
 type config struct {
-	Target       string
-	Addr         string
-	Workers      int
-	Blocks       int
-	BlockSize    int
-	Conns        int
-	Duration     time.Duration
-	Warmup       time.Duration
-	Rate         float64
-	Prompts      int
-	Seed         uint64
-	Timeout      time.Duration
-	JSON         bool
-	Suite        bool
-	SuiteWorkers []int
-	// MaxCandidates caps the candidates of each route answer (0: all); SuiteCandidates lists
-	// the caps of the --suite matrix.
-	MaxCandidates   int
-	SuiteCandidates []int
-	CPUProfile      string
-}
-
-// Under --suite, runs are this long unless --duration or --warmup is given, so that the eight runs
-// of the reported matrix finish in well under two minutes.
-const (
-	suiteDuration = 5 * time.Second
-	suiteWarmup   = time.Second
-)
-
-func defaults() config {
-	return config{
-		Target:       "kvrouterd",
-		Workers:      8,
-		Blocks:       128,
-		BlockSize:    16,
-		Conns:        32,
-		Duration:     10 * time.Second,
-		Warmup:       2 * time.Second,
-		Prompts:      64,
-		Seed:         1,
-		Timeout:      time.Second,
-		SuiteWorkers: []int{8, 1000},
-		// Every worker, and the few a gateway needs besides the choice (fallbacks).
-		SuiteCandidates: []int{0, 8},
-	}
+	loadgen.Config
+	JSON       bool
+	Suite      bool
+	CPUProfile string
 }
 
 // intList is a flag.Value of comma-separated integers ≥ min.
@@ -130,7 +75,7 @@ func (l intList) Set(v string) error {
 
 // parseConfig fills a config from args; --help prints the flags to out and returns flag.ErrHelp.
 func parseConfig(args []string, out io.Writer) (config, error) {
-	c := defaults()
+	c := config{Config: loadgen.Defaults()}
 	fs := flag.NewFlagSet("kvrload", flag.ContinueOnError)
 	fs.SetOutput(out)
 	fs.StringVar(&c.Target, "target", c.Target, "what to load: kvrouterd or noop (a fasthttp handler that answers a fixed route response)")
@@ -139,8 +84,8 @@ func parseConfig(args []string, out io.Writer) (config, error) {
 	fs.IntVar(&c.Blocks, "blocks", c.Blocks, "blocks per prompt")
 	fs.IntVar(&c.BlockSize, "block-size", c.BlockSize, "tokens per block")
 	fs.IntVar(&c.Conns, "conns", c.Conns, "client connections, each driven by one goroutine")
-	fs.DurationVar(&c.Duration, "duration", c.Duration, "measured time per run (5s per run under --suite unless given)")
-	fs.DurationVar(&c.Warmup, "warmup", c.Warmup, "unmeasured time before each run (1s under --suite unless given)")
+	fs.DurationVar(&c.Duration, "duration", c.Duration, fmt.Sprintf("measured time per run (%v per run under --suite unless given)", loadgen.SuiteDuration))
+	fs.DurationVar(&c.Warmup, "warmup", c.Warmup, fmt.Sprintf("unmeasured time before each run (%v under --suite unless given)", loadgen.SuiteWarmup))
 	fs.Float64Var(&c.Rate, "rate", c.Rate, "0: closed loop at saturation; > 0: open loop at this many route requests per second in total")
 	fs.IntVar(&c.Prompts, "prompts", c.Prompts, "distinct prompt families")
 	fs.Uint64Var(&c.Seed, "seed", c.Seed, "seed of the prompts and of each goroutine's choices")
@@ -168,45 +113,30 @@ func parseConfig(args []string, out io.Writer) (config, error) {
 		set := map[string]bool{}
 		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 		if !set["duration"] {
-			c.Duration = suiteDuration
+			c.Duration = loadgen.SuiteDuration
 		}
 		if !set["warmup"] {
-			c.Warmup = suiteWarmup
+			c.Warmup = loadgen.SuiteWarmup
 		}
 	}
 	return c, c.check()
 }
 
+// check refuses what loadgen would, naming the flags. The suite sets --target per run and uses
+// --addr for its kvrouterd runs only, so --addr goes with --target noop there.
 func (c *config) check() error {
-	switch {
-	case c.Target != "kvrouterd" && c.Target != "noop":
-		return fmt.Errorf("--target %q: want kvrouterd or noop", c.Target)
-	case c.Target == "noop" && c.Addr != "" && !c.Suite:
-		return fmt.Errorf("--addr names an external kvrouterd; the noop target always runs in-process")
-	case c.Workers < 1 || c.Workers > 1<<20:
-		return fmt.Errorf("--workers %d: want 1 to %d", c.Workers, 1<<20)
-	case c.Blocks < 8 || c.Blocks > 1<<16:
-		return fmt.Errorf("--blocks %d: want 8 to 65536", c.Blocks)
-	case c.BlockSize < 1 || c.BlockSize > 1<<16 || c.Blocks*c.BlockSize > 1<<22:
-		return fmt.Errorf("--block-size %d: want 1 to 65536, and at most 4M tokens per prompt", c.BlockSize)
-	case c.Conns < 1 || c.Conns > 1<<16:
-		return fmt.Errorf("--conns %d: want 1 to 65536", c.Conns)
-	case c.Duration <= 0 || c.Warmup < 0:
-		return fmt.Errorf("--duration %v, --warmup %v: want a positive duration and a non-negative warmup", c.Duration, c.Warmup)
-	case !(c.Rate >= 0) || c.Rate > 1e9:
-		return fmt.Errorf("--rate %v: want 0 (saturation) or a rate in requests per second", c.Rate)
-	case c.Prompts < 1 || c.Prompts > 1<<16:
-		return fmt.Errorf("--prompts %d: want 1 to 65536", c.Prompts)
-	case c.Timeout <= 0:
-		return fmt.Errorf("--timeout %v: want a positive duration", c.Timeout)
-	case c.MaxCandidates < 0 || c.MaxCandidates > 1<<16-1:
-		return fmt.Errorf("--max-candidates %d: want 0 (all) to 65535", c.MaxCandidates)
-	case c.Suite && len(c.SuiteWorkers) == 0:
-		return fmt.Errorf("--suite-workers: want at least one worker count")
-	case c.Suite && len(c.SuiteCandidates) == 0:
-		return fmt.Errorf("--suite-candidates: want at least one value")
+	lc := c.Config
+	if c.Suite && lc.Target == "noop" {
+		lc.Addr = ""
 	}
-	return nil
+	return lc.Check(func(field string) string { return "--" + flagOf[field] })
+}
+
+// flagOf is the flag of each loadgen.Config field that loadgen.Config.Check names.
+var flagOf = map[string]string{
+	"Target": "target", "Addr": "addr", "Workers": "workers", "Blocks": "blocks", "BlockSize": "block-size",
+	"Conns": "conns", "Duration": "duration", "Warmup": "warmup", "Rate": "rate", "Prompts": "prompts",
+	"Timeout": "timeout", "MaxCandidates": "max-candidates",
 }
 
 func main() {
@@ -241,17 +171,17 @@ func run(ctx context.Context, c config, out, log io.Writer) error {
 	}
 	fmt.Fprintf(log, "# kvrload %s GOMAXPROCS=%d NumCPU=%d\n", runtime.Version(), runtime.GOMAXPROCS(0), runtime.NumCPU())
 	if c.Suite {
-		rows, err := runSuite(ctx, c, out, log)
+		rows, err := loadgen.RunSuite(ctx, c.Config, func(r loadgen.Result) { printResult(out, &r, c.JSON) }, log)
 		if len(rows) > 0 {
 			fmt.Fprintln(out)
 			writeTable(out, rows)
 		}
 		return err
 	}
-	res, err := runOne(ctx, c, log)
+	res, err := loadgen.Run(ctx, c.Config, log)
 	if err != nil {
 		return err
 	}
 	printResult(out, &res, c.JSON)
-	return res.failed()
+	return res.Err()
 }

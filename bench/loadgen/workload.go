@@ -1,4 +1,4 @@
-package main
+package loadgen
 
 import (
 	"fmt"
@@ -26,7 +26,7 @@ type workload struct {
 	families            [][]uint32 // each family's prompt, blocks × bs tokens
 }
 
-func newWorkload(c *config) *workload {
+func newWorkload(c *Config) *workload {
 	w := &workload{
 		workers:  c.Workers,
 		blocks:   c.Blocks,

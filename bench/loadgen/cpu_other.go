@@ -1,6 +1,6 @@
 //go:build !linux
 
-package main
+package loadgen
 
 // sampleCPU knows only Linux's accounting; elsewhere runs report no CPU figures.
 func sampleCPU() cpuSample { return cpuSample{} }

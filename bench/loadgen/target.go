@@ -1,4 +1,4 @@
-package main
+package loadgen
 
 import (
 	"bytes"
@@ -101,7 +101,7 @@ func startNoop(body []byte) (*target, error) {
 
 // start brings up the target c names and, for kvrouterd, fills its index. The returned stop also
 // unregisters the workers from an external kvrouterd.
-func start(c *config, w *workload) (*target, error) {
+func start(c *Config, w *workload) (*target, error) {
 	if c.Target == "noop" {
 		return startNoop(noopBody(w))
 	}

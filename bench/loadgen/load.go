@@ -1,8 +1,7 @@
-package main
+package loadgen
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"math"
@@ -27,35 +26,36 @@ const drainGrace = 2 * time.Second
 // nears the lateness of Go's timers on Linux.
 const maxConnRate = 1000
 
-// result is one run's outcome; a plain value.
-type result struct {
-	Target    string  `json:"target"`
-	Workers   int     `json:"workers"`
-	MaxCands  int     `json:"max_candidates"` // 0 = every worker in each answer
-	Blocks    int     `json:"blocks"`
-	BlockSize int     `json:"block_size"`
-	Conns     int     `json:"conns"`
-	Rate      float64 `json:"rate"`     // requested; 0 = closed loop
-	Seconds   float64 `json:"seconds"`  // the window, or longer if an open loop drained late
-	Requests  int64   `json:"requests"` // scheduled or sent in the measured window
-	OK        int64   `json:"ok"`
-	Errors    int64   `json:"errors"`      // failed calls, bad answers and unsent requests
-	BadAnswer int64   `json:"bad_answers"` // route answers that chose no registered worker
-	Unsent    int64   `json:"unsent"`      // open loop: scheduled, never sent before the grace ended
-	RPS       float64 `json:"rps"`         // successful routes per second of Seconds
-	P50       float64 `json:"p50_us"`
-	P90       float64 `json:"p90_us"`
-	P99       float64 `json:"p99_us"`
-	P999      float64 `json:"p999_us"`
-	Max       float64 `json:"max_us"`
-	Mean      float64 `json:"mean_us"`
+// Result is one run's outcome; a plain value. Its JSON encoding is kvrload's --json line.
+type Result struct {
+	Target        string  `json:"target"`
+	Workers       int     `json:"workers"`
+	MaxCandidates int     `json:"max_candidates"` // 0 = every worker in each answer
+	Blocks        int     `json:"blocks"`
+	BlockSize     int     `json:"block_size"`
+	Conns         int     `json:"conns"`
+	Rate          float64 `json:"rate"`     // requested; 0 = closed loop
+	Seconds       float64 `json:"seconds"`  // the window, or longer if an open loop drained late
+	Requests      int64   `json:"requests"` // scheduled or sent in the measured window
+	OK            int64   `json:"ok"`
+	Errors        int64   `json:"errors"`      // failed calls, bad answers and unsent requests
+	BadAnswer     int64   `json:"bad_answers"` // route answers that chose no registered worker
+	Unsent        int64   `json:"unsent"`      // open loop: scheduled, never sent before the grace ended
+	RPS           float64 `json:"rps"`         // successful routes per second of Seconds
+	// Route latency percentiles (nearest rank), maximum and mean of the measured window, in µs.
+	P50  float64 `json:"p50_us"`
+	P90  float64 `json:"p90_us"`
+	P99  float64 `json:"p99_us"`
+	P999 float64 `json:"p999_us"`
+	Max  float64 `json:"max_us"`
+	Mean float64 `json:"mean_us"`
 	// CPUPerReq is this process's CPU time per successful route in the measured window, in µs:
-	// client and in-process target together, both calls (the client alone with --addr). It
+	// client and in-process target together, both calls (the client alone with Addr). It
 	// depends less than req/s on what else runs on the machine. 0 when unknown.
 	CPUPerReq float64 `json:"cpu_us_per_req"`
 	// Others is the share of the machine's CPU capacity that other processes (and hypervisor
 	// steal) used during the measured window, in percent; -1 when unknown. Above a few percent
-	// the run measured the neighbours too. An external kvrouterd (--addr) on the same machine
+	// the run measured the neighbours too. An external kvrouterd (Addr) on the same machine
 	// counts as another process.
 	Others   float64 `json:"others_cpu_pct"`
 	FirstErr string  `json:"first_error,omitempty"` // of the measured window
@@ -65,7 +65,9 @@ type result struct {
 	WarmupErr    string `json:"warmup_error,omitempty"`
 }
 
-func (r *result) failed() error {
+// Err reports a run that measured no request or failed its error budget: more than 0.1% of
+// its requests failed.
+func (r *Result) Err() error {
 	if r.Requests == 0 {
 		return fmt.Errorf("%s: no request was measured", r.Target)
 	}
@@ -76,32 +78,28 @@ func (r *result) failed() error {
 	return nil
 }
 
-func printResult(w io.Writer, r *result, asJSON bool) {
-	rate := "sat"
-	if r.Rate > 0 {
-		rate = strconv.FormatFloat(r.Rate, 'f', 0, 64)
+// Run starts the target of c, loads it for c.Warmup and then c.Duration, stops it, and returns
+// what the measured window saw; progress lines ("# …") go to log (nil: nowhere). The error is
+// for a run that could not be done or cleaned up: a refused Config (ErrConfig), a target that
+// did not start or stop, an index that did not fill; failed requests are the Result's, see
+// Result.Err. When ctx is done the run stops early and the Result covers what was measured.
+func Run(ctx context.Context, c Config, log io.Writer) (Result, error) {
+	if err := c.Check(nil); err != nil {
+		return Result{}, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
-	fmt.Fprintf(w, "target=%-9s workers=%-4d candidates=%-4s blocks=%d conns=%d rate=%-6s req/s=%-8.0f p50=%.1fµs p90=%.1fµs p99=%.1fµs p99.9=%.1fµs max=%.1fµs errors=%d cpu/req=%.1fµs others=%.0f%%\n",
-		r.Target, r.Workers, candidates(r.MaxCands), r.Blocks, r.Conns, rate, r.RPS, r.P50, r.P90, r.P99, r.P999, r.Max, r.Errors, r.CPUPerReq, r.Others)
-	if r.FirstErr != "" {
-		fmt.Fprintf(w, "  first error: %s\n", r.FirstErr)
+	if log == nil {
+		log = io.Discard
 	}
-	if r.WarmupErrors > 0 {
-		fmt.Fprintf(w, "  %d errors during the warmup (not counted); first: %s\n", r.WarmupErrors, r.WarmupErr)
-	}
-	if asJSON {
-		b, _ := json.Marshal(r)
-		fmt.Fprintf(w, "%s\n", b)
-	}
+	return run(ctx, c, log)
 }
 
-// runOne starts the target of c, loads it, and stops it.
-func runOne(ctx context.Context, c config, log io.Writer) (result, error) {
+// run is Run on a checked Config.
+func run(ctx context.Context, c Config, log io.Writer) (Result, error) {
 	w := newWorkload(&c)
 	t0 := time.Now()
 	t, err := start(&c, w)
 	if err != nil {
-		return result{}, err
+		return Result{}, err
 	}
 	fmt.Fprintf(log, "# %s at %s: %d workers ready in %v\n", c.Target, t.addr, c.Workers, time.Since(t0).Round(time.Millisecond))
 	if per := c.Rate / float64(c.Conns); per > maxConnRate {
@@ -138,7 +136,7 @@ type conn struct {
 
 // load drives c.Conns goroutines against cl for c.Warmup and then c.Duration, and summarizes the
 // measured window.
-func load(ctx context.Context, cl *client.Client, w *workload, c *config) result {
+func load(ctx context.Context, cl *client.Client, w *workload, c *Config) Result {
 	// A nonce in the request ids keeps runs against the same external kvrouterd apart.
 	nonce := strconv.FormatInt(time.Now().UnixNano()%(1<<40), 36)
 	conns := make([]*conn, c.Conns)
@@ -175,7 +173,7 @@ func load(ctx context.Context, cl *client.Client, w *workload, c *config) result
 	cpu1 := sampleCPU()
 	wg.Wait()
 
-	r := result{Target: c.Target, Workers: c.Workers, MaxCands: c.MaxCandidates, Blocks: c.Blocks, BlockSize: c.BlockSize, Conns: c.Conns, Rate: c.Rate}
+	r := Result{Target: c.Target, Workers: c.Workers, MaxCandidates: c.MaxCandidates, Blocks: c.Blocks, BlockSize: c.BlockSize, Conns: c.Conns, Rate: c.Rate}
 	var lat []time.Duration
 	last := end
 	for _, k := range conns {
@@ -241,7 +239,7 @@ func (k *conn) closedLoop(ctx context.Context, cl *client.Client, w *workload, w
 
 // openLoop sends request j of this goroutine at start + (j·conns + idx)/rate, so that the
 // goroutines together send at c.Rate, evenly spaced.
-func (k *conn) openLoop(ctx context.Context, cl *client.Client, w *workload, c *config, start, ws, end time.Time) {
+func (k *conn) openLoop(ctx context.Context, cl *client.Client, w *workload, c *Config, start, ws, end time.Time) {
 	conns := int64(c.Conns)
 	at := func(j int64) time.Time {
 		return start.Add(time.Duration(float64(j*conns+int64(k.idx)) * 1e9 / c.Rate))
@@ -338,12 +336,4 @@ func sleepUntil(ctx context.Context, t time.Time) {
 	case <-timer.C:
 	case <-ctx.Done():
 	}
-}
-
-// candidates names a --max-candidates value.
-func candidates(n int) string {
-	if n == 0 {
-		return "all"
-	}
-	return strconv.Itoa(n)
 }

@@ -1,0 +1,170 @@
+package loadgen
+
+import (
+	"bytes"
+	"errors"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestRunSuite runs the whole suite in-process for a moment and checks behaviour only: requests
+// were made, none failed, every answer chose a registered worker, and the rows are the matrix's.
+// Timing is never asserted: this machine's speed is not the code's.
+func TestRunSuite(t *testing.T) {
+	if testing.Short() {
+		t.Skip("eleven short load runs take about 4 s")
+	}
+	c := Defaults()
+	c.SuiteWorkers = []int{8, 50}
+	c.Duration, c.Warmup, c.Conns = 200*time.Millisecond, 50*time.Millisecond, 4
+	var runs []Result
+	var log bytes.Buffer
+	rows, err := RunSuite(t.Context(), c, func(r Result) { runs = append(runs, r) }, &log)
+	if err != nil {
+		t.Fatalf("suite: %v\n%s", err, log.String())
+	}
+	// The cap of 8 candidates is skipped for 8 workers: it is all of them.
+	if len(rows) != 3 || rows[0].Workers != 8 || rows[0].MaxCandidates != 0 || rows[1].Workers != 50 || rows[1].MaxCandidates != 0 ||
+		rows[2].Workers != 50 || rows[2].MaxCandidates != 8 || rows[2].NoopSat != rows[1].NoopSat {
+		t.Fatalf("rows %+v, want 8 workers with every candidate, 50 with every candidate and capped at 8", rows)
+	}
+	for _, r := range rows {
+		for _, res := range []Result{r.NoopSat, r.RouteSat, r.RouteHalf, r.NoopHalf} {
+			if res.OK == 0 || res.Requests == 0 || res.Errors != 0 || res.BadAnswer != 0 || res.Unsent != 0 {
+				t.Errorf("%s, %d workers, rate %.0f: %+v; want requests and no errors", res.Target, res.Workers, res.Rate, res)
+			}
+			if res.P50 <= 0 || res.P50 > res.P99 || res.P99 > res.Max {
+				t.Errorf("%s, %d workers: percentiles out of order: %+v", res.Target, res.Workers, res)
+			}
+		}
+		if r.RouteHalf.Rate != r.RouteSat.RPS/2 || r.NoopHalf.Rate != r.RouteHalf.Rate {
+			t.Errorf("%d workers: half rates %v and %v, want %v", r.Workers, r.RouteHalf.Rate, r.NoopHalf.Rate, r.RouteSat.RPS/2)
+		}
+		if r.Ratio() != r.RouteSat.RPS/r.NoopSat.RPS || r.Errors() != 0 {
+			t.Errorf("%d workers: ratio %v, errors %d", r.Workers, r.Ratio(), r.Errors())
+		}
+	}
+	// Progress sees every run once, in order: noop, then per cap kvrouterd, kvrouterd and noop.
+	want := []string{"noop", "kvrouterd", "kvrouterd", "noop", "noop", "kvrouterd", "kvrouterd", "noop", "kvrouterd", "kvrouterd", "noop"}
+	var got []string
+	for _, r := range runs {
+		got = append(got, r.Target)
+	}
+	if !slices.Equal(got, want) || runs[10] != rows[2].NoopHalf {
+		t.Fatalf("progress saw %v, want %v", got, want)
+	}
+}
+
+// TestCheck checks that Run and RunSuite refuse bad settings up front, naming the field, and
+// that a command can name its flags instead.
+func TestCheck(t *testing.T) {
+	f := func(edit func(*Config), suite bool, want string) {
+		t.Helper()
+		c := Defaults()
+		edit(&c)
+		var err error
+		if suite {
+			_, err = RunSuite(t.Context(), c, nil, nil)
+		} else {
+			_, err = Run(t.Context(), c, nil)
+		}
+		if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), want) {
+			t.Fatalf("error %v, want ErrConfig naming %q", err, want)
+		}
+	}
+	f(func(c *Config) { c.Target = "nginx" }, false, `Target "nginx"`)
+	f(func(c *Config) { c.Target, c.Addr = "noop", "h:1" }, false, "Addr")
+	f(func(c *Config) { c.Rate = -1 }, false, "Rate -1")
+	f(func(c *Config) { c.Warmup = -1 }, false, "Warmup -1ns")
+	f(func(c *Config) { c.SuiteWorkers = nil }, true, "SuiteWorkers")
+	f(func(c *Config) { c.SuiteWorkers = []int{8, 1 << 21} }, true, "2097152 workers")
+	f(func(c *Config) { c.SuiteCandidates = []int{0, 1 << 16} }, true, "MaxCandidates 65536")
+
+	c := Defaults()
+	c.Blocks = 4
+	if err := c.Check(func(f string) string { return "--" + strings.ToLower(f) }); err == nil || err.Error() != "--blocks 4: want 8 to 65536" {
+		t.Fatalf("error %v, want it to name --blocks", err)
+	}
+	// The suite ignores Target and uses Addr for kvrouterd only.
+	c = Defaults()
+	c.Target, c.Addr = "noop", "h:1"
+	if err := c.checkSuite(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestWorkload checks the index content and the prompts against the brief: two whole holders per
+// family, every worker holding data, chained events, and cached depths between 3/4 and all.
+func TestWorkload(t *testing.T) {
+	f := func(workers int) {
+		t.Helper()
+		c := Defaults()
+		c.Workers = workers
+		w := newWorkload(&c)
+		whole := make([]int, workers)
+		for i := range workers {
+			full, partial := w.holdings(i)
+			if len(full) == 0 && partial < 0 {
+				t.Fatalf("%d workers: worker %d holds nothing", workers, i)
+			}
+			for _, p := range full {
+				whole[i]++
+				if a, b := w.holders(p); a != i && b != i {
+					t.Fatalf("%d workers: worker %d holds family %d, whose holders are %d and %d", workers, i, p, a, b)
+				}
+			}
+			seen := map[uint64]bool{}
+			for j, ev := range w.events(i) {
+				if len(ev.Tokens) != len(ev.Hashes)*c.BlockSize || ev.HasParent != (j > 0) {
+					t.Fatalf("%d workers: worker %d event %d: %d tokens for %d hashes, parent %v", workers, i, j, len(ev.Tokens), len(ev.Hashes), ev.HasParent)
+				}
+				if ev.HasParent && ev.Parent != w.engineHash(0, w.prefix-1) {
+					t.Fatalf("%d workers: worker %d event %d chains onto %d, not the prefix", workers, i, j, ev.Parent)
+				}
+				for _, h := range ev.Hashes {
+					if seen[h] {
+						t.Fatalf("%d workers: worker %d stores engine hash %d twice", workers, i, h)
+					}
+					seen[h] = true
+				}
+			}
+		}
+		total := 0
+		for _, n := range whole {
+			total += n
+		}
+		if want := 2 * c.Prompts; workers > 1 && total != want {
+			t.Fatalf("%d workers: %d whole families held, want %d", workers, total, want)
+		}
+	}
+	f(1)
+	f(8)
+	f(1000)
+
+	c := Defaults()
+	w := newWorkload(&c)
+	rng := rand.New(rand.NewPCG(1, 2))
+	var dst []uint32
+	depths := map[int]bool{}
+	for range 2000 {
+		var depth int
+		dst, depth = w.prompt(rng, dst)
+		depths[depth] = true
+		if depth < 96 || depth > 128 || len(dst) != 2048 {
+			t.Fatalf("depth %d, %d tokens", depth, len(dst))
+		}
+		fam := slices.IndexFunc(w.families, func(f []uint32) bool { return slices.Equal(f[:depth*16], dst[:depth*16]) })
+		if fam < 0 {
+			t.Fatal("the prompt's first blocks are no family's")
+		}
+		if depth < 128 && dst[depth*16] == w.families[fam][depth*16] {
+			t.Fatal("the tail was not changed")
+		}
+	}
+	if len(depths) != 33 {
+		t.Fatalf("%d distinct depths, want all 33 from 96 to 128", len(depths))
+	}
+}
