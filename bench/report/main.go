@@ -42,7 +42,7 @@ type config struct {
 }
 
 // sections lists every section in the order they run.
-var sections = []string{"quality"}
+var sections = []string{"quality", "http"}
 
 func main() {
 	c := config{Out: "bench/out", Traces: defaultTraces(), Seed: 1}
@@ -94,6 +94,8 @@ func run(c config, progress io.Writer) error {
 		switch s {
 		case "quality":
 			err = r.quality()
+		case "http":
+			err = r.http()
 		}
 		if err != nil {
 			// A failed section is reported and the others still run.
