@@ -130,6 +130,15 @@ type report struct {
 	md       strings.Builder
 	ms       []measurement
 	plots    []string
+	summary  []summaryRow
+}
+
+// summaryRow is one line of the report's opening table (and of the README's).
+type summaryRow struct{ what, value, target, command string }
+
+// headline adds a line to the summary; command is what reruns just that measurement.
+func (r *report) headline(what, value, target, command string) {
+	r.summary = append(r.summary, summaryRow{what, value, target, command})
 }
 
 func (r *report) logf(format string, args ...any) {
@@ -153,6 +162,12 @@ func (r *report) write() error {
 	fmt.Fprintf(&head, "Written by `go run ./bench/report%s` (%s run, %s) in %v on %s.\n",
 		map[bool]string{true: " --quick"}[r.cfg.Quick], mode, time.Now().UTC().Format(time.DateOnly),
 		time.Since(r.start).Round(time.Second), machine())
+	if len(r.summary) > 0 {
+		fmt.Fprintf(&head, "\n## Summary\n\n| what | measured | target | command |\n|---|---|---|---|\n")
+		for _, s := range r.summary {
+			fmt.Fprintf(&head, "| %s | %s | %s | %s |\n", s.what, s.value, s.target, s.command)
+		}
+	}
 	if err := os.WriteFile(filepath.Join(r.cfg.Out, "report.md"), []byte(head.String()+r.md.String()), 0o644); err != nil {
 		return err
 	}
@@ -175,4 +190,19 @@ func machine() string {
 		}
 	}
 	return fmt.Sprintf("%s, %d logical CPUs, %s", model, runtime.NumCPU(), runtime.Version())
+}
+
+// command is the command line that reruns one section as this run ran it.
+func (r *report) command(section string) string {
+	var skip []string
+	for _, s := range sections {
+		if s != section {
+			skip = append(skip, s)
+		}
+	}
+	q := ""
+	if r.cfg.Quick {
+		q = "--quick "
+	}
+	return fmt.Sprintf("`go run ./bench/report %s--skip %s`", q, strings.Join(skip, ","))
 }
