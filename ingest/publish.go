@@ -51,6 +51,15 @@ func (p *Publisher) Batch(ctx context.Context, b *wire.EventBatch) (uint64, erro
 	return ack.Sequence, nil
 }
 
+// BatchAsync is Batch without waiting for the store: for publishers that, like engines, do not
+// wait on the bus. Wait on the returned future, or on PublishAsyncComplete.
+func (p *Publisher) BatchAsync(b *wire.EventBatch) (jetstream.PubAckFuture, error) {
+	if err := b.Validate(); err != nil {
+		return nil, err
+	}
+	return p.js.PublishAsync(EventSubject(p.prefix, b.Model, b.Worker), wire.AppendEventBatch(nil, b))
+}
+
 // Engine publishes an engine's msgpack batch as it came off ZMQ. rank < 0 sets no rank header;
 // engineSeq < 0 sets no sequence header.
 func (p *Publisher) Engine(ctx context.Context, model string, worker uint64, rank int64, engineSeq int64, payload []byte) (uint64, error) {

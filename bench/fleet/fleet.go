@@ -4,6 +4,11 @@
 // submitted to the chosen worker (bench/sim), and the workers' KV events, prefill completions
 // and request completions go back to the router when the simulated step that produced them
 // ends, as they would from real engines.
+//
+// The router is a Router: by default a router.Router in process, unpaced. Package bench/e2e
+// supplies one that drives a running daemon over HTTP and NATS; such a router applies events
+// when they arrive, so the simulation must then keep to wall time (Config.Pace), and is no
+// longer deterministic.
 package fleet
 
 import (
@@ -42,6 +47,17 @@ type Config struct {
 	// the router got it (events is reused after the call returns): the trace's event stream,
 	// for replay into an index elsewhere.
 	OnEvents func(at time.Duration, worker uint64, events []shard.Event)
+
+	// Router, if set, is driven instead of a router.Router of Run's own. Run registers the
+	// workers on it (ids 1 to Workers, model "sim", the workers' block size) and does not close
+	// it. Mode, OverlapWeight and Temperature go with every route request; NoPrefill and Seed
+	// are then the router's own business. Run records each Route call's wall time.
+	Router Router
+	// Pace ties the simulated clock to wall time, in simulated seconds per wall second: before
+	// handling an event at simulated time t, Run waits until wall time start + (t − first
+	// arrival)/Pace. 0 runs unpaced, as fast as possible, which suits only a router that
+	// applies events before Router.Events returns (the default one).
+	Pace float64
 }
 
 // Result is what one simulation measured; plain data.
@@ -55,7 +71,18 @@ type Result struct {
 	PerWorker     []int         // requests routed to each worker
 	Samples       []LoadSample
 	RouteFailures int
-	Refused       int // requests larger than a worker's whole KV cache
+	RouteErr      string // the first route failure, if any
+	Refused       int    // requests larger than a worker's whole KV cache
+	CallErrors    int    // prefill-done and complete calls the router refused
+	Blocks        []int  // blocks each worker holds at the end (sim.Worker.CachedBlocks)
+
+	// RouteLatency is the wall time of each Route call, in arrival order, when Config.Router
+	// is set (nil otherwise).
+	RouteLatency []time.Duration
+	// MaxLag is how far behind its pace the simulation fell at worst (Config.Pace > 0): the
+	// wall time between an event's due time and its handling. A run whose lag grows with the
+	// trace could not keep pace.
+	MaxLag time.Duration
 }
 
 // LoadSample is the fleet's load at one simulated instant.
@@ -118,29 +145,47 @@ func Run(cfg Config, reqs []trace.Request) (*Result, error) {
 		wc.BlockSize = 64
 	}
 	var now int64
-	r := router.New(router.Config{
-		BlockSize:     wc.BlockSize,
-		Mode:          cfg.Mode,
-		OverlapWeight: cfg.OverlapWeight, // 0: the router's default, 1.0
-		Temperature:   cfg.Temperature,
-		TrackPrefill:  !cfg.NoPrefill,
-		RequestExpiry: 24 * time.Hour,
-		Shards:        1,
-		Logger:        slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Rand:          rand.New(rand.NewPCG(cfg.Seed, 0x666c656574)),
-		Now:           func() int64 { return now },
-	})
-	defer r.Close()
+	rt := cfg.Router
+	if rt == nil {
+		r := router.New(router.Config{
+			BlockSize:     wc.BlockSize,
+			Mode:          cfg.Mode,
+			OverlapWeight: cfg.OverlapWeight, // 0: the router's default, 1.0
+			Temperature:   cfg.Temperature,
+			TrackPrefill:  !cfg.NoPrefill,
+			RequestExpiry: 24 * time.Hour,
+			Shards:        1,
+			Logger:        slog.New(slog.NewTextHandler(io.Discard, nil)),
+			Rand:          rand.New(rand.NewPCG(cfg.Seed, 0x666c656574)),
+			Now:           func() int64 { return now },
+		})
+		defer r.Close()
+		rt = &local{r: r}
+	}
 	ws := make([]*worker, cfg.Workers)
 	for i := range ws {
 		id := uint64(i + 1)
 		ws[i] = &worker{id: id, w: sim.NewWorker(id, wc)}
-		if err := r.Register(router.Registration{ID: id, Model: model, BlockSize: wc.BlockSize}); err != nil {
-			return nil, err
+		if err := rt.Register(router.Registration{ID: id, Model: model, BlockSize: wc.BlockSize}); err != nil {
+			return nil, fmt.Errorf("fleet: register worker %d: %w", id, err)
 		}
 	}
 	res := &Result{Requests: len(reqs), TTFT: make([]time.Duration, len(reqs)), E2E: make([]time.Duration, len(reqs)),
 		PerWorker: make([]int, cfg.Workers)}
+	// A router of the caller's gets the simulation's settings with every request.
+	req0 := wire.RouteRequest{Model: model}
+	if cfg.Router != nil {
+		res.RouteLatency = make([]time.Duration, len(reqs))
+		req0.Mode = wire.Mode(cfg.Mode)
+		if cfg.Mode == scoring.Default {
+			req0.Mode = wire.ModeKV
+		}
+		req0.HasWeight, req0.Weight = true, cfg.OverlapWeight
+		if req0.Weight == 0 {
+			req0.Weight = 1
+		}
+		req0.HasTemperature, req0.Temperature = true, cfg.Temperature
+	}
 	arrival := make([]int64, len(reqs))
 	var h stepHeap
 	start := func(w *worker, at int64) {
@@ -160,18 +205,22 @@ func Run(cfg Config, reqs []trace.Request) (*Result, error) {
 				cfg.OnEvents(time.Duration(now), w.id, w.out.Events)
 			}
 			batch = wire.EventBatch{Worker: w.id, Model: model, Events: w.out.Events}
-			if _, err := r.ApplyEvents(&batch, nil); err != nil {
+			if err := rt.Events(&batch); err != nil {
 				return fmt.Errorf("worker %d events: %w", w.id, err)
 			}
 		}
 		for _, d := range w.out.PrefillDone {
 			res.TTFT[d.ID] = time.Duration(d.At - arrival[d.ID])
 			res.CachedTokens += int64(d.Cached)
-			_ = r.PrefillDone(ids[d.ID])
+			if rt.PrefillDone(ids[d.ID]) != nil {
+				res.CallErrors++
+			}
 		}
 		for _, d := range w.out.Completed {
 			res.E2E[d.ID] = time.Duration(d.At - arrival[d.ID])
-			_ = r.Complete(ids[d.ID])
+			if rt.Complete(ids[d.ID]) != nil {
+				res.CallErrors++
+			}
 			res.Makespan = max(res.Makespan, time.Duration(d.At))
 		}
 		return nil
@@ -181,10 +230,15 @@ func Run(cfg Config, reqs []trace.Request) (*Result, error) {
 		resp    wire.RouteResponse
 		next    = 0
 		sampleT int64
+		pace    = pacer{pace: cfg.Pace}
 	)
+	if len(reqs) > 0 {
+		pace.origin, pace.start = int64(reqs[0].At), time.Now()
+	}
 	for next < len(reqs) || h.Len() > 0 {
 		// Step ends first at equal times: the router sees what the workers did by then.
 		if h.Len() > 0 && (next == len(reqs) || h.peek().end <= int64(reqs[next].At)) {
+			pace.wait(h.peek().end)
 			w := heap.Pop(&h).(*worker)
 			now = w.end
 			w.busy = false
@@ -195,6 +249,7 @@ func Run(cfg Config, reqs []trace.Request) (*Result, error) {
 			continue
 		}
 		q := &reqs[next]
+		pace.wait(int64(q.At))
 		now = int64(q.At)
 		for cfg.Sample > 0 && sampleT <= now {
 			s := LoadSample{At: time.Duration(sampleT), Running: make([]int, len(ws)), Waiting: make([]int, len(ws))}
@@ -206,8 +261,23 @@ func Run(cfg Config, reqs []trace.Request) (*Result, error) {
 		}
 		arrival[next] = now
 		ids[next] = strconv.Itoa(next)
-		req = wire.RouteRequest{RequestID: ids[next], Model: model, Tokens: q.Tokens}
-		if err := r.Route(&req, &resp); err != nil {
+		req = req0
+		req.RequestID, req.Tokens = ids[next], q.Tokens
+		var err error
+		if res.RouteLatency != nil {
+			t0 := time.Now()
+			err = rt.Route(&req, &resp)
+			res.RouteLatency[next] = time.Since(t0)
+		} else {
+			err = rt.Route(&req, &resp)
+		}
+		if err == nil && (resp.Worker < 1 || resp.Worker > uint64(len(ws))) {
+			err = fmt.Errorf("fleet: routed to worker %d, not a simulated one", resp.Worker)
+		}
+		if err != nil {
+			if res.RouteFailures == 0 {
+				res.RouteErr = err.Error()
+			}
 			res.RouteFailures++
 			next++
 			continue
@@ -219,7 +289,9 @@ func Run(cfg Config, reqs []trace.Request) (*Result, error) {
 		if err := w.w.Submit(&sim.Request{ID: uint64(next), Tokens: q.Tokens, Output: max(q.Output, 1)}, now); err != nil {
 			// Larger than the worker's whole cache: no engine could serve it.
 			res.Refused++
-			_ = r.Complete(ids[next])
+			if rt.Complete(ids[next]) != nil {
+				res.CallErrors++
+			}
 			next++
 			continue
 		}
@@ -228,6 +300,11 @@ func Run(cfg Config, reqs []trace.Request) (*Result, error) {
 	}
 	if len(reqs) > 0 {
 		res.Makespan -= reqs[0].At
+	}
+	res.MaxLag = pace.maxLag
+	res.Blocks = make([]int, len(ws))
+	for i, w := range ws {
+		res.Blocks[i] = w.w.CachedBlocks()
 	}
 	return res, nil
 }

@@ -4,6 +4,14 @@
 // throughput and load imbalance.
 //
 //	go run ./bench/fleetsim --trace ../shared/traces/mooncake/conversation_trace.jsonl --workers 8
+//
+// With --e2e (a daemon started in process for each mode) or --addr and --nats-url (a running
+// kvrouterd), the workers are routed by the daemon over HTTP and their KV events published to
+// its NATS stream (package bench/e2e), on a simulated clock held to --pace simulated seconds per
+// wall second; the table then also shows the route calls' HTTP latency, the errors, how far
+// behind its pace the simulation fell, and how long the daemon took to apply the last events.
+//
+//	go run ./bench/fleetsim --trace ../shared/traces/mooncake/conversation_trace.jsonl --limit 600 --e2e --pace 10
 package main
 
 import (
@@ -14,9 +22,11 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvrouterd/kvrouterd/bench/e2e"
 	"github.com/kvrouterd/kvrouterd/bench/fleet"
 	"github.com/kvrouterd/kvrouterd/bench/sim"
 	"github.com/kvrouterd/kvrouterd/bench/trace"
+	"github.com/kvrouterd/kvrouterd/ingest"
 	"github.com/kvrouterd/kvrouterd/scoring"
 )
 
@@ -30,8 +40,23 @@ func main() {
 		blockSize = flag.Int("block-size", 64, "engine block size in tokens")
 		blocks    = flag.Int("kv-blocks", 16384, "KV cache per worker, in blocks")
 		seed      = flag.Uint64("seed", 1, "seed of the router's tie-breaks")
+		inProc    = flag.Bool("e2e", false, "route through a kvrouterd started in process (HTTP + embedded NATS) instead of the router alone")
+		addr      = flag.String("addr", "", "route through the running kvrouterd at this HTTP host:port (needs --nats-url)")
+		natsURL   = flag.String("nats-url", "", "the NATS server the kvrouterd of --addr takes events from")
+		prefix    = flag.String("nats-subject-prefix", ingest.DefaultPrefix, "subject prefix of the kvrouterd of --addr")
+		stream    = flag.String("nats-stream", ingest.DefaultStream, "event stream of the kvrouterd of --addr")
+		pace      = flag.Float64("pace", 0, "simulated seconds per wall second; 0: unpaced (in process only: a daemon needs a pace)")
 	)
 	flag.Parse()
+	e2eMode := *inProc || *addr != ""
+	if *addr != "" && (*inProc || *natsURL == "") {
+		fmt.Fprintln(os.Stderr, "fleetsim: --addr needs --nats-url, and excludes --e2e")
+		os.Exit(2)
+	}
+	if e2eMode && !(*pace > 0) {
+		fmt.Fprintln(os.Stderr, "fleetsim: a daemon applies events as they arrive: give --pace (simulated seconds per wall second)")
+		os.Exit(2)
+	}
 	t0 := time.Now()
 	var reqs []trace.Request
 	var err error
@@ -47,8 +72,19 @@ func main() {
 	bound := trace.CountHits(reqs, *blockSize)
 	fmt.Printf("# %d requests, loaded in %v; infinite-cache bound at block size %d: %.1f %% of full blocks\n",
 		len(reqs), time.Since(t0).Round(time.Millisecond), *blockSize, 100*bound.FullBound())
-	fmt.Println("| mode | TTFT mean / p50 / p99 ms | e2e mean / p99 s | hit rate | of bound | output tok/s | imbalance | refused | sim time |")
-	fmt.Println("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+	head, rule := "| mode | TTFT mean / p50 / p99 ms | e2e mean / p99 s | hit rate | of bound | output tok/s | imbalance | refused | sim time |",
+		"|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+	if e2eMode {
+		where := "a kvrouterd in process per mode (router, HTTP on loopback, embedded NATS)"
+		if *addr != "" {
+			where = "the kvrouterd at " + *addr + ", NATS " + *natsURL
+		}
+		fmt.Printf("# end to end through %s, pace %g\n", where, *pace)
+		head += " HTTP route p50 / p99 µs | errors route / call / publish | max lag | drain |"
+		rule += "---:|---:|---:|---:|"
+	}
+	fmt.Println(head)
+	fmt.Println(rule)
 	wc := sim.DefaultWorkerConfig()
 	wc.BlockSize, wc.Blocks = *blockSize, *blocks
 	for _, name := range strings.Split(*modes, ",") {
@@ -58,19 +94,49 @@ func main() {
 			os.Exit(2)
 		}
 		t1 := time.Now()
-		res, err := fleet.Run(fleet.Config{Workers: *workers, Mode: mode, Worker: wc, Seed: *seed}, reqs)
-		if err != nil {
+		fc := fleet.Config{Workers: *workers, Mode: mode, Worker: wc, Seed: *seed, Pace: *pace}
+		var (
+			res *fleet.Result
+			er  *e2e.Result
+		)
+		if e2eMode {
+			target := e2e.Target{Addr: *addr, NATSURL: *natsURL, Prefix: *prefix, Stream: *stream}
+			er, err = e2e.Run(e2e.Config{Fleet: fc, Target: target}, reqs)
+			if er != nil {
+				res = &er.Result
+			}
+		} else {
+			res, err = fleet.Run(fc, reqs)
+		}
+		if res == nil {
 			fmt.Fprintln(os.Stderr, "fleetsim:", err)
 			os.Exit(1)
 		}
+		if err != nil { // the run is complete; the daemon did not catch up or clean up
+			fmt.Fprintln(os.Stderr, "fleetsim:", err)
+		}
 		tm, t50, t99 := stats(res.TTFT)
 		em, _, e99 := stats(res.E2E)
-		fmt.Printf("| %s | %.0f / %.0f / %.0f | %.1f / %.1f | %.1f %% | %.0f %% | %.0f | %.2f | %d | %v |\n",
+		fmt.Printf("| %s | %.0f / %.0f / %.0f | %.1f / %.1f | %.1f %% | %.0f %% | %.0f | %.2f | %d | %v |",
 			name, ms(tm), ms(t50), ms(t99), em.Seconds(), e99.Seconds(), 100*res.HitRate(),
 			100*res.HitRate()/bound.TokenBound(), float64(res.OutputTokens)/res.Makespan.Seconds(),
 			res.Imbalance(), res.Refused, time.Since(t1).Round(time.Millisecond))
+		if er != nil {
+			_, r50, r99 := stats(res.RouteLatency)
+			fmt.Printf(" %.0f / %.0f | %d / %d / %d | %.1f ms | %.1f ms |", us(r50), us(r99), res.RouteFailures, res.CallErrors,
+				er.Published.Errors, ms(res.MaxLag), ms(er.Drain))
+		}
+		fmt.Println()
+		if res.RouteErr != "" {
+			fmt.Fprintf(os.Stderr, "fleetsim: %s: %d route failures; the first: %s\n", name, res.RouteFailures, res.RouteErr)
+		}
+		if er != nil && er.Published.FirstErr != "" {
+			fmt.Fprintf(os.Stderr, "fleetsim: %s: %d event batches not stored; the first: %s\n", name, er.Published.Errors, er.Published.FirstErr)
+		}
 	}
 }
+
+func us(d time.Duration) float64 { return float64(d) / 1e3 }
 
 func ms(d time.Duration) float64 { return float64(d) / 1e6 }
 
