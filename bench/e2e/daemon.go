@@ -14,8 +14,6 @@ import (
 	"github.com/kvrouterd/kvrouterd/ingest"
 	"github.com/kvrouterd/kvrouterd/router"
 	"github.com/kvrouterd/kvrouterd/server"
-	natsserver "github.com/nats-io/nats-server/v2/server"
-	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -43,8 +41,7 @@ type Daemon struct {
 
 	srv    *server.Server
 	served chan error
-	ns     *natsserver.Server
-	nc     *nats.Conn
+	events *ingest.Stream
 	tmp    string // Dir, when StartDaemon made it
 	prefix string
 	stream string
@@ -77,19 +74,14 @@ func StartDaemon(cfg DaemonConfig) (_ *Daemon, err error) {
 	rc := cfg.Router
 	rc.Logger = log
 	d.Router = router.New(rc)
-	if d.ns, err = ingest.StartEmbedded(ingest.EmbeddedConfig{Dir: filepath.Join(cfg.Dir, "nats"), Listen: "127.0.0.1:0", Logger: log}); err != nil {
-		return nil, err
-	}
-	d.NATSURL = d.ns.ClientURL()
-	if d.nc, err = nats.Connect(d.NATSURL, append(ingest.ConnectOptions(log), nats.InProcessServer(d.ns))...); err != nil {
-		return nil, fmt.Errorf("e2e: nats %s: %w", d.NATSURL, err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	d.Consumer, err = ingest.NewConsumer(ctx, d.nc, d.Router, ingest.ConsumerConfig{Prefix: cfg.Prefix, Stream: cfg.Stream, Logger: log})
+	d.events, err = ingest.StartStream(context.Background(), d.Router, ingest.StreamConfig{
+		Embedded: ingest.EmbeddedConfig{Dir: filepath.Join(cfg.Dir, "nats"), Listen: "127.0.0.1:0"},
+		Consumer: ingest.ConsumerConfig{Prefix: cfg.Prefix, Stream: cfg.Stream},
+	}, log)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("e2e: %w", err)
 	}
+	d.NATSURL, d.Consumer = d.events.URL, d.events.Consumer
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(d.Consumer.Collector())
 	d.srv = server.New(d.Router, server.Config{Logger: log, Registry: reg})
@@ -119,21 +111,11 @@ func (d *Daemon) Close() error {
 		errs = append(errs, <-d.served)
 		d.served = nil
 	}
-	if d.Consumer != nil {
-		d.Consumer.Close()
-		d.Consumer = nil
-	}
-	if d.nc != nil {
-		d.nc.Close()
-		d.nc = nil
-	}
+	d.events.Close()
+	d.events, d.Consumer = nil, nil
 	if d.Router != nil {
 		d.Router.Close()
-	}
-	if d.ns != nil {
-		d.ns.Shutdown()
-		d.ns.WaitForShutdown()
-		d.ns = nil
+		d.Router = nil
 	}
 	if d.tmp != "" {
 		errs = append(errs, os.RemoveAll(d.tmp))

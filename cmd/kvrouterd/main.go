@@ -23,7 +23,6 @@ import (
 	"github.com/kvrouterd/kvrouterd/router"
 	"github.com/kvrouterd/kvrouterd/scoring"
 	"github.com/kvrouterd/kvrouterd/server"
-	natsserver "github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -87,17 +86,17 @@ func run(ctx context.Context, c config) error {
 	srv := server.New(r, server.Config{MaxBodyBytes: c.MaxBodyBytes, Logger: log, Registry: reg})
 	ln, err := net.Listen("tcp", c.HTTPAddr)
 	if err != nil {
-		stream.close()
+		stream.Close()
 		r.Close()
 		return err
 	}
-	log.Info("kvrouterd listening", "http", ln.Addr().String(), "nats", stream.url, "shards", c.Shards, "mode", c.RouterMode,
+	log.Info("kvrouterd listening", "http", ln.Addr().String(), "nats", streamURL(stream), "shards", c.Shards, "mode", c.RouterMode,
 		"block_size", c.BlockSize, "data_dir", c.DataDir)
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
 	select {
 	case err = <-served:
-		stream.close()
+		stream.Close()
 		r.Close()
 		return err
 	case <-ctx.Done():
@@ -109,76 +108,47 @@ func run(ctx context.Context, c config) error {
 	if err := srv.Shutdown(sctx); err != nil {
 		log.Warn("requests still in flight at the shutdown timeout", "err", err)
 	}
-	stream.close() // stops taking events; the ones taken are in the shard queues
+	stream.Close() // stops taking events; the ones taken are in the shard queues
 	watch.close()
 	r.Close() // applies every event accepted
 	log.Info("stopped", "took", time.Since(start))
 	return nil
 }
 
-// stream is the event stream's side of the daemon: the embedded server if any, the connection,
-// the consumer.
-type stream struct {
-	url  string
-	ns   *natsserver.Server
-	nc   *nats.Conn
-	cons *ingest.Consumer
-}
-
-// startStream connects to --nats-url, or starts the embedded server, and consumes the events.
-func startStream(ctx context.Context, c config, r *router.Router, reg *prometheus.Registry, log *slog.Logger) (*stream, error) {
-	st := &stream{url: c.NATSURL}
+// startStream connects to --nats-url, or starts the embedded server, and consumes the events;
+// nil with --no-kv-events.
+func startStream(ctx context.Context, c config, r *router.Router, reg *prometheus.Registry, log *slog.Logger) (*ingest.Stream, error) {
 	if c.NoKVEvents {
-		st.url = "off (--no-kv-events)"
-		return st, nil
+		return nil, nil
 	}
-	opts := ingest.ConnectOptions(log)
-	if c.NATSURL == "" {
-		ns, err := ingest.StartEmbedded(ingest.EmbeddedConfig{
-			Dir: filepath.Join(c.DataDir, "nats"), Listen: c.NATSListen, Logger: log,
-		})
-		if err != nil {
-			return nil, err
-		}
-		st.ns, st.url = ns, ns.ClientURL()
-		opts = append(opts, nats.InProcessServer(ns))
-	} else {
-		opts = append(opts, c.NATS.options()...)
+	var opts []nats.Option
+	if c.NATSURL != "" {
+		opts = c.NATS.options() // credentials and TLS are for an external server
 	}
-	nc, err := nats.Connect(st.url, opts...)
+	st, err := ingest.StartStream(ctx, r, ingest.StreamConfig{
+		URL:      c.NATSURL,
+		Embedded: ingest.EmbeddedConfig{Dir: filepath.Join(c.DataDir, "nats"), Listen: c.NATSListen},
+		Options:  opts,
+		Consumer: ingest.ConsumerConfig{
+			Prefix: c.NATSPrefix, Stream: c.NATSStream, MaxAge: c.NATSMaxAge, MaxBytes: c.NATSMaxBytes,
+			Replicas: c.NATSReplicas, StartSeq: c.NATSStartSeq,
+		},
+	}, log)
 	if err != nil {
-		st.close()
-		return nil, fmt.Errorf("nats %s: %w", st.url, err)
-	}
-	st.nc = nc
-	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	st.cons, err = ingest.NewConsumer(cctx, nc, r, ingest.ConsumerConfig{
-		Prefix: c.NATSPrefix, Stream: c.NATSStream, MaxAge: c.NATSMaxAge, MaxBytes: c.NATSMaxBytes,
-		Replicas: c.NATSReplicas, StartSeq: c.NATSStartSeq, Logger: log,
-	})
-	if err != nil {
-		st.close()
 		return nil, err
 	}
-	reg.MustRegister(st.cons.Collector())
+	reg.MustRegister(st.Consumer.Collector())
 	return st, nil
 }
 
-func (st *stream) close() {
-	if st.cons != nil {
-		st.cons.Close()
+// streamURL is what the log says of the event stream.
+func streamURL(st *ingest.Stream) string {
+	if st == nil {
+		return "off (--no-kv-events)"
 	}
-	if st.nc != nil {
-		st.nc.Close()
-	}
-	if st.ns != nil {
-		st.ns.Shutdown()
-		st.ns.WaitForShutdown()
-	}
+	return st.URL
 }
 
-// approx is the router's approximate-mode configuration, nil unless --no-kv-events.
 func (c *config) approx() *approx.Config {
 	if !c.NoKVEvents {
 		return nil

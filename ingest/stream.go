@@ -1,0 +1,90 @@
+package ingest
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	natsserver "github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+)
+
+// StreamConfig configures StartStream; a plain value.
+type StreamConfig struct {
+	// URL is an external NATS server's; empty starts the embedded one of Embedded.
+	URL      string
+	Embedded EmbeddedConfig
+	// Options are added to ConnectOptions' (credentials and TLS for an external server).
+	Options  []nats.Option
+	Consumer ConsumerConfig
+	// Timeout bounds connecting and creating the stream and consumer (0: 30 s).
+	Timeout time.Duration
+}
+
+// Stream is the event side of a daemon: the embedded NATS server if any, the connection and
+// the Consumer feeding a Sink. Its fields are read-only; Close once, from any goroutine.
+type Stream struct {
+	URL      string             // the server's client URL
+	Server   *natsserver.Server // the embedded server; nil with an external one
+	Conn     *nats.Conn
+	Consumer *Consumer
+}
+
+// StartStream connects to cfg.URL, or starts the embedded server, and consumes the events into
+// sink. On error everything it started is stopped.
+func StartStream(ctx context.Context, sink Sink, cfg StreamConfig, log *slog.Logger) (_ *Stream, err error) {
+	st := &Stream{URL: cfg.URL}
+	defer func() {
+		if err != nil {
+			st.Close()
+		}
+	}()
+	opts := append(ConnectOptions(log), cfg.Options...)
+	if cfg.URL == "" {
+		e := cfg.Embedded
+		if e.Logger == nil {
+			e.Logger = log
+		}
+		if st.Server, err = StartEmbedded(e); err != nil {
+			return nil, err
+		}
+		st.URL = st.Server.ClientURL()
+		opts = append(opts, nats.InProcessServer(st.Server))
+	}
+	if st.Conn, err = nats.Connect(st.URL, opts...); err != nil {
+		return nil, fmt.Errorf("nats %s: %w", st.URL, err)
+	}
+	timeout := cfg.Timeout
+	if timeout <= 0 {
+		timeout = 30 * time.Second
+	}
+	cctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	cc := cfg.Consumer
+	if cc.Logger == nil {
+		cc.Logger = log
+	}
+	if st.Consumer, err = NewConsumer(cctx, st.Conn, sink, cc); err != nil {
+		return nil, err
+	}
+	return st, nil
+}
+
+// Close stops consuming, then closes the connection and the embedded server. Events already
+// handed to the sink stay there. A nil Stream is closed already.
+func (st *Stream) Close() {
+	if st == nil {
+		return
+	}
+	if st.Consumer != nil {
+		st.Consumer.Close()
+	}
+	if st.Conn != nil {
+		st.Conn.Close()
+	}
+	if st.Server != nil {
+		st.Server.Shutdown()
+		st.Server.WaitForShutdown()
+	}
+}
