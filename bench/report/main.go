@@ -42,7 +42,7 @@ type config struct {
 }
 
 // sections lists every section in the order they run.
-var sections = []string{"quality", "http"}
+var sections = []string{"quality", "e2e", "http"}
 
 func main() {
 	c := config{Out: "bench/out", Traces: defaultTraces(), Seed: 1}
@@ -94,6 +94,8 @@ func run(c config, progress io.Writer) error {
 		switch s {
 		case "quality":
 			err = r.quality()
+		case "e2e":
+			err = r.e2e()
 		case "http":
 			err = r.http()
 		}

@@ -298,7 +298,7 @@ func loadSamples(w workload, s float64) time.Duration {
 }
 
 // dist is the mean and percentiles of a set of durations.
-type dist struct{ mean, p50, p99 time.Duration }
+type dist struct{ mean, p50, p99, p999 time.Duration }
 
 // summarize ignores zero durations (requests refused or never routed).
 func summarize(ds []time.Duration) dist {
@@ -314,7 +314,8 @@ func summarize(ds []time.Duration) dist {
 		return dist{}
 	}
 	slices.Sort(v)
-	return dist{mean: sum / time.Duration(len(v)), p50: v[len(v)/2], p99: v[min(len(v)-1, len(v)*99/100)]}
+	at := func(q int) time.Duration { return v[min(len(v)-1, len(v)*q/1000)] }
+	return dist{mean: sum / time.Duration(len(v)), p50: v[len(v)/2], p99: at(990), p999: at(999)}
 }
 
 func ms(d time.Duration) float64 { return float64(d) / 1e6 }
