@@ -19,6 +19,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvrouterd/kvrouterd/bench/sim"
@@ -144,7 +145,12 @@ func Run(cfg Config, reqs []trace.Request) (*Result, error) {
 	if wc.BlockSize == 0 {
 		wc.BlockSize = 64
 	}
-	var now int64
+	// now is the simulated clock; clock mirrors it for the router, whose expiry goroutine reads
+	// it concurrently.
+	var (
+		now   int64
+		clock atomic.Int64
+	)
 	rt := cfg.Router
 	if rt == nil {
 		r := router.New(router.Config{
@@ -157,7 +163,7 @@ func Run(cfg Config, reqs []trace.Request) (*Result, error) {
 			Shards:        1,
 			Logger:        slog.New(slog.NewTextHandler(io.Discard, nil)),
 			Rand:          rand.New(rand.NewPCG(cfg.Seed, 0x666c656574)),
-			Now:           func() int64 { return now },
+			Now:           clock.Load,
 		})
 		defer r.Close()
 		rt = &local{r: r}
@@ -241,6 +247,7 @@ func Run(cfg Config, reqs []trace.Request) (*Result, error) {
 			pace.wait(h.peek().end)
 			w := heap.Pop(&h).(*worker)
 			now = w.end
+			clock.Store(now)
 			w.busy = false
 			if err := deliver(w); err != nil {
 				return nil, err
@@ -251,6 +258,7 @@ func Run(cfg Config, reqs []trace.Request) (*Result, error) {
 		q := &reqs[next]
 		pace.wait(int64(q.At))
 		now = int64(q.At)
+		clock.Store(now)
 		for cfg.Sample > 0 && sampleT <= now {
 			s := LoadSample{At: time.Duration(sampleT), Running: make([]int, len(ws)), Waiting: make([]int, len(ws))}
 			for i, w := range ws {
