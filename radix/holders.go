@@ -38,6 +38,18 @@ type holderSet struct {
 	cells []uint32 // unordered; each 0 (free) or slot+1
 	bits  []uint64 // bit s set: slot s holds the block
 	n     int      // number of holders; REQUIRES the segment lock (readers never look)
+	// fp, in bitset form, is the XOR of slotKey over the holders, stored after each change to
+	// bits: two bitsets with the same fp hold the same slots but with probability 2^-64, which
+	// lets a walk skip intersecting a block whose holders are its parent's (see walkBits).
+	fp atomic.Uint64
+}
+
+// slotKey is slot x's pseudo-random 64-bit key (splitmix64's finalizer), for holderSet.fp.
+func slotKey(x Slot) uint64 {
+	z := uint64(x) + 0x9e3779b97f4a7c15
+	z = (z ^ z>>30) * 0xbf58476d1ce4e5b9
+	z = (z ^ z>>27) * 0x94d049bb133111eb
+	return z ^ z>>31
 }
 
 // Cell arrays grow 8 → 16 → 32 → 64 (cellsMax); a bitset takes over when it is the smaller.
@@ -125,10 +137,13 @@ func (ix *Index) cellsLimit() int {
 func (ix *Index) newBits(key uint64, members []Slot, extra Slot) *holderSet {
 	words := max((int(ix.slots.high.Load())+63)/64, int(extra)/64+1)
 	s := &holderSet{key: key, bits: make([]uint64, words), n: len(members) + 1}
+	fp := slotKey(extra)
 	for _, x := range members {
 		s.bits[x>>6] |= 1 << (x & 63)
+		fp ^= slotKey(x)
 	}
 	s.bits[extra>>6] |= 1 << (extra & 63)
+	s.fp.Store(fp)
 	return s
 }
 
@@ -178,6 +193,7 @@ func (g *segment) addHolder(ix *Index, key, h uint64, x Slot) (uint64, bool) {
 	if s.bits != nil {
 		if w := int(x >> 6); w < len(s.bits) {
 			atomic.OrUint64(&s.bits[w], 1<<(x&63))
+			s.fp.Store(s.fp.Load() ^ slotKey(x))
 			s.n++
 			return h, true
 		}
@@ -219,6 +235,7 @@ func (g *segment) removeHolder(ix *Index, key, h uint64, x Slot) (uint64, bool) 
 		if w >= len(s.bits) || atomic.AndUint64(&s.bits[w], ^(1<<(x&63)))&(1<<(x&63)) == 0 {
 			return h, false
 		}
+		s.fp.Store(s.fp.Load() ^ slotKey(x))
 	} else {
 		i := slices.Index(s.cells, uint32(x)+1)
 		if i < 0 {

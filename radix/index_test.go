@@ -325,6 +325,59 @@ func compareMatch(t testing.TB, ix *radix.Index, model *refmodel.Index, q []uint
 
 // Random adds and removes over shared prefixes, by enough workers to drive entries through all
 // holder forms, checked against the model after every step.
+// A long chain that a large group of workers holds whole (bitset holders, the same at every
+// block, which the walk skips without intersecting) still stops each worker exactly where its
+// own chain ends, including workers that lack one block deep down or join half-way.
+func TestMatchLargeGroupChain(t *testing.T) {
+	ix := newIndex(t, 16)
+	const workers, depth = 300, 48
+	q := make([]uint64, depth)
+	for i := range q {
+		q[i] = uint64(i + 1)
+	}
+	q = chain(q...)
+	slots := make([]radix.Slot, workers)
+	for w := range slots {
+		slots[w] = acquire(t, ix, uint64(w))
+	}
+	want := map[radix.WorkerKey]int{}
+	for w, s := range slots {
+		n := depth
+		switch {
+		case w%2 == 1:
+			n = 1 // odd workers: the first block only, so deeper blocks have every even worker
+		case w%50 == 0:
+			n = 10 + w/50 // a few even workers end early, each at its own depth
+		}
+		for i := range n {
+			ix.Add(q[i], s)
+		}
+		want[radix.WorkerKey{ID: uint64(w)}] = n
+	}
+	// A hole: worker 4 loses block 30 (its depth ends there), worker 6 loses block 47.
+	ix.Remove(q[30], slots[4])
+	ix.Remove(q[47], slots[6])
+	want[radix.WorkerKey{ID: 4}], want[radix.WorkerKey{ID: 6}] = 30, 47
+	var m radix.Match
+	ix.Match(q, &m)
+	if got := result(t, ix, &m); !maps.Equal(got, want) {
+		for k, v := range want {
+			if got[k] != v {
+				t.Errorf("worker %d: depth %d, want %d", k.ID, got[k], v)
+			}
+		}
+		t.FailNow()
+	}
+	// Putting the holes back restores the whole chain.
+	ix.Add(q[30], slots[4])
+	ix.Add(q[47], slots[6])
+	want[radix.WorkerKey{ID: 4}], want[radix.WorkerKey{ID: 6}] = depth, depth
+	ix.Match(q, &m)
+	if got := result(t, ix, &m); !maps.Equal(got, want) {
+		t.Fatalf("after refilling the holes: %v", got)
+	}
+}
+
 func TestIndexDifferential(t *testing.T) {
 	for _, workers := range []int{4, 150} {
 		r := rand.New(rand.NewPCG(uint64(workers), 5))

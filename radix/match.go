@@ -29,6 +29,7 @@ type Match struct {
 	root   []uint64 // bitset mode: the first block's holders, as the walk read them
 	rank   []int32  // bitset mode: rank[w] = position in Slots of word w's first holder
 	bits   []uint64 // bitset mode: slots still walking
+	rootFP uint64   // bitset mode: the first block's holderSet.fp, read before m.root
 	hasher Hasher
 }
 
@@ -228,6 +229,7 @@ func (m *Match) step(act []int32, s *holderSet, i int32) []int32 {
 // m.Slots; m.rank makes a slot's position in Slots a prefix popcount away.
 func (m *Match) snapshotRoot(s *holderSet) {
 	words := len(s.bits)
+	m.rootFP = s.fp.Load()
 	m.root = slices.Grow(m.root[:0], words)[:words]
 	m.rank = slices.Grow(m.rank[:0], words)[:words]
 	n := int32(0)
@@ -278,6 +280,7 @@ func (ix *Index) walkBits(la *lookahead, m *Match) (int, []int32) {
 	for m.bits[hi-1] == 0 {
 		hi--
 	}
+	prev := m.rootFP // of the block before i
 	for i := 1; i < len(seqs); {
 		h, s := la.at(i)
 		m.Lookups++
@@ -293,6 +296,16 @@ func (ix *Index) walkBits(la *lookahead, m *Match) (int, []int32) {
 			}
 			m.dropBits(lo, hi, int32(i))
 			return i + 1, act
+		}
+		// The same holders as the block before (the usual case deep in a prefix that a large
+		// group of workers shares): every slot still walking holds this block too. Each fp is
+		// read atomically, so only slots that a writer is adding or removing right now can be
+		// seen otherwise than by intersecting, and those may be seen either way anyway.
+		if fp := s.fp.Load(); fp == prev {
+			i++
+			continue
+		} else {
+			prev = fp
 		}
 		any := uint64(0)
 		for w := lo; w < hi; w++ {
