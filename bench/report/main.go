@@ -42,7 +42,7 @@ type config struct {
 }
 
 // sections lists every section in the order they run.
-var sections = []string{"quality", "e2e", "http"}
+var sections = []string{"quality", "e2e", "index", "http"}
 
 func main() {
 	c := config{Out: "bench/out", Traces: defaultTraces(), Seed: 1}
@@ -96,6 +96,8 @@ func run(c config, progress io.Writer) error {
 			err = r.quality()
 		case "e2e":
 			err = r.e2e()
+		case "index":
+			err = r.index()
 		case "http":
 			err = r.http()
 		}
@@ -207,4 +209,15 @@ func (r *report) command(section string) string {
 		q = "--quick "
 	}
 	return fmt.Sprintf("`go run ./bench/report %s--skip %s`", q, strings.Join(skip, ","))
+}
+
+// splitLines splits s into its non-empty lines, without the line ends.
+func splitLines(s string) []string {
+	var out []string
+	for l := range strings.Lines(s) {
+		if l = strings.TrimRight(l, "\r\n"); l != "" {
+			out = append(out, l)
+		}
+	}
+	return out
 }
