@@ -77,8 +77,8 @@ func (r *report) e2e() error {
 	r.add("e2e.ttft_mean", ms(rq.mean), "ms", cond)
 	r.add("e2e.hit_rate", 100*res.HitRate(), "%", cond)
 	r.add("e2e.in_process_hit_rate", 100*local.HitRate(), "%", cond)
-	r.headline(fmt.Sprintf("end to end: conversation trace through a whole daemon (HTTP + NATS), %d workers: route p50 / p99; hit rate (in process)", fleetWorkers),
-		fmt.Sprintf("%.0f / %.0f µs; %.1f %% (%.1f %%)", us(lat.p50), us(lat.p99), 100*res.HitRate(), 100*local.HitRate()), "—", r.command("e2e"))
+	r.headline(mdPrinter.Sprintf("end to end: conversation trace through a whole daemon (HTTP + NATS), %d workers: route p50 / p99; hit rate (in process)", fleetWorkers),
+		mdPrinter.Sprintf("%.0f / %.0f µs; %.1f %% (%.1f %%)", us(lat.p50), us(lat.p99), 100*res.HitRate(), 100*local.HitRate()), "—", r.command("e2e"))
 	return nil
 }
 

@@ -39,8 +39,8 @@ func (r *report) http() error {
 			row.RouteSat.RPS, row.Ratio(), row.RouteHalf.P50, row.RouteHalf.P99, row.NoopHalf.P50, row.NoopHalf.P99, row.Others())
 		cond := fmt.Sprintf("%d workers, %s candidates per answer; %d-block queries, block size %d; %d connections; %v runs; client and server on one machine (%s)",
 			row.Workers, cands, c.Blocks, c.BlockSize, c.Conns, c.Duration, machine())
-		r.headline(fmt.Sprintf("HTTP route / no-op throughput, %d workers, %s candidates; route p99 at half saturation", row.Workers, cands),
-			fmt.Sprintf("%.2f; %.0f µs", row.Ratio(), row.RouteHalf.P99), "≥ 0.7; ≤ 200 µs", r.command("http"))
+		r.headline(mdPrinter.Sprintf("HTTP route / no-op throughput, %d workers, %s candidates; route p99 at half saturation", row.Workers, cands),
+			mdPrinter.Sprintf("%.2f; %.0f µs", row.Ratio(), row.RouteHalf.P99), "≥ 0.7; ≤ 200 µs", r.command("http"))
 		key := fmt.Sprintf("http.w%d.c%d.", row.Workers, row.MaxCandidates)
 		r.add(key+"noop_rps", row.NoopSat.RPS, "requests/s", cond)
 		r.add(key+"route_rps", row.RouteSat.RPS, "requests/s", cond)

@@ -74,10 +74,10 @@ func (r *report) index() error {
 		r.add(key+"residencies", float64(res.Residencies), "residencies", cond)
 	}
 	last := results[len(results)-1]
-	r.headline(fmt.Sprintf("index on the conversation trace's events at %d workers: match p99 under writes (%.0f blocks/s)", last.Workers, last.WriteRate),
-		fmt.Sprintf("%.0f µs", us(last.P99)), "≤ 100 µs", r.command("index"))
+	r.headline(mdPrinter.Sprintf("index on the conversation trace's events at %d workers: match p99 under writes (%.0f blocks/s)", last.Workers, last.WriteRate),
+		mdPrinter.Sprintf("%.0f µs", us(last.P99)), "≤ 100 µs", r.command("index"))
 	r.headline("index: apply rate, drained, 8 / 1,000 / 10,000 workers; bytes per residency",
-		fmt.Sprintf("%.1f / %.1f / %.1f M blocks/s; %.0f / %.0f / %.0f B", results[0].ApplyRate/1e6, results[1].ApplyRate/1e6,
+		mdPrinter.Sprintf("%.1f / %.1f / %.1f M blocks/s; %.0f / %.0f / %.0f B", results[0].ApplyRate/1e6, results[1].ApplyRate/1e6,
 			last.ApplyRate/1e6, results[0].BytesPerResidency, results[1].BytesPerResidency, last.BytesPerResidency), "—", r.command("index"))
 	return r.sizePlot(results)
 }

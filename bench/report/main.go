@@ -30,6 +30,9 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"golang.org/x/text/language"
+	"golang.org/x/text/message"
 )
 
 // config is the whole configuration of one run.
@@ -154,7 +157,10 @@ func (r *report) add(name string, value float64, unit, conditions string) {
 	r.ms = append(r.ms, measurement{Name: name, Value: value, Unit: unit, Conditions: conditions})
 }
 
-func (r *report) mdf(format string, args ...any) { fmt.Fprintf(&r.md, format, args...) }
+// mdf appends to the markdown; numbers get thousands separators (12,031 requests).
+func (r *report) mdf(format string, args ...any) { mdPrinter.Fprintf(&r.md, format, args...) }
+
+var mdPrinter = message.NewPrinter(language.English)
 
 func (r *report) write() error {
 	var head strings.Builder
@@ -169,7 +175,7 @@ func (r *report) write() error {
 	if len(r.summary) > 0 {
 		fmt.Fprintf(&head, "\n## Summary\n\n| what | measured | target | command |\n|---|---|---|---|\n")
 		for _, s := range r.summary {
-			fmt.Fprintf(&head, "| %s | %s | %s | %s |\n", s.what, s.value, s.target, s.command)
+			fmt.Fprintf(&head, "| %s | %s | %s | %s |\n", s.what, s.value, s.target, s.command) // pre-formatted
 		}
 	}
 	if err := os.WriteFile(filepath.Join(r.cfg.Out, "report.md"), []byte(head.String()+r.md.String()), 0o644); err != nil {

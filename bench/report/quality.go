@@ -131,7 +131,7 @@ func (r *report) quality() error {
 		}
 	}
 	if conv != nil && !r.cfg.Quick {
-		if err := r.sensitivity(conv.w); err != nil {
+		if err := r.sensitivity(conv); err != nil {
 			return err
 		}
 	}
@@ -229,11 +229,11 @@ func (r *report) verdict(w workload, set *loadedSet, inf float64) {
 	r.mdf("\nAt the loaded point kv's mean TTFT is %.2f of round robin's (target ≤ 0.33: %s), its p99 %.0f ms against %.0f ms (%s), "+
 		"and its hit rate %.0f %% of the bound (target ≥ 80 %%: %s).\n", ratio, met(ratio <= 1.0/3), ms(kv.ttft.p99), ms(rr.ttft.p99),
 		met(kv.ttft.p99 < rr.ttft.p99), of, met(of >= 80))
-	r.headline(fmt.Sprintf("%s, %d simulated workers, loaded (arrivals ×%g): kv / round robin TTFT mean; p99", w.about, fleetWorkers, kv.scale),
-		fmt.Sprintf("%.0f / %.0f ms (%.2f); %.0f / %.0f ms", ms(kv.ttft.mean), ms(rr.ttft.mean), ratio, ms(kv.ttft.p99), ms(rr.ttft.p99)),
+	r.headline(mdPrinter.Sprintf("%s, %d simulated workers, loaded (arrivals ×%g): kv / round robin TTFT mean; p99", w.about, fleetWorkers, kv.scale),
+		mdPrinter.Sprintf("%.0f / %.0f ms (%.2f); %.0f / %.0f ms", ms(kv.ttft.mean), ms(rr.ttft.mean), ratio, ms(kv.ttft.p99), ms(rr.ttft.p99)),
 		target(w, "≤ 1/3; p99 lower"), r.command("quality"))
-	r.headline(fmt.Sprintf("%s, loaded: kv prefix hit rate, of the infinite-cache bound", w.about),
-		fmt.Sprintf("%.1f %%, %.0f %% of %.1f %%", 100*kv.res.HitRate(), of, 100*inf), target(w, "≥ 80 % of the bound"), r.command("quality"))
+	r.headline(mdPrinter.Sprintf("%s, loaded: kv prefix hit rate, of the infinite-cache bound", w.about),
+		mdPrinter.Sprintf("%.1f %%, %.0f %% of %.1f %%", 100*kv.res.HitRate(), of, 100*inf), target(w, "≥ 80 % of the bound"), r.command("quality"))
 	c := fmt.Sprintf("%s at the loaded point ×%g; %d workers × %d blocks", w.about, kv.scale, fleetWorkers, kvBlocks)
 	r.add(fmt.Sprintf("quality.%s.loaded.kv_over_round_robin_ttft_mean", w.name), ratio, "ratio", c)
 }
@@ -253,37 +253,59 @@ func met(ok bool) string {
 	return "**missed**"
 }
 
-// sensitivity reruns the conversation trace with 4× the cache per worker (as with a host-memory
-// tier), and kv with a higher overlap weight, to show what moves the hit rate.
-func (r *report) sensitivity(w workload) error {
-	const blocks = 4 * kvBlocks
+// sensitivity reruns the conversation trace at its loaded point with a higher overlap weight,
+// with 4× the cache per worker (as with a host-memory tier) at that cache's own loaded point,
+// and with caches that hold the whole trace: what limits kv's hit rate, memory or routing.
+func (r *report) sensitivity(set *loadedSet) error {
+	w := set.w
 	inf := trace.CountHits(w.reqs, blockSize).TokenBound()
-	pooled := trace.CountLRUHits(w.reqs, blockSize, fleetWorkers*blocks).TokenBound()
-	unloaded, loaded, err := r.loadPoint(w, blocks)
-	if err != nil {
-		return err
-	}
-	r.mdf("\n### Conversation trace with %d blocks per worker\n\nFour times the cache, as with a host-memory KV tier: pooled bound %.1f %%. "+
-		"Round robin's mean TTFT %.0f ms unloaded, %.0f ms at its loaded point ×%g.\n\n", blocks, 100*pooled, ms(unloaded.ttft.mean),
-		ms(loaded.ttft.mean), loaded.scale)
-	r.mdf("| mode | overlap weight | TTFT mean / p99 ms | hit rate | of bound | of pooled |\n|---|---:|---:|---:|---:|---:|\n")
-	row := func(q qualityRun, weight float64) {
+	r.mdf("\n### What limits the hit rate\n\nThe conversation trace again, kv against round robin, with more memory per worker and a " +
+		"higher overlap weight. *Of pooled* is against the pooled bound of that row's memory.\n\n")
+	r.mdf("| blocks per worker | arrivals × | mode | overlap weight | TTFT mean / p99 ms | hit rate | of bound | of pooled |\n")
+	r.mdf("|---:|---:|---|---:|---:|---:|---:|---:|\n")
+	row := func(q qualityRun, blocks int, weight float64) {
+		pooled := trace.CountLRUHits(w.reqs, blockSize, fleetWorkers*blocks).TokenBound()
 		hit := q.res.HitRate()
-		r.mdf("| %s | %g | %.0f / %.0f | %.1f %% | %.0f %% | %.0f %% |\n", q.mode, weight, ms(q.ttft.mean), ms(q.ttft.p99), 100*hit,
-			100*hit/inf, 100*hit/pooled)
+		r.mdf("| %d | %g | %s | %g | %.0f / %.0f | %.1f %% | %.0f %% | %.0f %% |\n", blocks, q.scale, q.mode, weight, ms(q.ttft.mean),
+			ms(q.ttft.p99), 100*hit, 100*hit/inf, 100*hit/pooled)
 		c := fmt.Sprintf("%s, arrival times ×%g; %d workers × %d blocks of %d tokens; overlap weight %g", w.about, q.scale,
 			fleetWorkers, blocks, blockSize, weight)
-		key := fmt.Sprintf("quality.conversation.cache4x.%s.w%g.", q.mode, weight)
+		key := fmt.Sprintf("quality.conversation.blocks%d.x%g.%s.w%g.", blocks, q.scale, q.mode, weight)
 		r.add(key+"ttft_mean", ms(q.ttft.mean), "ms", c)
 		r.add(key+"hit_rate_of_bound", 100*hit/inf, "%", c)
 	}
-	row(loaded, 1)
+	kv := func(blocks int, scale, weight float64) error {
+		q, err := r.simulate(w, scoring.KV, scale, blocks, weight, 0)
+		if err == nil {
+			row(q, blocks, weight)
+		}
+		return err
+	}
+	scale := set.runs[0].scale
+	for _, q := range set.runs {
+		if q.mode == scoring.KV || q.mode == scoring.RoundRobin {
+			row(q, kvBlocks, 1)
+		}
+	}
+	if err := kv(kvBlocks, scale, 4); err != nil {
+		return err
+	}
+	const more = 4 * kvBlocks
+	_, loaded, err := r.loadPoint(w, more)
+	if err != nil {
+		return err
+	}
+	row(loaded, more, 1)
 	for _, weight := range []float64{1, 4} {
-		q, err := r.simulate(w, scoring.KV, loaded.scale, blocks, weight, 0)
-		if err != nil {
+		if err := kv(more, loaded.scale, weight); err != nil {
 			return err
 		}
-		row(q, weight)
+	}
+	const whole = 1 << 20 // 67 M tokens per worker: more than any worker is sent
+	for _, weight := range []float64{1, 4} {
+		if err := kv(whole, scale, weight); err != nil {
+			return err
+		}
 	}
 	return nil
 }
