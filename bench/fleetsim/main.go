@@ -40,6 +40,8 @@ func main() {
 		blockSize = flag.Int("block-size", 64, "engine block size in tokens")
 		blocks    = flag.Int("kv-blocks", 16384, "KV cache per worker, in blocks")
 		seed      = flag.Uint64("seed", 1, "seed of the router's tie-breaks")
+		weight    = flag.Float64("overlap-weight", 1, "the router's overlap score weight")
+		temp      = flag.Float64("temperature", 0, "the router's softmax temperature (0: the lowest cost)")
 		inProc    = flag.Bool("e2e", false, "route through a kvrouterd started in process (HTTP + embedded NATS) instead of the router alone")
 		addr      = flag.String("addr", "", "route through the running kvrouterd at this HTTP host:port (needs --nats-url)")
 		natsURL   = flag.String("nats-url", "", "the NATS server the kvrouterd of --addr takes events from")
@@ -94,7 +96,7 @@ func main() {
 			os.Exit(2)
 		}
 		t1 := time.Now()
-		fc := fleet.Config{Workers: *workers, Mode: mode, Worker: wc, Seed: *seed, Pace: *pace}
+		fc := fleet.Config{Workers: *workers, Mode: mode, Worker: wc, Seed: *seed, Pace: *pace, OverlapWeight: *weight, Temperature: *temp}
 		var (
 			res *fleet.Result
 			er  *e2e.Result
