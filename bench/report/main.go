@@ -113,6 +113,8 @@ func run(c config, progress io.Writer) error {
 		}
 		r.logf("%s: done in %v", s, time.Since(t0).Round(100*time.Millisecond))
 	}
+	r.mdf("\n## Restart\n\nNot measured: kvrouterd does not write snapshots yet, so a restarted daemon rebuilds its index by " +
+		"replaying the event stream from the oldest retained event.\n")
 	if err := r.write(); err != nil {
 		errs = append(errs, err)
 	}
