@@ -316,26 +316,7 @@ func CountHits(reqs []Request, blockSize int) HitCounts {
 	if blockSize <= 0 {
 		panic(fmt.Sprintf("trace: block size %d: want a positive number", blockSize))
 	}
-	c := HitCounts{BlockSize: blockSize}
-	seen := make(map[uint64]struct{})
-	for i := range reqs {
-		toks := reqs[i].Tokens
-		c.PromptTokens += int64(len(toks))
-		c.Blocks += (len(toks) + blockSize - 1) / blockSize
-		full := len(toks) / blockSize
-		c.FullBlocks += full
-		h, hit := uint64(1337), true
-		for b := range full {
-			h = xxh3.HashSeed(tokenBytes(toks[b*blockSize:(b+1)*blockSize]), h)
-			if _, ok := seen[h]; ok && hit {
-				c.Hits++
-				continue
-			}
-			hit = false
-			seen[h] = struct{}{}
-		}
-	}
-	return c
+	return countHits(reqs, blockSize, make(infinite))
 }
 
 // CountLRUHits is CountHits for one shared prefix cache of capacity blocks with LRU eviction: the
@@ -348,32 +329,49 @@ func CountLRUHits(reqs []Request, blockSize, capacity int) HitCounts {
 	if blockSize <= 0 || capacity < 1 {
 		panic(fmt.Sprintf("trace: CountLRUHits(block size %d, capacity %d): want positive numbers", blockSize, capacity))
 	}
-	c := HitCounts{BlockSize: blockSize}
-	l := newLRU(capacity)
+	return countHits(reqs, blockSize, newLRU(capacity))
+}
+
+// blockCache is the prefix cache countHits replays a workload against.
+type blockCache interface {
+	has(h uint64) bool
+	// cache is told a prompt's full-block chain (hashes, root first) once it is served.
+	cache(chain []uint64)
+}
+
+// countHits replays reqs against c: a full block hits while the prompt's chain up to it is cached.
+func countHits(reqs []Request, blockSize int, c blockCache) HitCounts {
+	n := HitCounts{BlockSize: blockSize}
 	var chain []uint64
 	for i := range reqs {
 		toks := reqs[i].Tokens
-		c.PromptTokens += int64(len(toks))
-		c.Blocks += (len(toks) + blockSize - 1) / blockSize
+		n.PromptTokens += int64(len(toks))
+		n.Blocks += (len(toks) + blockSize - 1) / blockSize
 		full := len(toks) / blockSize
-		c.FullBlocks += full
+		n.FullBlocks += full
 		chain = chain[:0]
 		h, hit := uint64(1337), true
 		for b := range full {
 			h = xxh3.HashSeed(tokenBytes(toks[b*blockSize:(b+1)*blockSize]), h)
 			chain = append(chain, h)
-			if hit && l.has(h) {
-				c.Hits++
-			} else {
-				hit = false
+			if hit = hit && c.has(h); hit {
+				n.Hits++
 			}
 		}
-		// A prompt larger than the cache keeps only its first capacity blocks.
-		for j := min(len(chain), capacity) - 1; j >= 0; j-- {
-			l.touch(chain[j])
-		}
+		c.cache(chain)
 	}
-	return c
+	return n
+}
+
+// infinite is a prefix cache that forgets nothing.
+type infinite map[uint64]struct{}
+
+func (c infinite) has(h uint64) bool { _, ok := c[h]; return ok }
+
+func (c infinite) cache(chain []uint64) {
+	for _, h := range chain {
+		c[h] = struct{}{}
+	}
 }
 
 // lru is a set of block hashes of fixed capacity that forgets the least recently touched.
@@ -393,6 +391,13 @@ func newLRU(capacity int) *lru {
 }
 
 func (l *lru) has(h uint64) bool { _, ok := l.idx[h]; return ok }
+
+// cache touches chain deepest block first; a chain longer than the cache keeps its first blocks.
+func (l *lru) cache(chain []uint64) {
+	for j := min(len(chain), l.capacity) - 1; j >= 0; j-- {
+		l.touch(chain[j])
+	}
+}
 
 // touch makes h the most recent, inserting it and evicting the least recent if full.
 func (l *lru) touch(h uint64) {
