@@ -38,9 +38,9 @@ type holderSet struct {
 	cells []uint32 // unordered; each 0 (free) or slot+1
 	bits  []uint64 // bit s set: slot s holds the block
 	n     int      // number of holders; REQUIRES the segment lock (readers never look)
-	// fp, in bitset form, is the XOR of slotKey over the holders, stored after each change to
-	// bits: two bitsets with the same fp hold the same slots but with probability 2^-64, which
-	// lets a walk skip intersecting a block whose holders are its parent's (see walkBits).
+	// fp is the XOR of slotKey over the holders, stored after each change to cells or bits: two
+	// sets with the same fp hold the same slots but with probability 2^-64, whatever their
+	// forms, which lets a walk skip a block whose holders are the block before's (see Match).
 	fp atomic.Uint64
 }
 
@@ -149,10 +149,13 @@ func (ix *Index) newBits(key uint64, members []Slot, extra Slot) *holderSet {
 
 func newCells(key uint64, size int, members []Slot, extra Slot) *holderSet {
 	s := &holderSet{key: key, cells: make([]uint32, size), n: len(members) + 1}
+	fp := slotKey(extra)
 	for i, x := range members {
 		s.cells[i] = uint32(x) + 1
+		fp ^= slotKey(x)
 	}
 	s.cells[len(members)] = uint32(extra) + 1
+	s.fp.Store(fp)
 	return s
 }
 
@@ -206,6 +209,7 @@ func (g *segment) addHolder(ix *Index, key, h uint64, x Slot) (uint64, bool) {
 		for i := range s.cells {
 			if s.cells[i] == 0 {
 				atomic.StoreUint32(&s.cells[i], uint32(x)+1)
+				s.fp.Store(s.fp.Load() ^ slotKey(x))
 				s.n++
 				return h, true
 			}
@@ -235,7 +239,6 @@ func (g *segment) removeHolder(ix *Index, key, h uint64, x Slot) (uint64, bool) 
 		if w >= len(s.bits) || atomic.AndUint64(&s.bits[w], ^(1<<(x&63)))&(1<<(x&63)) == 0 {
 			return h, false
 		}
-		s.fp.Store(s.fp.Load() ^ slotKey(x))
 	} else {
 		i := slices.Index(s.cells, uint32(x)+1)
 		if i < 0 {
@@ -243,6 +246,7 @@ func (g *segment) removeHolder(ix *Index, key, h uint64, x Slot) (uint64, bool) 
 		}
 		atomic.StoreUint32(&s.cells[i], 0)
 	}
+	s.fp.Store(s.fp.Load() ^ slotKey(x))
 	if s.n--; s.n == 0 {
 		g.freeSet(idx)
 		return occupied | h&reused, true

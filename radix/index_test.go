@@ -325,56 +325,73 @@ func compareMatch(t testing.TB, ix *radix.Index, model *refmodel.Index, q []uint
 
 // Random adds and removes over shared prefixes, by enough workers to drive entries through all
 // holder forms, checked against the model after every step.
-// A long chain that a large group of workers holds whole (bitset holders, the same at every
-// block, which the walk skips without intersecting) still stops each worker exactly where its
-// own chain ends, including workers that lack one block deep down or join half-way.
-func TestMatchLargeGroupChain(t *testing.T) {
-	ix := newIndex(t, 16)
-	const workers, depth = 300, 48
-	q := make([]uint64, depth)
-	for i := range q {
-		q[i] = uint64(i + 1)
-	}
-	q = chain(q...)
-	slots := make([]radix.Slot, workers)
-	for w := range slots {
-		slots[w] = acquire(t, ix, uint64(w))
-	}
-	want := map[radix.WorkerKey]int{}
-	for w, s := range slots {
-		n := depth
-		switch {
-		case w%2 == 1:
-			n = 1 // odd workers: the first block only, so deeper blocks have every even worker
-		case w%50 == 0:
-			n = 10 + w/50 // a few even workers end early, each at its own depth
+// A long chain that a group of workers holds whole (the same holders at every block, which the
+// walk skips without intersecting: inline words, cells and bitsets) still stops each worker
+// exactly where its own chain ends, including workers that lack one block deep down.
+func TestMatchGroupChain(t *testing.T) {
+	for _, workers := range []int{3, 20, 300} {
+		ix := newIndex(t, 16)
+		const depth = 48
+		q := make([]uint64, depth)
+		for i := range q {
+			q[i] = uint64(i + 1)
 		}
-		for i := range n {
-			ix.Add(q[i], s)
+		q = chain(q...)
+		for w := range 1000 {
+			acquire(t, ix, uint64(1e6+w)) // idle slots: 20 holders take cells, not a bitset
 		}
-		want[radix.WorkerKey{ID: uint64(w)}] = n
-	}
-	// A hole: worker 4 loses block 30 (its depth ends there), worker 6 loses block 47.
-	ix.Remove(q[30], slots[4])
-	ix.Remove(q[47], slots[6])
-	want[radix.WorkerKey{ID: 4}], want[radix.WorkerKey{ID: 6}] = 30, 47
-	var m radix.Match
-	ix.Match(q, &m)
-	if got := result(t, ix, &m); !maps.Equal(got, want) {
-		for k, v := range want {
-			if got[k] != v {
-				t.Errorf("worker %d: depth %d, want %d", k.ID, got[k], v)
+		slots := make([]radix.Slot, workers)
+		for w := range slots {
+			slots[w] = acquire(t, ix, uint64(w))
+		}
+		want := map[radix.WorkerKey]int{}
+		for w, s := range slots {
+			n := depth
+			switch {
+			case w == 0:
+				n = 10
+			case workers > 100 && w%2 == 1:
+				n = 1 // deeper blocks have every even worker: a strided bitset
 			}
+			for i := range n {
+				ix.Add(q[i], s)
+			}
+			want[radix.WorkerKey{ID: uint64(w)}] = n
 		}
-		t.FailNow()
-	}
-	// Putting the holes back restores the whole chain.
-	ix.Add(q[30], slots[4])
-	ix.Add(q[47], slots[6])
-	want[radix.WorkerKey{ID: 4}], want[radix.WorkerKey{ID: 6}] = depth, depth
-	ix.Match(q, &m)
-	if got := result(t, ix, &m); !maps.Equal(got, want) {
-		t.Fatalf("after refilling the holes: %v", got)
+		// A late worker joins the first 20 blocks only: it changes sets in place, and its
+		// depth must end at 20 although the blocks after hold everyone else the same.
+		late := acquire(t, ix, 1e9)
+		for i := range 20 {
+			ix.Add(q[i], late)
+		}
+		want[radix.WorkerKey{ID: 1e9}] = 20
+		// Holes: worker 2 loses block 30, its depth ends there; worker 1 (or 2's neighbour)
+		// loses the last block.
+		last := 1
+		if workers > 100 {
+			last = 4
+		}
+		ix.Remove(q[30], slots[2])
+		ix.Remove(q[depth-1], slots[last])
+		want[radix.WorkerKey{ID: 2}], want[radix.WorkerKey{ID: uint64(last)}] = 30, depth-1
+		var m radix.Match
+		ix.Match(q, &m)
+		if got := result(t, ix, &m); !maps.Equal(got, want) {
+			for k, v := range want {
+				if got[k] != v {
+					t.Errorf("%d workers: worker %d: depth %d, want %d", workers, k.ID, got[k], v)
+				}
+			}
+			t.FailNow()
+		}
+		// Putting the holes back restores the whole chain.
+		ix.Add(q[30], slots[2])
+		ix.Add(q[depth-1], slots[last])
+		want[radix.WorkerKey{ID: 2}], want[radix.WorkerKey{ID: uint64(last)}] = depth, depth
+		ix.Match(q, &m)
+		if got := result(t, ix, &m); !maps.Equal(got, want) {
+			t.Fatalf("%d workers, after refilling the holes: %v", workers, got)
+		}
 	}
 }
 

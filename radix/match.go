@@ -85,6 +85,23 @@ func (ix *Index) Match(seqs []uint64, m *Match) {
 			act = append(act, int32(p))
 		}
 	}
+	// The holders of the block before i, to skip blocks that have the same (a long prefix that
+	// the same workers hold whole): an inline holder word (prev == inlined), or a holder set's
+	// fingerprint (prev == fingerprinted). Only slots a writer is changing during the walk can
+	// come out otherwise than by intersecting, and those may be seen either way anyway.
+	const (
+		unknown = iota
+		inlined
+		fingerprinted
+	)
+	prev, prevWord := unknown, uint64(0)
+	if !bitsMode {
+		if s != nil {
+			prev, prevWord = fingerprinted, s.fp.Load()
+		} else {
+			prev, prevWord = inlined, h&^reused
+		}
+	}
 	for i < len(seqs) && len(act) > 0 {
 		if i >= la.end {
 			la.advance()
@@ -92,6 +109,11 @@ func (ix *Index) Match(seqs []uint64, m *Match) {
 		base := la.base
 		for _, h := range la.hs[i-base : la.end-base] {
 			if h&overflow == 0 {
+				if h &^= reused; prev == inlined && h == prevWord {
+					i++
+					continue
+				}
+				prev, prevWord = inlined, h
 				// Up to three holders inline (the common case), without a call.
 				f0, f1, f2 := h&fieldMask, h>>fieldBits&fieldMask, h>>(2*fieldBits)&fieldMask
 				k := 0
@@ -105,7 +127,14 @@ func (ix *Index) Match(seqs []uint64, m *Match) {
 				}
 				act = act[:k]
 			} else {
-				act = m.step(act, la.ss[i-base], int32(i))
+				hs := la.ss[i-base]
+				if fp := hs.fp.Load(); prev == fingerprinted && fp == prevWord {
+					i++
+					continue
+				} else {
+					prev, prevWord = fingerprinted, fp
+				}
+				act = m.step(act, hs, int32(i))
 			}
 			i++
 			if len(act) == 0 {
