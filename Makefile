@@ -64,6 +64,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeRouteResponse$$' -fuzztime $(FUZZTIME) ./wire/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeEventBatch$$' -fuzztime $(FUZZTIME) ./wire/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeEngineBatch$$' -fuzztime $(FUZZTIME) ./wire/
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeSnapshotWorker$$' -fuzztime $(FUZZTIME) ./wire/
 
 clean:
 	rm -rf $(OUT) bin

@@ -30,6 +30,8 @@ const (
 	TypeRouteRequest  Type = 1
 	TypeRouteResponse Type = 2
 	TypeEventBatch    Type = 3
+	// TypeSnapshotWorker is one worker's state in a snapshot (SnapshotWorker).
+	TypeSnapshotWorker Type = 4
 )
 
 func (t Type) String() string {
@@ -40,6 +42,8 @@ func (t Type) String() string {
 		return "route response"
 	case TypeEventBatch:
 		return "event batch"
+	case TypeSnapshotWorker:
+		return "snapshot worker"
 	}
 	return fmt.Sprintf("type(%d)", uint16(t))
 }
@@ -85,8 +89,8 @@ func ParseHeader(b []byte) (Type, int, error) {
 		return 0, 0, err
 	}
 	t := Type(le.Uint16(b[6:]))
-	if t < TypeRouteRequest || t > TypeEventBatch {
-		return 0, 0, d.errAt("type", 6, ErrType, "got %d, want 1, 2 or 3", uint16(t))
+	if t < TypeRouteRequest || t > TypeSnapshotWorker {
+		return 0, 0, d.errAt("type", 6, ErrType, "got %d, want 1 to 4", uint16(t))
 	}
 	n := le.Uint32(b[8:])
 	if uint64(n) > math.MaxInt {

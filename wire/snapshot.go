@@ -1,0 +1,204 @@
+package wire
+
+import (
+	"fmt"
+	"slices"
+)
+
+// SnapshotWorker is one worker's state in a snapshot (SPEC.md §11): its registration and, per
+// data-parallel rank, the event cursor and every block it holds as (sequence hash, engine hash)
+// pairs. A snapshot's content is a run of these messages. For one goroutine at a time:
+// decoding into it reuses its memory, and the decoded Model, Endpoint and Replay alias the
+// decoded buffer (valid while it is unchanged).
+type SnapshotWorker struct {
+	ID        uint64
+	Model     string
+	BlockSize int
+	Capacity  int64 // KV capacity in blocks, 0 = unknown
+	MaxTokens int64 // max batched tokens, 0 = unknown
+	Endpoint  string
+	Replay    string
+	Reports   bool // the worker sends load reports (subject to the worker timeout)
+	Ranks     []SnapshotRank
+
+	u64s []uint64 // the arena the decoded ranks' Seqs and Engines point into
+	ns   []int    // blocks per decoded rank
+}
+
+// MaxSnapshotRanks is the most data-parallel ranks a SnapshotWorker may carry.
+const MaxSnapshotRanks = 1024
+
+// SnapshotRank is one (worker, rank)'s blocks. Seqs[i] is the router's sequence hash of the
+// block the engine calls Engines[i]; writers sort by Seqs so that workers holding the same blocks
+// write the same bytes, which the snapshot's compression then stores once.
+type SnapshotRank struct {
+	Rank    uint32
+	Cursor  uint64 // the last event id applied; 0 = none
+	Seqs    []uint64
+	Engines []uint64
+}
+
+const (
+	snapWorkerFixed = 32 // id, block_size, flags, capacity, max_tokens
+	snapRankFixed   = 16 // rank, n_blocks, cursor
+	snapReports     = 1 << 0
+)
+
+var (
+	snapWorkerLayout = [...]field{{"id", 8}, {"block_size", 4}, {"flags", 4}, {"capacity", 8}, {"max_tokens", 8}}
+	snapRankLayout   = [...]field{{"rank", 4}, {"n_blocks", 4}, {"cursor", 8}}
+)
+
+// Validate reports the first field of w the format cannot carry (Offset -1).
+func (w *SnapshotWorker) Validate() error {
+	const m = "snapshot worker"
+	for _, f := range [...]struct{ name, v string }{{"model", w.Model}, {"endpoint", w.Endpoint}, {"replay", w.Replay}} {
+		if err := validStr(m, f.name, f.v); err != nil {
+			return err
+		}
+	}
+	if len(w.Ranks) > MaxSnapshotRanks {
+		return invalid(m, "n_ranks", ErrTooLong, fmt.Sprintf("%d ranks, max %d", len(w.Ranks), MaxSnapshotRanks))
+	}
+	if w.Model == "" {
+		return invalid(m, "model", ErrInvalid, "must not be empty")
+	}
+	if w.BlockSize <= 0 || w.BlockSize > 1<<16 {
+		return invalid(m, "block_size", ErrInvalid, fmt.Sprintf("%d, want 1 to 65536", w.BlockSize))
+	}
+	for i := range w.Ranks {
+		if r := &w.Ranks[i]; len(r.Seqs) != len(r.Engines) {
+			return invalid(m, fmt.Sprintf("ranks[%d].engines", i), ErrInvalid,
+				fmt.Sprintf("%d engine hashes for %d sequence hashes", len(r.Engines), len(r.Seqs)))
+		}
+	}
+	if size := w.size(); size > 1<<32-1 {
+		return invalid(m, "body_length", ErrTooLong, fmt.Sprintf("%d bytes, max 2^32-1", size))
+	}
+	return nil
+}
+
+func (w *SnapshotWorker) size() int {
+	n := snapWorkerFixed + strSize(w.Model) + strSize(w.Endpoint) + strSize(w.Replay) + 4
+	for i := range w.Ranks {
+		n += snapRankFixed + 16*len(w.Ranks[i].Seqs)
+	}
+	return n
+}
+
+// AppendSnapshotWorker appends w as one message. Call Validate first: what it refuses is
+// written so that decoding fails rather than silently changed.
+func AppendSnapshotWorker(dst []byte, w *SnapshotWorker) []byte {
+	body := w.size()
+	dst = slices.Grow(dst, HeaderSize+body)
+	dst = appendHeader(dst, TypeSnapshotWorker, body)
+	dst = le.AppendUint64(dst, w.ID)
+	dst = le.AppendUint32(dst, uint32(w.BlockSize))
+	var flags uint32
+	if w.Reports {
+		flags |= snapReports
+	}
+	dst = le.AppendUint32(dst, flags)
+	dst = le.AppendUint64(dst, uint64(w.Capacity))
+	dst = le.AppendUint64(dst, uint64(w.MaxTokens))
+	dst = appendStr(dst, w.Model)
+	dst = appendStr(dst, w.Endpoint)
+	dst = appendStr(dst, w.Replay)
+	dst = appendCount(dst, len(w.Ranks))
+	for i := range w.Ranks {
+		r := &w.Ranks[i]
+		dst = le.AppendUint32(dst, r.Rank)
+		dst = appendCount(dst, len(r.Seqs))
+		dst = le.AppendUint64(dst, r.Cursor)
+		dst = appendHashes(dst, r.Seqs)
+		dst = appendHashes(dst, r.Engines[:len(r.Seqs)])
+	}
+	return dst
+}
+
+// DecodeSnapshotWorker decodes the one message b holds into w.
+func DecodeSnapshotWorker(b []byte, w *SnapshotWorker) error {
+	d := newDecoder(b, "snapshot worker")
+	if err := d.header(TypeSnapshotWorker); err != nil {
+		return err
+	}
+	p, err := d.fixed(snapWorkerLayout[:], snapWorkerFixed)
+	if err != nil {
+		return err
+	}
+	base := d.off - snapWorkerFixed
+	bs := le.Uint32(p[8:])
+	if bs == 0 || bs > 1<<16 {
+		return d.errAt("block_size", base+8, ErrInvalid, "%d, want 1 to 65536", bs)
+	}
+	flags := le.Uint32(p[12:])
+	if flags&^snapReports != 0 {
+		return d.errAt("flags", base+12, ErrInvalid, "unknown bits %#x", flags&^snapReports)
+	}
+	capacity, maxTokens := int64(le.Uint64(p[16:])), int64(le.Uint64(p[24:]))
+	if capacity < 0 || maxTokens < 0 {
+		field, off := "capacity", base+16
+		if capacity >= 0 {
+			field, off = "max_tokens", base+24
+		}
+		return d.errAt(field, off, ErrInvalid, "negative")
+	}
+	model, err := d.str("model")
+	if err != nil {
+		return err
+	}
+	if model == "" {
+		return d.errAt("model", d.off-2, ErrInvalid, "must not be empty")
+	}
+	endpoint, err := d.str("endpoint")
+	if err != nil {
+		return err
+	}
+	replay, err := d.str("replay")
+	if err != nil {
+		return err
+	}
+	start := d.off
+	nr, err := d.count("n_ranks", "ranks", snapRankFixed)
+	if err != nil {
+		return err
+	}
+	if nr > MaxSnapshotRanks {
+		return d.errAt("n_ranks", start, ErrTooLong, "%d ranks, max %d", nr, MaxSnapshotRanks)
+	}
+	w.Ranks = slices.Grow(w.Ranks[:0], nr)[:nr]
+	w.u64s, w.ns = w.u64s[:0], w.ns[:0]
+	for i := range nr {
+		q, err := d.fixed(snapRankLayout[:], snapRankFixed)
+		if err != nil {
+			return err
+		}
+		rank := le.Uint32(q)
+		for j := range i {
+			if w.Ranks[j].Rank == rank {
+				return d.errAt(fmt.Sprintf("ranks[%d].rank", i), d.off-snapRankFixed, ErrInvalid, "rank %d twice", rank)
+			}
+		}
+		n, err := d.fits(fmt.Sprintf("ranks[%d].n_blocks", i), "blocks", le.Uint32(q[4:]), 16)
+		if err != nil {
+			return err
+		}
+		w.u64s = appendU64s(w.u64s, d.take(16*n)) // its seqs, then its engine hashes
+		w.Ranks[i] = SnapshotRank{Rank: rank, Cursor: le.Uint64(q[8:])}
+		w.ns = append(w.ns, n)
+	}
+	// Point the ranks into the arena now that it has stopped growing.
+	off := 0
+	for i, n := range w.ns {
+		r := &w.Ranks[i]
+		r.Seqs = w.u64s[off : off+n : off+n]
+		r.Engines = w.u64s[off+n : off+2*n : off+2*n]
+		off += 2 * n
+	}
+	if err := d.end(); err != nil {
+		return err
+	}
+	w.ID, w.BlockSize, w.Reports = le.Uint64(p), int(bs), flags&snapReports != 0
+	w.Capacity, w.MaxTokens, w.Model, w.Endpoint, w.Replay = capacity, maxTokens, model, endpoint, replay
+	return nil
+}

@@ -1,0 +1,181 @@
+package wire_test
+
+import (
+	"bytes"
+	"errors"
+	"math/rand/v2"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/kvrouterd/kvrouterd/wire"
+)
+
+var goldenSnapshotWorker = wire.SnapshotWorker{
+	ID: 7, Model: "m", BlockSize: 16, Capacity: 1000, Endpoint: "tcp://h:5557", Reports: true,
+	Ranks: []wire.SnapshotRank{
+		{Rank: 0, Cursor: 9, Seqs: []uint64{1, 2}, Engines: []uint64{0xaa, 0xbb}},
+		{Rank: 1, Seqs: []uint64{}, Engines: []uint64{}},
+	},
+}
+
+// same compares two workers by value (nil and empty slices alike).
+func sameWorker(a, b *wire.SnapshotWorker) bool {
+	if a.ID != b.ID || a.Model != b.Model || a.BlockSize != b.BlockSize || a.Capacity != b.Capacity ||
+		a.MaxTokens != b.MaxTokens || a.Endpoint != b.Endpoint || a.Replay != b.Replay ||
+		a.Reports != b.Reports || len(a.Ranks) != len(b.Ranks) {
+		return false
+	}
+	for i := range a.Ranks {
+		x, y := a.Ranks[i], b.Ranks[i]
+		if x.Rank != y.Rank || x.Cursor != y.Cursor || len(x.Seqs) != len(y.Seqs) ||
+			len(x.Seqs) > 0 && (!reflect.DeepEqual(x.Seqs, y.Seqs) || !reflect.DeepEqual(x.Engines, y.Engines)) {
+			return false
+		}
+	}
+	return true
+}
+
+func TestSnapshotWorkerGolden(t *testing.T) {
+	want := readHex(t, "snapshot_worker.hex")
+	if err := goldenSnapshotWorker.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if got := wire.AppendSnapshotWorker(nil, &goldenSnapshotWorker); !bytes.Equal(got, want) {
+		t.Fatalf("encoded\n%x\nwant\n%x", got, want)
+	}
+	var w wire.SnapshotWorker
+	if err := wire.DecodeSnapshotWorker(want, &w); err != nil {
+		t.Fatal(err)
+	}
+	if !sameWorker(&w, &goldenSnapshotWorker) {
+		t.Fatalf("decoded %+v", w)
+	}
+	if typ, n, err := wire.ParseHeader(want); err != nil || typ != wire.TypeSnapshotWorker || n != len(want)-wire.HeaderSize {
+		t.Fatalf("ParseHeader: %v %d %v", typ, n, err)
+	}
+}
+
+func randSnapshotWorker(r *rand.Rand) *wire.SnapshotWorker {
+	w := &wire.SnapshotWorker{ID: r.Uint64(), Model: "model-" + strings.Repeat("x", r.IntN(20)), BlockSize: 1 + r.IntN(64),
+		Capacity: r.Int64N(1 << 40), MaxTokens: r.Int64N(1 << 20), Reports: r.IntN(2) == 0}
+	if r.IntN(2) == 0 {
+		w.Endpoint, w.Replay = "tcp://10.0.0.1:5557", "tcp://10.0.0.1:5558"
+	}
+	for rank := range r.IntN(4) {
+		n := r.IntN(300)
+		sr := wire.SnapshotRank{Rank: uint32(rank * 3), Cursor: r.Uint64(), Seqs: make([]uint64, n), Engines: make([]uint64, n)}
+		for j := range n {
+			sr.Seqs[j], sr.Engines[j] = r.Uint64(), r.Uint64()
+		}
+		w.Ranks = append(w.Ranks, sr)
+	}
+	return w
+}
+
+func TestSnapshotWorkerRoundTrip(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	var got wire.SnapshotWorker // reused: decoding must not leak the previous worker's state
+	var chunk []byte
+	var ws []*wire.SnapshotWorker
+	for range 200 {
+		w := randSnapshotWorker(r)
+		if err := w.Validate(); err != nil {
+			t.Fatal(err)
+		}
+		b := wire.AppendSnapshotWorker(nil, w)
+		if err := wire.DecodeSnapshotWorker(b, &got); err != nil {
+			t.Fatal(err)
+		}
+		if !sameWorker(&got, w) {
+			t.Fatalf("round trip changed %+v into %+v", w, got)
+		}
+		chunk = append(chunk, b...)
+		ws = append(ws, w)
+	}
+	// A chunk is messages back to back: ParseHeader walks it.
+	for i := 0; len(chunk) > 0; i++ {
+		_, n, err := wire.ParseHeader(chunk)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := wire.DecodeSnapshotWorker(chunk[:wire.HeaderSize+n], &got); err != nil || !sameWorker(&got, ws[i]) {
+			t.Fatalf("message %d of the chunk: %v", i, err)
+		}
+		chunk = chunk[wire.HeaderSize+n:]
+	}
+}
+
+func TestSnapshotWorkerBad(t *testing.T) {
+	golden := readHex(t, "snapshot_worker.hex")
+	patch := func(off int, b ...byte) []byte {
+		c := bytes.Clone(golden)
+		copy(c[off:], b)
+		return c
+	}
+	const body = wire.HeaderSize
+	for _, c := range []struct {
+		name  string
+		b     []byte
+		field string
+		err   error
+	}{
+		{"truncated in the ranks", golden[:len(golden)-20], "", wire.ErrTruncated},
+		{"wrong type", patch(6, 3), "type", wire.ErrType},
+		{"block size 0", patch(body+8, 0, 0, 0, 0), "block_size", wire.ErrInvalid},
+		{"unknown flag", patch(body+12, 3), "flags", wire.ErrInvalid},
+		{"negative capacity", patch(body+16, 0, 0, 0, 0, 0, 0, 0, 0x80), "capacity", wire.ErrInvalid},
+		{"empty model", emptyModel(golden), "model", wire.ErrInvalid},
+		{"rank twice", patch(len(golden)-16, 0), "ranks[1].rank", wire.ErrInvalid},
+		{"trailing byte", append(bytes.Clone(golden), 0), "body_length", wire.ErrTrailing},
+	} {
+		var w wire.SnapshotWorker
+		err := wire.DecodeSnapshotWorker(c.b, &w)
+		var we *wire.Error
+		if !errors.Is(err, c.err) || !errors.As(err, &we) || c.field != "" && we.Field != c.field {
+			t.Errorf("%s: got %v, want %v in field %q", c.name, err, c.err, c.field)
+		}
+	}
+	bad := goldenSnapshotWorker
+	bad.Ranks = []wire.SnapshotRank{{Seqs: []uint64{1}}}
+	if err := bad.Validate(); err == nil {
+		t.Error("Validate accepted a rank with fewer engine hashes than sequence hashes")
+	}
+}
+
+// emptyModel is the golden message with its model "m" replaced by "" (and the body one byte
+// shorter).
+func emptyModel(golden []byte) []byte {
+	const model = wire.HeaderSize + 32
+	b := append(append(bytes.Clone(golden[:model]), 0, 0), golden[model+3:]...)
+	b[8]-- // body length
+	return b
+}
+
+func FuzzDecodeSnapshotWorker(f *testing.F) {
+	prev := readHex(f, "snapshot_worker.hex")
+	f.Add(prev)
+	f.Add(wire.AppendSnapshotWorker(nil, randSnapshotWorker(rand.New(rand.NewPCG(1, 1)))))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var fresh, reused wire.SnapshotWorker
+		if err := wire.DecodeSnapshotWorker(prev, &reused); err != nil {
+			t.Fatal(err)
+		}
+		err := wire.DecodeSnapshotWorker(b, &fresh)
+		if err2 := wire.DecodeSnapshotWorker(b, &reused); (err == nil) != (err2 == nil) {
+			t.Fatalf("fresh: %v, reused: %v", err, err2)
+		}
+		if err != nil {
+			return
+		}
+		if err := fresh.Validate(); err != nil {
+			t.Fatalf("decoded a value that does not validate: %v", err)
+		}
+		if enc := wire.AppendSnapshotWorker(nil, &fresh); !bytes.Equal(enc, b) {
+			t.Fatalf("re-encoded\n%x\nfrom\n%x", enc, b)
+		}
+		if enc := wire.AppendSnapshotWorker(nil, &reused); !bytes.Equal(enc, b) {
+			t.Fatalf("re-encoded after reuse\n%x\nfrom\n%x", enc, b)
+		}
+	})
+}
