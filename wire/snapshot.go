@@ -3,6 +3,8 @@ package wire
 import (
 	"fmt"
 	"slices"
+
+	"github.com/kvrouterd/kvrouterd/shard"
 )
 
 // SnapshotWorker is one worker's state in a snapshot (SPEC.md §11): its registration and, per
@@ -28,15 +30,11 @@ type SnapshotWorker struct {
 // MaxSnapshotRanks is the most data-parallel ranks a SnapshotWorker may carry.
 const MaxSnapshotRanks = 1024
 
-// SnapshotRank is one (worker, rank)'s blocks. Seqs[i] is the router's sequence hash of the
-// block the engine calls Engines[i]; writers sort by Seqs so that workers holding the same blocks
-// write the same bytes, which the snapshot's compression then stores once.
-type SnapshotRank struct {
-	Rank    uint32
-	Cursor  uint64 // the last event id applied; 0 = none
-	Seqs    []uint64
-	Engines []uint64
-}
+// SnapshotRank is one (worker, rank)'s blocks, as package shard exports and imports them:
+// Seqs[i] is the router's sequence hash of the block the engine calls Engines[i]. Writers sort by
+// Seqs so that workers holding the same blocks write the same bytes, which the snapshot's
+// compression then stores once.
+type SnapshotRank = shard.RankState
 
 const (
 	snapWorkerFixed = 32 // id, block_size, flags, capacity, max_tokens
