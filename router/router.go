@@ -302,12 +302,18 @@ func (r *Router) register(g Registration) error {
 	if g.Capacity < 0 || g.MaxTokens < 0 {
 		return fieldErr(ErrInvalid, "capacity", "must not be negative")
 	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.registerLocked(g, true)
+}
+
+// registerLocked is register once the fields are checked; publish false leaves the model's
+// worker list to the caller (a bulk restore publishes once). REQUIRES r.mu.
+func (r *Router) registerLocked(g Registration, publish bool) error {
 	ranks := g.Ranks
 	if len(ranks) == 0 {
 		ranks = []uint32{0}
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
 	m := r.model(g.Model)
 	if m != nil && g.BlockSize != 0 && g.BlockSize != m.blockSize {
 		return fieldErr(ErrConflict, "block_size", "model %q has block size %d, not %d", g.Model, m.blockSize, g.BlockSize)
@@ -365,9 +371,13 @@ func (r *Router) register(g Registration) error {
 			return fmt.Errorf("router: worker %d rank %d: %w", g.ID, rank, err)
 		}
 		reg.ranks = append(reg.ranks, &rankWorker{key: key, slot: slot, load: load, reg: reg})
-		r.log.Info("worker registered", "worker", g.ID, "dp_rank", rank, "model", g.Model)
+		if publish {
+			r.log.Info("worker registered", "worker", g.ID, "dp_rank", rank, "model", g.Model)
+		}
 	}
-	r.publishLocked(m)
+	if publish {
+		r.publishLocked(m)
+	}
 	return nil
 }
 

@@ -1,0 +1,274 @@
+package router
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/kvrouterd/kvrouterd/shard"
+	"github.com/kvrouterd/kvrouterd/wire"
+)
+
+// SnapshotStats is what Snapshot wrote or Restore read; plain data.
+type SnapshotStats struct {
+	Workers     int
+	Residencies int64 // (sequence, engine) pairs: a residency, or a duplicate of one
+	Bytes       int64 // encoded, before compression
+	Chunks      int
+}
+
+// DefaultChunkSize is the size Snapshot cuts chunks at, at worker boundaries.
+const DefaultChunkSize = 4 << 20
+
+// Snapshot writes the state of every registered worker — registration, event cursors and
+// blocks — as wire.SnapshotWorker messages into chunks of about chunkSize bytes (0:
+// DefaultChunkSize), each a run of whole messages, handed to emit (which must not keep the
+// slice). A worker's state is read on its shard between two batches of its events (shard.Set.Do),
+// so reads and event application pause only for that copy; workers are read one after the other,
+// so the snapshot as a whole is fuzzy: replaying the event stream from any sequence whose events
+// had all been handed to the router (Ingest) before Snapshot was called brings every worker up
+// to date, events it already holds being dropped by their ids or, unnumbered, re-applied with
+// the same result. Safe to call concurrently with everything else; one Snapshot at a time is
+// enough.
+func (r *Router) Snapshot(chunkSize int, emit func(chunk []byte) error) (SnapshotStats, error) {
+	if chunkSize <= 0 {
+		chunkSize = DefaultChunkSize
+	}
+	var st SnapshotStats
+	r.mu.Lock()
+	var sw []wire.SnapshotWorker // registrations, copied under the lock
+	for _, reg := range r.workers {
+		sw = append(sw, wire.SnapshotWorker{
+			ID: reg.id, Model: reg.model.name, BlockSize: reg.model.blockSize, Capacity: reg.capacity,
+			MaxTokens: reg.maxTokens, Endpoint: reg.endpoint, Replay: reg.replay, Reports: reg.heartbeat.Load(),
+		})
+	}
+	r.mu.Unlock()
+	slices.SortFunc(sw, func(a, b wire.SnapshotWorker) int { return cmp.Compare(a.ID, b.ID) })
+	var (
+		buf   = make([]byte, 0, chunkSize+chunkSize/4)
+		ranks []wire.SnapshotRank
+		pairs []pair
+	)
+	flush := func() error {
+		if len(buf) == 0 {
+			return nil
+		}
+		st.Chunks++
+		st.Bytes += int64(len(buf))
+		err := emit(buf)
+		buf = buf[:0]
+		return err
+	}
+	for i := range sw {
+		w := &sw[i]
+		m := r.model(w.Model)
+		if m == nil {
+			continue
+		}
+		ranks = ranks[:0]
+		err := r.set.Do(w.ID, func(a *shard.Applier) { ranks = a.Export(w.ID, ranks) })
+		if err != nil {
+			return st, err
+		}
+		if len(ranks) == 0 {
+			// Registered, no events applied yet: the registration alone (its ranks come back
+			// as the registration's, with no blocks).
+			ranks = append(ranks, r.registeredRanks(w.ID)...)
+		}
+		for j := range ranks {
+			pairs = sortPairs(&ranks[j], pairs)
+			st.Residencies += int64(len(ranks[j].Seqs))
+		}
+		w.Ranks = ranks
+		if err := w.Validate(); err != nil {
+			return st, fmt.Errorf("router: snapshot of worker %d: %w", w.ID, err)
+		}
+		buf = wire.AppendSnapshotWorker(buf, w)
+		st.Workers++
+		if len(buf) >= chunkSize {
+			if err := flush(); err != nil {
+				return st, err
+			}
+		}
+	}
+	return st, flush()
+}
+
+// registeredRanks is worker id's registered ranks with no blocks.
+func (r *Router) registeredRanks(id uint64) []wire.SnapshotRank {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	reg := r.workers[id]
+	if reg == nil {
+		return nil
+	}
+	out := make([]wire.SnapshotRank, len(reg.ranks))
+	for i, rw := range reg.ranks {
+		out[i].Rank = rw.key.Rank
+	}
+	return out
+}
+
+// pair is a block of a snapshot rank, for sorting both arrays together.
+type pair struct{ seq, engine uint64 }
+
+// sortPairs sorts rs's blocks by sequence hash (then engine hash), using scratch.
+func sortPairs(rs *wire.SnapshotRank, scratch []pair) []pair {
+	scratch = slices.Grow(scratch[:0], len(rs.Seqs))
+	for i, s := range rs.Seqs {
+		scratch = append(scratch, pair{s, rs.Engines[i]})
+	}
+	slices.SortFunc(scratch, func(a, b pair) int {
+		if c := cmp.Compare(a.seq, b.seq); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.engine, b.engine)
+	})
+	for i, p := range scratch {
+		rs.Seqs[i], rs.Engines[i] = p.seq, p.engine
+	}
+	return scratch
+}
+
+// ErrNotEmpty is returned by Restore into a router that has workers already.
+var ErrNotEmpty = errors.New("router: restore into a router that has workers")
+
+// Restore registers the workers of a snapshot's chunks and gives them their state (as
+// Snapshot wrote it), before any event or registration reaches the router: it refuses a router
+// that has workers. chunk(i, dst) returns chunk i of n, decoded into dst if it fits; chunks are
+// read and applied in parallel, so chunk must be safe for concurrent use. Workers whose model
+// conflicts with an earlier one's block size are refused and reported in the error, the rest
+// restored. Workers that sent load reports are subject to Config.WorkerTimeout again from now.
+func (r *Router) Restore(n int, chunk func(i int, dst []byte) ([]byte, error)) (SnapshotStats, error) {
+	r.mu.Lock()
+	empty := len(r.workers) == 0
+	r.mu.Unlock()
+	if !empty {
+		return SnapshotStats{}, ErrNotEmpty
+	}
+	var (
+		next     atomic.Int64
+		mu       sync.Mutex
+		st       SnapshotStats
+		errs     []error
+		restored []*model // models to publish once at the end
+		wg       sync.WaitGroup
+	)
+	fail := func(err error) {
+		mu.Lock()
+		errs = append(errs, err)
+		mu.Unlock()
+	}
+	for range min(n, max(runtime.GOMAXPROCS(0), 2)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var (
+				buf []byte
+				w   wire.SnapshotWorker
+				my  SnapshotStats
+			)
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= n {
+					break
+				}
+				b, err := chunk(i, buf[:0])
+				if err != nil {
+					fail(fmt.Errorf("router: snapshot chunk %d: %w", i, err))
+					continue
+				}
+				buf = b
+				my.Chunks++
+				my.Bytes += int64(len(b))
+				for off := 0; off < len(b); {
+					_, body, err := wire.ParseHeader(b[off:])
+					if err == nil && len(b)-off-wire.HeaderSize < body {
+						err = fmt.Errorf("message at offset %d: truncated", off)
+					}
+					if err == nil {
+						err = wire.DecodeSnapshotWorker(b[off:off+wire.HeaderSize+body], &w)
+					}
+					if err != nil {
+						// The rest of the chunk cannot be framed; its other workers are lost
+						// with it, which the error says.
+						fail(fmt.Errorf("router: snapshot chunk %d at offset %d: %w", i, off, err))
+						break
+					}
+					off += wire.HeaderSize + body
+					m, err := r.restoreWorker(&w)
+					if err != nil {
+						fail(err)
+						continue
+					}
+					my.Workers++
+					for _, rs := range w.Ranks {
+						my.Residencies += int64(len(rs.Seqs))
+					}
+					mu.Lock()
+					if !slices.Contains(restored, m) {
+						restored = append(restored, m)
+					}
+					mu.Unlock()
+				}
+			}
+			mu.Lock()
+			st.Workers += my.Workers
+			st.Residencies += my.Residencies
+			st.Bytes += my.Bytes
+			st.Chunks += my.Chunks
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	r.mu.Lock()
+	for _, m := range restored {
+		r.publishLocked(m)
+	}
+	r.mu.Unlock()
+	return st, errors.Join(errs...)
+}
+
+// restoreWorker registers one snapshot worker (without publishing its model's worker list)
+// and imports its state on its shard.
+func (r *Router) restoreWorker(w *wire.SnapshotWorker) (*model, error) {
+	// The decoded strings alias the chunk's buffer, which the next chunk reuses.
+	g := Registration{ID: w.ID, Model: strings.Clone(w.Model), BlockSize: w.BlockSize, Capacity: w.Capacity,
+		MaxTokens: w.MaxTokens, Endpoint: strings.Clone(w.Endpoint), Replay: strings.Clone(w.Replay)}
+	for _, rs := range w.Ranks {
+		g.Ranks = append(g.Ranks, rs.Rank)
+	}
+	r.mu.Lock()
+	err := r.registerLocked(g, false)
+	var m *model
+	if reg := r.workers[w.ID]; err == nil && reg != nil {
+		m = reg.model
+		if w.Reports {
+			reg.heartbeat.Store(true)
+		}
+		reg.lastSeen.Store(r.cfg.Now())
+	}
+	r.mu.Unlock()
+	if err != nil {
+		return nil, fmt.Errorf("router: restore worker %d: %w", w.ID, err)
+	}
+	if g.Endpoint != "" && r.cfg.Endpoints != nil {
+		if err := r.cfg.Endpoints.Registered(g); err != nil {
+			r.log.Warn("restored worker's event endpoint refused", "worker", w.ID, "endpoint", g.Endpoint, "err", err)
+		}
+	}
+	var ierr error
+	if err := r.set.Do(w.ID, func(a *shard.Applier) { _, ierr = a.Import(m.ix, w.ID, w.Ranks) }); err != nil {
+		return m, err
+	}
+	if ierr != nil {
+		return m, fmt.Errorf("router: restore worker %d: %w", w.ID, ierr)
+	}
+	return m, nil
+}

@@ -1,0 +1,182 @@
+package router
+
+import (
+	"bytes"
+	"fmt"
+	"math/rand/v2"
+	"reflect"
+	"slices"
+	"testing"
+
+	"github.com/kvrouterd/kvrouterd/shard"
+	"github.com/kvrouterd/kvrouterd/wire"
+)
+
+// eventGen makes random event batches for workers 1..workers (ranks 0 and 1) of model "m" at
+// block size 4: chains over a small tree of blocks, so that workers share prefixes; removals,
+// clears, gaps, unnumbered events and blocks stored twice under two engine hashes.
+type eventGen struct {
+	r      *rand.Rand
+	next   map[[2]uint64]uint64
+	held   map[[2]uint64][]uint64 // engine hashes
+	stream []*wire.EventBatch
+}
+
+func (g *eventGen) batch(workers int) *wire.EventBatch {
+	w, rank := uint64(1+g.r.IntN(workers)), uint32(g.r.IntN(2))
+	k := [2]uint64{w, uint64(rank)}
+	ev := shard.Event{Rank: rank}
+	switch x := g.r.IntN(100); {
+	case x < 3:
+		ev.Kind = shard.Cleared
+		delete(g.held, [2]uint64{w, 0})
+		delete(g.held, [2]uint64{w, 1})
+	case x < 30 && len(g.held[k]) > 0:
+		h := g.held[k]
+		i := g.r.IntN(len(h))
+		ev.Kind, ev.Hashes = shard.Removed, []uint64{h[i]}
+		g.held[k] = slices.Delete(h, i, i+1)
+	default:
+		ev.Kind = shard.Stored
+		depth := 1 + g.r.IntN(6)
+		path := 0
+		for range depth {
+			path = path*3 + g.r.IntN(3) + 1
+		}
+		// The whole chain from the root, engine hashes derived from the path (and, now and
+		// then, a salt: the same content under a second engine hash).
+		salt := uint64(0)
+		if g.r.IntN(10) == 0 {
+			salt = 1 << 40
+		}
+		for p, d := path, depth; d > 0; p, d = p/3, d-1 {
+			ev.Hashes = append([]uint64{uint64(p)<<8 | salt | uint64(w)<<48}, ev.Hashes...)
+			ev.Tokens = append([]uint32{uint32(p), uint32(p) + 1, uint32(p) + 2, uint32(p) + 3}, ev.Tokens...)
+		}
+		g.held[k] = append(g.held[k], ev.Hashes...)
+	}
+	switch {
+	case g.r.IntN(25) == 0:
+		ev.ID = 0
+	case g.r.IntN(25) == 0:
+		g.next[k] += 3
+		ev.ID = g.next[k]
+	default:
+		g.next[k]++
+		ev.ID = g.next[k]
+	}
+	b := &wire.EventBatch{Worker: w, Model: "m", Events: []shard.Event{ev}}
+	g.stream = append(g.stream, b)
+	return b
+}
+
+// digest is a router's whole state as text: per worker its registration, cursors and blocks.
+func digest(t *testing.T, r *Router) string {
+	t.Helper()
+	var b bytes.Buffer
+	ws := r.Workers()
+	slices.SortFunc(ws, func(a, b WorkerInfo) int {
+		if a.ID != b.ID {
+			return int(a.ID) - int(b.ID)
+		}
+		return int(a.Rank) - int(b.Rank)
+	})
+	for _, w := range ws {
+		fmt.Fprintf(&b, "%d/%d %s bs=%d cap=%d cached=%d last=%d %s\n", w.ID, w.Rank, w.Model, w.BlockSize, w.Capacity,
+			w.CachedBlocks, w.LastEventID, w.Endpoint)
+	}
+	for _, id := range r.ModelWorkers("m") {
+		fmt.Fprintf(&b, "%d: %v\n", id, r.DumpWorker(id, nil))
+	}
+	return b.String()
+}
+
+func restored(t *testing.T, from *Router, chunkSize int) (*Router, SnapshotStats) {
+	t.Helper()
+	var chunks [][]byte
+	st, err := from.Snapshot(chunkSize, func(c []byte) error { chunks = append(chunks, bytes.Clone(c)); return nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Chunks != len(chunks) {
+		t.Fatalf("%d chunks emitted, stats say %d", len(chunks), st.Chunks)
+	}
+	to := New(Config{Shards: 3, ClearOnGap: true, Logger: quiet()})
+	t.Cleanup(to.Close)
+	got, err := to.Restore(len(chunks), func(i int, dst []byte) ([]byte, error) { return append(dst, chunks[i]...), nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got != st {
+		t.Fatalf("restored %+v, snapshot wrote %+v", got, st)
+	}
+	return to, st
+}
+
+// A router restored from a snapshot taken mid-stream holds the same state and, given the rest of
+// the stream, ends where one that never restarted ends: the same blocks, cursors and answers.
+func TestSnapshotRestoreEquivalence(t *testing.T) {
+	for seed := range uint64(4) {
+		g := &eventGen{r: rand.New(rand.NewPCG(seed, 9)), next: map[[2]uint64]uint64{}, held: map[[2]uint64][]uint64{}}
+		live := New(Config{Shards: 2, ClearOnGap: true, Logger: quiet()})
+		t.Cleanup(live.Close)
+		if err := live.Register(Registration{ID: 99, Model: "m", BlockSize: 4, Capacity: 500, Ranks: []uint32{0, 3}}); err != nil {
+			t.Fatal(err) // registered, never sends an event
+		}
+		for id := uint64(1); id <= 7; id++ {
+			if err := live.Register(Registration{ID: id, Model: "m", BlockSize: 4, Ranks: []uint32{0, 1}, Endpoint: fmt.Sprintf("tcp://w%d:5557", id)}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		apply := func(r *Router, b *wire.EventBatch) {
+			if _, err := r.ApplyEvents(b, nil); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for range 400 {
+			apply(live, g.batch(7))
+		}
+		restart, st := restored(t, live, 1+int(seed)*700) // seed 0: a chunk per worker
+		if st.Workers != 8 || st.Residencies == 0 {
+			t.Fatalf("snapshot of %+v", st)
+		}
+		if a, b := digest(t, live), digest(t, restart); a != b {
+			t.Fatalf("seed %d: restored state differs:\nlive\n%s\nrestored\n%s", seed, a, b)
+		}
+		for range 400 {
+			b := g.batch(7)
+			apply(live, b)
+			apply(restart, b)
+		}
+		if a, b := digest(t, live), digest(t, restart); a != b {
+			t.Fatalf("seed %d: after more events:\nlive\n%s\nrestored\n%s", seed, a, b)
+		}
+		var q wire.RouteRequest
+		var ra, rb wire.RouteResponse
+		for p := range 200 {
+			q = wire.RouteRequest{Model: "m", Tokens: []uint32{uint32(p % 13), uint32(p%13) + 1, uint32(p%13) + 2, uint32(p%13) + 3}}
+			if err := live.Match(&q, &ra); err != nil {
+				t.Fatal(err)
+			}
+			if err := restart.Match(&q, &rb); err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(ra.Candidates, rb.Candidates) {
+				t.Fatalf("match %v: %v, restored %v", q.Tokens, ra.Candidates, rb.Candidates)
+			}
+		}
+	}
+}
+
+func TestRestoreRefusesAWorkingRouter(t *testing.T) {
+	r := fleet(t, 2)
+	if _, err := r.Restore(0, nil); err != ErrNotEmpty {
+		t.Fatalf("got %v, want ErrNotEmpty", err)
+	}
+	empty := New(Config{Logger: quiet()})
+	defer empty.Close()
+	bad := []byte("KVRW\x01\x00\x04\x00\xff\x00\x00\x00 not a worker")
+	if _, err := empty.Restore(1, func(int, []byte) ([]byte, error) { return bad, nil }); err == nil {
+		t.Fatal("a corrupt chunk restored without error")
+	}
+}
