@@ -98,9 +98,17 @@ type ConsumerConfig struct {
 	Replicas int
 	// Memory keeps the stream in memory instead of files (tests and benchmarks).
 	Memory bool
-	// StartSeq is the first stream sequence to apply; 0 means the oldest retained.
+	// StartSeq is the first stream sequence to apply; 0 means the oldest retained. A StartSeq
+	// beyond the stream's end (a stream that was recreated, or lost its files, after the state
+	// resuming from it was saved) is a gap over every sequence the stream no longer has: the
+	// consumer starts from its oldest message.
 	StartSeq uint64
-	Logger   *slog.Logger
+	// OnGap, if set, is called (on the consumer's goroutine, before the message after the gap
+	// is handed over) when sequences from..to were lost: retention dropped them before they were
+	// read, or the stream restarted. Every event in them is lost for good, so the sink's state
+	// is then wrong in ways no one can tell: a daemon clears what the events built.
+	OnGap  func(from, to uint64)
+	Logger *slog.Logger
 }
 
 // Stats are a Consumer's counters; a plain value.
@@ -180,8 +188,24 @@ func NewConsumer(ctx context.Context, nc *nats.Conn, sink Sink, cfg ConsumerConf
 	if sc.MaxBytes == 0 {
 		sc.MaxBytes = -1
 	}
-	if _, err := js.CreateOrUpdateStream(ctx, sc); err != nil {
+	stream, err := js.CreateOrUpdateStream(ctx, sc)
+	if err != nil {
 		return nil, fmt.Errorf("stream %s: %w", cfg.Stream, err)
+	}
+	if cfg.StartSeq > 0 {
+		info, err := stream.Info(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("stream %s: %w", cfg.Stream, err)
+		}
+		if last := info.State.LastSeq; cfg.StartSeq > last+1 {
+			c.log.Warn("event stream: the start sequence is past the stream's end; the stream was recreated or lost its files, so every event after the saved state is lost",
+				"start_seq", cfg.StartSeq, "stream_last_seq", last)
+			c.gaps.Add(int64(cfg.StartSeq - last - 1))
+			if cfg.OnGap != nil {
+				cfg.OnGap(last+1, cfg.StartSeq-1)
+			}
+			cfg.StartSeq, c.cfg.StartSeq = 0, 0
+		}
 	}
 	oc := jetstream.OrderedConsumerConfig{FilterSubjects: sc.Subjects, DeliverPolicy: jetstream.DeliverAllPolicy}
 	if cfg.StartSeq > 0 {
@@ -245,6 +269,9 @@ func (c *Consumer) handle(m jetstream.Msg) {
 			// Retention dropped messages before this consumer read them.
 			c.gaps.Add(int64(seq - last - 1))
 			c.log.Warn("event stream: sequences lost to retention", "from", last+1, "to", seq-1)
+			if c.cfg.OnGap != nil {
+				c.cfg.OnGap(last+1, seq-1)
+			}
 		}
 		defer c.lastSeq.Store(seq)
 	}

@@ -272,3 +272,23 @@ func (r *Router) restoreWorker(w *wire.SnapshotWorker) (*model, error) {
 	}
 	return m, nil
 }
+
+// ClearAll drops every worker's blocks, keeping registrations and event cursors, after the
+// events already handed over: for when events were lost in a way no cursor shows (a stream that
+// lost messages to retention), so that the index holds nothing it cannot vouch for. It returns
+// the residencies removed.
+func (r *Router) ClearAll() (int64, error) {
+	r.mu.Lock()
+	ids := make([]uint64, 0, len(r.workers))
+	for id := range r.workers {
+		ids = append(ids, id)
+	}
+	r.mu.Unlock()
+	var n int64
+	for _, id := range ids {
+		if err := r.set.Do(id, func(a *shard.Applier) { n += int64(a.Clear(id)) }); err != nil {
+			return n, err
+		}
+	}
+	return n, nil
+}

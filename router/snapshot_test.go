@@ -180,3 +180,16 @@ func TestRestoreRefusesAWorkingRouter(t *testing.T) {
 		t.Fatal("a corrupt chunk restored without error")
 	}
 }
+
+func TestClearAll(t *testing.T) {
+	r := fleet(t, 3)
+	n, err := r.ClearAll()
+	if err != nil || n != 3*128 {
+		t.Fatalf("cleared %d (%v), want %d", n, err, 3*128)
+	}
+	for _, w := range r.Workers() {
+		if w.CachedBlocks != 0 || w.LastEventID != 1 {
+			t.Errorf("worker %d after ClearAll: %d blocks, cursor %d (want 0 and 1, kept)", w.ID, w.CachedBlocks, w.LastEventID)
+		}
+	}
+}

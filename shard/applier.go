@@ -298,6 +298,19 @@ func (a *Applier) RemoveWorker(id uint64) int {
 	return n
 }
 
+// Clear drops every block of worker id (every rank), keeping its slots and event cursors, as a
+// Cleared event would, and returns how many residencies went away.
+func (a *Applier) Clear(id uint64) int {
+	w := a.workers[id]
+	if w == nil {
+		return 0
+	}
+	n := a.clear(w)
+	a.flushRemoved()
+	a.c.clears.Add(1)
+	return n
+}
+
 // Cursor returns the last event id applied for (worker, rank), 0 if none.
 func (a *Applier) Cursor(id uint64, rank uint32) uint64 {
 	if w := a.workers[id]; w != nil {
