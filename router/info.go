@@ -156,16 +156,22 @@ func (r *Router) Stats() Stats {
 
 // PrefillDone records that request id finished its prefill.
 func (r *Router) PrefillDone(id string) error {
-	if err := r.tracker.PrefillDone(id); err != nil {
+	if isRemoteKey(id) || r.tracker.PrefillDone(id) != nil {
 		return fieldErr(ErrUnknownRequest, "id", "no active request %q", id)
+	}
+	if r.cfg.Share != nil {
+		r.cfg.Share.PrefillDone(id)
 	}
 	return nil
 }
 
 // Complete records that request id finished: its load is freed.
 func (r *Router) Complete(id string) error {
-	if err := r.tracker.Complete(id); err != nil {
+	if isRemoteKey(id) || r.tracker.Complete(id) != nil {
 		return fieldErr(ErrUnknownRequest, "id", "no active request %q", id)
+	}
+	if r.cfg.Share != nil {
+		r.cfg.Share.Completed(id)
 	}
 	return nil
 }

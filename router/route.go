@@ -96,6 +96,9 @@ func (r *Router) route(req *wire.RouteRequest, resp *wire.RouteResponse, book bo
 	if len(req.RequestID) > scoring.MaxRequestID {
 		return fieldErr(ErrInvalid, "request_id", "%d bytes, at most %d", len(req.RequestID), scoring.MaxRequestID)
 	}
+	if book && isRemoteKey(req.RequestID) {
+		return fieldErr(ErrInvalid, "request_id", "ids starting with a NUL byte are reserved for other replicas' requests")
+	}
 	bs := m.blockSize
 	if req.ByHash {
 		n := len(req.Hashes)
@@ -178,6 +181,9 @@ func (r *Router) route(req *wire.RouteRequest, resp *wire.RouteResponse, book bo
 				return fieldErr(ErrConflict, "request_id", "request %q is already active", req.RequestID)
 			}
 			return fieldErr(ErrUnknownWorker, "worker", "%v", err)
+		}
+		if r.cfg.Share != nil {
+			r.cfg.Share.Booked(m.name, w.key, req.RequestID, s.seqs, prefill, r.cfg.RequestExpiry)
 		}
 		if r.approx != nil {
 			r.recordApprox(m, w, s.seqs)

@@ -46,6 +46,10 @@ type Config struct {
 	WorkerTimeout time.Duration
 	// RequestExpiry frees routed requests never completed (300 s).
 	RequestExpiry time.Duration
+	// Share, if set, learns of every request this Router books, finishes prefilling and
+	// completes, to tell the other replicas, which apply them with BookRemote and its kin (see
+	// LoadSharer); nil shares nothing.
+	Share LoadSharer
 	// Shards, QueueLen and MaxBlocks configure event application (see shard.Config).
 	Shards    int
 	QueueLen  int
