@@ -23,11 +23,12 @@ const (
 	epDynamo
 	epHealth
 	epMetrics
+	epSnapshot
 	epOther
 	numEndpoints
 )
 
-var endpointNames = [numEndpoints]string{"route", "match", "prefill_done", "complete", "events", "workers", "dynamo", "health", "metrics", "other"}
+var endpointNames = [numEndpoints]string{"route", "match", "prefill_done", "complete", "events", "workers", "dynamo", "health", "metrics", "snapshot", "other"}
 
 type metrics struct {
 	reg      *prometheus.Registry

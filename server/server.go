@@ -1,6 +1,7 @@
 package server
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -15,6 +16,7 @@ import (
 	"github.com/kvrouterd/kvrouterd/internal/freelist"
 	"github.com/kvrouterd/kvrouterd/router"
 	"github.com/kvrouterd/kvrouterd/shard"
+	"github.com/kvrouterd/kvrouterd/snapshot"
 	"github.com/kvrouterd/kvrouterd/wire"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
@@ -34,6 +36,9 @@ type Config struct {
 	Logger *slog.Logger
 	// Registry is where the metrics are registered (a new registry).
 	Registry *prometheus.Registry
+	// Snapshots, if set, serves GET /v1/snapshot: the newest snapshot as a portable stream,
+	// for a replica's --bootstrap-from.
+	Snapshots *snapshot.Store
 }
 
 // Server serves the HTTP API of one Router. Safe for concurrent use.
@@ -207,6 +212,11 @@ func (s *Server) dispatch(ctx *fasthttp.RequestCtx) endpoint {
 	case "/metrics":
 		s.metrics(ctx)
 		return epMetrics
+	case "/v1/snapshot":
+		if s.method(ctx, epSnapshot, method, mGet) {
+			s.snapshot(ctx)
+		}
+		return epSnapshot
 	case "/register", "/unregister", "/workers", "/query", "/query_by_hash", "/dump":
 		s.dynamo(ctx, string(path))
 		return epDynamo
@@ -365,4 +375,30 @@ type fasthttpLogger struct{ l *slog.Logger }
 
 func (f fasthttpLogger) Printf(format string, args ...any) {
 	f.l.Debug("fasthttp: " + fmt.Sprintf(format, args...))
+}
+
+// snapshot streams the newest snapshot that verifies (package snapshot's portable stream).
+func (s *Server) snapshot(ctx *fasthttp.RequestCtx) {
+	if s.cfg.Snapshots == nil {
+		s.reject(ctx, epSnapshot, fasthttp.StatusNotFound, "no_snapshots", "path", -1, "this kvrouterd keeps no snapshots (--no-snapshots)")
+		return
+	}
+	sn, _, err := s.cfg.Snapshots.Latest()
+	if errors.Is(err, snapshot.ErrNone) {
+		s.reject(ctx, epSnapshot, fasthttp.StatusNotFound, "no_snapshot", "path", -1, "no snapshot written yet")
+		return
+	}
+	if err != nil {
+		s.reject(ctx, epSnapshot, fasthttp.StatusServiceUnavailable, "snapshot_store", "path", -1, err.Error())
+		return
+	}
+	ctx.SetContentType("application/x-kvrouterd-snapshot")
+	ctx.Response.Header.Set("Kvr-Stream-Seq", strconv.FormatUint(sn.Meta.StreamSeq, 10))
+	ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
+		defer sn.Close()
+		if _, err := sn.WriteTo(w); err != nil {
+			// The receiver sees a truncated stream and rejects it.
+			s.log.Warn("snapshot stream broken off", "id", sn.Meta.ID, "err", err)
+		}
+	})
 }

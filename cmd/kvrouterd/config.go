@@ -47,6 +47,16 @@ type config struct {
 	ClearOnGap    bool
 	ZMQ           []ingest.EngineSource
 
+	// Replicas.
+	ShareLoad bool
+	ReplicaID string
+
+	// Persistence.
+	NoSnapshots      bool
+	SnapshotInterval time.Duration
+	SnapshotKeep     int
+	BootstrapFrom    string
+
 	// Approximate mode.
 	NoKVEvents        bool
 	ApproxTTL         time.Duration
@@ -78,6 +88,9 @@ func defaults() config {
 		NATSReplicas:       1,
 		WorkerTimeout:      30 * time.Second,
 		ClearOnGap:         true,
+		ShareLoad:          true,
+		SnapshotInterval:   time.Minute,
+		SnapshotKeep:       3,
 		ApproxTTL:          120 * time.Second,
 		ApproxMaxBlocks:    1 << 20,
 		ApproxPruneTarget:  0.8,
@@ -123,6 +136,12 @@ func parseConfig(args []string, env func(string) (string, bool), out io.Writer) 
 	fs.IntVar(&c.NATSReplicas, "nats-replicas", c.NATSReplicas, "stream replicas in a NATS cluster")
 	fs.Uint64Var(&c.NATSStartSeq, "nats-start-seq", c.NATSStartSeq, "first stream sequence to apply; 0 = the oldest retained")
 	fs.Var(&sourceList{&c.ZMQ}, "zmq", "subscribe to an engine's ZMQ KV events: worker=ID,model=NAME,endpoint=tcp://host:port[,replay=tcp://host:port][,ranks=N][,rank=R][,topic=T]; repeat the flag, or separate sources with ';'")
+	fs.BoolVar(&c.ShareLoad, "share-load", c.ShareLoad, "tell the other replicas on the same NATS of every request this one routes, and count theirs in the load (off in approximate mode)")
+	fs.StringVar(&c.ReplicaID, "replica-id", c.ReplicaID, "this replica's name in load sharing, unique among live replicas (1-64 of A-Z a-z 0-9 _ -); empty: random")
+	fs.BoolVar(&c.NoSnapshots, "no-snapshots", c.NoSnapshots, "keep no snapshots in --data-dir/snapshots: a restart rebuilds the index from the whole event stream")
+	fs.DurationVar(&c.SnapshotInterval, "snapshot-interval", c.SnapshotInterval, "write a snapshot of the index this often, and on shutdown; a restart restores the newest and replays the stream after it (0: on shutdown only)")
+	fs.IntVar(&c.SnapshotKeep, "snapshot-keep", c.SnapshotKeep, "snapshots kept; older ones are deleted")
+	fs.StringVar(&c.BootstrapFrom, "bootstrap-from", c.BootstrapFrom, "URL of a running kvrouterd (http://peer:8090): at start, fetch its newest snapshot and start from it")
 	fs.BoolVar(&c.NoKVEvents, "no-kv-events", c.NoKVEvents, "approximate mode, for workers that publish no KV events: a routed request's blocks count as cached on the chosen worker for --approx-ttl; no NATS")
 	fs.DurationVar(&c.ApproxTTL, "approx-ttl", c.ApproxTTL, "approximate mode: how long a block stays cached after the last request that used it")
 	fs.IntVar(&c.ApproxMaxBlocks, "approx-max-blocks", c.ApproxMaxBlocks, "approximate mode: cap on (block, worker) residencies")
@@ -192,6 +211,12 @@ func (c *config) check() error {
 		return fmt.Errorf("--approx-ttl, --approx-max-blocks, --approx-prune-target: want a positive duration, a positive count, a fraction in (0, 1]")
 	case c.WorkerTimeout < 0:
 		return fmt.Errorf("--worker-timeout %v: want 0 (never) or a positive duration", c.WorkerTimeout)
+	case c.SnapshotInterval < 0 || c.SnapshotKeep < 1 || c.SnapshotKeep > 1000:
+		return fmt.Errorf("--snapshot-interval %v, --snapshot-keep %d: want a duration ≥ 0 and 1 to 1000 snapshots", c.SnapshotInterval, c.SnapshotKeep)
+	case c.BootstrapFrom != "" && !strings.HasPrefix(c.BootstrapFrom, "http://") && !strings.HasPrefix(c.BootstrapFrom, "https://"):
+		return fmt.Errorf("--bootstrap-from %q: want http://host:port", c.BootstrapFrom)
+	case c.BootstrapFrom != "" && c.NoSnapshots:
+		return fmt.Errorf("--bootstrap-from needs snapshots; drop --no-snapshots")
 	}
 	if m, err := scoring.ParseMode(c.RouterMode); err != nil || m == scoring.Default {
 		return fmt.Errorf("--router-mode %q: want kv, round_robin, random, least_loaded or direct", c.RouterMode)

@@ -27,6 +27,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
+// processStart is when the process started, for the time to ready.
+var processStart = time.Now()
+
 func main() {
 	if len(os.Args) > 1 && os.Args[1] == "bridge" {
 		bridgeMain(os.Args[2:])
@@ -58,44 +61,141 @@ func run(ctx context.Context, c config) error {
 	mode, _ := scoring.ParseMode(c.RouterMode)
 	watch := &engineWatcher{}
 	defer watch.close()
-	r := router.New(router.Config{
-		BlockSize:       c.BlockSize,
-		Mode:            mode,
-		OverlapWeight:   c.OverlapScoreWeight,
-		NoOverlapWeight: c.OverlapScoreWeight == 0,
-		Temperature:     c.RouterTemperature,
-		TrackPrefill:    c.TrackPrefillTokens,
-		RequestExpiry:   c.RequestExpiry,
-		MaxCandidates:   c.MaxCandidates,
-		Shards:          c.Shards,
-		QueueLen:        c.QueueLen,
-		MaxBlocks:       c.MaxBlocks,
-		WorkerTimeout:   c.WorkerTimeout,
-		ClearOnGap:      c.ClearOnGap,
-		Approximate:     c.approx(),
-		Endpoints:       watch,
-		Logger:          log,
-	})
+	var share *ingest.Sharer
+	if c.ShareLoad && !c.NoKVEvents {
+		var err error
+		if share, err = ingest.NewSharer(ingest.ShareConfig{Prefix: c.NATSPrefix, Replica: c.ReplicaID, Logger: log}); err != nil {
+			return fmt.Errorf("--replica-id: %w", err)
+		}
+	}
+	newRouter := func() *router.Router {
+		cfg := router.Config{
+			BlockSize:       c.BlockSize,
+			Mode:            mode,
+			OverlapWeight:   c.OverlapScoreWeight,
+			NoOverlapWeight: c.OverlapScoreWeight == 0,
+			Temperature:     c.RouterTemperature,
+			TrackPrefill:    c.TrackPrefillTokens,
+			RequestExpiry:   c.RequestExpiry,
+			MaxCandidates:   c.MaxCandidates,
+			Shards:          c.Shards,
+			QueueLen:        c.QueueLen,
+			MaxBlocks:       c.MaxBlocks,
+			WorkerTimeout:   c.WorkerTimeout,
+			ClearOnGap:      c.ClearOnGap,
+			Approximate:     c.approx(),
+			Endpoints:       watch,
+			Logger:          log,
+		}
+		if share != nil {
+			cfg.Share = share // never a typed nil
+		}
+		return router.New(cfg)
+	}
 	reg := prometheus.NewRegistry()
+	var (
+		p      *persist
+		r      *router.Router
+		resume uint64
+		err    error
+	)
+	if c.NoSnapshots {
+		r = newRouter()
+	} else {
+		if p, err = openPersist(c, reg, log); err != nil {
+			return err
+		}
+		defer p.close()
+		if c.BootstrapFrom != "" {
+			if err := p.bootstrap(ctx, c.BootstrapFrom); err != nil {
+				return err
+			}
+		}
+		if r, resume, err = p.restore(newRouter); err != nil {
+			return err
+		}
+	}
 	watch.set(engines(ctx, c, r, log))
-	stream, err := startStream(ctx, c, r, reg, log)
+	resubscribe(r, watch, log) // restored workers' engine endpoints
+	startSeq := c.NATSStartSeq
+	if startSeq == 0 && resume > 0 {
+		startSeq = resume + 1
+	}
+	stream, err := startStream(ctx, c, r, reg, log, startSeq, func(from, to uint64) {
+		n, err := r.ClearAll()
+		if p != nil {
+			p.gapClears.Inc()
+		}
+		log.Warn("event-stream sequences were lost: every worker's blocks cleared, to be rebuilt from the events that follow",
+			"from", from, "to", to, "residencies", n, "err", err)
+	})
 	if err != nil {
 		r.Close()
 		return err
 	}
-	srv := server.New(r, server.Config{MaxBodyBytes: c.MaxBodyBytes, Logger: log, Registry: reg})
+	var shareConn *nats.Conn
+	if share != nil && stream != nil {
+		var opts []nats.Option
+		if c.NATSURL != "" {
+			opts = c.NATS.options()
+		}
+		if shareConn, err = ingest.ShareConn(stream, log, opts...); err == nil {
+			err = share.Start(shareConn, r)
+		}
+		if err != nil {
+			stream.Close()
+			r.Close()
+			return fmt.Errorf("load sharing: %w", err)
+		}
+		reg.MustRegister(share.Collector())
+		log.Info("sharing load with the other replicas", "replica", share.Replica())
+	}
+	closeShare := func() {
+		if share != nil && shareConn != nil {
+			share.Close()
+			shareConn.Close()
+		}
+	}
+	lastSeq := func() uint64 {
+		if stream == nil {
+			return resume
+		}
+		return stream.Consumer.LastSeq()
+	}
+	snapCtx, stopSnaps := context.WithCancel(ctx)
+	snapsDone := make(chan struct{})
+	go func() {
+		defer close(snapsDone)
+		if p != nil {
+			p.loop(snapCtx, r, c.SnapshotInterval, lastSeq)
+		}
+	}()
+	stopSnapshots := func() {
+		stopSnaps()
+		<-snapsDone
+	}
+	scfg := server.Config{MaxBodyBytes: c.MaxBodyBytes, Logger: log, Registry: reg}
+	if p != nil {
+		scfg.Snapshots = p.store
+	}
+	srv := server.New(r, scfg)
 	ln, err := net.Listen("tcp", c.HTTPAddr)
 	if err != nil {
+		stopSnapshots()
+		closeShare()
 		stream.Close()
 		r.Close()
 		return err
 	}
-	log.Info("kvrouterd listening", "http", ln.Addr().String(), "nats", streamURL(stream), "shards", c.Shards, "mode", c.RouterMode,
-		"block_size", c.BlockSize, "data_dir", c.DataDir)
+	log.Info("kvrouterd ready", "http", ln.Addr().String(), "nats", streamURL(stream), "resume_after_seq", resume,
+		"shards", c.Shards, "mode", c.RouterMode, "block_size", c.BlockSize, "data_dir", c.DataDir,
+		"since_start", time.Since(processStart))
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
 	select {
 	case err = <-served:
+		stopSnapshots()
+		closeShare()
 		stream.Close()
 		r.Close()
 		return err
@@ -108,8 +208,19 @@ func run(ctx context.Context, c config) error {
 	if err := srv.Shutdown(sctx); err != nil {
 		log.Warn("requests still in flight at the shutdown timeout", "err", err)
 	}
+	stopSnapshots()
+	closeShare()
+	seq := lastSeq()
 	stream.Close() // stops taking events; the ones taken are in the shard queues
 	watch.close()
+	if p != nil {
+		if stream != nil {
+			seq = stream.Consumer.LastSeq() // every event handed over; the snapshot waits for them
+		}
+		if err := p.write(r, seq); err != nil {
+			log.Warn("the shutdown snapshot failed; the next start replays more of the stream", "err", err)
+		}
+	}
 	r.Close() // applies every event accepted
 	log.Info("stopped", "took", time.Since(start))
 	return nil
@@ -117,7 +228,8 @@ func run(ctx context.Context, c config) error {
 
 // startStream connects to --nats-url, or starts the embedded server, and consumes the events;
 // nil with --no-kv-events.
-func startStream(ctx context.Context, c config, r *router.Router, reg *prometheus.Registry, log *slog.Logger) (*ingest.Stream, error) {
+func startStream(ctx context.Context, c config, r *router.Router, reg *prometheus.Registry, log *slog.Logger,
+	startSeq uint64, onGap func(from, to uint64)) (*ingest.Stream, error) {
 	if c.NoKVEvents {
 		return nil, nil
 	}
@@ -131,7 +243,7 @@ func startStream(ctx context.Context, c config, r *router.Router, reg *prometheu
 		Options:  opts,
 		Consumer: ingest.ConsumerConfig{
 			Prefix: c.NATSPrefix, Stream: c.NATSStream, MaxAge: c.NATSMaxAge, MaxBytes: c.NATSMaxBytes,
-			Replicas: c.NATSReplicas, StartSeq: c.NATSStartSeq,
+			Replicas: c.NATSReplicas, StartSeq: startSeq, OnGap: onGap,
 		},
 	}, log)
 	if err != nil {
@@ -204,6 +316,29 @@ func (w *engineWatcher) Registered(g router.Registration) error {
 func (w *engineWatcher) Unregistered(id uint64) {
 	if e := w.engines(); e != nil {
 		e.Remove(id)
+	}
+}
+
+// resubscribe tells w of the engine endpoints of r's workers (restored from a snapshot).
+func resubscribe(r *router.Router, w *engineWatcher, log *slog.Logger) {
+	byID := map[uint64]*router.Registration{}
+	var ids []uint64
+	for _, wi := range r.Workers() {
+		if wi.Endpoint == "" {
+			continue
+		}
+		g := byID[wi.ID]
+		if g == nil {
+			g = &router.Registration{ID: wi.ID, Model: wi.Model, Endpoint: wi.Endpoint, Replay: wi.Replay}
+			byID[wi.ID] = g
+			ids = append(ids, wi.ID)
+		}
+		g.Ranks = append(g.Ranks, wi.Rank)
+	}
+	for _, id := range ids {
+		if err := w.Registered(*byID[id]); err != nil {
+			log.Warn("restored worker's event endpoint refused", "worker", id, "err", err)
+		}
 	}
 }
 

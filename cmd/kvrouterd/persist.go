@@ -1,0 +1,169 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/kvrouterd/kvrouterd/router"
+	"github.com/kvrouterd/kvrouterd/snapshot"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// persist is the daemon's snapshot side: the store in --data-dir/snapshots, the restore at
+// start, periodic snapshots and the last one at shutdown. Its methods are for the daemon's
+// goroutines one at a time, except what loop runs beside the rest.
+type persist struct {
+	store *snapshot.Store
+	log   *slog.Logger
+
+	mu sync.Mutex // one Write at a time (the periodic one and the final one)
+
+	writes, failures, skipped, gapClears prometheus.Counter
+	lastSeconds, lastBytes, lastSeq      prometheus.Gauge
+	restoreSeconds                       prometheus.Gauge
+}
+
+func openPersist(c config, reg *prometheus.Registry, log *slog.Logger) (*persist, error) {
+	st, err := snapshot.Open(filepath.Join(c.DataDir, "snapshots"), snapshot.Config{Keep: c.SnapshotKeep, Logger: log})
+	if err != nil {
+		return nil, fmt.Errorf("snapshots: %w", err)
+	}
+	if path, cause := st.MovedAside(); path != "" {
+		log.Warn("the snapshot store could not be opened; it was moved aside and a new one started", "moved_to", path, "err", cause)
+	}
+	p := &persist{store: st, log: log}
+	counter := func(name, help string) prometheus.Counter {
+		return prometheus.NewCounter(prometheus.CounterOpts{Namespace: "kvr", Subsystem: "snapshot", Name: name, Help: help})
+	}
+	gauge := func(name, help string) prometheus.Gauge {
+		return prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "kvr", Subsystem: "snapshot", Name: name, Help: help})
+	}
+	p.writes = counter("writes_total", "Snapshots written.")
+	p.failures = counter("failures_total", "Snapshots that failed to write.")
+	p.skipped = counter("skipped_total", "Snapshots passed over at restore because they did not verify.")
+	p.gapClears = prometheus.NewCounter(prometheus.CounterOpts{Namespace: "kvr", Subsystem: "stream", Name: "gap_clears_total",
+		Help: "Times the index was cleared because event-stream sequences were lost (retention, a recreated stream)."})
+	p.lastSeconds = gauge("last_seconds", "How long the last snapshot took to write.")
+	p.lastBytes = gauge("last_bytes", "Compressed size of the last snapshot.")
+	p.lastSeq = gauge("last_stream_seq", "Event-stream sequence the last snapshot covers.")
+	p.restoreSeconds = gauge("restore_seconds", "How long the restore at start took (0: nothing restored).")
+	reg.MustRegister(p.writes, p.failures, p.skipped, p.gapClears, p.lastSeconds, p.lastBytes, p.lastSeq, p.restoreSeconds)
+	return p, nil
+}
+
+// bootstrap fetches a peer's newest snapshot (GET /v1/snapshot) into the store, where restore
+// then finds it as the newest.
+func (p *persist) bootstrap(ctx context.Context, peer string) error {
+	url := peer + "/v1/snapshot"
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("bootstrap from %s: %w", url, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("bootstrap from %s: %s", url, resp.Status)
+	}
+	m, err := p.store.Receive(resp.Body)
+	if err != nil {
+		return fmt.Errorf("bootstrap from %s: %w", url, err)
+	}
+	p.log.Info("bootstrapped from a peer's snapshot", "peer", peer, "stream_seq", m.StreamSeq, "bytes", m.StoredBytes)
+	return nil
+}
+
+// restore gives a router from newRouter the newest snapshot's state, falling back to older ones
+// when a snapshot fails to read (each attempt on a new router, the failed one closed). It
+// returns the router and the stream sequence to resume after (0 with nothing restored).
+func (p *persist) restore(newRouter func() *router.Router) (*router.Router, uint64, error) {
+	start := time.Now()
+	before := ^uint64(0)
+	for {
+		sn, skipped, err := p.store.Before(before)
+		for _, s := range skipped {
+			p.skipped.Inc()
+			p.log.Warn("snapshot skipped: it does not verify; using an older one", "id", s.ID, "err", s.Err)
+		}
+		if errors.Is(err, snapshot.ErrNone) {
+			if before != ^uint64(0) {
+				p.log.Warn("no snapshot could be restored; starting empty, the event stream rebuilds the index")
+			}
+			return newRouter(), 0, nil
+		}
+		if err != nil {
+			return nil, 0, fmt.Errorf("snapshots: %w", err)
+		}
+		r := newRouter()
+		st, err := r.Restore(sn.Meta.Chunks, sn.Chunk)
+		m := sn.Meta
+		_ = sn.Close()
+		if err != nil {
+			p.skipped.Inc()
+			p.log.Warn("snapshot failed to restore; using an older one", "id", m.ID, "err", err)
+			r.Close()
+			before = m.ID
+			continue
+		}
+		took := time.Since(start)
+		p.restoreSeconds.Set(took.Seconds())
+		p.log.Info("restored snapshot", "id", m.ID, "created", m.Created, "stream_seq", m.StreamSeq, "workers", st.Workers,
+			"residencies", st.Residencies, "bytes", m.StoredBytes, "took", took)
+		return r, m.StreamSeq, nil
+	}
+}
+
+// write takes a snapshot of r covering stream sequence seq (every event up to it handed to r).
+func (p *persist) write(r *router.Router, seq uint64) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	start := time.Now()
+	var st router.SnapshotStats
+	m, err := p.store.Write(seq, nil, func(emit func([]byte) error) error {
+		var err error
+		st, err = r.Snapshot(0, emit)
+		return err
+	})
+	if err != nil {
+		p.failures.Inc()
+		return err
+	}
+	took := time.Since(start)
+	p.writes.Inc()
+	p.lastSeconds.Set(took.Seconds())
+	p.lastBytes.Set(float64(m.StoredBytes))
+	p.lastSeq.Set(float64(seq))
+	p.log.Info("snapshot written", "id", m.ID, "stream_seq", seq, "workers", st.Workers, "residencies", st.Residencies,
+		"bytes", m.StoredBytes, "raw_bytes", m.RawBytes, "took", took)
+	return nil
+}
+
+// loop writes a snapshot every interval until ctx ends; seq reads the stream sequence every
+// event up to which has been handed to r.
+func (p *persist) loop(ctx context.Context, r *router.Router, interval time.Duration, seq func() uint64) {
+	if interval <= 0 {
+		return
+	}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if err := p.write(r, seq()); err != nil {
+				p.log.Warn("snapshot failed", "err", err)
+			}
+		}
+	}
+}
+
+func (p *persist) close() error { return p.store.Close() }

@@ -1,0 +1,414 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"os/exec"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kvrouterd/kvrouterd/client"
+	"github.com/kvrouterd/kvrouterd/ingest"
+	"github.com/kvrouterd/kvrouterd/router"
+	"github.com/kvrouterd/kvrouterd/server"
+	"github.com/kvrouterd/kvrouterd/shard"
+	"github.com/kvrouterd/kvrouterd/wire"
+	"github.com/nats-io/nats.go"
+	"github.com/valyala/fasthttp"
+)
+
+// streamGen makes event batches for workers 1..workers of model "m" (block size 4): chains over
+// a small tree of blocks, removals, clears, numbered ids.
+type streamGen struct {
+	r    *rand.Rand
+	next map[uint64]uint64
+	held map[uint64][]uint64
+}
+
+func (g *streamGen) batch(workers int) *wire.EventBatch {
+	w := uint64(1 + g.r.IntN(workers))
+	var evs []shard.Event
+	for range 1 + g.r.IntN(4) {
+		ev := shard.Event{}
+		switch x := g.r.IntN(100); {
+		case x < 2:
+			ev.Kind = shard.Cleared
+			g.held[w] = nil
+		case x < 30 && len(g.held[w]) > 0:
+			h := g.held[w]
+			i := g.r.IntN(len(h))
+			ev.Kind, ev.Hashes = shard.Removed, []uint64{h[i]}
+			g.held[w] = slices.Delete(h, i, i+1)
+		default:
+			ev.Kind, ev.BlockSize = shard.Stored, 4
+			path, depth := 0, 1+g.r.IntN(8)
+			for range depth {
+				path = path*4 + g.r.IntN(4) + 1
+			}
+			for p, d := path, depth; d > 0; p, d = p/4, d-1 {
+				ev.Hashes = append([]uint64{uint64(p)<<16 | w}, ev.Hashes...)
+				ev.Tokens = append([]uint32{uint32(p), uint32(p) + 1, uint32(p) + 2, uint32(p) + 3}, ev.Tokens...)
+			}
+			g.held[w] = append(g.held[w], ev.Hashes...)
+		}
+		g.next[w]++
+		ev.ID = g.next[w]
+		evs = append(evs, ev)
+	}
+	return &wire.EventBatch{Worker: w, Model: "m", Events: evs}
+}
+
+// state is a kvrouterd's index as the HTTP API shows it: /dump (every block of every worker,
+// sorted) and every worker's cached blocks and last event id.
+func state(get func(path string) ([]byte, error)) (string, error) {
+	dump, err := get("/dump")
+	if err != nil {
+		return "", err
+	}
+	body, err := get("/v1/workers")
+	if err != nil {
+		return "", err
+	}
+	var ws struct {
+		Workers []router.WorkerInfo `json:"workers"`
+	}
+	if err := json.Unmarshal(body, &ws); err != nil {
+		return "", fmt.Errorf("/v1/workers: %w", err)
+	}
+	var b strings.Builder
+	b.Write(dump)
+	slices.SortFunc(ws.Workers, func(a, b router.WorkerInfo) int { return int(a.ID) - int(b.ID) })
+	for _, w := range ws.Workers {
+		fmt.Fprintf(&b, "\n%d/%d blocks=%d last=%d", w.ID, w.Rank, w.CachedBlocks, w.LastEventID)
+	}
+	return b.String(), nil
+}
+
+func httpGet(addr string) func(string) ([]byte, error) {
+	return func(path string) ([]byte, error) {
+		resp, err := http.Get("http://" + addr + path)
+		if err != nil {
+			return nil, err
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return nil, fmt.Errorf("%s: %s", path, resp.Status)
+		}
+		return io.ReadAll(resp.Body)
+	}
+}
+
+// inProcessGet serves the same API from a router in this process.
+func inProcessGet(r *router.Router) func(string) ([]byte, error) {
+	srv := server.New(r, server.Config{})
+	return func(path string) ([]byte, error) {
+		var ctx fasthttp.RequestCtx
+		ctx.Request.SetRequestURI(path)
+		ctx.Request.Header.SetMethod("GET")
+		srv.Handle(&ctx)
+		if ctx.Response.StatusCode() != http.StatusOK {
+			return nil, fmt.Errorf("%s: %d %s", path, ctx.Response.StatusCode(), ctx.Response.Body())
+		}
+		return bytes.Clone(ctx.Response.Body()), nil
+	}
+}
+
+// daemon is one run of the binary.
+type daemon struct {
+	cmd  *exec.Cmd
+	addr string
+	logs *bytes.Buffer
+	mu   *sync.Mutex
+}
+
+func (d *daemon) log() string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.logs.String()
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  io.Writer
+}
+
+func (l lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
+
+func startDaemon(t *testing.T, bin string, args ...string) *daemon {
+	t.Helper()
+	d := &daemon{addr: freeAddr(t), logs: new(bytes.Buffer), mu: new(sync.Mutex)}
+	d.cmd = exec.Command(bin, append([]string{"--http-addr", d.addr, "--shards", "2"}, args...)...)
+	d.cmd.Stderr = lockedWriter{d.mu, d.logs}
+	if err := d.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if resp, err := http.Get("http://" + d.addr + "/readyz"); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return d
+			}
+		}
+		if time.Now().After(deadline) {
+			d.cmd.Process.Kill()
+			t.Fatalf("daemon not ready:\n%s", d.log())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// waitState waits until the daemon's state is want.
+func waitState(t *testing.T, d *daemon, want string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	var got string
+	var err error
+	for time.Now().Before(deadline) {
+		if got, err = state(httpGet(d.addr)); err == nil && got == want {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("the daemon's state never became the reference's (err %v)\ndaemon:\n%.3000s\nreference:\n%.3000s\nlogs:\n%s", err, got, want, d.log())
+}
+
+// TestDaemonCrashSafety kills the daemon (SIGKILL) at random moments while events stream in and
+// snapshots are being written, restarts it on the same data directory each time, and checks at
+// the end that its index is exactly the one built from every published event: nothing lost,
+// nothing applied twice. The stream lives in a NATS server of this process, so it outlives the
+// daemon, as a production stream outlives a replica. It then stops the daemon gracefully and
+// checks that the restart restores the same state from the shutdown snapshot alone.
+func TestDaemonCrashSafety(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary and restarts it 20 times")
+	}
+	ns, err := ingest.StartEmbedded(ingest.EmbeddedConfig{Dir: t.TempDir(), Listen: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Shutdown()
+	nc, err := nats.Connect(ns.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	pub, err := ingest.NewPublisher(nc, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref := router.New(router.Config{Shards: 2, ClearOnGap: true, Logger: quiet()})
+	defer ref.Close()
+	bin, dir := buildDaemon(t), t.TempDir()
+	args := func(r *rand.Rand) []string {
+		return []string{"--nats-url", ns.ClientURL(), "--data-dir", dir,
+			"--snapshot-interval", fmt.Sprint(time.Duration(20+r.IntN(200)) * time.Millisecond)}
+	}
+
+	// The publisher: batches in order, each applied to the reference once the stream holds it.
+	stop := make(chan struct{})
+	var published sync.WaitGroup
+	var pubErr error
+	published.Add(1)
+	go func() {
+		defer published.Done()
+		g := &streamGen{r: rand.New(rand.NewPCG(1, 2)), next: map[uint64]uint64{}, held: map[uint64][]uint64{}}
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			b := g.batch(6)
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			_, err := pub.Batch(ctx, b)
+			cancel()
+			if err != nil {
+				pubErr = err
+				return
+			}
+			if err := ref.Ingest(b.Worker, b.Model, b.Events); err != nil {
+				pubErr = err
+				return
+			}
+			time.Sleep(time.Duration(rand.IntN(300)) * time.Microsecond)
+		}
+	}()
+
+	r := rand.New(rand.NewPCG(3, 4))
+	restored := 0
+	for i := range 20 {
+		d := startDaemon(t, bin, args(r)...)
+		if strings.Contains(d.log(), "restored snapshot") {
+			restored++
+		}
+		time.Sleep(time.Duration(100+r.IntN(700)) * time.Millisecond)
+		if err := d.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		_ = d.cmd.Wait()
+		if strings.Contains(d.log(), "panic") {
+			t.Fatalf("run %d panicked:\n%s", i, d.log())
+		}
+	}
+	d := startDaemon(t, bin, args(r)...)
+	close(stop)
+	published.Wait()
+	if pubErr != nil {
+		t.Fatal(pubErr)
+	}
+	ref.Flush()
+	want, err := state(inProcessGet(ref))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(want, "blocks") || strings.Count(want, "\n") < 6 {
+		t.Fatalf("the reference holds too little to compare:\n%s", want)
+	}
+	waitState(t, d, want)
+	if restored < 10 {
+		t.Errorf("only %d of 20 restarts restored a snapshot", restored)
+	}
+
+	// A graceful stop writes a snapshot of everything; the next start restores it and has
+	// nothing to replay.
+	if err := d.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	_ = d.cmd.Wait()
+	d = startDaemon(t, bin, args(r)...)
+	defer func() { d.cmd.Process.Kill(); d.cmd.Wait() }()
+	got, err := state(httpGet(d.addr))
+	if err != nil || got != want {
+		t.Fatalf("after a graceful restart (err %v):\n%.2000s\nwant\n%.2000s\n%s", err, got, want, d.log())
+	}
+	if !strings.Contains(d.log(), "restored snapshot") {
+		t.Fatalf("the graceful restart restored nothing:\n%s", d.log())
+	}
+	t.Logf("%d of 20 killed runs restarted from a snapshot", restored)
+}
+
+func quiet() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+// TestReplicas runs two daemons on one stream: the second starts from the first's snapshot
+// (--bootstrap-from), both converge to the index built from every published event, and a
+// request routed by one counts in the other's load view until it completes.
+func TestReplicas(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the binary twice")
+	}
+	ns, err := ingest.StartEmbedded(ingest.EmbeddedConfig{Dir: t.TempDir(), Listen: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Shutdown()
+	nc, err := nats.Connect(ns.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	pub, err := ingest.NewPublisher(nc, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref := router.New(router.Config{Shards: 2, ClearOnGap: true, Logger: quiet()})
+	defer ref.Close()
+	g := &streamGen{r: rand.New(rand.NewPCG(5, 6)), next: map[uint64]uint64{}, held: map[uint64][]uint64{}}
+	publish := func(n int) {
+		for range n {
+			b := g.batch(4)
+			if _, err := pub.Batch(context.Background(), b); err != nil {
+				t.Fatal(err)
+			}
+			if err := ref.Ingest(b.Worker, b.Model, b.Events); err != nil {
+				t.Fatal(err)
+			}
+		}
+		ref.Flush()
+	}
+	bin := buildDaemon(t)
+	a := startDaemon(t, bin, "--nats-url", ns.ClientURL(), "--data-dir", t.TempDir(), "--snapshot-interval", "50ms", "--replica-id", "a")
+	defer func() { a.cmd.Process.Kill(); a.cmd.Wait() }()
+	publish(300) // a created the stream
+	want, err := state(inProcessGet(ref))
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitState(t, a, want)
+	// Wait for a snapshot that covers it all, then bootstrap b from a.
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(a.log(), "snapshot written") || !strings.Contains(a.log(), "stream_seq=300") {
+		if time.Now().After(deadline) {
+			t.Fatalf("no snapshot of sequence 300:\n%s", a.log())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	b := startDaemon(t, bin, "--nats-url", ns.ClientURL(), "--data-dir", t.TempDir(), "--bootstrap-from", "http://"+a.addr, "--replica-id", "b")
+	defer func() { b.cmd.Process.Kill(); b.cmd.Wait() }()
+	if !strings.Contains(b.log(), "bootstrapped from a peer's snapshot") || !strings.Contains(b.log(), "restored snapshot") {
+		t.Fatalf("b did not start from a's snapshot:\n%s", b.log())
+	}
+	publish(200)
+	if want, err = state(inProcessGet(ref)); err != nil {
+		t.Fatal(err)
+	}
+	waitState(t, a, want)
+	waitState(t, b, want)
+
+	// A request routed by a counts in b's view of the chosen worker's load.
+	active := func(d *daemon, worker uint64) int64 {
+		body, err := httpGet(d.addr)("/v1/workers")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ws struct {
+			Workers []router.WorkerInfo `json:"workers"`
+		}
+		if err := json.Unmarshal(body, &ws); err != nil {
+			t.Fatal(err)
+		}
+		for _, w := range ws.Workers {
+			if w.ID == worker {
+				return w.ActiveBlocks
+			}
+		}
+		return -1
+	}
+	ca := client.New(client.Config{Addr: a.addr, Timeout: 5 * time.Second})
+	var resp wire.RouteResponse
+	toks := make([]uint32, 64)
+	for i := range toks {
+		toks[i] = uint32(1000 + i)
+	}
+	if err := ca.Route(&wire.RouteRequest{RequestID: "shared-1", Model: "m", Tokens: toks}, &resp); err != nil {
+		t.Fatal(err)
+	}
+	waitFor := func(what string, cond func() bool) {
+		deadline := time.Now().Add(10 * time.Second)
+		for !cond() {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s:\n%s", what, b.log())
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	waitFor("b never saw a's booking", func() bool { return active(b, resp.Worker) == 16 })
+	if err := ca.Complete("shared-1"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor("b never saw a's completion", func() bool { return active(b, resp.Worker) == 0 })
+}
