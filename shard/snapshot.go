@@ -73,6 +73,7 @@ func (a *Applier) Import(ix *radix.Index, id uint64, ranks []RankState) (int, er
 			return added, fmt.Errorf("shard: worker %d rank %d: %w", id, rs.Rank, err)
 		}
 		r := &rankState{rank: rs.Rank, slot: slot, last: rs.Cursor}
+		r.engine.Grow(len(rs.Engines))
 		w.ranks = append(w.ranks, r)
 		const ahead = 16
 		for j, eh := range rs.Engines {

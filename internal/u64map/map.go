@@ -216,6 +216,20 @@ func (m *Map) delAt(i int) {
 	m.n--
 }
 
+// Grow makes room for n more keys, so that adding them does not resize the map (one
+// allocation, one rehash of what is there, instead of a chain of them: a bulk load).
+func (m *Map) Grow(n int) {
+	need := m.n + n
+	if need <= m.maxN {
+		return
+	}
+	c := max(len(m.slots), emMin)
+	for c*emLoadNum/emLoadDen < need {
+		c = c * emGrowNum / emGrowDen
+	}
+	m.resize(c)
+}
+
 func (m *Map) resize(c int) {
 	old := m.slots
 	m.slots = make([]emSlot, c)

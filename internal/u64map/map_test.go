@@ -142,3 +142,25 @@ func FuzzMap(f *testing.F) {
 		applyEngineOps(t, data, 64)
 	})
 }
+
+func TestGrow(t *testing.T) {
+	var m Map
+	m.Grow(1000)
+	slots := len(m.slots)
+	for k := uint64(1); k <= 1000; k++ {
+		m.Put(k, k*2)
+	}
+	if len(m.slots) != slots {
+		t.Fatalf("Put resized after Grow(1000): %d slots, then %d", slots, len(m.slots))
+	}
+	m.Grow(10) // room already
+	if len(m.slots) != slots {
+		t.Fatal("Grow with room to spare resized")
+	}
+	m.Grow(5000)
+	for k := uint64(1); k <= 1000; k++ {
+		if v, ok := m.Get(k); !ok || v != k*2 {
+			t.Fatalf("key %d after Grow: %d %v", k, v, ok)
+		}
+	}
+}
