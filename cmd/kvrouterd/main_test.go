@@ -225,7 +225,7 @@ func TestDaemonOverTCP(t *testing.T) {
 }
 
 // freeAddr returns a loopback address with a port free a moment ago.
-func freeAddr(t *testing.T) string {
+func freeAddr(t testing.TB) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -236,7 +236,7 @@ func freeAddr(t *testing.T) string {
 }
 
 // buildDaemon builds the binary into a temporary directory.
-func buildDaemon(t *testing.T) string {
+func buildDaemon(t testing.TB) string {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "kvrouterd")
 	gobin := filepath.Join(runtime.GOROOT(), "bin", "go")
