@@ -23,6 +23,7 @@ import (
 	"github.com/kvrouterd/kvrouterd/server"
 	"github.com/kvrouterd/kvrouterd/shard"
 	"github.com/kvrouterd/kvrouterd/wire"
+	natsserver "github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/valyala/fasthttp"
 )
@@ -197,22 +198,7 @@ func TestDaemonCrashSafety(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the binary and restarts it 20 times")
 	}
-	ns, err := ingest.StartEmbedded(ingest.EmbeddedConfig{Dir: t.TempDir(), Listen: "127.0.0.1:0"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ns.Shutdown()
-	nc, err := nats.Connect(ns.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	pub, err := ingest.NewPublisher(nc, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ref := router.New(router.Config{Shards: 2, ClearOnGap: true, Logger: quiet()})
-	defer ref.Close()
+	ns, pub, ref := testStream(t)
 	bin, dir := buildDaemon(t), t.TempDir()
 	args := func(r *rand.Rand) []string {
 		return []string{"--nats-url", ns.ClientURL(), "--data-dir", dir,
@@ -304,6 +290,29 @@ func TestDaemonCrashSafety(t *testing.T) {
 
 func quiet() *slog.Logger { return slog.New(slog.DiscardHandler) }
 
+// testStream is a NATS server in this process, a publisher on it, and the reference router the
+// test feeds every published batch; all stopped when the test ends.
+func testStream(t *testing.T) (*natsserver.Server, *ingest.Publisher, *router.Router) {
+	t.Helper()
+	ns, err := ingest.StartEmbedded(ingest.EmbeddedConfig{Dir: t.TempDir(), Listen: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(ns.Shutdown)
+	nc, err := nats.Connect(ns.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	pub, err := ingest.NewPublisher(nc, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref := router.New(router.Config{Shards: 2, ClearOnGap: true, Logger: quiet()})
+	t.Cleanup(ref.Close)
+	return ns, pub, ref
+}
+
 // TestReplicas runs two daemons on one stream: the second starts from the first's snapshot
 // (--bootstrap-from), both converge to the index built from every published event, and a
 // request routed by one counts in the other's load view until it completes.
@@ -311,22 +320,7 @@ func TestReplicas(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the binary twice")
 	}
-	ns, err := ingest.StartEmbedded(ingest.EmbeddedConfig{Dir: t.TempDir(), Listen: "127.0.0.1:0"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ns.Shutdown()
-	nc, err := nats.Connect(ns.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	pub, err := ingest.NewPublisher(nc, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ref := router.New(router.Config{Shards: 2, ClearOnGap: true, Logger: quiet()})
-	defer ref.Close()
+	ns, pub, ref := testStream(t)
 	g := &streamGen{r: rand.New(rand.NewPCG(5, 6)), next: map[uint64]uint64{}, held: map[uint64][]uint64{}}
 	publish := func(n int) {
 		for range n {

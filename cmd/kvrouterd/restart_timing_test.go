@@ -24,10 +24,7 @@ import (
 // prompts. It returns the residencies.
 func snapshotDir(tb testing.TB, dir string, workers, perWorker int) int64 {
 	tb.Helper()
-	st, err := snapshot.Open(filepath.Join(dir, "snapshots"), snapshot.Config{Logger: quiet()})
-	if err != nil {
-		tb.Fatal(err)
-	}
+	st := openStore(tb, dir)
 	defer st.Close()
 	r := rand.New(rand.NewPCG(1, 1))
 	pool := make([]uint64, 1<<16)
@@ -36,7 +33,7 @@ func snapshotDir(tb testing.TB, dir string, workers, perWorker int) int64 {
 	}
 	var n int64
 	// Stream sequence 0: the daemon then reads its (empty) stream from the start.
-	_, err = st.Write(0, nil, func(emit func([]byte) error) error {
+	_, err := st.Write(0, nil, func(emit func([]byte) error) error {
 		var buf []byte
 		w := wire.SnapshotWorker{Model: "m", BlockSize: 16, Ranks: []wire.SnapshotRank{{Cursor: 1}}}
 		rk := &w.Ranks[0]
@@ -80,10 +77,7 @@ var (
 // with its embedded NATS server; it reports the daemon's own restore time and time to ready
 // from its log, and the restore rate.
 func BenchmarkRestart(b *testing.B) {
-	workers, per := 1000, 10000
-	if testing.Short() {
-		workers, per = 100, 10000
-	}
+	workers, per := benchSize()
 	bin := buildDaemon(b)
 	dir := b.TempDir()
 	res := snapshotDir(b, dir, workers, per)
@@ -140,16 +134,10 @@ func BenchmarkRestart(b *testing.B) {
 // router holding them: copying each worker's state on its shard, sorting, encoding, compressing
 // and committing to the store.
 func BenchmarkSnapshotWrite(b *testing.B) {
-	workers, per := 1000, 10000
-	if testing.Short() {
-		workers, per = 100, 10000
-	}
+	workers, per := benchSize()
 	src := b.TempDir()
 	res := snapshotDir(b, src, workers, per)
-	st, err := snapshot.Open(filepath.Join(src, "snapshots"), snapshot.Config{Logger: quiet()})
-	if err != nil {
-		b.Fatal(err)
-	}
+	st := openStore(b, src)
 	sn, _, err := st.Latest()
 	if err != nil {
 		b.Fatal(err)
@@ -182,16 +170,10 @@ func BenchmarkSnapshotWrite(b *testing.B) {
 // BenchmarkRestore is the restore alone, in process: verify, decompress, decode and import a
 // snapshot of 10^7 residencies (-short: 10^6) into a new router with 2 shards.
 func BenchmarkRestore(b *testing.B) {
-	workers, per := 1000, 10000
-	if testing.Short() {
-		workers, per = 100, 10000
-	}
+	workers, per := benchSize()
 	dir := b.TempDir()
 	res := snapshotDir(b, dir, workers, per)
-	st, err := snapshot.Open(filepath.Join(dir, "snapshots"), snapshot.Config{Logger: quiet()})
-	if err != nil {
-		b.Fatal(err)
-	}
+	st := openStore(b, dir)
 	defer st.Close()
 	b.ResetTimer()
 	start := time.Now()
@@ -210,4 +192,21 @@ func BenchmarkRestore(b *testing.B) {
 		b.StartTimer()
 	}
 	b.ReportMetric(float64(res)*float64(b.N)/time.Since(start).Seconds(), "residencies/s")
+}
+
+// benchSize is the snapshot the benchmarks use: 1,000 workers × 10^4 blocks (-short: 100 workers).
+func benchSize() (workers, perWorker int) {
+	if testing.Short() {
+		return 100, 10000
+	}
+	return 1000, 10000
+}
+
+func openStore(tb testing.TB, dir string) *snapshot.Store {
+	tb.Helper()
+	st, err := snapshot.Open(filepath.Join(dir, "snapshots"), snapshot.Config{Logger: quiet()})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return st
 }
