@@ -29,4 +29,13 @@
 // waiting_requests, kv_usage, max_batched_tokens), published on the load subject with plain NATS
 // (not kept in the stream). A worker that sends them is dropped from routing when silent past
 // the daemon's --worker-timeout.
+//
+// # Load sharing between replicas
+//
+// Replicas on one NATS tell each other of every request they book, finish prefilling and
+// complete (Sharer): plain NATS on <prefix>.active.<replica id>, one binary message per
+// operation (magic "KVRA"; layout in share.go), a replica skipping its own subject. A receiver
+// counts the others' requests in its workers' active load as its own (router.BookRemote).
+// Resuming the event stream after a snapshot (ConsumerConfig.StartSeq) and clearing the index
+// when sequences were lost (ConsumerConfig.OnGap) are the daemon's restart path.
 package ingest
