@@ -40,13 +40,19 @@ func (r *Router) Snapshot(chunkSize int, emit func(chunk []byte) error) (Snapsho
 		chunkSize = DefaultChunkSize
 	}
 	var st SnapshotStats
+	// Registrations, copied under the lock; each worker's registered ranks in Ranks, without
+	// blocks, until its shard fills in those it holds state for.
 	r.mu.Lock()
-	var sw []wire.SnapshotWorker // registrations, copied under the lock
+	var sw []wire.SnapshotWorker
 	for _, reg := range r.workers {
-		sw = append(sw, wire.SnapshotWorker{
+		w := wire.SnapshotWorker{
 			ID: reg.id, Model: reg.model.name, BlockSize: reg.model.blockSize, Capacity: reg.capacity,
 			MaxTokens: reg.maxTokens, Endpoint: reg.endpoint, Replay: reg.replay, Reports: reg.heartbeat.Load(),
-		})
+		}
+		for _, rw := range reg.ranks {
+			w.Ranks = append(w.Ranks, wire.SnapshotRank{Rank: rw.key.Rank})
+		}
+		sw = append(sw, w)
 	}
 	r.mu.Unlock()
 	slices.SortFunc(sw, func(a, b wire.SnapshotWorker) int { return cmp.Compare(a.ID, b.ID) })
@@ -67,19 +73,16 @@ func (r *Router) Snapshot(chunkSize int, emit func(chunk []byte) error) (Snapsho
 	}
 	for i := range sw {
 		w := &sw[i]
-		m := r.model(w.Model)
-		if m == nil {
-			continue
-		}
 		ranks = ranks[:0]
 		err := r.set.Do(w.ID, func(a *shard.Applier) { ranks = a.Export(w.ID, ranks) })
 		if err != nil {
 			return st, err
 		}
-		if len(ranks) == 0 {
-			// Registered, no events applied yet: the registration alone (its ranks come back
-			// as the registration's, with no blocks).
-			ranks = append(ranks, r.registeredRanks(w.ID)...)
+		// Registered ranks with no events applied yet come back registered, with no blocks.
+		for _, reg := range w.Ranks {
+			if !slices.ContainsFunc(ranks, func(rs wire.SnapshotRank) bool { return rs.Rank == reg.Rank }) {
+				ranks = append(ranks, wire.SnapshotRank{Rank: reg.Rank})
+			}
 		}
 		for j := range ranks {
 			pairs = sortPairs(&ranks[j], pairs)
@@ -98,21 +101,6 @@ func (r *Router) Snapshot(chunkSize int, emit func(chunk []byte) error) (Snapsho
 		}
 	}
 	return st, flush()
-}
-
-// registeredRanks is worker id's registered ranks with no blocks.
-func (r *Router) registeredRanks(id uint64) []wire.SnapshotRank {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	reg := r.workers[id]
-	if reg == nil {
-		return nil
-	}
-	out := make([]wire.SnapshotRank, len(reg.ranks))
-	for i, rw := range reg.ranks {
-		out[i].Rank = rw.key.Rank
-	}
-	return out
 }
 
 // pair is a block of a snapshot rank, for sorting both arrays together.

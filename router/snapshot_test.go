@@ -123,6 +123,9 @@ func TestSnapshotRestoreEquivalence(t *testing.T) {
 		if err := live.Register(Registration{ID: 99, Model: "m", BlockSize: 4, Capacity: 500, Ranks: []uint32{0, 3}}); err != nil {
 			t.Fatal(err) // registered, never sends an event
 		}
+		if err := live.Register(Registration{ID: 7, Model: "m", BlockSize: 4, Ranks: []uint32{5}}); err != nil {
+			t.Fatal(err) // worker 7's rank 5: registered, never an event, beside ranks that have some
+		}
 		for id := uint64(1); id <= 7; id++ {
 			if err := live.Register(Registration{ID: id, Model: "m", BlockSize: 4, Ranks: []uint32{0, 1}, Endpoint: fmt.Sprintf("tcp://w%d:5557", id)}); err != nil {
 				t.Fatal(err)
