@@ -198,4 +198,24 @@ func TestConsumerStartSeq(t *testing.T) {
 	if st := c.Stats(); st.Messages != 2 || st.Gaps != 0 {
 		t.Fatalf("stats %+v, want 2 messages and no gap", st)
 	}
+
+	// A start past the stream's end (state saved from a stream that has since been recreated)
+	// is a gap reported to OnGap, and the consumer reads the stream from its first message
+	// instead of waiting for sequences it would reach only much later.
+	r2 := router.New(router.Config{Shards: 1, Logger: quietLog()})
+	defer r2.Close()
+	var from, to uint64
+	c2, err := NewConsumer(ctx, connect(t, s.ClientURL()), r2, ConsumerConfig{Logger: quietLog(), StartSeq: seqs[3] + 10,
+		OnGap: func(f, l uint64) { from, to = f, l }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	if from != seqs[3]+1 || to != seqs[3]+9 {
+		t.Fatalf("OnGap(%d, %d), want (%d, %d)", from, to, seqs[3]+1, seqs[3]+9)
+	}
+	waitFor(t, "the whole stream", func() bool { return c2.LastSeq() == seqs[3] })
+	if got := cached(t, r2, "m", toks(0, 2)); len(got) != 4 {
+		t.Fatalf("cached %v, want all 4 workers", got)
+	}
 }
