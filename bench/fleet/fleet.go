@@ -271,13 +271,10 @@ func Run(cfg Config, reqs []trace.Request) (*Result, error) {
 		ids[next] = strconv.Itoa(next)
 		req = req0
 		req.RequestID, req.Tokens = ids[next], q.Tokens
-		var err error
+		t0 := time.Now()
+		err := rt.Route(&req, &resp)
 		if res.RouteLatency != nil {
-			t0 := time.Now()
-			err = rt.Route(&req, &resp)
 			res.RouteLatency[next] = time.Since(t0)
-		} else {
-			err = rt.Route(&req, &resp)
 		}
 		if err == nil && (resp.Worker < 1 || resp.Worker > uint64(len(ws))) {
 			err = fmt.Errorf("fleet: routed to worker %d, not a simulated one", resp.Worker)

@@ -210,14 +210,11 @@ func run(ctx context.Context, c config) error {
 	}
 	stopSnapshots()
 	closeShare()
-	seq := lastSeq()
 	stream.Close() // stops taking events; the ones taken are in the shard queues
 	watch.close()
 	if p != nil {
-		if stream != nil {
-			seq = stream.Consumer.LastSeq() // every event handed over; the snapshot waits for them
-		}
-		if err := p.write(r, seq); err != nil {
+		// Every event up to lastSeq was handed over; the snapshot's copies wait for them.
+		if err := p.write(r, lastSeq()); err != nil {
 			log.Warn("the shutdown snapshot failed; the next start replays more of the stream", "err", err)
 		}
 	}
