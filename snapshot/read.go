@@ -123,24 +123,15 @@ func (sn *Snapshot) Chunk(i int, dst []byte) ([]byte, error) {
 	if i < 0 || i >= len(sn.chunks) {
 		return dst[:0], fmt.Errorf("snapshot %d: chunk index %d out of range [0, %d)", sn.id, i, len(sn.chunks))
 	}
-	s := sn.s
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	sn.mu.RLock()
-	defer sn.mu.RUnlock()
-	if sn.closed {
-		return dst[:0], ErrClosed
-	}
-	v, c, err := sn.get(i)
-	if err != nil {
-		return dst[:0], err
-	}
-	out, err := s.decompress(dst, v, sn.chunks[i].raw)
-	_ = c.Close()
-	if err != nil {
-		return out, within(sn.where(i), err)
-	}
-	return out, nil
+	out := dst[:0]
+	err := sn.stored(i, func(v []byte) error {
+		var err error
+		if out, err = sn.s.decompress(dst, v, sn.chunks[i].raw); err != nil {
+			return within(sn.where(i), err)
+		}
+		return nil
+	})
+	return out, err
 }
 
 // WriteTo writes the snapshot as a portable stream (see the package doc). Every chunk is checked
@@ -168,21 +159,27 @@ func (sn *Snapshot) WriteTo(w io.Writer) (int64, error) {
 
 // copyChunk appends chunk i's verified stored bytes to dst.
 func (sn *Snapshot) copyChunk(i int, dst []byte) ([]byte, error) {
+	err := sn.stored(i, func(v []byte) error { dst = append(dst, v...); return nil })
+	return dst, err
+}
+
+// stored calls f with chunk i's verified stored (compressed) bytes, valid only during the call,
+// holding the locks that keep the view open meanwhile.
+func (sn *Snapshot) stored(i int, f func(v []byte) error) error {
 	s := sn.s
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	sn.mu.RLock()
 	defer sn.mu.RUnlock()
 	if sn.closed {
-		return dst, ErrClosed
+		return ErrClosed
 	}
 	v, c, err := sn.get(i)
 	if err != nil {
-		return dst, err
+		return err
 	}
-	dst = append(dst, v...)
-	_ = c.Close()
-	return dst, nil
+	defer c.Close()
+	return f(v)
 }
 
 // Close releases the pinned view, letting the store reclaim the disk space of data deleted
