@@ -2,6 +2,7 @@ package scoring
 
 import (
 	"errors"
+	"math/bits"
 	"sync"
 	"sync/atomic"
 
@@ -40,7 +41,13 @@ type Tracker struct {
 	shards [reqShards]reqShard
 	pool   *freelist.List[booking]
 	n      atomic.Int64
+	// busy has bit s set while the worker of slot s has requests booked, so that a caller can
+	// find the few busy workers of a large fleet without reading every worker's load.
+	busy [(radix.MaxSlots/64 + busyWords - 1) / busyWords]atomic.Pointer[[busyWords]atomic.Uint64]
 }
+
+// busyWords is the 64-bit words per chunk of the busy bitmap (4,096 slots).
+const busyWords = 64
 
 type reqShard struct {
 	mu sync.Mutex
@@ -55,6 +62,7 @@ type booking struct {
 	prefill     int64
 	prefillDone bool
 	deadline    int64
+	at          int // position in load.active while booked on a registered worker
 }
 
 // Load is one worker's (id, dp rank) booked load. Its accessors are safe for concurrent use.
@@ -62,9 +70,10 @@ type Load struct {
 	key  radix.WorkerKey
 	slot radix.Slot
 
-	mu   sync.Mutex
-	refs u64map.Map // full block → active requests using it on this worker
-	gone bool
+	mu     sync.Mutex
+	refs   u64map.Map // full block → active requests using it on this worker
+	active []*booking // the requests booked on this worker, in no order
+	gone   bool
 
 	blocks   atomic.Int64
 	prefill  atomic.Int64
@@ -94,6 +103,9 @@ func (t *Tracker) Register(k radix.WorkerKey) (*Load, error) {
 	if err != nil {
 		return nil, err
 	}
+	if c := &t.busy[s/(64*busyWords)]; c.Load() == nil {
+		c.Store(new([busyWords]atomic.Uint64))
+	}
 	l := &Load{key: k, slot: s}
 	loads := *t.loads.Load()
 	next := make([]*Load, max(len(loads), int(s)+1))
@@ -112,8 +124,11 @@ func (t *Tracker) Unregister(l *Load) {
 		return
 	}
 	l.gone = true
+	t.setBusy(l.slot, false)
 	l.refs.Each(func(seq, _ uint64) { t.roots.Remove(seq, l.slot) })
 	l.refs.Reset()
+	clear(l.active)
+	l.active = l.active[:0]
 	l.blocks.Store(0)
 	l.prefill.Store(0)
 	_ = t.roots.Release(l.slot)
@@ -135,9 +150,9 @@ func (l *Load) ActivePrefill() int64 { return l.prefill.Load() }
 func (l *Load) Requests() int64 { return l.requests.Load() }
 
 // Match fills m with, for every registered worker that has seqs[0] active, how many leading
-// blocks of seqs its active requests already use (m.Slots are Load.Slot values). It finds those
-// workers lock-free, then takes each one's lock for a binary search: a request books every block
-// from its first, so the blocks active on a worker are closed under prefixes.
+// blocks of seqs its active requests already use (m.Slots are Load.Slot values). seqs are
+// chained block hashes, as Book's are. It finds those workers lock-free, then takes each one's
+// lock to compare seqs with its requests (see Load.shared).
 func (t *Tracker) Match(seqs []uint64, m *radix.Match) {
 	if len(seqs) == 0 {
 		t.roots.Match(nil, m)
@@ -152,10 +167,39 @@ func (t *Tracker) Match(seqs []uint64, m *radix.Match) {
 	}
 }
 
-// shared returns how many leading blocks of seqs are active on l.
+// scanRequests is the most active requests on a worker for which shared compares the query
+// with each request's blocks rather than searching the worker's block map: a comparison reads
+// two arrays, a map probe hashes and misses the cache.
+const scanRequests = 16
+
+// Shared returns how many leading blocks of seqs (chained hashes, as Book's) are active on l: the
+// depth Match reports for l, for one worker.
+func (t *Tracker) Shared(l *Load, seqs []uint64) int {
+	if len(seqs) == 0 {
+		return 0
+	}
+	return l.shared(seqs)
+}
+
+// shared returns how many leading blocks of seqs are active on l. Blocks are chained, so two
+// sequences that agree at block i agree on every block before it, and the blocks active on l are
+// the prefixes of its requests: the answer is the longest prefix seqs shares with one request.
+// With few requests that is a binary search per request (most are ruled out by one comparison
+// at the best length so far); with many, a binary search for the longest prefix in l's block
+// map, whose blocks are closed under prefixes.
 func (l *Load) shared(seqs []uint64) int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if len(l.active) <= scanRequests {
+		best := 0
+		for _, b := range l.active {
+			if best == len(seqs) {
+				break
+			}
+			best = longerPrefix(seqs, b.seqs, best)
+		}
+		return best
+	}
 	lo, hi := 0, len(seqs) // seqs[:lo] active; seqs[hi] not (or hi = len)
 	for lo < hi {
 		mid := int(uint(lo+hi+1) >> 1)
@@ -168,6 +212,55 @@ func (l *Load) shared(seqs []uint64) int {
 	return lo
 }
 
+// longerPrefix returns the length of the common prefix of the chained sequences a and b if it
+// is longer than best, else best.
+func longerPrefix(a, b []uint64, best int) int {
+	n := min(len(a), len(b))
+	if n <= best || a[best] != b[best] {
+		return best
+	}
+	lo, hi := best+1, n // a[:lo] == b[:lo]; a[hi-1] != b[hi-1] unless hi == n
+	for lo < hi {
+		mid := int(uint(lo+hi+1) >> 1)
+		if a[mid-1] == b[mid-1] {
+			lo = mid
+		} else {
+			hi = mid - 1
+		}
+	}
+	return lo
+}
+
+// setBusy sets or clears slot's bit in the busy bitmap. REQUIRES the slot's Load.mu.
+func (t *Tracker) setBusy(s radix.Slot, busy bool) {
+	w, bit := &t.busy[s/(64*busyWords)].Load()[s/64%busyWords], uint64(1)<<(s%64)
+	if busy {
+		w.Or(bit)
+	} else {
+		w.And(^bit)
+	}
+}
+
+// AppendBusy appends to dst, ascending, the slots of the registered workers that have requests
+// booked: the workers whose ActiveBlocks, ActivePrefill and Requests may be other than 0. It reads
+// a bitmap, 64 workers per word, lock-free; a request booked or completed meanwhile may or may not
+// be seen, as with those accessors.
+func (t *Tracker) AppendBusy(dst []radix.Slot) []radix.Slot {
+	high := len(*t.loads.Load())
+	for c := 0; c*64*busyWords < high; c++ {
+		words := t.busy[c].Load()
+		if words == nil {
+			break
+		}
+		for i := range words {
+			for b := words[i].Load(); b != 0; b &= b - 1 {
+				dst = append(dst, radix.Slot((c*busyWords+i)*64+bits.TrailingZeros64(b)))
+			}
+		}
+	}
+	return dst
+}
+
 // Active returns the number of requests booked and not completed or expired.
 func (t *Tracker) Active() int64 { return t.n.Load() }
 
@@ -176,10 +269,9 @@ func (t *Tracker) shard(id string) (*reqShard, uint64) {
 	return &t.shards[h%reqShards], h
 }
 
-// Book records request id as routed to l: blocks seqs (its full blocks, first block first) and
-// prefill uncached prompt tokens. The request expires at
-// deadline (any monotonic clock in nanoseconds, as passed to Expire). It allocates nothing in
-// steady state.
+// Book records request id as routed to l: blocks seqs (its full blocks as chained hashes, first
+// block first) and prefill uncached prompt tokens. The request expires at deadline (any monotonic
+// clock in nanoseconds, as passed to Expire). It allocates nothing in steady state.
 func (t *Tracker) Book(id string, l *Load, seqs []uint64, prefill int64, deadline int64) error {
 	if len(id) == 0 || len(id) > MaxRequestID {
 		return ErrRequestID
@@ -216,6 +308,11 @@ func (t *Tracker) Book(id string, l *Load, seqs []uint64, prefill int64, deadlin
 			}
 			added++
 		}
+	}
+	b.at = len(l.active)
+	l.active = append(l.active, b)
+	if b.at == 0 {
+		t.setBusy(l.slot, true)
 	}
 	l.blocks.Add(added)
 	l.prefill.Add(prefill)
@@ -290,6 +387,13 @@ func (t *Tracker) release(b *booking) {
 		l.blocks.Add(-freed)
 		if !b.prefillDone {
 			l.prefill.Add(-b.prefill)
+		}
+		last := len(l.active) - 1
+		l.active[b.at], l.active[last].at = l.active[last], b.at
+		l.active[last] = nil
+		l.active = l.active[:last]
+		if last == 0 {
+			t.setBusy(l.slot, false)
 		}
 	}
 	l.requests.Add(-1)

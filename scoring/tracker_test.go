@@ -3,6 +3,7 @@ package scoring
 import (
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"testing"
 
@@ -87,9 +88,15 @@ func TestTrackerUnregister(t *testing.T) {
 	if err := tr.Book("a", w, []uint64{1, 2}, 32, 10); err != nil {
 		t.Fatal(err)
 	}
+	if got := tr.AppendBusy(nil); len(got) != 1 || got[0] != w.Slot() {
+		t.Fatalf("busy slots %v, want [%d]", got, w.Slot())
+	}
 	tr.Unregister(w)
 	if w.ActiveBlocks() != 0 || w.ActivePrefill() != 0 {
 		t.Fatal("unregistered worker still carries load")
+	}
+	if got := tr.AppendBusy(nil); len(got) != 0 {
+		t.Fatalf("unregistered worker still busy: %v", got)
 	}
 	if err := tr.Book("b", w, []uint64{1}, 1, 10); err != ErrWorkerGone {
 		t.Fatalf("booking on an unregistered worker: %v", err)
@@ -176,5 +183,104 @@ func TestTrackerBookAllocs(t *testing.T) {
 		}
 	}); n != 0 {
 		t.Fatalf("book, prefill done and complete allocate %v times", n)
+	}
+}
+
+// TestTrackerMatchModel books and completes random requests whose chained blocks branch off a
+// few shared prefixes, and after each step checks every worker's active blocks and the shared
+// prefix Match and Shared report, and the busy workers, against a recount from the requests in
+// flight. Workers carry from none to
+// about three times scanRequests requests, so both ways of finding the shared prefix are used.
+func TestTrackerMatchModel(t *testing.T) {
+	tr := NewTracker()
+	ws := []*Load{mustRegister(t, tr, 1), mustRegister(t, tr, 2), mustRegister(t, tr, 3)}
+	rng := rand.New(rand.NewPCG(7, 11))
+	// chain makes a sequence of n blocks taking branch choices from a small alphabet, so that
+	// sequences share prefixes of every length.
+	chain := func(n int) []uint64 {
+		seqs := make([]uint64, n)
+		h := uint64(0)
+		for i := range seqs {
+			h = h*1_000_003 + uint64(rng.IntN(3)) + 1
+			seqs[i] = h
+		}
+		return seqs
+	}
+	type req struct {
+		id   string
+		w    int
+		seqs []uint64
+	}
+	var live []req
+	model := func(w int, q []uint64) (blocks int64, shared int32) {
+		seen := map[uint64]bool{}
+		for _, r := range live {
+			if r.w != w {
+				continue
+			}
+			n := int32(0)
+			for n < int32(min(len(q), len(r.seqs))) && q[n] == r.seqs[n] {
+				n++
+			}
+			shared = max(shared, n)
+			for _, s := range r.seqs {
+				seen[s] = true
+			}
+		}
+		return int64(len(seen)), shared
+	}
+	var m radix.Match
+	for step := range 4000 {
+		grow := len(live) < 20 || (len(live) < 150 && rng.IntN(2) == 0)
+		if grow {
+			r := req{id: fmt.Sprintf("r%d", step), w: rng.IntN(len(ws)), seqs: chain(1 + rng.IntN(12))}
+			if err := tr.Book(r.id, ws[r.w], r.seqs, 1, 1<<60); err != nil {
+				t.Fatal(err)
+			}
+			live = append(live, r)
+		} else {
+			k := rng.IntN(len(live))
+			if err := tr.Complete(live[k].id); err != nil {
+				t.Fatal(err)
+			}
+			live[k] = live[len(live)-1]
+			live = live[:len(live)-1]
+		}
+		q := chain(1 + rng.IntN(12))
+		if rng.IntN(2) == 0 && len(live) > 0 { // a query that extends a request in flight
+			r := live[rng.IntN(len(live))]
+			k := rng.IntN(len(r.seqs)) + 1
+			q = append(slices.Clone(r.seqs[:k]), q...)
+			for i := k; i < len(q); i++ {
+				q[i] = q[i-1]*1_000_003 + q[i]%4
+			}
+		}
+		tr.Match(q, &m)
+		got := map[radix.Slot]int32{}
+		for i, s := range m.Slots {
+			got[s] = m.Depth[i]
+		}
+		var busy []radix.Slot
+		for i, w := range ws {
+			if slices.ContainsFunc(live, func(r req) bool { return r.w == i }) {
+				busy = append(busy, w.Slot())
+			}
+		}
+		if got := tr.AppendBusy(nil); !slices.Equal(got, busy) {
+			t.Fatalf("step %d: busy slots %v, want %v", step, got, busy)
+		}
+		for i, w := range ws {
+			blocks, shared := model(i, q)
+			if n := tr.Shared(w, q); int32(n) != shared {
+				t.Fatalf("step %d: worker %d: Shared %d, model %d", step, i, n, shared)
+			}
+			if w.ActiveBlocks() != blocks {
+				t.Fatalf("step %d: worker %d has %d active blocks, model %d", step, i, w.ActiveBlocks(), blocks)
+			}
+			if got[w.Slot()] != shared {
+				t.Fatalf("step %d: worker %d shares %d blocks of the query (%d requests), model %d",
+					step, i, got[w.Slot()], len(w.active), shared)
+			}
+		}
 	}
 }
