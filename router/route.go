@@ -27,6 +27,17 @@ type scratch struct {
 	pos     []int32 // unless all: candidate → worker list position
 	allowed []uint64
 	top     []int32 // candidates of a capped answer, a max-heap by (logit, index) while filled
+
+	// scoreKV's working memory (scorekv.go)
+	depth  []int32
+	busy   []radix.Slot
+	bpos   []int32
+	rows   []busyRow
+	tab    []float64
+	heap   []ranked
+	bounds []float64
+	pool   []ranked
+	ties   []tie
 }
 
 // cand returns the candidate of worker list position pos, -1 for none.
@@ -133,11 +144,56 @@ func (r *Router) route(req *wire.RouteRequest, resp *wire.RouteResponse, book bo
 	}
 	p.Blocks = len(s.seqs)
 	m.ix.Match(s.seqs, &s.m)
-	r.tracker.Match(s.seqs, &s.am)
-
 	list := m.list.Load()
-	if err := s.candidates(m.ix, list, req); err != nil {
-		return err
+	limit := int(req.MaxCandidates)
+	if limit == 0 {
+		limit = r.cfg.MaxCandidates
+	}
+	var pos, cached int32
+	if p.Mode == scoring.KV && p.Temperature == 0 && !req.HasPinned && len(req.Allowed) == 0 &&
+		len(list.keys) > 0 && !r.general && !r.log.Enabled(context.Background(), slog.LevelDebug) {
+		if err := p.Check(); err != nil {
+			return fieldErr(ErrInvalid, "request", "%v", err)
+		}
+		pos, cached = s.scoreKV(r, m.ix, list, &p, req, resp, limit, book)
+	} else {
+		chosen, err := s.general(r, m.ix, list, &p, req, book)
+		if err != nil {
+			return err
+		}
+		if book {
+			pos, cached = s.worker(chosen), s.cands[chosen].Cached
+		}
+		s.fill(resp, req, &p, chosen, book, limit)
+	}
+	if book {
+		w := list.ws[pos]
+		prefill := int64(p.ISL) - int64(cached)*int64(bs)
+		if err := r.tracker.Book(req.RequestID, w.load, s.seqs, prefill, r.cfg.Now()+int64(r.cfg.RequestExpiry)); err != nil {
+			if err == scoring.ErrDuplicateRequest {
+				return fieldErr(ErrConflict, "request_id", "request %q is already active", req.RequestID)
+			}
+			return fieldErr(ErrUnknownWorker, "worker", "%v", err)
+		}
+		if r.cfg.Share != nil {
+			r.cfg.Share.Booked(m.name, w.key, req.RequestID, s.seqs, prefill, r.cfg.RequestExpiry)
+		}
+		if r.approx != nil {
+			r.recordApprox(m, w, s.seqs)
+		}
+		r.routed.Add(1)
+	} else {
+		r.matched.Add(1)
+	}
+	return nil
+}
+
+// general scores every allowed worker of list one by one and returns the chosen candidate's
+// position in s.cands (if book).
+func (s *scratch) general(r *Router, ix *radix.Index, list *workerList, p *scoring.Params, req *wire.RouteRequest, book bool) (int, error) {
+	r.tracker.Match(s.seqs, &s.am)
+	if err := s.candidates(ix, list, req); err != nil {
+		return 0, err
 	}
 	for i, slot := range s.m.Slots {
 		if int(slot) < len(list.bySlot) {
@@ -160,44 +216,19 @@ func (r *Router) route(req *wire.RouteRequest, resp *wire.RouteResponse, book bo
 	var chosen int
 	var err error
 	if book {
-		chosen, err = r.chooser.Choose(s.cands, &p, r.cfg.Rand)
+		chosen, err = r.chooser.Choose(s.cands, p, r.cfg.Rand)
 	} else {
 		if err = p.Check(); err == nil {
-			scoring.Score(s.cands, &p)
+			scoring.Score(s.cands, p)
 		}
 	}
 	if err != nil {
-		return fieldErr(ErrInvalid, "request", "%v", err)
+		return 0, fieldErr(ErrInvalid, "request", "%v", err)
 	}
 	if r.log.Enabled(context.Background(), slog.LevelDebug) {
-		r.logDecision(req, &p, s.cands, chosen, book)
+		r.logDecision(req, p, s.cands, chosen, book)
 	}
-	if book {
-		c := &s.cands[chosen]
-		w := list.ws[s.worker(chosen)]
-		prefill := int64(p.ISL) - int64(c.Cached)*int64(bs)
-		if err := r.tracker.Book(req.RequestID, w.load, s.seqs, prefill, r.cfg.Now()+int64(r.cfg.RequestExpiry)); err != nil {
-			if err == scoring.ErrDuplicateRequest {
-				return fieldErr(ErrConflict, "request_id", "request %q is already active", req.RequestID)
-			}
-			return fieldErr(ErrUnknownWorker, "worker", "%v", err)
-		}
-		if r.cfg.Share != nil {
-			r.cfg.Share.Booked(m.name, w.key, req.RequestID, s.seqs, prefill, r.cfg.RequestExpiry)
-		}
-		if r.approx != nil {
-			r.recordApprox(m, w, s.seqs)
-		}
-		r.routed.Add(1)
-	} else {
-		r.matched.Add(1)
-	}
-	limit := int(req.MaxCandidates)
-	if limit == 0 {
-		limit = r.cfg.MaxCandidates
-	}
-	s.fill(resp, req, &p, chosen, book, limit)
-	return nil
+	return chosen, nil
 }
 
 // candidates fills s.cands with the allowed workers of list and their loads.
@@ -267,16 +298,10 @@ func (s *scratch) candidates(ix *radix.Index, list *workerList, req *wire.RouteR
 // number, the chosen worker first and then the lowest logits (ties in worker order), up to limit.
 func (s *scratch) fill(resp *wire.RouteResponse, req *wire.RouteRequest, p *scoring.Params, chosen int, book bool, limit int) {
 	cands := s.cands
-	resp.RequestID = req.RequestID
-	resp.Mode = wire.Mode(p.Mode)
-	resp.Chosen = book
-	resp.Worker, resp.Rank = 0, 0
+	fillHeader(resp, req, p, book)
 	if book {
 		resp.Worker, resp.Rank = cands[chosen].Worker, cands[chosen].Rank
 	}
-	resp.Blocks = uint32(p.Blocks)
-	resp.ISL = uint32(p.ISL)
-	resp.Candidates = resp.Candidates[:0]
 	if limit <= 0 || limit >= len(cands) {
 		for i := range cands {
 			resp.Candidates = appendCandidate(resp.Candidates, &cands[i])
@@ -292,6 +317,17 @@ func (s *scratch) fill(resp *wire.RouteResponse, req *wire.RouteRequest, p *scor
 	for _, c := range s.top {
 		resp.Candidates = appendCandidate(resp.Candidates, &cands[c])
 	}
+}
+
+// fillHeader writes resp's fields other than the chosen worker, and empties its candidates.
+func fillHeader(resp *wire.RouteResponse, req *wire.RouteRequest, p *scoring.Params, book bool) {
+	resp.RequestID = req.RequestID
+	resp.Mode = wire.Mode(p.Mode)
+	resp.Chosen = book
+	resp.Worker, resp.Rank = 0, 0
+	resp.Blocks = uint32(p.Blocks)
+	resp.ISL = uint32(p.ISL)
+	resp.Candidates = resp.Candidates[:0]
 }
 
 func appendCandidate(dst []wire.Candidate, c *scoring.Candidate) []wire.Candidate {

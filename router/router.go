@@ -135,6 +135,8 @@ type Router struct {
 
 	approx *approxMode // nil unless Config.Approximate
 
+	general bool // tests: score every request on the general path (see scorekv.go)
+
 	stop chan struct{}
 	done chan struct{}
 }

@@ -90,6 +90,21 @@ func TestRouteAllocs(t *testing.T) {
 	if n := testing.AllocsPerRun(200, match); n != 0 {
 		t.Fatalf("match allocates %v times per request", n)
 	}
+	// A capped answer, with another request in flight.
+	if err := r.Route(&wire.RouteRequest{RequestID: "other", Model: "m", Tokens: familyPrompt(3)}, &resp); err != nil {
+		t.Fatal(err)
+	}
+	in = wire.AppendRouteRequest(nil, &wire.RouteRequest{RequestID: "req-1", Model: "m", Tokens: familyPrompt(3), MaxCandidates: 3})
+	step()
+	if len(resp.Candidates) != 3 {
+		t.Fatalf("capped answer: %+v", resp.Candidates)
+	}
+	if n := testing.AllocsPerRun(200, step); n != 0 {
+		t.Fatalf("capped route path allocates %v times per request", n)
+	}
+	if n := testing.AllocsPerRun(200, match); n != 0 {
+		t.Fatalf("capped match allocates %v times per request", n)
+	}
 }
 
 func TestRegistryConflicts(t *testing.T) {

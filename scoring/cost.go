@@ -73,20 +73,25 @@ func (p *Params) Check() error {
 
 // Score computes PrefillTokens, DecodeBlocks and Logit for every candidate.
 func Score(c []Candidate, p *Params) {
-	bs := int64(p.BlockSize)
 	for i := range c {
 		x := &c[i]
-		prefill := int64(p.ISL) - int64(x.Cached)*bs
-		if prefill < 0 {
-			prefill = 0
-		}
-		if p.TrackPrefill {
-			prefill += x.ActivePrefill
-		}
-		x.PrefillTokens = prefill
-		x.DecodeBlocks = x.ActiveBlocks + int64(p.Blocks) - int64(x.Shared)
-		x.Logit = p.Weight*float64(prefill)/float64(bs) + float64(x.DecodeBlocks)
+		x.PrefillTokens, x.DecodeBlocks, x.Logit = p.Cost(x.Cached, x.Shared, x.ActiveBlocks, x.ActivePrefill)
 	}
+}
+
+// Cost is the cost function for one worker: from the request's blocks it holds (cached) and has
+// active (shared), and its booked load, the tokens it would prefill, its active blocks with the
+// request added, and the logit, OverlapWeight × prefill/BlockSize + decode blocks. Score is Cost
+// for each candidate; a caller that scores workers its own way calls Cost, so that its numbers
+// are Score's to the bit.
+func (p *Params) Cost(cached, shared int32, activeBlocks, activePrefill int64) (prefill, decode int64, logit float64) {
+	bs := int64(p.BlockSize)
+	prefill = max(int64(p.ISL)-int64(cached)*bs, 0)
+	if p.TrackPrefill {
+		prefill += activePrefill
+	}
+	decode = activeBlocks + int64(p.Blocks) - int64(shared)
+	return prefill, decode, p.Weight*float64(prefill)/float64(bs) + float64(decode)
 }
 
 // Select returns the position of the chosen candidate by logit: the lowest at temperature 0 (ties
@@ -111,7 +116,7 @@ func Select(c []Candidate, temperature float64, rng *rand.Rand) int {
 	if n <= 1 {
 		return first
 	}
-	k := intn(rng, n)
+	k := Tie(n, rng)
 	for i := first; i < len(c); i++ {
 		if c[i].Logit == lo && c[i].Tree == best {
 			if k == 0 {
@@ -204,6 +209,11 @@ func leastLoaded(c []Candidate, rng *rand.Rand) int {
 	}
 	return 0
 }
+
+// Tie returns which of n > 1 equally good candidates, in worker order, Select takes: a uniform
+// draw from rng (nil: the runtime's source). A caller that selects its own way draws with Tie, so
+// that for the same source it takes the candidate Select would.
+func Tie(n int, rng *rand.Rand) int { return intn(rng, n) }
 
 func intn(rng *rand.Rand, n int) int {
 	if rng == nil {

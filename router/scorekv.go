@@ -1,0 +1,346 @@
+package router
+
+import (
+	"cmp"
+	"math"
+	"math/rand/v2"
+	"slices"
+
+	"github.com/kvrouterd/kvrouterd/radix"
+	"github.com/kvrouterd/kvrouterd/scoring"
+	"github.com/kvrouterd/kvrouterd/wire"
+)
+
+// This file is the route of the usual gateway call: mode kv, temperature 0, every worker a
+// candidate. It does not score every worker one by one, yet answers as the general path does, to
+// the bit: the same choice, the same candidates in the same order with the same numbers, and the
+// same random draw when the cheapest workers tie (TestScoreKVMatchesGeneral).
+//
+//   - An idle worker (no request booked) costs a function of its cached depth alone, read from a
+//     per-request table; a capped answer keeps only the limit cheapest idle workers.
+//   - The busy workers are the tracker's busy bitmap. For a capped answer, a busy worker's shared
+//     active blocks, which cost a lock and a search, are looked up only if its cost with every
+//     possible block shared could reach the answer.
+//   - The tree sizes that break ties are read for the tied and the answered workers only.
+//   - An answer with every worker is written in one pass, straight into the response.
+//
+// Under concurrent bookings a busy worker's load is read at one moment and its shared blocks at
+// another, as on the general path; the bound that skips the lookup uses the load read first.
+
+// busyRow is a busy worker: its candidate, exact once shared blocks are looked up.
+type busyRow struct {
+	pos   int32
+	exact bool
+	c     scoring.Candidate
+}
+
+// ranked is a worker in the running for the answer: its logit and list position.
+type ranked struct {
+	logit float64
+	pos   int32
+}
+
+func (a ranked) before(b ranked) bool {
+	return a.logit < b.logit || a.logit == b.logit && a.pos < b.pos
+}
+
+// maxCostTable bounds the per-request table of idle costs by depth; deeper prompts compute the
+// cost of the rest.
+const maxCostTable = 4096
+
+// scoreKV scores the workers of list for a request of s.seqs whose index match is s.m, and fills
+// resp with the chosen worker (if book) and the candidates: every worker in list order, or if 0 <
+// limit < workers, the chosen one and then the cheapest, limit in all. It returns the chosen
+// worker's list position and cached depth (-1, 0 without book). list must not be empty.
+func (s *scratch) scoreKV(r *Router, ix *radix.Index, list *workerList, p *scoring.Params, req *wire.RouteRequest, resp *wire.RouteResponse, limit int, book bool) (int32, int32) {
+	n := len(list.keys)
+	all := limit <= 0 || limit >= n
+	depth := slices.Grow(s.depth[:0], n)[:n] // cached depth by position; ^depth for a busy worker
+	clear(depth)
+	for i, slot := range s.m.Slots {
+		if int(slot) < len(list.bySlot) {
+			if pos := list.bySlot[slot]; pos >= 0 {
+				depth[pos] = s.m.Depth[i]
+			}
+		}
+	}
+	s.depth = depth
+
+	s.busy = r.tracker.AppendBusy(s.busy[:0])
+	bpos := s.bpos[:0]
+	for _, slot := range s.busy {
+		if int(slot) >= len(list.byActive) {
+			break // ascending: the rest are other models' workers
+		}
+		if pos := list.byActive[slot]; pos >= 0 {
+			bpos = append(bpos, pos)
+		}
+	}
+	slices.Sort(bpos)
+	s.bpos = bpos
+	rows := s.rows[:0]
+	for _, pos := range bpos {
+		l, k := list.loads[pos], list.keys[pos]
+		rows = append(rows, busyRow{pos: pos, c: scoring.Candidate{
+			Worker: k.ID, Rank: k.Rank, Cached: depth[pos],
+			ActiveBlocks: l.ActiveBlocks(), ActivePrefill: l.ActivePrefill(), ActiveRequests: l.Requests(),
+		}})
+		depth[pos] = ^depth[pos]
+	}
+	s.rows = rows
+
+	tab := slices.Grow(s.tab[:0], min(p.Blocks+1, maxCostTable))[:min(p.Blocks+1, maxCostTable)]
+	for d := range tab {
+		_, _, tab[d] = p.Cost(int32(d), 0, 0, 0)
+	}
+	s.tab = tab
+
+	// The limit cheapest idle workers, by (logit, position), in a max-heap; positions ascend, so a
+	// worker displaces the heap's top only with a strictly lower logit. On the way, the idle
+	// workers at the lowest logit so far, in position order: they tie for the choice.
+	h, ties := s.heap[:0], s.ties[:0]
+	lowest := math.Inf(1)
+	for pos, d := range depth {
+		if d < 0 {
+			continue
+		}
+		var l float64
+		if int(d) < len(tab) {
+			l = tab[d]
+		} else {
+			_, _, l = p.Cost(d, 0, 0, 0)
+		}
+		if l <= lowest {
+			if l < lowest {
+				lowest, ties = l, ties[:0]
+			}
+			ties = append(ties, tie{pos: int32(pos)})
+		}
+		switch {
+		case all:
+		case len(h) < limit:
+			h = append(h, ranked{l, int32(pos)})
+			up(h, len(h)-1)
+		case l < h[0].logit:
+			h[0] = ranked{l, int32(pos)}
+			down(h, 0)
+		}
+	}
+	s.heap, s.ties = h, ties
+
+	// bound is the limit-th lowest logit if no busy worker shared a block: no worker above it can
+	// be chosen or answered. Every busy worker is answered in full.
+	bounds := s.bounds[:0]
+	for _, e := range h {
+		bounds = append(bounds, e.logit)
+	}
+	for i := range rows {
+		c := &rows[i].c
+		_, _, ub := p.Cost(c.Cached, 0, c.ActiveBlocks, c.ActivePrefill)
+		bounds = append(bounds, ub)
+	}
+	slices.Sort(bounds)
+	s.bounds = bounds
+	bound := math.Inf(1)
+	if !all && len(bounds) >= limit {
+		bound = bounds[limit-1]
+	}
+	pool := s.pool[:0]
+	for _, e := range h {
+		pool = append(pool, e)
+	}
+	for i := range rows {
+		row := &rows[i]
+		c := &row.c
+		most := int32(min(int64(p.Blocks), max(c.ActiveBlocks, 0)))
+		if _, _, lb := p.Cost(c.Cached, most, c.ActiveBlocks, c.ActivePrefill); lb > bound {
+			continue
+		}
+		c.Shared = int32(r.tracker.Shared(list.loads[row.pos], s.seqs))
+		c.PrefillTokens, c.DecodeBlocks, c.Logit = p.Cost(c.Cached, c.Shared, c.ActiveBlocks, c.ActivePrefill)
+		row.exact = true
+		pool = append(pool, ranked{c.Logit, row.pos})
+	}
+	slices.SortFunc(pool, func(a, b ranked) int {
+		if a.before(b) {
+			return -1
+		}
+		if b.before(a) {
+			return 1
+		}
+		return 0
+	})
+	s.pool = pool
+
+	chosen := int32(-1)
+	if book {
+		// The lowest logit: the pool's first, which holds the cheapest idle worker unless the
+		// answer is every worker.
+		low := lowest
+		if len(pool) > 0 {
+			low = min(low, pool[0].logit)
+		}
+		chosen = s.tied(ix, list, low, lowest, r.cfg.Rand)
+	}
+	fillHeader(resp, req, p, book)
+	if book {
+		resp.Worker, resp.Rank = list.keys[chosen].ID, list.keys[chosen].Rank
+	}
+	if all {
+		s.fillAll(resp, ix, list, p)
+	} else {
+		s.fillCapped(resp, ix, list, p, chosen, limit)
+	}
+	if chosen < 0 {
+		return -1, 0
+	}
+	if d := depth[chosen]; d < 0 {
+		return chosen, ^d
+	}
+	return chosen, depth[chosen]
+}
+
+// fillAll writes every worker's candidate, in list order.
+func (s *scratch) fillAll(resp *wire.RouteResponse, ix *radix.Index, list *workerList, p *scoring.Params) {
+	n := len(list.keys)
+	s.tree = slices.Grow(s.tree[:0], n)[:n]
+	ix.FillBlocks(list.slots, s.tree)
+	out := slices.Grow(resp.Candidates[:0], n)[:n]
+	isl, bs, blocks := int64(p.ISL), int64(p.BlockSize), clampU32(int64(p.Blocks))
+	rows, next := s.rows, 0
+	for pos, d := range s.depth {
+		k, o := &list.keys[pos], &out[pos]
+		if d >= 0 {
+			var l float64
+			if int(d) < len(s.tab) {
+				l = s.tab[d]
+			} else {
+				_, _, l = p.Cost(d, 0, 0, 0)
+			}
+			*o = wire.Candidate{
+				Worker: k.ID, Rank: k.Rank, CachedBlocks: uint32(d),
+				PrefillTokens: clampU32(isl - int64(d)*bs), ActiveBlocks: blocks,
+				TreeBlocks: uint64(max(s.tree[pos], 0)), Logit: l,
+			}
+			continue
+		}
+		c := &rows[next].c
+		next++
+		*o = wire.Candidate{
+			Worker: k.ID, Rank: k.Rank, CachedBlocks: uint32(c.Cached),
+			PrefillTokens: clampU32(c.PrefillTokens), ActiveBlocks: clampU32(c.DecodeBlocks),
+			TreeBlocks: uint64(max(s.tree[pos], 0)), Logit: c.Logit,
+		}
+	}
+	resp.Candidates = out
+}
+
+// fillCapped writes the chosen worker's candidate (if any) and then the cheapest others', limit
+// in all.
+func (s *scratch) fillCapped(resp *wire.RouteResponse, ix *radix.Index, list *workerList, p *scoring.Params, chosen int32, limit int) {
+	if chosen >= 0 {
+		resp.Candidates = s.appendAt(resp.Candidates, ix, list, p, chosen)
+	}
+	for _, e := range s.pool {
+		if len(resp.Candidates) == limit {
+			break
+		}
+		if e.pos != chosen {
+			resp.Candidates = s.appendAt(resp.Candidates, ix, list, p, e.pos)
+		}
+	}
+}
+
+// tied returns the position of the worker Select would choose among those whose logit is
+// lowest: the smallest tree, then a draw with scoring.Tie among the equal, in position order.
+// s.ties holds the idle workers whose logit is idleLowest, the lowest of any idle worker.
+func (s *scratch) tied(ix *radix.Index, list *workerList, lowest, idleLowest float64, rng *rand.Rand) int32 {
+	ties := s.ties
+	if idleLowest != lowest {
+		ties = ties[:0]
+	}
+	// Merge in the busy workers at the lowest logit (those left inexact are above it).
+	idle := len(ties)
+	for i := range s.rows {
+		if row := &s.rows[i]; row.exact && row.c.Logit == lowest {
+			ties = append(ties, tie{pos: row.pos})
+		}
+	}
+	if idle > 0 && len(ties) > idle {
+		slices.SortFunc(ties, func(a, b tie) int { return cmp.Compare(a.pos, b.pos) })
+	}
+	s.ties = ties
+	best, n := int64(math.MaxInt64), 0
+	for i := range ties {
+		t := ix.Blocks(list.slots[ties[i].pos])
+		ties[i].tree = t
+		switch {
+		case t < best:
+			best, n = t, 1
+		case t == best:
+			n++
+		}
+	}
+	k := 0
+	if n > 1 {
+		k = scoring.Tie(n, rng)
+	}
+	for _, t := range ties {
+		if t.tree == best {
+			if k == 0 {
+				return t.pos
+			}
+			k--
+		}
+	}
+	panic("router: no worker at the lowest logit") // unreachable: the pool's first is one
+}
+
+type tie struct {
+	pos  int32
+	tree int64
+}
+
+// appendAt appends the candidate of list position pos, busy or idle.
+func (s *scratch) appendAt(dst []wire.Candidate, ix *radix.Index, list *workerList, p *scoring.Params, pos int32) []wire.Candidate {
+	var c scoring.Candidate
+	if d := s.depth[pos]; d < 0 {
+		i, _ := slices.BinarySearchFunc(s.rows, pos, func(r busyRow, pos int32) int { return cmp.Compare(r.pos, pos) })
+		c = s.rows[i].c
+	} else {
+		k := list.keys[pos]
+		c = scoring.Candidate{Worker: k.ID, Rank: k.Rank, Cached: d}
+		c.PrefillTokens, c.DecodeBlocks, c.Logit = p.Cost(d, 0, 0, 0)
+	}
+	c.Tree = ix.Blocks(list.slots[pos])
+	return appendCandidate(dst, &c)
+}
+
+// up and down keep h a max-heap by (logit, pos).
+func up(h []ranked, j int) {
+	for j > 0 {
+		parent := (j - 1) / 2
+		if !h[parent].before(h[j]) {
+			return
+		}
+		h[j], h[parent] = h[parent], h[j]
+		j = parent
+	}
+}
+
+func down(h []ranked, i int) {
+	for {
+		c := 2*i + 1
+		if c >= len(h) {
+			return
+		}
+		if c+1 < len(h) && h[c].before(h[c+1]) {
+			c++
+		}
+		if !h[i].before(h[c]) {
+			return
+		}
+		h[i], h[c] = h[c], h[i]
+		i = c
+	}
+}

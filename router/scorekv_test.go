@@ -1,0 +1,123 @@
+package router
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"reflect"
+	"slices"
+	"testing"
+
+	"github.com/kvrouterd/kvrouterd/shard"
+	"github.com/kvrouterd/kvrouterd/wire"
+)
+
+// TestScoreKVMatchesGeneral routes and matches random requests on random fleets, with requests in
+// flight, once on the kv path (scoreKV) and once on the general path, and checks that the answers are
+// identical: the same chosen worker (with the same random source), the same candidates in the
+// same order, the same numbers to the bit. The fleets are built for ties: few prompt families,
+// cached prefixes of a few lengths, weight 0 in some rounds (every idle worker costs the same).
+func TestScoreKVMatchesGeneral(t *testing.T) {
+	const bs = 4
+	for round := range 40 {
+		rng := rand.New(rand.NewPCG(uint64(round), 3))
+		pcg := rand.NewPCG(0, 0)
+		cfg := Config{Shards: 2, TrackPrefill: rng.IntN(2) == 0, Logger: quiet(), Rand: rand.New(pcg)}
+		switch rng.IntN(4) {
+		case 0:
+			cfg.NoOverlapWeight = true
+		case 1:
+			cfg.OverlapWeight = 0.37
+		case 2:
+			cfg.OverlapWeight = 4
+		}
+		r := New(cfg)
+		families := 1 + rng.IntN(4)
+		prompt := func(fam, blocks int) []uint32 {
+			toks := seq(0, min(blocks, 2)*bs) // a prefix every family shares
+			return append(toks, seq(1000*(fam+1), max(blocks-2, 0)*bs)...)
+		}
+		n := 2 + rng.IntN(60)
+		event := uint64(0)
+		for id := uint64(1); id <= uint64(n); id++ {
+			ranks := []uint32{0}
+			if rng.IntN(5) == 0 {
+				ranks = []uint32{0, 1}
+			}
+			if err := r.Register(Registration{ID: id, Model: "m", BlockSize: bs, Ranks: ranks}); err != nil {
+				t.Fatal(err)
+			}
+			for _, rank := range ranks {
+				held := []int{0, 2, 2, 5, 8, 12}[rng.IntN(6)]
+				if held == 0 {
+					continue
+				}
+				hashes := make([]uint64, held)
+				for i := range hashes {
+					hashes[i] = uint64(i + 1)
+				}
+				event++
+				b := &wire.EventBatch{Worker: id, Model: "m", Events: []shard.Event{{
+					Kind: shard.Stored, ID: event, Rank: rank, Hashes: hashes, Tokens: prompt(rng.IntN(families), held),
+				}}}
+				if oc, err := r.ApplyEvents(b, nil); err != nil || oc[0].Status != shard.OK {
+					t.Fatalf("events: %v %v", oc, err)
+				}
+			}
+		}
+		workers := len(r.ModelWorkers("m"))
+		var inFlight []string
+		for step := range 60 {
+			req := wire.RouteRequest{Model: "m", MaxCandidates: uint16(rng.IntN(workers + 2))} // 0 and ≥ workers: all
+			blocks := 1 + rng.IntN(14)
+			req.Tokens = prompt(rng.IntN(families), blocks)
+			req.Tokens = append(req.Tokens, seq(5000*step, rng.IntN(bs))...) // a partial block
+			if rng.IntN(3) == 0 {
+				req.Tokens[len(req.Tokens)-1] ^= 1 << 20 // a tail of its own
+			}
+			if rng.IntN(4) == 0 {
+				req.HasWeight, req.Weight = true, []float64{0, 0.5, 2}[rng.IntN(3)]
+			}
+			var fast, slow wire.RouteResponse
+			answer := func(general bool, resp *wire.RouteResponse, book bool) {
+				r.general = general
+				pcg.Seed(uint64(step), uint64(round))
+				var err error
+				if book {
+					err = r.Route(&req, resp)
+				} else {
+					err = r.Match(&req, resp)
+				}
+				if err != nil {
+					t.Fatalf("round %d step %d (general %v): %v", round, step, general, err)
+				}
+			}
+			book := rng.IntN(3) != 0
+			if book {
+				req.RequestID = fmt.Sprintf("r%d", step)
+				answer(false, &fast, true)
+				if err := r.Complete(req.RequestID); err != nil {
+					t.Fatal(err)
+				}
+				answer(true, &slow, true)
+				inFlight = append(inFlight, req.RequestID)
+			} else {
+				answer(false, &fast, false)
+				answer(true, &slow, false)
+			}
+			if !reflect.DeepEqual(fast, slow) {
+				t.Fatalf("round %d step %d (%d workers, cap %d, book %v):\nscoreKV %+v\ngeneral %+v",
+					round, step, workers, req.MaxCandidates, book, fast, slow)
+			}
+			if len(inFlight) > 0 && rng.IntN(3) == 0 {
+				k := rng.IntN(len(inFlight))
+				if rng.IntN(2) == 0 {
+					_ = r.PrefillDone(inFlight[k])
+				} else {
+					_ = r.Complete(inFlight[k])
+					inFlight = slices.Delete(inFlight, k, k+1)
+				}
+			}
+		}
+		r.Close()
+	}
+}
