@@ -20,9 +20,11 @@
 // the previous one is answered. Rate R > 0 runs an open loop at R requests per second in total,
 // each goroutine on a fixed schedule of R/Conns (as wrk2 does); a request that could not be sent
 // at its scheduled time because its goroutine was still waiting for an earlier answer is timed
-// from the scheduled time, so that queueing is not hidden (coordinated omission). Go's timers wake
-// about a millisecond late on Linux, so a request whose goroutine was idle is timed from the
-// moment it is actually sent: that lateness is the load generator's, not the target's.
+// from the scheduled time, so that queueing is not hidden (coordinated omission). The goroutines
+// wake on a timerfd read through the runtime's poller (on Linux), within microseconds of their
+// schedule: Go's timers wake an idle process up to a millisecond late, which sent the requests in
+// bursts and measured the bursts. A request whose goroutine was idle is timed from the moment it
+// woke: the wake-up's lateness is the load generator's, not the target's.
 //
 // The suite runs, per worker count, the no-op target and kvrouterd at saturation, then both in an
 // open loop at half kvrouterd's saturated rate: the ratio of the saturated rates is the router's

@@ -22,10 +22,6 @@ const maxFailRatio = 0.001
 // the window ends: a target that far behind did not sustain the rate, and the rest count as failed.
 const drainGrace = 2 * time.Second
 
-// maxConnRate is the open-loop rate per connection above which the spacing of requests, 1 ms,
-// nears the lateness of Go's timers on Linux.
-const maxConnRate = 1000
-
 // Result is one run's outcome; a plain value. Its JSON encoding is kvrload's --json line.
 type Result struct {
 	Target        string  `json:"target"`
@@ -102,9 +98,6 @@ func run(ctx context.Context, c Config, log io.Writer) (Result, error) {
 		return Result{}, err
 	}
 	fmt.Fprintf(log, "# %s at %s: %d workers ready in %v\n", c.Target, t.addr, c.Workers, time.Since(t0).Round(time.Millisecond))
-	if per := c.Rate / float64(c.Conns); per > maxConnRate {
-		fmt.Fprintf(log, "# warning: %.0f req/s per connection: Go's timers wake up to ~1 ms late, so late wake-ups will be timed as queueing; use more --conns\n", per)
-	}
 	cl := client.New(client.Config{Addr: t.addr, Timeout: c.Timeout, MaxConns: c.Conns})
 	res := load(ctx, cl, w, &c)
 	if err := t.stop(); err != nil {
@@ -238,42 +231,60 @@ func (k *conn) closedLoop(ctx context.Context, cl *client.Client, w *workload, w
 }
 
 // openLoop sends request j of this goroutine at start + (j·conns + idx)/rate, so that the
-// goroutines together send at c.Rate, evenly spaced.
+// goroutines together send at c.Rate, evenly spaced, waking on a periodic (see periodic). A
+// request due while the goroutine was idle is timed from when it woke, since the wake-up's
+// lateness is the load generator's, not the target's; one due while it still waited for an
+// earlier answer is timed from its scheduled time, so that queueing is not hidden (coordinated
+// omission). Requests still unsent drainGrace after the window count as failed.
 func (k *conn) openLoop(ctx context.Context, cl *client.Client, w *workload, c *Config, start, ws, end time.Time) {
 	conns := int64(c.Conns)
 	at := func(j int64) time.Time {
 		return start.Add(time.Duration(float64(j*conns+int64(k.idx)) * 1e9 / c.Rate))
 	}
+	period := time.Duration(float64(conns) * 1e9 / c.Rate)
+	tick := newTicker(at(0), period)
+	defer tick.stop()
 	hard := end.Add(drainGrace)
-	for j := int64(0); ctx.Err() == nil; j++ {
-		sched := at(j)
-		if !sched.Before(end) {
+	var j int64
+	for ctx.Err() == nil {
+		if !at(j).Before(end) {
 			return
 		}
-		measured := !sched.Before(ws)
-		now := time.Now()
-		if now.After(hard) {
-			// Too far behind to catch up: the rest of the window counts as failed.
-			for ; at(j).Before(end); j++ {
-				if !at(j).Before(ws) {
-					k.n++
-					k.unsent++
+		if at(j).After(time.Now()) {
+			if _, err := tick.wait(); err != nil {
+				return
+			}
+		}
+		woke := time.Now()
+		// Send what is due by the clock (the timer's count only wakes us; a period rounded to
+		// nanoseconds drifts from at(j)).
+		for first := true; ctx.Err() == nil; first = false {
+			sched := at(j)
+			if !sched.Before(end) || sched.After(time.Now()) && !first {
+				break
+			}
+			measured := !sched.Before(ws)
+			if time.Now().After(hard) {
+				// Too far behind to catch up: the rest of the window counts as failed.
+				for ; at(j).Before(end); j++ {
+					if !at(j).Before(ws) {
+						k.n++
+						k.unsent++
+					}
 				}
+				if k.first == nil {
+					k.first = fmt.Errorf("open loop at %.0f req/s: connection %d had %d requests still unsent %v after the window",
+						c.Rate, k.idx, k.unsent, drainGrace)
+				}
+				return
 			}
-			if k.first == nil {
-				k.first = fmt.Errorf("open loop at %.0f req/s: connection %d had %d requests still unsent %v after the window",
-					c.Rate, k.idx, k.unsent, drainGrace)
+			from := sched
+			if first {
+				from = woke
 			}
-			return
+			k.request(cl, w, from, measured)
+			j++
 		}
-		from := sched
-		if now.Before(sched) {
-			// Idle until the scheduled time: time the request from when the timer let it go,
-			// since the timer's lateness is the load generator's and not the target's.
-			time.Sleep(sched.Sub(now))
-			from = time.Now()
-		}
-		k.request(cl, w, from, measured)
 	}
 }
 

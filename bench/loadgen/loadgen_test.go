@@ -168,3 +168,48 @@ func TestWorkload(t *testing.T) {
 		t.Fatalf("%d distinct depths, want all 33 from 96 to 128", len(depths))
 	}
 }
+
+// TestPeriodic checks the wake-ups the open loop paces itself with, the system's and the
+// fallback: every wait reports at least one period, and the periods reported never outrun the
+// clock.
+func TestPeriodic(t *testing.T) {
+	const period = 200 * time.Microsecond
+	for name, mk := range map[string]func(time.Time) periodic{
+		"system":  func(s time.Time) periodic { return newTicker(s, period) },
+		"sleeper": func(s time.Time) periodic { return newSleeper(s, period) },
+	} {
+		start := time.Now().Add(time.Millisecond)
+		p := mk(start)
+		var sum int64
+		for range 50 {
+			n, err := p.wait()
+			if err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			if n < 1 {
+				t.Fatalf("%s: a wait reported %d periods", name, n)
+			}
+			sum += n
+		}
+		if elapsed := int64(time.Since(start)/period) + 1; sum > elapsed {
+			t.Errorf("%s: %d periods reported, only %d elapsed", name, sum, elapsed)
+		}
+		p.stop()
+	}
+}
+
+// TestOpenLoopSchedule checks that an open-loop run sends its schedule: as many requests in the
+// measured window as the rate and the window give, give or take one per connection.
+func TestOpenLoopSchedule(t *testing.T) {
+	c := Defaults()
+	c.Target, c.Workers, c.Conns = "noop", 8, 4
+	c.Duration, c.Warmup, c.Rate = 300*time.Millisecond, 50*time.Millisecond, 2000
+	r, err := Run(t.Context(), c, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := int64(c.Rate * c.Duration.Seconds())
+	if r.Requests < want-int64(c.Conns) || r.Requests > want+int64(c.Conns) || r.Errors != 0 {
+		t.Fatalf("%d requests in the window (%d errors), want %d ± %d", r.Requests, r.Errors, want, c.Conns)
+	}
+}
