@@ -65,12 +65,13 @@ func TestOutput(t *testing.T) {
 	noop := loadgen.Result{Target: "noop", RPS: 40000, Others: -1}
 	row := func(workers, cands int) loadgen.SuiteRow {
 		route := loadgen.Result{Target: "kvrouterd", RPS: 30000, P50: 400, P99: 1600, Errors: 2, Others: 5}
-		return loadgen.SuiteRow{Workers: workers, MaxCandidates: cands, NoopSat: noop, RouteSat: route, RouteHalf: route, NoopHalf: noop, HalfRate: 15000}
+		same := loadgen.Result{Target: "noop", RPS: 37500, Others: -1}
+		return loadgen.SuiteRow{Workers: workers, MaxCandidates: cands, NoopSat: noop, RouteSat: route, NoopSame: same, RouteHalf: route, NoopHalf: noop, HalfRate: 15000}
 	}
 	out.Reset()
 	writeTable(&out, []loadgen.SuiteRow{row(8, 0), row(1000, 8)})
 	lines = strings.Split(strings.TrimSpace(out.String()), "\n")
-	if len(lines) != 4 || lines[2] != "| 8 | all | 40000 | 30000 | 0.75 | 400 / 1600 | 15000 | 400 / 1600 | 0 / 0 | 4 | 5 |" ||
+	if len(lines) != 4 || lines[2] != "| 8 | all | 40000 | 30000 | 0.75 | 37500 | 0.80 | 400 / 1600 | 15000 | 400 / 1600 | 0 / 0 | 4 | 5 |" ||
 		!strings.HasPrefix(lines[3], "| 1000 | 8 |") {
 		t.Fatalf("table:\n%s", out.String())
 	}

@@ -94,6 +94,7 @@ func parseConfig(args []string, out io.Writer) (config, error) {
 	fs.BoolVar(&c.Suite, "suite", c.Suite, "run the reported matrix (per --suite-workers: noop and kvrouterd at saturation, then both at half kvrouterd's saturation) and print a markdown table")
 	fs.Var(intList{&c.SuiteWorkers, 1}, "suite-workers", "worker counts of the --suite matrix, comma-separated")
 	fs.IntVar(&c.MaxCandidates, "max-candidates", c.MaxCandidates, "candidates per route answer (the request's max_candidates); 0 = every worker")
+	fs.IntVar(&c.NoopCandidates, "noop-candidates", c.NoopCandidates, "candidates in the noop target's route answer; 0 = its usual two (--suite also runs it with as many as kvrouterd answers)")
 	fs.Var(intList{&c.SuiteCandidates, 0}, "suite-candidates", "--max-candidates values of the --suite matrix, comma-separated; caps not below the worker count are skipped")
 	fs.StringVar(&c.CPUProfile, "cpuprofile", c.CPUProfile, "write a CPU profile of the whole process (client and in-process target) to this file")
 	fs.Usage = func() {
@@ -136,7 +137,7 @@ func (c *config) check() error {
 var flagOf = map[string]string{
 	"Target": "target", "Addr": "addr", "Workers": "workers", "Blocks": "blocks", "BlockSize": "block-size",
 	"Conns": "conns", "Duration": "duration", "Warmup": "warmup", "Rate": "rate", "Prompts": "prompts",
-	"Timeout": "timeout", "MaxCandidates": "max-candidates",
+	"Timeout": "timeout", "MaxCandidates": "max-candidates", "NoopCandidates": "noop-candidates",
 }
 
 func main() {

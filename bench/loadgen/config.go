@@ -34,6 +34,10 @@ type Config struct {
 	// MaxCandidates caps the candidates of each route answer (the request's max_candidates; 0:
 	// every worker). RunSuite sets it per run.
 	MaxCandidates int
+	// NoopCandidates is the number of candidates in the no-op target's route answer: 0 for its
+	// usual fixed answer of two, or as many as kvrouterd's answer carries, so that the two targets
+	// move answers of the same size. RunSuite sets it per run.
+	NoopCandidates int
 	// SuiteWorkers and SuiteCandidates are the worker counts and candidate caps of RunSuite's
 	// matrix; Run ignores them.
 	SuiteWorkers    []int
@@ -41,7 +45,7 @@ type Config struct {
 }
 
 // SuiteDuration and SuiteWarmup are the run lengths of the reported suite, shorter than
-// Defaults' so that the eleven runs of Defaults' matrix take about 70 s. A quicker suite (say
+// Defaults' so that the fourteen runs of Defaults' matrix take about 85 s. A quicker suite (say
 // 1 s runs after 300 ms) fills the same rows from fewer samples, so its tails are noisier.
 const (
 	SuiteDuration = 5 * time.Second
@@ -98,16 +102,19 @@ func (c *Config) Check(name func(field string) string) error {
 		return fmt.Errorf("%s %v: want a positive duration", name("Timeout"), c.Timeout)
 	case c.MaxCandidates < 0 || c.MaxCandidates > 1<<16-1:
 		return fmt.Errorf("%s %d: want 0 (all) to 65535", name("MaxCandidates"), c.MaxCandidates)
+	case c.NoopCandidates < 0 || c.NoopCandidates > 1<<16-1:
+		return fmt.Errorf("%s %d: want 0 (two) to 65535", name("NoopCandidates"), c.NoopCandidates)
 	}
 	return nil
 }
 
-// suiteRun is the configuration of one run of the suite.
+// suiteRun is the configuration of one run of the suite: cands is the kvrouterd answer's cap, or
+// the no-op answer's candidates.
 func (c *Config) suiteRun(target string, workers, cands int, rate float64) Config {
 	rc := *c
-	rc.Target, rc.Workers, rc.MaxCandidates, rc.Rate = target, workers, cands, rate
+	rc.Target, rc.Workers, rc.MaxCandidates, rc.NoopCandidates, rc.Rate = target, workers, cands, 0, rate
 	if target == "noop" {
-		rc.Addr = ""
+		rc.Addr, rc.MaxCandidates, rc.NoopCandidates = "", 0, cands
 	}
 	return rc
 }

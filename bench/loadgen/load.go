@@ -24,20 +24,22 @@ const drainGrace = 2 * time.Second
 
 // Result is one run's outcome; a plain value. Its JSON encoding is kvrload's --json line.
 type Result struct {
-	Target        string  `json:"target"`
-	Workers       int     `json:"workers"`
-	MaxCandidates int     `json:"max_candidates"` // 0 = every worker in each answer
-	Blocks        int     `json:"blocks"`
-	BlockSize     int     `json:"block_size"`
-	Conns         int     `json:"conns"`
-	Rate          float64 `json:"rate"`     // requested; 0 = closed loop
-	Seconds       float64 `json:"seconds"`  // the window, or longer if an open loop drained late
-	Requests      int64   `json:"requests"` // scheduled or sent in the measured window
-	OK            int64   `json:"ok"`
-	Errors        int64   `json:"errors"`      // failed calls, bad answers and unsent requests
-	BadAnswer     int64   `json:"bad_answers"` // route answers that chose no registered worker
-	Unsent        int64   `json:"unsent"`      // open loop: scheduled, never sent before the grace ended
-	RPS           float64 `json:"rps"`         // successful routes per second of Seconds
+	Target        string `json:"target"`
+	Workers       int    `json:"workers"`
+	MaxCandidates int    `json:"max_candidates"` // 0 = every worker in each answer
+	// NoopCandidates is the no-op target's answer size in candidates (0: its usual two).
+	NoopCandidates int     `json:"noop_candidates,omitempty"`
+	Blocks         int     `json:"blocks"`
+	BlockSize      int     `json:"block_size"`
+	Conns          int     `json:"conns"`
+	Rate           float64 `json:"rate"`     // requested; 0 = closed loop
+	Seconds        float64 `json:"seconds"`  // the window, or longer if an open loop drained late
+	Requests       int64   `json:"requests"` // scheduled or sent in the measured window
+	OK             int64   `json:"ok"`
+	Errors         int64   `json:"errors"`      // failed calls, bad answers and unsent requests
+	BadAnswer      int64   `json:"bad_answers"` // route answers that chose no registered worker
+	Unsent         int64   `json:"unsent"`      // open loop: scheduled, never sent before the grace ended
+	RPS            float64 `json:"rps"`         // successful routes per second of Seconds
 	// Route latency percentiles (nearest rank), maximum and mean of the measured window, in µs.
 	P50  float64 `json:"p50_us"`
 	P90  float64 `json:"p90_us"`
@@ -141,7 +143,10 @@ func load(ctx context.Context, cl *client.Client, w *workload, c *Config) Result
 		k := &conn{idx: i, rng: rand.New(rand.NewPCG(c.Seed, uint64(i)+1))}
 		k.req.Model = model
 		k.req.MaxCandidates = uint16(c.MaxCandidates)
-		k.cands = -1 // the no-op target's answer is fixed
+		k.cands = -1 // the no-op target's usual answer is fixed
+		if c.NoopCandidates > 0 {
+			k.cands = c.NoopCandidates
+		}
 		if c.Target == "kvrouterd" {
 			k.cands = c.Workers
 			if c.MaxCandidates > 0 {
@@ -166,7 +171,7 @@ func load(ctx context.Context, cl *client.Client, w *workload, c *Config) Result
 	cpu1 := sampleCPU()
 	wg.Wait()
 
-	r := Result{Target: c.Target, Workers: c.Workers, MaxCandidates: c.MaxCandidates, Blocks: c.Blocks, BlockSize: c.BlockSize, Conns: c.Conns, Rate: c.Rate}
+	r := Result{Target: c.Target, Workers: c.Workers, MaxCandidates: c.MaxCandidates, NoopCandidates: c.NoopCandidates, Blocks: c.Blocks, BlockSize: c.BlockSize, Conns: c.Conns, Rate: c.Rate}
 	var lat []time.Duration
 	last := end
 	for _, k := range conns {

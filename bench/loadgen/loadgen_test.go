@@ -15,7 +15,7 @@ import (
 // Timing is never asserted: this machine's speed is not the code's.
 func TestRunSuite(t *testing.T) {
 	if testing.Short() {
-		t.Skip("eleven short load runs take about 4 s")
+		t.Skip("fourteen short load runs take about 5 s")
 	}
 	c := Defaults()
 	c.SuiteWorkers = []int{8, 50}
@@ -32,7 +32,11 @@ func TestRunSuite(t *testing.T) {
 		t.Fatalf("rows %+v, want 8 workers with every candidate, 50 with every candidate and capped at 8", rows)
 	}
 	for _, r := range rows {
-		for _, res := range []Result{r.NoopSat, r.RouteSat, r.RouteHalf, r.NoopHalf} {
+		if r.NoopSame.NoopCandidates != r.Answer() || r.Answer() != map[int]int{8: 8, 50: 50}[r.Workers] && r.MaxCandidates == 0 {
+			t.Errorf("%d workers, cap %d: the same-size no-op answered %d candidates, kvrouterd %d",
+				r.Workers, r.MaxCandidates, r.NoopSame.NoopCandidates, r.Answer())
+		}
+		for _, res := range []Result{r.NoopSat, r.RouteSat, r.NoopSame, r.RouteHalf, r.NoopHalf} {
 			if res.OK == 0 || res.Requests == 0 || res.Errors != 0 || res.BadAnswer != 0 || res.Unsent != 0 {
 				t.Errorf("%s, %d workers, rate %.0f: %+v; want requests and no errors", res.Target, res.Workers, res.Rate, res)
 			}
@@ -47,13 +51,14 @@ func TestRunSuite(t *testing.T) {
 			t.Errorf("%d workers: ratio %v, errors %d", r.Workers, r.Ratio(), r.Errors())
 		}
 	}
-	// Progress sees every run once, in order: noop, then per cap kvrouterd, kvrouterd and noop.
-	want := []string{"noop", "kvrouterd", "kvrouterd", "noop", "noop", "kvrouterd", "kvrouterd", "noop", "kvrouterd", "kvrouterd", "noop"}
+	// Progress sees every run once, in order: noop, then per cap kvrouterd, noop (same size),
+	// kvrouterd and noop.
+	want := []string{"noop", "kvrouterd", "noop", "kvrouterd", "noop", "noop", "kvrouterd", "noop", "kvrouterd", "noop", "kvrouterd", "noop", "kvrouterd", "noop"}
 	var got []string
 	for _, r := range runs {
 		got = append(got, r.Target)
 	}
-	if !slices.Equal(got, want) || runs[10] != rows[2].NoopHalf {
+	if !slices.Equal(got, want) || runs[13] != rows[2].NoopHalf || runs[2] != rows[0].NoopSame {
 		t.Fatalf("progress saw %v, want %v", got, want)
 	}
 }

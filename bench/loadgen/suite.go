@@ -12,9 +12,20 @@ import (
 // of one worker count.
 type SuiteRow struct {
 	Workers, MaxCandidates int
-	NoopSat, RouteSat      Result  // closed loop, at saturation
-	RouteHalf, NoopHalf    Result  // open loop at HalfRate
-	HalfRate               float64 // half RouteSat's achieved rate, in requests per second
+	NoopSat, RouteSat      Result // closed loop, at saturation
+	// NoopSame is the no-op target at saturation answering as many candidates as kvrouterd's
+	// answers carry (Answer), so that both move answers of the same size.
+	NoopSame            Result
+	RouteHalf, NoopHalf Result  // open loop at HalfRate
+	HalfRate            float64 // half RouteSat's achieved rate, in requests per second
+}
+
+// Answer is the candidates in each of the row's kvrouterd answers.
+func (r SuiteRow) Answer() int {
+	if r.MaxCandidates > 0 {
+		return min(r.MaxCandidates, r.Workers)
+	}
+	return r.Workers
 }
 
 // Ratio is kvrouterd's saturated throughput as a share of the no-op target's: the router's
@@ -26,20 +37,29 @@ func (r SuiteRow) Ratio() float64 {
 	return 0
 }
 
-// Errors is the measured failures of the row's four runs.
+// SameRatio is kvrouterd's saturated throughput as a share of the no-op target's answering as
+// many candidates: the router's cost without the cost of moving the answer the client asked for.
+func (r SuiteRow) SameRatio() float64 {
+	if r.NoopSame.RPS > 0 {
+		return r.RouteSat.RPS / r.NoopSame.RPS
+	}
+	return 0
+}
+
+// Errors is the measured failures of the row's five runs.
 func (r SuiteRow) Errors() int64 {
-	return r.NoopSat.Errors + r.RouteSat.Errors + r.RouteHalf.Errors + r.NoopHalf.Errors
+	return r.NoopSat.Errors + r.RouteSat.Errors + r.NoopSame.Errors + r.RouteHalf.Errors + r.NoopHalf.Errors
 }
 
 // Others is the most CPU, in percent of the machine, other processes took during any of the
 // row's runs (-1 when unknown): a row where it is high measured them too.
 func (r SuiteRow) Others() float64 {
-	return max(r.NoopSat.Others, r.RouteSat.Others, r.RouteHalf.Others, r.NoopHalf.Others)
+	return max(r.NoopSat.Others, r.RouteSat.Others, r.NoopSame.Others, r.RouteHalf.Others, r.NoopHalf.Others)
 }
 
 // RunSuite runs, for each worker count of c.SuiteWorkers: noop at saturation, then per cap of
-// c.SuiteCandidates kvrouterd at saturation, and kvrouterd and noop in an open loop at half
-// kvrouterd's saturated rate. A cap not below the worker count is skipped, as it is every
+// c.SuiteCandidates kvrouterd at saturation, noop at saturation answering as many candidates,
+// and kvrouterd and noop in an open loop at half kvrouterd's saturated rate. A cap not below the worker count is skipped, as it is every
 // worker. Every run takes c.Warmup and c.Duration (the reported suite's are SuiteWarmup and
 // SuiteDuration); c.Target, c.Workers, c.Rate and c.MaxCandidates are set per run, and c.Addr
 // is used for the kvrouterd runs only.
@@ -83,6 +103,9 @@ suite:
 			}
 			row := SuiteRow{Workers: n, MaxCandidates: k, NoopSat: noop}
 			if row.RouteSat, ok = one("kvrouterd", n, k, 0); !ok {
+				break suite
+			}
+			if row.NoopSame, ok = one("noop", n, row.Answer(), 0); !ok {
 				break suite
 			}
 			row.HalfRate = row.RouteSat.RPS / 2

@@ -44,11 +44,11 @@ func startKvrouterd() (*target, error) {
 	}}, nil
 }
 
-// noopBody is the no-op target's answer to /v1/route: a small valid route response (two
-// candidates, 130 bytes), so that the client decodes it as it decodes kvrouterd's and the two
-// targets differ only in what the server does. Its empty request id keeps the client from copying
-// one.
-func noopBody(w *workload) []byte {
+// noopBody is the no-op target's answer to /v1/route: a valid route response, so that the client
+// decodes it as it decodes kvrouterd's and the two targets differ only in what the server does.
+// It carries cands candidates, or for 0 two (130 bytes). Its empty request id keeps the client
+// from copying one.
+func noopBody(w *workload, cands int) []byte {
 	resp := wire.RouteResponse{
 		Mode:   wire.ModeKV,
 		Chosen: true,
@@ -56,7 +56,10 @@ func noopBody(w *workload) []byte {
 		Blocks: uint32(w.blocks),
 		ISL:    uint32(w.blocks * w.bs),
 	}
-	for i := range min(2, w.workers) {
+	if cands == 0 {
+		cands = min(2, w.workers)
+	}
+	for i := range cands {
 		resp.Candidates = append(resp.Candidates, wire.Candidate{Worker: workerID(i), CachedBlocks: uint32(w.blocks), ActiveBlocks: 1, Logit: 1})
 	}
 	return wire.AppendRouteResponse(nil, &resp)
@@ -103,7 +106,7 @@ func startNoop(body []byte) (*target, error) {
 // unregisters the workers from an external kvrouterd.
 func start(c *Config, w *workload) (*target, error) {
 	if c.Target == "noop" {
-		return startNoop(noopBody(w))
+		return startNoop(noopBody(w, c.NoopCandidates))
 	}
 	t := &target{addr: c.Addr, stop: func() error { return nil }}
 	if c.Addr == "" {
