@@ -43,8 +43,8 @@ func chain(contents ...uint64) []uint64 {
 func result(t testing.TB, ix *radix.Index, m *radix.Match) map[radix.WorkerKey]int {
 	t.Helper()
 	out := map[radix.WorkerKey]int{}
-	if len(m.Depth) != len(m.Slots) || len(m.Cached) != len(m.Slots) {
-		t.Fatalf("match arrays differ in length: %d slots, %d depths, %d cached", len(m.Slots), len(m.Depth), len(m.Cached))
+	if len(m.Depth) != len(m.Slots) {
+		t.Fatalf("match arrays differ in length: %d slots, %d depths", len(m.Slots), len(m.Depth))
 	}
 	for i, s := range m.Slots {
 		if i > 0 && m.Slots[i-1] >= s {
@@ -85,9 +85,11 @@ func TestMatchContiguousPrefix(t *testing.T) {
 	if m.Lookups != 6 {
 		t.Errorf("lookups %d, want 6", m.Lookups)
 	}
+	cached := make([]int64, len(m.Slots))
+	ix.FillBlocks(m.Slots, cached)
 	for i, s := range m.Slots {
-		if m.Cached[i] != ix.Blocks(s) {
-			t.Errorf("slot %d: cached %d, Blocks %d", s, m.Cached[i], ix.Blocks(s))
+		if cached[i] != ix.Blocks(s) {
+			t.Errorf("slot %d: FillBlocks %d, Blocks %d", s, cached[i], ix.Blocks(s))
 		}
 	}
 	if ix.Blocks(a) != 5 || ix.Blocks(d) != 4 {

@@ -14,10 +14,9 @@ import (
 type Match struct {
 	// Slots lists every worker slot that holds the query's first block, ascending.
 	Slots []Slot
-	// Depth[i] is the number of contiguous leading query blocks Slots[i] holds (≥ 1).
+	// Depth[i] is the number of contiguous leading query blocks Slots[i] holds (≥ 1). Their
+	// total block counts, if wanted, are Index.FillBlocks(Slots, …).
 	Depth []int32
-	// Cached[i] is the total number of blocks Slots[i] holds in the index.
-	Cached []int64
 	// Lookups is the number of query blocks the walk examined: it stops at the first block that
 	// no remaining worker holds.
 	Lookups int
@@ -53,7 +52,7 @@ func (ix *Index) MatchTokens(tokens []uint32, seed uint64, m *Match) {
 // depth ends at its first missing block, whatever it holds further down. The walk stops as soon
 // as no slot is left. Lock-free; safe alongside writers.
 func (ix *Index) Match(seqs []uint64, m *Match) {
-	m.Slots, m.Depth, m.Cached, m.Lookups = m.Slots[:0], m.Depth[:0], m.Cached[:0], 0
+	m.Slots, m.Depth, m.Lookups = m.Slots[:0], m.Depth[:0], 0
 	if len(seqs) == 0 {
 		return
 	}
@@ -72,8 +71,6 @@ func (ix *Index) Match(seqs []uint64, m *Match) {
 		return
 	}
 	m.Depth = slices.Grow(m.Depth, n)[:n]
-	m.Cached = slices.Grow(m.Cached, n)[:n]
-	ix.FillBlocks(m.Slots, m.Cached)
 
 	var i int
 	var act []int32

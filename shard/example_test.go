@@ -24,7 +24,7 @@ func Example() {
 	ix.MatchTokens([]uint32{1, 2, 3, 4, 5, 6, 7, 8, 0, 0, 0, 0}, radix.BaseSeed, &m)
 	for i, s := range m.Slots {
 		w, _ := ix.Worker(s)
-		fmt.Printf("worker %d rank %d: %d leading blocks cached, %d blocks in all\n", w.ID, w.Rank, m.Depth[i], m.Cached[i])
+		fmt.Printf("worker %d rank %d: %d leading blocks cached, %d blocks in all\n", w.ID, w.Rank, m.Depth[i], ix.Blocks(s))
 	}
 	// Output: worker 7 rank 0: 2 leading blocks cached, 3 blocks in all
 }

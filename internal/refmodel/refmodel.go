@@ -76,9 +76,8 @@ func (m *Index) Match(seqs []uint64) map[radix.WorkerKey]int {
 // depths within the query).
 func (m *Index) CheckMatch(ix *radix.Index, q []uint64, mt *radix.Match) error {
 	ix.Match(q, mt)
-	if len(mt.Depth) != len(mt.Slots) || len(mt.Cached) != len(mt.Slots) {
-		return fmt.Errorf("match arrays differ in length: %d slots, %d depths, %d cached",
-			len(mt.Slots), len(mt.Depth), len(mt.Cached))
+	if len(mt.Depth) != len(mt.Slots) {
+		return fmt.Errorf("match arrays differ in length: %d slots, %d depths", len(mt.Slots), len(mt.Depth))
 	}
 	got := map[radix.WorkerKey]int{}
 	for i, s := range mt.Slots {
@@ -90,8 +89,8 @@ func (m *Index) CheckMatch(ix *radix.Index, q []uint64, mt *radix.Match) error {
 			return fmt.Errorf("slot %d in a match is not in use", s)
 		}
 		got[w] = int(mt.Depth[i])
-		if int(mt.Cached[i]) != m.Blocks(w) {
-			return fmt.Errorf("worker %v: cached %d, model %d", w, mt.Cached[i], m.Blocks(w))
+		if n := int(ix.Blocks(s)); n != m.Blocks(w) {
+			return fmt.Errorf("worker %v: cached %d, model %d", w, n, m.Blocks(w))
 		}
 	}
 	if want := m.Match(q); !maps.Equal(got, want) {
