@@ -71,8 +71,11 @@ type Load struct {
 	slot radix.Slot
 
 	mu     sync.Mutex
-	refs   u64map.Map // full block → active requests using it on this worker
 	active []*booking // the requests booked on this worker, in no order
+	// refs counts, per full block, the active requests using it, while mapped: kept only for a
+	// worker with many requests (see scanRequests).
+	refs   u64map.Map
+	mapped bool
 	gone   bool
 
 	blocks   atomic.Int64
@@ -125,8 +128,13 @@ func (t *Tracker) Unregister(l *Load) {
 	}
 	l.gone = true
 	t.setBusy(l.slot, false)
-	l.refs.Each(func(seq, _ uint64) { t.roots.Remove(seq, l.slot) })
+	for _, b := range l.active {
+		if len(b.seqs) > 0 {
+			t.roots.Remove(b.seqs[0], l.slot) // a first block shared by several goes at the first
+		}
+	}
 	l.refs.Reset()
+	l.mapped = false
 	clear(l.active)
 	l.active = l.active[:0]
 	l.blocks.Store(0)
@@ -167,10 +175,44 @@ func (t *Tracker) Match(seqs []uint64, m *radix.Match) {
 	}
 }
 
-// scanRequests is the most active requests on a worker for which shared compares the query
-// with each request's blocks rather than searching the worker's block map: a comparison reads
-// two arrays, a map probe hashes and misses the cache.
+// scanRequests is the most active requests on a worker for which it works from the requests'
+// blocks alone; above it the worker keeps a map of its active blocks (refs), dropped again when
+// its requests fall to half as many. Blocks are chained, so two sequences that agree at block i
+// agree on every block before it, and the blocks active on a worker are the union of its
+// requests' prefixes, a trie: a request adds to it, or frees, its blocks beyond the longest
+// prefix it shares with another request, and the query's shared prefix is the longest it shares
+// with one. With few requests, finding that prefix is a binary search per request over two
+// arrays, most requests ruled out by one comparison at the best length so far; that is far
+// cheaper than a map operation per block (a hash and a likely cache miss), but grows with the
+// requests.
 const scanRequests = 16
+
+// longestShared returns the longest prefix seqs shares with one of l's active requests other
+// than skip. REQUIRES l.mu.
+func (l *Load) longestShared(seqs []uint64, skip *booking) int {
+	best := 0
+	for _, b := range l.active {
+		if best == len(seqs) {
+			break
+		}
+		if b != skip {
+			best = longerPrefix(seqs, b.seqs, best)
+		}
+	}
+	return best
+}
+
+// mapRefs builds refs from the active requests. REQUIRES l.mu.
+func (l *Load) mapRefs() {
+	l.refs.Reset()
+	for _, b := range l.active {
+		l.refs.Prefetch(b.seqs)
+		for _, s := range b.seqs {
+			l.refs.Ref(s)
+		}
+	}
+	l.mapped = true
+}
 
 // Shared returns how many leading blocks of seqs (chained hashes, as Book's) are active on l: the
 // depth Match reports for l, for one worker.
@@ -181,24 +223,14 @@ func (t *Tracker) Shared(l *Load, seqs []uint64) int {
 	return l.shared(seqs)
 }
 
-// shared returns how many leading blocks of seqs are active on l. Blocks are chained, so two
-// sequences that agree at block i agree on every block before it, and the blocks active on l are
-// the prefixes of its requests: the answer is the longest prefix seqs shares with one request.
-// With few requests that is a binary search per request (most are ruled out by one comparison
-// at the best length so far); with many, a binary search for the longest prefix in l's block
-// map, whose blocks are closed under prefixes.
+// shared returns how many leading blocks of seqs are active on l: without refs, the longest
+// prefix seqs shares with a request; with refs, a binary search for the longest prefix in refs,
+// whose blocks are closed under prefixes.
 func (l *Load) shared(seqs []uint64) int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if len(l.active) <= scanRequests {
-		best := 0
-		for _, b := range l.active {
-			if best == len(seqs) {
-				break
-			}
-			best = longerPrefix(seqs, b.seqs, best)
-		}
-		return best
+	if !l.mapped {
+		return l.longestShared(seqs, nil)
 	}
 	lo, hi := 0, len(seqs) // seqs[:lo] active; seqs[hi] not (or hi = len)
 	for lo < hi {
@@ -299,15 +331,22 @@ func (t *Tracker) Book(id string, l *Load, seqs []uint64, prefill int64, deadlin
 	}
 	sh.m[h] = b
 	sh.mu.Unlock()
-	added := int64(0)
-	l.refs.Prefetch(b.seqs)
-	for i, s := range b.seqs {
-		if l.refs.Ref(s) {
-			if i == 0 {
-				t.roots.Add(s, l.slot)
+	var added int64
+	if !l.mapped && len(l.active) >= scanRequests {
+		l.mapRefs()
+	}
+	if l.mapped {
+		l.refs.Prefetch(b.seqs)
+		for _, s := range b.seqs {
+			if l.refs.Ref(s) {
+				added++
 			}
-			added++
 		}
+	} else {
+		added = int64(len(b.seqs) - l.longestShared(b.seqs, nil))
+	}
+	if added == int64(len(b.seqs)) && added > 0 {
+		t.roots.Add(b.seqs[0], l.slot) // its first block is new on l
 	}
 	b.at = len(l.active)
 	l.active = append(l.active, b)
@@ -374,15 +413,19 @@ func (t *Tracker) release(b *booking) {
 	l := b.load
 	l.mu.Lock()
 	if !l.gone {
-		freed := int64(0)
-		l.refs.Prefetch(b.seqs)
-		for i, s := range b.seqs {
-			if l.refs.Unref(s) {
-				if i == 0 {
-					t.roots.Remove(s, l.slot)
+		var freed int64
+		if l.mapped {
+			l.refs.Prefetch(b.seqs)
+			for _, s := range b.seqs {
+				if l.refs.Unref(s) {
+					freed++
 				}
-				freed++
 			}
+		} else {
+			freed = int64(len(b.seqs) - l.longestShared(b.seqs, b))
+		}
+		if freed == int64(len(b.seqs)) && freed > 0 {
+			t.roots.Remove(b.seqs[0], l.slot) // no other request starts with its first block
 		}
 		l.blocks.Add(-freed)
 		if !b.prefillDone {
@@ -394,6 +437,12 @@ func (t *Tracker) release(b *booking) {
 		l.active = l.active[:last]
 		if last == 0 {
 			t.setBusy(l.slot, false)
+			// Nothing is active, whatever blocks a replica sent that were not chained.
+			l.blocks.Store(0)
+		}
+		if l.mapped && len(l.active) <= scanRequests/2 {
+			l.refs.Reset()
+			l.mapped = false
 		}
 	}
 	l.requests.Add(-1)

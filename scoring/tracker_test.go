@@ -88,6 +88,9 @@ func TestTrackerUnregister(t *testing.T) {
 	if err := tr.Book("a", w, []uint64{1, 2}, 32, 10); err != nil {
 		t.Fatal(err)
 	}
+	if err := tr.Book("short", w, nil, 5, 10); err != nil { // a prompt shorter than a block
+		t.Fatal(err)
+	}
 	if got := tr.AppendBusy(nil); len(got) != 1 || got[0] != w.Slot() {
 		t.Fatalf("busy slots %v, want [%d]", got, w.Slot())
 	}
@@ -101,8 +104,10 @@ func TestTrackerUnregister(t *testing.T) {
 	if err := tr.Book("b", w, []uint64{1}, 1, 10); err != ErrWorkerGone {
 		t.Fatalf("booking on an unregistered worker: %v", err)
 	}
-	if err := tr.Complete("a"); err != nil { // the request is still known and completes cleanly
-		t.Fatal(err)
+	for _, id := range []string{"a", "short"} { // the requests are still known and complete cleanly
+		if err := tr.Complete(id); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if tr.Active() != 0 {
 		t.Fatalf("%d requests left", tr.Active())
@@ -130,7 +135,11 @@ func TestTrackerConcurrent(t *testing.T) {
 				w := ws[rng.IntN(len(ws))]
 				seqs := make([]uint64, 1+rng.IntN(8))
 				for j := range seqs {
-					seqs[j] = uint64(j*10 + rng.IntN(2)) // shared prefixes, two branches per level
+					// Chained, with shared prefixes: two branches per level.
+					seqs[j] = uint64(rng.IntN(2)) + 1
+					if j > 0 {
+						seqs[j] += seqs[j-1] * 1_000_003
+					}
 				}
 				if err := tr.Book(id, w, seqs, int64(rng.IntN(100)), int64(i)); err != nil {
 					t.Error(err)
