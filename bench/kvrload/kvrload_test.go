@@ -62,6 +62,12 @@ func TestOutput(t *testing.T) {
 		t.Fatalf("got\n%s\nwant first\n%s", out.String(), want)
 	}
 
+	out.Reset()
+	printResult(&out, &loadgen.Result{Target: "noop", Workers: 1000, NoopCandidates: 1000, Rate: 0}, false)
+	if !strings.HasPrefix(out.String(), "target=noop      workers=1000 candidates=1000 ") {
+		t.Fatalf("no-op line names its answer's size: %s", out.String())
+	}
+
 	noop := loadgen.Result{Target: "noop", RPS: 40000, Others: -1}
 	row := func(workers, cands int) loadgen.SuiteRow {
 		route := loadgen.Result{Target: "kvrouterd", RPS: 30000, P50: 400, P99: 1600, Errors: 2, Others: 5}

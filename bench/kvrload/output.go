@@ -10,13 +10,21 @@ import (
 )
 
 // printResult prints r as one line, then its first errors if any, then with asJSON its JSON.
+// candidates= is the answer's size: kvrouterd's cap, or the no-op's fixed answer.
 func printResult(w io.Writer, r *loadgen.Result, asJSON bool) {
 	rate := "sat"
 	if r.Rate > 0 {
 		rate = strconv.FormatFloat(r.Rate, 'f', 0, 64)
 	}
+	cands := candidates(r.MaxCandidates)
+	if r.Target == "noop" {
+		cands = "2"
+		if r.NoopCandidates > 0 {
+			cands = strconv.Itoa(r.NoopCandidates)
+		}
+	}
 	fmt.Fprintf(w, "target=%-9s workers=%-4d candidates=%-4s blocks=%d conns=%d rate=%-6s req/s=%-8.0f p50=%.1fµs p90=%.1fµs p99=%.1fµs p99.9=%.1fµs max=%.1fµs errors=%d cpu/req=%.1fµs others=%.0f%%\n",
-		r.Target, r.Workers, candidates(r.MaxCandidates), r.Blocks, r.Conns, rate, r.RPS, r.P50, r.P90, r.P99, r.P999, r.Max, r.Errors, r.CPUPerReq, r.Others)
+		r.Target, r.Workers, cands, r.Blocks, r.Conns, rate, r.RPS, r.P50, r.P90, r.P99, r.P999, r.Max, r.Errors, r.CPUPerReq, r.Others)
 	if r.FirstErr != "" {
 		fmt.Fprintf(w, "  first error: %s\n", r.FirstErr)
 	}
