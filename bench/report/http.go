@@ -27,7 +27,7 @@ func (r *report) http() error {
 		"fasthttp handler answering a fixed two-candidate route response, in turn, and the no-op handler again answering as "+
 		"many candidates as kvrouterd (*same size*: the router's cost without that of moving the answer); runs of %v after %v of warm-up. Each "+
 		"iteration routes, then completes the request. Saturation is a closed loop; half saturation an open loop at half "+
-		"kvrouterd's saturated rate, latency timed from each request's scheduled start. Client and server share the machine: "+
+		"kvrouterd's saturated rate, latency timed from each request's scheduled start (from when its connection woke, if it was idle: a timerfd per connection). Client and server share the machine: "+
 		"on 2 cores the client takes about half of it.\n\n", c.Blocks, c.BlockSize, c.Conns, c.Duration, c.Warmup)
 	r.mdf("| workers | candidates per answer | no-op req/s | route req/s | ratio | no-op req/s, same size | ratio, same size | route p50 / p99 at half saturation µs | no-op p50 / p99 at the same rate µs | others' CPU |\n")
 	r.mdf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
