@@ -202,6 +202,32 @@ func (l *Load) longestShared(seqs []uint64, skip *booking) int {
 	return best
 }
 
+// own returns how many of b's blocks no other request active on l uses: those its booking adds
+// (book) or its completion frees. With refs it counts b in or out of them; if b's first block is
+// its own, it enters or leaves the roots index. b must not be in l.active yet when booked.
+// REQUIRES l.mu.
+func (t *Tracker) own(l *Load, b *booking, book bool) int64 {
+	var n int64
+	if l.mapped {
+		l.refs.Prefetch(b.seqs)
+		for _, s := range b.seqs {
+			if book && l.refs.Ref(s) || !book && l.refs.Unref(s) {
+				n++
+			}
+		}
+	} else {
+		n = int64(len(b.seqs) - l.longestShared(b.seqs, b))
+	}
+	if n == int64(len(b.seqs)) && n > 0 {
+		if book {
+			t.roots.Add(b.seqs[0], l.slot)
+		} else {
+			t.roots.Remove(b.seqs[0], l.slot)
+		}
+	}
+	return n
+}
+
 // mapRefs builds refs from the active requests. REQUIRES l.mu.
 func (l *Load) mapRefs() {
 	l.refs.Reset()
@@ -331,23 +357,10 @@ func (t *Tracker) Book(id string, l *Load, seqs []uint64, prefill int64, deadlin
 	}
 	sh.m[h] = b
 	sh.mu.Unlock()
-	var added int64
 	if !l.mapped && len(l.active) >= scanRequests {
 		l.mapRefs()
 	}
-	if l.mapped {
-		l.refs.Prefetch(b.seqs)
-		for _, s := range b.seqs {
-			if l.refs.Ref(s) {
-				added++
-			}
-		}
-	} else {
-		added = int64(len(b.seqs) - l.longestShared(b.seqs, nil))
-	}
-	if added == int64(len(b.seqs)) && added > 0 {
-		t.roots.Add(b.seqs[0], l.slot) // its first block is new on l
-	}
+	added := t.own(l, b, true)
 	b.at = len(l.active)
 	l.active = append(l.active, b)
 	if b.at == 0 {
@@ -413,20 +426,7 @@ func (t *Tracker) release(b *booking) {
 	l := b.load
 	l.mu.Lock()
 	if !l.gone {
-		var freed int64
-		if l.mapped {
-			l.refs.Prefetch(b.seqs)
-			for _, s := range b.seqs {
-				if l.refs.Unref(s) {
-					freed++
-				}
-			}
-		} else {
-			freed = int64(len(b.seqs) - l.longestShared(b.seqs, b))
-		}
-		if freed == int64(len(b.seqs)) && freed > 0 {
-			t.roots.Remove(b.seqs[0], l.slot) // no other request starts with its first block
-		}
+		freed := t.own(l, b, false)
 		l.blocks.Add(-freed)
 		if !b.prefillDone {
 			l.prefill.Add(-b.prefill)
