@@ -158,7 +158,7 @@ func load(ctx context.Context, cl *client.Client, w *workload, c *Config) Result
 		conns[i] = k
 		wg.Go(func() {
 			if c.Rate > 0 {
-				k.openLoop(ctx, cl, w, c, start, ws, end)
+				k.openLoop(ctx, c, start, ws, end, func(_, from time.Time, measured bool) { k.request(cl, w, from, measured) })
 			} else {
 				k.closedLoop(ctx, cl, w, ws, end)
 			}
@@ -235,61 +235,52 @@ func (k *conn) closedLoop(ctx context.Context, cl *client.Client, w *workload, w
 	}
 }
 
-// openLoop sends request j of this goroutine at start + (j·conns + idx)/rate, so that the
-// goroutines together send at c.Rate, evenly spaced, waking on a periodic (see periodic). A
-// request due while the goroutine was idle is timed from when it woke, since the wake-up's
-// lateness is the load generator's, not the target's; one due while it still waited for an
-// earlier answer is timed from its scheduled time, so that queueing is not hidden (coordinated
-// omission). Requests still unsent drainGrace after the window count as failed.
-func (k *conn) openLoop(ctx context.Context, cl *client.Client, w *workload, c *Config, start, ws, end time.Time) {
-	conns := int64(c.Conns)
-	at := func(j int64) time.Time {
-		return start.Add(time.Duration(float64(j*conns+int64(k.idx)) * 1e9 / c.Rate))
-	}
-	period := time.Duration(float64(conns) * 1e9 / c.Rate)
-	tick := newTicker(at(0), period)
-	defer tick.stop()
+// openLoop sends request j of this goroutine at start + idx/rate + j·conns/rate, so that the
+// goroutines together send at c.Rate, evenly spaced, waking on an alarm (see alarm). A request due
+// while the goroutine was idle is timed from when it woke, since the wake-up's lateness is the
+// load generator's, not the target's; one that came due while it still waited for an earlier
+// answer is sent at once and timed from its scheduled time, so that queueing is not hidden
+// (coordinated omission). Requests still unsent drainGrace after the window count as failed.
+// send does the request j scheduled at sched, timing it from from.
+func (k *conn) openLoop(ctx context.Context, c *Config, start, ws, end time.Time, send func(sched, from time.Time, measured bool)) {
+	k.openLoopWith(ctx, c, start, ws, end, newAlarm, send)
+}
+
+// openLoopWith is openLoop waking on the alarm mk makes for its schedule.
+func (k *conn) openLoopWith(ctx context.Context, c *Config, start, ws, end time.Time, mk func(time.Time, time.Duration) alarm, send func(sched, from time.Time, measured bool)) {
+	// The schedule in whole nanoseconds, as the alarm keeps it.
+	period := time.Duration(float64(c.Conns) * 1e9 / c.Rate)
+	first := start.Add(time.Duration(float64(k.idx) * 1e9 / c.Rate))
+	at := func(j int64) time.Time { return first.Add(time.Duration(j) * period) }
+	alarm := mk(first, period)
+	defer alarm.stop()
 	hard := end.Add(drainGrace)
-	var j int64
-	for ctx.Err() == nil {
-		if !at(j).Before(end) {
+	for j := int64(0); ctx.Err() == nil; j++ {
+		sched := at(j)
+		if !sched.Before(end) {
 			return
 		}
-		if at(j).After(time.Now()) {
-			if _, err := tick.wait(); err != nil {
+		from := sched
+		if now := time.Now(); sched.After(now) {
+			if err := alarm.waitUntil(sched); err != nil {
 				return
 			}
-		}
-		woke := time.Now()
-		// Send what is due by the clock (the timer's count only wakes us; a period rounded to
-		// nanoseconds drifts from at(j)).
-		for first := true; ctx.Err() == nil; first = false {
-			sched := at(j)
-			if !sched.Before(end) || sched.After(time.Now()) && !first {
-				break
-			}
-			measured := !sched.Before(ws)
-			if time.Now().After(hard) {
-				// Too far behind to catch up: the rest of the window counts as failed.
-				for ; at(j).Before(end); j++ {
-					if !at(j).Before(ws) {
-						k.n++
-						k.unsent++
-					}
+			from = time.Now()
+		} else if now.After(hard) {
+			// Too far behind to catch up: the rest of the window counts as failed.
+			for ; at(j).Before(end); j++ {
+				if !at(j).Before(ws) {
+					k.n++
+					k.unsent++
 				}
-				if k.first == nil {
-					k.first = fmt.Errorf("open loop at %.0f req/s: connection %d had %d requests still unsent %v after the window",
-						c.Rate, k.idx, k.unsent, drainGrace)
-				}
-				return
 			}
-			from := sched
-			if first {
-				from = woke
+			if k.first == nil {
+				k.first = fmt.Errorf("open loop at %.0f req/s: connection %d had %d requests still unsent %v after the window",
+					c.Rate, k.idx, k.unsent, drainGrace)
 			}
-			k.request(cl, w, from, measured)
-			j++
+			return
 		}
+		send(sched, from, !sched.Before(ws))
 	}
 }
 

@@ -174,32 +174,42 @@ func TestWorkload(t *testing.T) {
 	}
 }
 
-// TestPeriodic checks the wake-ups the open loop paces itself with, the system's and the
-// fallback: every wait reports at least one period, and the periods reported never outrun the
-// clock.
-func TestPeriodic(t *testing.T) {
-	const period = 200 * time.Microsecond
-	for name, mk := range map[string]func(time.Time) periodic{
-		"system":  func(s time.Time) periodic { return newTicker(s, period) },
-		"sleeper": func(s time.Time) periodic { return newSleeper(s, period) },
+// TestOpenLoopPacing drives a connection's open loop with a send that records when each request
+// went out, one of them answered only after three periods, with the system's alarm and the
+// fallback: no request goes out before its scheduled time, the late ones are timed from their
+// schedule, and the schedule is sent in full and in order.
+func TestOpenLoopPacing(t *testing.T) {
+	const period = 2 * time.Millisecond
+	for name, mk := range map[string]func(time.Time, time.Duration) alarm{
+		"system":  newAlarm,
+		"sleeper": func(time.Time, time.Duration) alarm { return sleeper{} },
 	} {
-		start := time.Now().Add(time.Millisecond)
-		p := mk(start)
-		var sum int64
-		for range 50 {
-			n, err := p.wait()
-			if err != nil {
-				t.Fatalf("%s: %v", name, err)
+		t.Run(name, func(t *testing.T) {
+			c := Defaults()
+			c.Conns, c.Rate = 1, float64(time.Second/period)
+			start := time.Now().Add(time.Millisecond)
+			end := start.Add(24 * period)
+			k := &conn{}
+			var scheds []time.Time
+			k.openLoopWith(t.Context(), &c, start, start, end, mk, func(sched, from time.Time, _ bool) {
+				if now := time.Now(); now.Before(sched) {
+					t.Errorf("request %d sent %v before its scheduled time", len(scheds), sched.Sub(now))
+				}
+				if from.Before(sched) {
+					t.Errorf("request %d timed from %v before its scheduled time", len(scheds), sched.Sub(from))
+				}
+				if len(scheds) > 0 && !sched.After(scheds[len(scheds)-1]) {
+					t.Errorf("request %d scheduled out of order", len(scheds))
+				}
+				scheds = append(scheds, sched)
+				if len(scheds) == 3 {
+					time.Sleep(3 * period) // a slow answer: the next ones come due meanwhile
+				}
+			})
+			if len(scheds) != 24 {
+				t.Fatalf("%d requests sent, want 24", len(scheds))
 			}
-			if n < 1 {
-				t.Fatalf("%s: a wait reported %d periods", name, n)
-			}
-			sum += n
-		}
-		if elapsed := int64(time.Since(start)/period) + 1; sum > elapsed {
-			t.Errorf("%s: %d periods reported, only %d elapsed", name, sum, elapsed)
-		}
-		p.stop()
+		})
 	}
 }
 

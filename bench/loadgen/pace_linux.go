@@ -1,7 +1,6 @@
 package loadgen
 
 import (
-	"encoding/binary"
 	"os"
 	"syscall"
 	"time"
@@ -9,22 +8,22 @@ import (
 )
 
 // timerfd is a periodic Linux timer file, read through the runtime's poller: a read blocks the
-// goroutine, not its thread, and returns as soon as the timer fires.
+// goroutine, not its thread, and returns as soon as the timer has fired.
 type timerfd struct {
 	f   *os.File
 	buf [8]byte
 }
 
-// newPeriodic returns a timerfd that first fires at start (at once if start is past) and then
-// every period.
-func newPeriodic(start time.Time, period time.Duration) (periodic, error) {
+// newTimerfd returns a timer that fires at first and then every period. It is armed relative to
+// now, so it fires a moment after each scheduled time, never before.
+func newTimerfd(first time.Time, period time.Duration) (alarm, error) {
 	fd, _, errno := syscall.Syscall(syscall.SYS_TIMERFD_CREATE, 1 /* CLOCK_MONOTONIC */, syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0)
 	if errno != 0 {
 		return nil, errno
 	}
-	first := max(time.Until(start), time.Nanosecond)
 	spec := struct{ interval, value syscall.Timespec }{
-		syscall.NsecToTimespec(int64(period)), syscall.NsecToTimespec(int64(first)),
+		syscall.NsecToTimespec(int64(max(period, time.Microsecond))),
+		syscall.NsecToTimespec(int64(max(time.Until(first), time.Nanosecond))), // zero would disarm it
 	}
 	if _, _, errno := syscall.Syscall6(syscall.SYS_TIMERFD_SETTIME, fd, 0, uintptr(unsafe.Pointer(&spec)), 0, 0, 0); errno != 0 {
 		syscall.Close(int(fd))
@@ -33,11 +32,15 @@ func newPeriodic(start time.Time, period time.Duration) (periodic, error) {
 	return &timerfd{f: os.NewFile(fd, "timerfd")}, nil
 }
 
-func (t *timerfd) wait() (int64, error) {
-	if _, err := t.f.Read(t.buf[:]); err != nil {
-		return 0, err
+// waitUntil reads the timer until t has come: a read returns at once for expirations that passed
+// while the caller was busy, so one read may not be enough.
+func (a *timerfd) waitUntil(t time.Time) error {
+	for time.Now().Before(t) {
+		if _, err := a.f.Read(a.buf[:]); err != nil {
+			return err
+		}
 	}
-	return int64(binary.LittleEndian.Uint64(t.buf[:])), nil
+	return nil
 }
 
-func (t *timerfd) stop() { t.f.Close() }
+func (a *timerfd) stop() { a.f.Close() }

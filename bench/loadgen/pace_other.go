@@ -7,6 +7,4 @@ import (
 	"time"
 )
 
-func newPeriodic(time.Time, time.Duration) (periodic, error) {
-	return nil, errors.New("no timerfd")
-}
+func newTimerfd(time.Time, time.Duration) (alarm, error) { return nil, errors.New("no timerfd") }
