@@ -93,9 +93,11 @@ func checkRemote(replica, id string) error {
 }
 
 // BookRemote books request id that replica routed to worker of model, exactly as Route books
-// a local one: seqs (the request's full blocks' sequence hashes, first block first) count as
-// the worker's active blocks, each once however many requests share it, and prefill as its
-// active prefill tokens. The booking expires after ttl, or this Router's RequestExpiry if
+// a local one: seqs (the request's full blocks' sequence hashes, chained, first block first, as
+// the replica's route computed them) count as the worker's active blocks, each once however many
+// requests share it, and prefill as its active prefill tokens. Hashes that are not chained
+// cannot be told apart; they make the shared counts approximate, within bounds (see
+// scoring.Tracker), and leave nothing behind once their requests complete. The booking expires after ttl, or this Router's RequestExpiry if
 // shorter. The Router copies what it keeps. Errors: ErrInvalid (replica or request id, ttl,
 // prefill tokens, block count), ErrUnknownModel, ErrUnknownWorker (not registered here),
 // ErrConflict (replica's request id is booked already).

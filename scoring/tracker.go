@@ -27,14 +27,19 @@ const reqShards = 64
 
 // Tracker holds the active load of every worker: the requests the router sent it that have not
 // completed. All methods are safe for concurrent use. Booking a request costs one lock of a
-// request shard and one of the worker; reads of a worker's load are atomic loads, and Match reads
-// the active blocks lock-free.
+// request shard and one of the worker; reads of a worker's load are atomic loads; Match finds the
+// workers a request could share active blocks with lock-free, then takes each one's lock.
+//
+// Blocks are expected chained (equal hashes at position i mean equal prefixes up to i), as the
+// router computes them. Unchained ones, say from a faulty peer, make the counts of shared and
+// active blocks approximate, but never more blocks shared than active, and nothing is left
+// active, busy or indexed once their requests complete.
 type Tracker struct {
 	// roots holds, per worker slot, the first blocks of its active requests: the workers a new
 	// request could share active blocks with are those holding its first block, found in one
-	// lock-free lookup. The other blocks live only in each worker's refs, which is far cheaper
-	// to change than the index: with every block in the index, BenchmarkRoute (router, 8
-	// workers) took 17.4 µs per request, 4.8 µs without.
+	// lock-free lookup. The other blocks are known only per worker (its requests, or refs for a
+	// worker with many), which is far cheaper to change than the index: with every block in the
+	// index, BenchmarkRoute (router, 8 workers) took 17.4 µs per request, 4.8 µs without.
 	roots  *radix.Index
 	mu     sync.Mutex              // serializes Register
 	loads  atomic.Pointer[[]*Load] // slot → Load, copy-on-write
@@ -72,11 +77,12 @@ type Load struct {
 
 	mu     sync.Mutex
 	active []*booking // the requests booked on this worker, in no order
-	// refs counts, per full block, the active requests using it, while mapped: kept only for a
-	// worker with many requests (see scanRequests).
-	refs   u64map.Map
-	mapped bool
-	gone   bool
+	// refs counts, per full block, the active requests using it, and firsts the active requests
+	// starting with it, while mapped: kept only for a worker with many requests (see
+	// scanRequests).
+	refs, firsts u64map.Map
+	mapped       bool
+	gone         bool
 
 	blocks   atomic.Int64
 	prefill  atomic.Int64
@@ -134,6 +140,7 @@ func (t *Tracker) Unregister(l *Load) {
 		}
 	}
 	l.refs.Reset()
+	l.firsts.Reset()
 	l.mapped = false
 	clear(l.active)
 	l.active = l.active[:0]
@@ -207,7 +214,11 @@ func (l *Load) longestShared(seqs []uint64, skip *booking) int {
 // its own, it enters or leaves the roots index. b must not be in l.active yet when booked.
 // REQUIRES l.mu.
 func (t *Tracker) own(l *Load, b *booking, book bool) int64 {
+	if len(b.seqs) == 0 {
+		return 0
+	}
 	var n int64
+	var first bool // no other active request starts with b's first block
 	if l.mapped {
 		l.refs.Prefetch(b.seqs)
 		for _, s := range b.seqs {
@@ -215,10 +226,18 @@ func (t *Tracker) own(l *Load, b *booking, book bool) int64 {
 				n++
 			}
 		}
+		if book {
+			first = l.firsts.Ref(b.seqs[0])
+		} else {
+			first = l.firsts.Unref(b.seqs[0])
+		}
 	} else {
 		n = int64(len(b.seqs) - l.longestShared(b.seqs, b))
+		first = n == int64(len(b.seqs))
 	}
-	if n == int64(len(b.seqs)) && n > 0 {
+	// The roots index holds the first blocks of a worker's requests: counted apart from refs,
+	// so that it stays exact even if a peer sent blocks that are not chained.
+	if first {
 		if book {
 			t.roots.Add(b.seqs[0], l.slot)
 		} else {
@@ -228,16 +247,40 @@ func (t *Tracker) own(l *Load, b *booking, book bool) int64 {
 	return n
 }
 
-// mapRefs builds refs from the active requests. REQUIRES l.mu.
+// mapRefs builds refs and firsts from the active requests, and restates the active blocks as
+// refs counts them. REQUIRES l.mu.
 func (l *Load) mapRefs() {
 	l.refs.Reset()
+	l.firsts.Reset()
 	for _, b := range l.active {
 		l.refs.Prefetch(b.seqs)
 		for _, s := range b.seqs {
 			l.refs.Ref(s)
 		}
+		if len(b.seqs) > 0 {
+			l.firsts.Ref(b.seqs[0])
+		}
 	}
 	l.mapped = true
+	l.blocks.Store(int64(l.refs.Len()))
+}
+
+// unmapRefs drops refs and firsts, and restates the active blocks as the requests' prefixes count
+// them. For chained blocks the two counts agree; restating them at each switch keeps a peer's
+// unchained blocks from making them drift. REQUIRES l.mu.
+func (l *Load) unmapRefs() {
+	l.refs.Reset()
+	l.firsts.Reset()
+	l.mapped = false
+	var n int64
+	for i, b := range l.active {
+		best := 0
+		for _, o := range l.active[:i] {
+			best = longerPrefix(b.seqs, o.seqs, best)
+		}
+		n += int64(len(b.seqs) - best)
+	}
+	l.blocks.Store(n)
 }
 
 // Shared returns how many leading blocks of seqs (chained hashes, as Book's) are active on l: the
@@ -256,7 +299,11 @@ func (l *Load) shared(seqs []uint64) int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if !l.mapped {
-		return l.longestShared(seqs, nil)
+		// Unchained blocks from a peer could make the searches overshoot what is active.
+		return min(l.longestShared(seqs, nil), int(l.blocks.Load()))
+	}
+	if _, ok := l.firsts.Get(seqs[0]); !ok {
+		return 0 // as Match finds: no request starts where seqs does
 	}
 	lo, hi := 0, len(seqs) // seqs[:lo] active; seqs[hi] not (or hi = len)
 	for lo < hi {
@@ -267,7 +314,7 @@ func (l *Load) shared(seqs []uint64) int {
 			hi = mid - 1
 		}
 	}
-	return lo
+	return min(lo, int(l.blocks.Load()))
 }
 
 // longerPrefix returns the length of the common prefix of the chained sequences a and b if it
@@ -441,8 +488,7 @@ func (t *Tracker) release(b *booking) {
 			l.blocks.Store(0)
 		}
 		if l.mapped && len(l.active) <= scanRequests/2 {
-			l.refs.Reset()
-			l.mapped = false
+			l.unmapRefs()
 		}
 	}
 	l.requests.Add(-1)

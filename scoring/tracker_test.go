@@ -293,3 +293,55 @@ func TestTrackerMatchModel(t *testing.T) {
 		}
 	}
 }
+
+// TestTrackerUnchained books requests whose blocks are not chained, as a faulty peer could send
+// them, across both ways of counting, and checks that the tracker stays sound: a worker never
+// shares more blocks than it has active, and once every request is done nothing is left active,
+// in the roots index or in the busy bitmap, and the worker's slot can be released.
+func TestTrackerUnchained(t *testing.T) {
+	tr := NewTracker()
+	w := mustRegister(t, tr, 1)
+	rng := rand.New(rand.NewPCG(5, 6))
+	var live []string
+	for step := range 3000 {
+		if len(live) < 40 && rng.IntN(3) != 0 || len(live) == 0 {
+			seqs := make([]uint64, rng.IntN(6))
+			for i := range seqs {
+				seqs[i] = uint64(rng.IntN(5)) // any block anywhere
+			}
+			id := fmt.Sprintf("u%d", step)
+			if err := tr.Book(id, w, seqs, 1, 1<<60); err != nil {
+				t.Fatal(err)
+			}
+			live = append(live, id)
+		} else {
+			k := rng.IntN(len(live))
+			if err := tr.Complete(live[k]); err != nil {
+				t.Fatal(err)
+			}
+			live = slices.Delete(live, k, k+1)
+		}
+		q := make([]uint64, 8) // longer than the five distinct blocks can make active
+		for i := range q {
+			q[i] = uint64(rng.IntN(5))
+		}
+		if n := tr.Shared(w, q); int64(n) > w.ActiveBlocks() {
+			t.Fatalf("step %d: %d blocks shared, %d active", step, n, w.ActiveBlocks())
+		}
+	}
+	for _, id := range live {
+		if err := tr.Complete(id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if w.ActiveBlocks() != 0 || len(tr.AppendBusy(nil)) != 0 {
+		t.Fatalf("idle worker: %d active blocks, busy %v", w.ActiveBlocks(), tr.AppendBusy(nil))
+	}
+	if st := tr.roots.Stats(); st.Residencies != 0 {
+		t.Fatalf("%d first blocks left in the roots index", st.Residencies)
+	}
+	tr.Unregister(w)
+	if _, inUse := tr.roots.Worker(w.Slot()); inUse {
+		t.Fatal("the unregistered worker's slot was not released")
+	}
+}
