@@ -33,7 +33,7 @@ type scratch struct {
 	busy   []radix.Slot
 	bpos   []int32
 	rows   []busyRow
-	tab    []float64
+	tab    []cost
 	heap   []ranked
 	bounds []float64
 	pool   []ranked
@@ -58,7 +58,8 @@ func (s *scratch) worker(c int) int32 {
 
 // Route scores req against the workers of its model, chooses one, books the request's load on
 // it, and fills resp. Match does the same without choosing or booking. resp's slices are reused;
-// its strings alias req's.
+// its strings alias req's. resp means something only when the error is nil: a request refused
+// at booking (a duplicate id, say) may leave it filled.
 func (r *Router) Route(req *wire.RouteRequest, resp *wire.RouteResponse) error {
 	return r.route(req, resp, true)
 }

@@ -48,6 +48,18 @@ func (a ranked) before(b ranked) bool {
 // cost of the rest.
 const maxCostTable = 4096
 
+// cost is scoring.Params.Cost's answer for one worker.
+type cost struct {
+	prefill, decode int64
+	logit           float64
+}
+
+// idleCost is the cost of a worker with depth cached blocks and nothing booked.
+func idleCost(p *scoring.Params, depth int32) cost {
+	prefill, decode, logit := p.Cost(depth, 0, 0, 0)
+	return cost{prefill, decode, logit}
+}
+
 // scoreKV scores the workers of list for a request of s.seqs whose index match is s.m, and fills
 // resp with the chosen worker (if book) and the candidates: every worker in list order, or if 0 <
 // limit < workers, the chosen one and then the cheapest, limit in all. It returns the chosen
@@ -57,10 +69,12 @@ func (s *scratch) scoreKV(r *Router, ix *radix.Index, list *workerList, p *scori
 	all := limit <= 0 || limit >= n
 	depth := slices.Grow(s.depth[:0], n)[:n] // cached depth by position; ^depth for a busy worker
 	clear(depth)
+	deepest := int32(0)
 	for i, slot := range s.m.Slots {
 		if int(slot) < len(list.bySlot) {
 			if pos := list.bySlot[slot]; pos >= 0 {
 				depth[pos] = s.m.Depth[i]
+				deepest = max(deepest, s.m.Depth[i])
 			}
 		}
 	}
@@ -89,9 +103,11 @@ func (s *scratch) scoreKV(r *Router, ix *radix.Index, list *workerList, p *scori
 	}
 	s.rows = rows
 
-	tab := slices.Grow(s.tab[:0], min(p.Blocks+1, maxCostTable))[:min(p.Blocks+1, maxCostTable)]
+	// An idle worker's cost by its depth, to the deepest depth any worker has.
+	nt := min(int(deepest)+1, maxCostTable)
+	tab := slices.Grow(s.tab[:0], nt)[:nt]
 	for d := range tab {
-		_, _, tab[d] = p.Cost(int32(d), 0, 0, 0)
+		tab[d] = idleCost(p, int32(d))
 	}
 	s.tab = tab
 
@@ -106,9 +122,9 @@ func (s *scratch) scoreKV(r *Router, ix *radix.Index, list *workerList, p *scori
 		}
 		var l float64
 		if int(d) < len(tab) {
-			l = tab[d]
+			l = tab[d].logit
 		} else {
-			_, _, l = p.Cost(d, 0, 0, 0)
+			l = idleCost(p, d).logit
 		}
 		if l <= lowest {
 			if l < lowest {
@@ -129,7 +145,8 @@ func (s *scratch) scoreKV(r *Router, ix *radix.Index, list *workerList, p *scori
 	s.heap, s.ties = h, ties
 
 	// bound is the limit-th lowest logit if no busy worker shared a block: no worker above it can
-	// be chosen or answered. Every busy worker is answered in full.
+	// be chosen or answered. An answer with every worker has no bound: every busy worker's shared
+	// blocks are looked up.
 	bounds := s.bounds[:0]
 	for _, e := range h {
 		bounds = append(bounds, e.logit)
@@ -206,21 +223,20 @@ func (s *scratch) fillAll(resp *wire.RouteResponse, ix *radix.Index, list *worke
 	s.tree = slices.Grow(s.tree[:0], n)[:n]
 	ix.FillBlocks(list.slots, s.tree)
 	out := slices.Grow(resp.Candidates[:0], n)[:n]
-	isl, bs, blocks := int64(p.ISL), int64(p.BlockSize), clampU32(int64(p.Blocks))
 	rows, next := s.rows, 0
 	for pos, d := range s.depth {
 		k, o := &list.keys[pos], &out[pos]
 		if d >= 0 {
-			var l float64
+			var c cost
 			if int(d) < len(s.tab) {
-				l = s.tab[d]
+				c = s.tab[d]
 			} else {
-				_, _, l = p.Cost(d, 0, 0, 0)
+				c = idleCost(p, d)
 			}
 			*o = wire.Candidate{
 				Worker: k.ID, Rank: k.Rank, CachedBlocks: uint32(d),
-				PrefillTokens: clampU32(isl - int64(d)*bs), ActiveBlocks: blocks,
-				TreeBlocks: uint64(max(s.tree[pos], 0)), Logit: l,
+				PrefillTokens: clampU32(c.prefill), ActiveBlocks: clampU32(c.decode),
+				TreeBlocks: uint64(max(s.tree[pos], 0)), Logit: c.logit,
 			}
 			continue
 		}
@@ -308,9 +324,8 @@ func (s *scratch) appendAt(dst []wire.Candidate, ix *radix.Index, list *workerLi
 		i, _ := slices.BinarySearchFunc(s.rows, pos, func(r busyRow, pos int32) int { return cmp.Compare(r.pos, pos) })
 		c = s.rows[i].c
 	} else {
-		k := list.keys[pos]
-		c = scoring.Candidate{Worker: k.ID, Rank: k.Rank, Cached: d}
-		c.PrefillTokens, c.DecodeBlocks, c.Logit = p.Cost(d, 0, 0, 0)
+		k, ic := list.keys[pos], idleCost(p, d)
+		c = scoring.Candidate{Worker: k.ID, Rank: k.Rank, Cached: d, PrefillTokens: ic.prefill, DecodeBlocks: ic.decode, Logit: ic.logit}
 	}
 	c.Tree = ix.Blocks(list.slots[pos])
 	return appendCandidate(dst, &c)

@@ -16,9 +16,12 @@ import (
 // identical: the same chosen worker (with the same random source), the same candidates in the
 // same order, the same numbers to the bit. The fleets are built for ties: few prompt families,
 // cached prefixes of a few lengths, weight 0 in some rounds (every idle worker costs the same).
+// Some rounds have few workers and many requests in flight (each worker's active blocks then go
+// to its map), some a second model whose busy workers share the tracker, some prompts deeper than
+// the kv path's cost table.
 func TestScoreKVMatchesGeneral(t *testing.T) {
 	const bs = 4
-	for round := range 40 {
+	for round := range 48 {
 		rng := rand.New(rand.NewPCG(uint64(round), 3))
 		pcg := rand.NewPCG(0, 0)
 		cfg := Config{Shards: 2, TrackPrefill: rng.IntN(2) == 0, Logger: quiet(), Rand: rand.New(pcg)}
@@ -36,9 +39,19 @@ func TestScoreKVMatchesGeneral(t *testing.T) {
 			toks := seq(0, min(blocks, 2)*bs) // a prefix every family shares
 			return append(toks, seq(1000*(fam+1), max(blocks-2, 0)*bs)...)
 		}
-		n := 2 + rng.IntN(60)
+		n, steps, keep := 2+rng.IntN(60), 60, 2
+		if round%3 == 1 {
+			n, steps, keep = 2+rng.IntN(3), 160, 12 // requests pile up on few workers
+		}
+		long := round%8 == 5 // a worker holds, and requests ask for, more than maxCostTable blocks
+		other := round%2 == 0
 		event := uint64(0)
 		for id := uint64(1); id <= uint64(n); id++ {
+			if other && rng.IntN(3) == 0 { // another model's workers, between this one's slots
+				if err := r.Register(Registration{ID: 1000 + id, Model: "o", BlockSize: bs}); err != nil {
+					t.Fatal(err)
+				}
+			}
 			ranks := []uint32{0}
 			if rng.IntN(5) == 0 {
 				ranks = []uint32{0, 1}
@@ -48,6 +61,9 @@ func TestScoreKVMatchesGeneral(t *testing.T) {
 			}
 			for _, rank := range ranks {
 				held := []int{0, 2, 2, 5, 8, 12}[rng.IntN(6)]
+				if long && id == 1 {
+					held = maxCostTable + 100
+				}
 				if held == 0 {
 					continue
 				}
@@ -55,21 +71,40 @@ func TestScoreKVMatchesGeneral(t *testing.T) {
 				for i := range hashes {
 					hashes[i] = uint64(i + 1)
 				}
+				fam := rng.IntN(families)
+				if long && id == 1 {
+					fam = 0
+				}
 				event++
 				b := &wire.EventBatch{Worker: id, Model: "m", Events: []shard.Event{{
-					Kind: shard.Stored, ID: event, Rank: rank, Hashes: hashes, Tokens: prompt(rng.IntN(families), held),
+					Kind: shard.Stored, ID: event, Rank: rank, Hashes: hashes, Tokens: prompt(fam, held),
 				}}}
 				if oc, err := r.ApplyEvents(b, nil); err != nil || oc[0].Status != shard.OK {
 					t.Fatalf("events: %v %v", oc, err)
 				}
 			}
 		}
+		if other { // and one whose slot is above every worker of m
+			if err := r.Register(Registration{ID: 2000, Model: "o", BlockSize: bs}); err != nil {
+				t.Fatal(err)
+			}
+		}
 		workers := len(r.ModelWorkers("m"))
 		var inFlight []string
-		for step := range 60 {
+		for step := range steps {
+			if other && len(r.ModelWorkers("o")) > 0 && rng.IntN(4) == 0 { // busy workers of model o
+				id := fmt.Sprintf("o%d", step)
+				if err := r.Route(&wire.RouteRequest{RequestID: id, Model: "o", Tokens: prompt(0, 3)}, &wire.RouteResponse{}); err != nil {
+					t.Fatal(err)
+				}
+			}
 			req := wire.RouteRequest{Model: "m", MaxCandidates: uint16(rng.IntN(workers + 2))} // 0 and ≥ workers: all
 			blocks := 1 + rng.IntN(14)
-			req.Tokens = prompt(rng.IntN(families), blocks)
+			fam := rng.IntN(families)
+			if long && rng.IntN(2) == 0 {
+				blocks, fam = maxCostTable+50+rng.IntN(100), 0
+			}
+			req.Tokens = prompt(fam, blocks)
 			req.Tokens = append(req.Tokens, seq(5000*step, rng.IntN(bs))...) // a partial block
 			if rng.IntN(3) == 0 {
 				req.Tokens[len(req.Tokens)-1] ^= 1 << 20 // a tail of its own
@@ -108,7 +143,7 @@ func TestScoreKVMatchesGeneral(t *testing.T) {
 				t.Fatalf("round %d step %d (%d workers, cap %d, book %v):\nscoreKV %+v\ngeneral %+v",
 					round, step, workers, req.MaxCandidates, book, fast, slow)
 			}
-			if len(inFlight) > 0 && rng.IntN(3) == 0 {
+			if len(inFlight) > 0 && rng.IntN(keep) == 0 {
 				k := rng.IntN(len(inFlight))
 				if rng.IntN(2) == 0 {
 					_ = r.PrefillDone(inFlight[k])
@@ -116,6 +151,10 @@ func TestScoreKVMatchesGeneral(t *testing.T) {
 					_ = r.Complete(inFlight[k])
 					inFlight = slices.Delete(inFlight, k, k+1)
 				}
+			}
+			if keep > 2 && step >= steps/2 && len(inFlight) > 0 { // the pile drains again
+				_ = r.Complete(inFlight[0])
+				inFlight = inFlight[1:]
 			}
 		}
 		r.Close()

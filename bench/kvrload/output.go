@@ -18,7 +18,7 @@ func printResult(w io.Writer, r *loadgen.Result, asJSON bool) {
 	}
 	cands := candidates(r.MaxCandidates)
 	if r.Target == "noop" {
-		cands = "2"
+		cands = strconv.Itoa(min(2, r.Workers))
 		if r.NoopCandidates > 0 {
 			cands = strconv.Itoa(r.NoopCandidates)
 		}
