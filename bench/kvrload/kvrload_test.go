@@ -77,7 +77,7 @@ func TestOutput(t *testing.T) {
 	out.Reset()
 	writeTable(&out, []loadgen.SuiteRow{row(8, 0), row(1000, 8)})
 	lines = strings.Split(strings.TrimSpace(out.String()), "\n")
-	if len(lines) != 4 || lines[2] != "| 8 | all | 40000 | 30000 | 0.75 | 37500 | 0.80 | 400 / 1600 | 15000 | 400 / 1600 | 0 / 0 | 4 | 5 |" ||
+	if len(lines) != 4 || lines[2] != "| 8 | all | 40000 | 30000 | 0.75 | 37500 | 0.80 | 400 / 1600 | 15000 | 400 / 1600 | 0 / 0 | 0 / 0 | 0 / 0 | 4 | 5 |" ||
 		!strings.HasPrefix(lines[3], "| 1000 | 8 |") {
 		t.Fatalf("table:\n%s", out.String())
 	}

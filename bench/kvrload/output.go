@@ -41,12 +41,13 @@ func printResult(w io.Writer, r *loadgen.Result, asJSON bool) {
 // answering as many candidates as kvrouterd. The last column is the most CPU other processes took
 // during any of the row's runs: a row where it is high measured them too.
 func writeTable(w io.Writer, rows []loadgen.SuiteRow) {
-	fmt.Fprintln(w, "| workers | candidates | noop req/s | route req/s | route/noop | noop req/s (same size) | route/noop (same size) | route p50/p99 µs (sat) | half rate req/s | route p50/p99 µs (half) | noop p50/p99 µs (half) | errors | others' CPU % |")
-	fmt.Fprintln(w, "|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
+	fmt.Fprintln(w, "| workers | candidates | noop req/s | route req/s | route/noop | noop req/s (same size) | route/noop (same size) | route p50/p99 µs (sat) | half rate req/s | route p50/p99 µs (half) | noop p50/p99 µs (half) | route p50/p99 µs (quarter) | noop p50/p99 µs (quarter) | errors | others' CPU % |")
+	fmt.Fprintln(w, "|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
 	for _, r := range rows {
-		fmt.Fprintf(w, "| %d | %s | %.0f | %.0f | %.2f | %.0f | %.2f | %.0f / %.0f | %.0f | %.0f / %.0f | %.0f / %.0f | %d | %.0f |\n",
+		fmt.Fprintf(w, "| %d | %s | %.0f | %.0f | %.2f | %.0f | %.2f | %.0f / %.0f | %.0f | %.0f / %.0f | %.0f / %.0f | %.0f / %.0f | %.0f / %.0f | %d | %.0f |\n",
 			r.Workers, candidates(r.MaxCandidates), r.NoopSat.RPS, r.RouteSat.RPS, r.Ratio(), r.NoopSame.RPS, r.SameRatio(),
-			r.RouteSat.P50, r.RouteSat.P99, r.HalfRate, r.RouteHalf.P50, r.RouteHalf.P99, r.NoopHalf.P50, r.NoopHalf.P99, r.Errors(), r.Others())
+			r.RouteSat.P50, r.RouteSat.P99, r.HalfRate, r.RouteHalf.P50, r.RouteHalf.P99, r.NoopHalf.P50, r.NoopHalf.P99,
+			r.RouteQuarter.P50, r.RouteQuarter.P99, r.NoopQuarter.P50, r.NoopQuarter.P99, r.Errors(), r.Others())
 	}
 }
 

@@ -45,7 +45,7 @@ type Config struct {
 }
 
 // SuiteDuration and SuiteWarmup are the run lengths of the reported suite, shorter than
-// Defaults' so that the fourteen runs of Defaults' matrix take about 85 s. A quicker suite (say
+// Defaults' so that the twenty runs of Defaults' matrix take about two minutes. A quicker suite (say
 // 1 s runs after 300 ms) fills the same rows from fewer samples, so its tails are noisier.
 const (
 	SuiteDuration = 5 * time.Second

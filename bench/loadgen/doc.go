@@ -28,7 +28,8 @@
 //
 // The suite runs, per worker count, the no-op target and kvrouterd at saturation, then both in an
 // open loop at half kvrouterd's saturated rate: the ratio of the saturated rates is the router's
-// throughput cost, and the half-rate latencies compare the two below saturation. It also runs the
+// throughput cost, and the half-rate latencies compare the two below saturation; so do runs at a
+// quarter of it, where client and server no longer compete for a small machine's cores. It also runs the
 // no-op target at saturation answering as many candidates as kvrouterd does (Config.NoopCandidates):
 // an answer listing 1,000 workers is about 40 KB, which the server writes and the client reads
 // and decodes whoever computed it, so that ratio is the router's cost without the answer's size.

@@ -15,7 +15,7 @@ import (
 // Timing is never asserted: this machine's speed is not the code's.
 func TestRunSuite(t *testing.T) {
 	if testing.Short() {
-		t.Skip("fourteen short load runs take about 5 s")
+		t.Skip("twenty short load runs take about 7 s")
 	}
 	c := Defaults()
 	c.SuiteWorkers = []int{8, 50}
@@ -36,13 +36,16 @@ func TestRunSuite(t *testing.T) {
 			t.Errorf("%d workers, cap %d: the same-size no-op answered %d candidates, kvrouterd %d",
 				r.Workers, r.MaxCandidates, r.NoopSame.NoopCandidates, r.Answer())
 		}
-		for _, res := range []Result{r.NoopSat, r.RouteSat, r.NoopSame, r.RouteHalf, r.NoopHalf} {
+		for _, res := range []Result{r.NoopSat, r.RouteSat, r.NoopSame, r.RouteHalf, r.NoopHalf, r.RouteQuarter, r.NoopQuarter} {
 			if res.OK == 0 || res.Requests == 0 || res.Errors != 0 || res.BadAnswer != 0 || res.Unsent != 0 {
 				t.Errorf("%s, %d workers, rate %.0f: %+v; want requests and no errors", res.Target, res.Workers, res.Rate, res)
 			}
 			if res.P50 <= 0 || res.P50 > res.P99 || res.P99 > res.Max {
 				t.Errorf("%s, %d workers: percentiles out of order: %+v", res.Target, res.Workers, res)
 			}
+		}
+		if r.RouteQuarter.Rate != r.HalfRate/2 || r.NoopQuarter.Rate != r.RouteQuarter.Rate {
+			t.Errorf("%d workers: quarter rates %v and %v, want %v", r.Workers, r.RouteQuarter.Rate, r.NoopQuarter.Rate, r.HalfRate/2)
 		}
 		if r.RouteHalf.Rate != r.RouteSat.RPS/2 || r.NoopHalf.Rate != r.RouteHalf.Rate {
 			t.Errorf("%d workers: half rates %v and %v, want %v", r.Workers, r.RouteHalf.Rate, r.NoopHalf.Rate, r.RouteSat.RPS/2)
@@ -52,13 +55,14 @@ func TestRunSuite(t *testing.T) {
 		}
 	}
 	// Progress sees every run once, in order: noop, then per cap kvrouterd, noop (same size),
-	// kvrouterd and noop.
-	want := []string{"noop", "kvrouterd", "noop", "kvrouterd", "noop", "noop", "kvrouterd", "noop", "kvrouterd", "noop", "kvrouterd", "noop", "kvrouterd", "noop"}
+	// kvrouterd and noop at half, and at a quarter.
+	perCap := []string{"kvrouterd", "noop", "kvrouterd", "noop", "kvrouterd", "noop"}
+	want := slices.Concat([]string{"noop"}, perCap, []string{"noop"}, perCap, perCap)
 	var got []string
 	for _, r := range runs {
 		got = append(got, r.Target)
 	}
-	if !slices.Equal(got, want) || runs[13] != rows[2].NoopHalf || runs[2] != rows[0].NoopSame {
+	if !slices.Equal(got, want) || runs[19] != rows[2].NoopQuarter || runs[2] != rows[0].NoopSame {
 		t.Fatalf("progress saw %v, want %v", got, want)
 	}
 }

@@ -18,6 +18,9 @@ type SuiteRow struct {
 	NoopSame            Result
 	RouteHalf, NoopHalf Result  // open loop at HalfRate
 	HalfRate            float64 // half RouteSat's achieved rate, in requests per second
+	// RouteQuarter and NoopQuarter are the open loop at half HalfRate: where, on a machine that
+	// client and server share, the two no longer compete for its cores.
+	RouteQuarter, NoopQuarter Result
 }
 
 // Answer is the candidates in each of the row's kvrouterd answers.
@@ -48,19 +51,21 @@ func (r SuiteRow) SameRatio() float64 {
 
 // Errors is the measured failures of the row's five runs.
 func (r SuiteRow) Errors() int64 {
-	return r.NoopSat.Errors + r.RouteSat.Errors + r.NoopSame.Errors + r.RouteHalf.Errors + r.NoopHalf.Errors
+	return r.NoopSat.Errors + r.RouteSat.Errors + r.NoopSame.Errors + r.RouteHalf.Errors + r.NoopHalf.Errors +
+		r.RouteQuarter.Errors + r.NoopQuarter.Errors
 }
 
 // Others is the most CPU, in percent of the machine, other processes took during any of the
 // row's runs (-1 when unknown): a row where it is high measured them too.
 func (r SuiteRow) Others() float64 {
-	return max(r.NoopSat.Others, r.RouteSat.Others, r.NoopSame.Others, r.RouteHalf.Others, r.NoopHalf.Others)
+	return max(r.NoopSat.Others, r.RouteSat.Others, r.NoopSame.Others, r.RouteHalf.Others, r.NoopHalf.Others,
+		r.RouteQuarter.Others, r.NoopQuarter.Others)
 }
 
 // RunSuite runs, for each worker count of c.SuiteWorkers: noop at saturation, then per cap of
 // c.SuiteCandidates kvrouterd at saturation, noop at saturation answering as many candidates,
-// and kvrouterd and noop in an open loop at half kvrouterd's saturated rate. A cap not below the worker count is skipped, as it is every
-// worker. Every run takes c.Warmup and c.Duration (the reported suite's are SuiteWarmup and
+// and kvrouterd and noop in an open loop at half kvrouterd's saturated rate, then at a quarter.
+// A cap not below the worker count is skipped, as it is every worker. Every run takes c.Warmup and c.Duration (the reported suite's are SuiteWarmup and
 // SuiteDuration); c.Target, c.Workers, c.Rate and c.MaxCandidates are set per run, and c.Addr
 // is used for the kvrouterd runs only.
 //
@@ -117,6 +122,12 @@ suite:
 				break suite
 			}
 			if row.NoopHalf, ok = one("noop", n, 0, row.HalfRate); !ok {
+				break suite
+			}
+			if row.RouteQuarter, ok = one("kvrouterd", n, k, row.HalfRate/2); !ok {
+				break suite
+			}
+			if row.NoopQuarter, ok = one("noop", n, 0, row.HalfRate/2); !ok {
 				break suite
 			}
 			rows = append(rows, row)
