@@ -30,7 +30,10 @@ func TestLowest(t *testing.T) {
 			return cmp.Or(cmp.Compare(cands[a].Logit, cands[b].Logit), cmp.Compare(a, b))
 		})
 		want = want[:min(k, len(want))]
-		got := lowest(nil, cands, k, skip)
+		var got []int32
+		for _, e := range lowest(nil, cands, k, skip) {
+			got = append(got, e.pos)
+		}
 		if !slices.Equal(got, want) && !(len(got) == 0 && len(want) == 0) {
 			t.Fatalf("n %d k %d skip %d logits %v: got %v, want %v", n, k, skip, logits(cands), got, want)
 		}

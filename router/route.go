@@ -26,7 +26,6 @@ type scratch struct {
 	at      []int32 // unless all: worker list position → candidate, -1 when filtered out
 	pos     []int32 // unless all: candidate → worker list position
 	allowed []uint64
-	top     []int32 // candidates of a capped answer, a max-heap by (logit, index) while filled
 
 	// scoreKV's working memory (scorekv.go)
 	depth  []int32
@@ -314,9 +313,9 @@ func (s *scratch) fill(resp *wire.RouteResponse, req *wire.RouteRequest, p *scor
 		resp.Candidates = appendCandidate(resp.Candidates, &cands[chosen])
 		skip, limit = chosen, limit-1
 	}
-	s.top = lowest(s.top[:0], cands, limit, skip)
-	for _, c := range s.top {
-		resp.Candidates = appendCandidate(resp.Candidates, &cands[c])
+	s.heap = lowest(s.heap, cands, limit, skip)
+	for _, e := range s.heap {
+		resp.Candidates = appendCandidate(resp.Candidates, &cands[e.pos])
 	}
 }
 
@@ -332,7 +331,12 @@ func fillHeader(resp *wire.RouteResponse, req *wire.RouteRequest, p *scoring.Par
 }
 
 func appendCandidate(dst []wire.Candidate, c *scoring.Candidate) []wire.Candidate {
-	return append(dst, wire.Candidate{
+	return append(dst, wireCandidate(c))
+}
+
+// wireCandidate is c as an answer carries it.
+func wireCandidate(c *scoring.Candidate) wire.Candidate {
+	return wire.Candidate{
 		Worker:        c.Worker,
 		Rank:          c.Rank,
 		CachedBlocks:  uint32(c.Cached),
@@ -340,63 +344,19 @@ func appendCandidate(dst []wire.Candidate, c *scoring.Candidate) []wire.Candidat
 		ActiveBlocks:  clampU32(c.DecodeBlocks),
 		TreeBlocks:    uint64(max(c.Tree, 0)),
 		Logit:         c.Logit,
-	})
+	}
 }
 
-// lowest appends to dst the k candidates other than skip with the lowest (logit, index), in
-// that order. It keeps them in a max-heap while it scans: O(n log k).
-func lowest(dst []int32, cands []scoring.Candidate, k, skip int) []int32 {
-	above := func(a, b int32) bool { // a ranks after b
-		la, lb := cands[a].Logit, cands[b].Logit
-		return la > lb || la == lb && a > b
-	}
-	down := func(h []int32, i int) {
-		for {
-			c := 2*i + 1
-			if c >= len(h) {
-				return
-			}
-			if c+1 < len(h) && above(h[c+1], h[c]) {
-				c++
-			}
-			if !above(h[c], h[i]) {
-				return
-			}
-			h[i], h[c] = h[c], h[i]
-			i = c
-		}
-	}
-	if k <= 0 {
-		return dst
-	}
-	h := dst
+// lowest returns, in h's storage, the k candidates other than skip with the lowest (logit,
+// index), in that order, kept in a bounded heap while it scans: O(n log k).
+func lowest(h []ranked, cands []scoring.Candidate, k, skip int) []ranked {
+	h = h[:0]
 	for i := range cands {
-		if i == skip {
-			continue
-		}
-		c := int32(i)
-		if len(h) < k {
-			h = append(h, c)
-			for j := len(h) - 1; j > 0; {
-				parent := (j - 1) / 2
-				if !above(h[j], h[parent]) {
-					break
-				}
-				h[j], h[parent] = h[parent], h[j]
-				j = parent
-			}
-			continue
-		}
-		if above(h[0], c) {
-			h[0] = c
-			down(h, 0)
+		if i != skip {
+			h = keepLowest(h, ranked{cands[i].Logit, int32(i)}, k)
 		}
 	}
-	// Pop the heap from the back: the largest goes last.
-	for end := len(h) - 1; end > 0; end-- {
-		h[0], h[end] = h[end], h[0]
-		down(h[:end], 0)
-	}
+	slices.SortFunc(h, ranked.compare)
 	return h
 }
 

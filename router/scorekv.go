@@ -44,6 +44,17 @@ func (a ranked) before(b ranked) bool {
 	return a.logit < b.logit || a.logit == b.logit && a.pos < b.pos
 }
 
+// compare orders by (logit, position), for slices.SortFunc.
+func (a ranked) compare(b ranked) int {
+	switch {
+	case a.before(b):
+		return -1
+	case b.before(a):
+		return 1
+	}
+	return 0
+}
+
 // maxCostTable bounds the per-request table of idle costs by depth; deeper prompts compute the
 // cost of the rest.
 const maxCostTable = 4096
@@ -111,8 +122,7 @@ func (s *scratch) scoreKV(r *Router, ix *radix.Index, list *workerList, p *scori
 	}
 	s.tab = tab
 
-	// The limit cheapest idle workers, by (logit, position), in a max-heap; positions ascend, so a
-	// worker displaces the heap's top only with a strictly lower logit. On the way, the idle
+	// The limit cheapest idle workers, by (logit, position), in a max-heap. On the way, the idle
 	// workers at the lowest logit so far, in position order: they tie for the choice.
 	h, ties := s.heap[:0], s.ties[:0]
 	lowest := math.Inf(1)
@@ -132,14 +142,10 @@ func (s *scratch) scoreKV(r *Router, ix *radix.Index, list *workerList, p *scori
 			}
 			ties = append(ties, tie{pos: int32(pos)})
 		}
-		switch {
-		case all:
-		case len(h) < limit:
-			h = append(h, ranked{l, int32(pos)})
-			up(h, len(h)-1)
-		case l < h[0].logit:
-			h[0] = ranked{l, int32(pos)}
-			down(h, 0)
+		// Positions ascend, so only a strictly lower logit displaces the top: checked here, as
+		// most workers are not among the cheapest.
+		if !all && (len(h) < limit || l < h[0].logit) {
+			h = keepLowest(h, ranked{l, int32(pos)}, limit)
 		}
 	}
 	s.heap, s.ties = h, ties
@@ -162,10 +168,7 @@ func (s *scratch) scoreKV(r *Router, ix *radix.Index, list *workerList, p *scori
 	if !all && len(bounds) >= limit {
 		bound = bounds[limit-1]
 	}
-	pool := s.pool[:0]
-	for _, e := range h {
-		pool = append(pool, e)
-	}
+	pool := append(s.pool[:0], h...)
 	for i := range rows {
 		row := &rows[i]
 		c := &row.c
@@ -178,15 +181,7 @@ func (s *scratch) scoreKV(r *Router, ix *radix.Index, list *workerList, p *scori
 		row.exact = true
 		pool = append(pool, ranked{c.Logit, row.pos})
 	}
-	slices.SortFunc(pool, func(a, b ranked) int {
-		if a.before(b) {
-			return -1
-		}
-		if b.before(a) {
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(pool, ranked.compare)
 	s.pool = pool
 
 	chosen := int32(-1)
@@ -242,11 +237,8 @@ func (s *scratch) fillAll(resp *wire.RouteResponse, ix *radix.Index, list *worke
 		}
 		c := &rows[next].c
 		next++
-		*o = wire.Candidate{
-			Worker: k.ID, Rank: k.Rank, CachedBlocks: uint32(c.Cached),
-			PrefillTokens: clampU32(c.PrefillTokens), ActiveBlocks: clampU32(c.DecodeBlocks),
-			TreeBlocks: uint64(max(s.tree[pos], 0)), Logit: c.Logit,
-		}
+		c.Tree = s.tree[pos]
+		*o = wireCandidate(c)
 	}
 	resp.Candidates = out
 }
@@ -329,6 +321,20 @@ func (s *scratch) appendAt(dst []wire.Candidate, ix *radix.Index, list *workerLi
 	}
 	c.Tree = ix.Blocks(list.slots[pos])
 	return appendCandidate(dst, &c)
+}
+
+// keepLowest adds e to h, a max-heap by (logit, position) of at most k entries: while h is
+// full, e replaces the top only if it comes before it. O(log k).
+func keepLowest(h []ranked, e ranked, k int) []ranked {
+	switch {
+	case len(h) < k:
+		h = append(h, e)
+		up(h, len(h)-1)
+	case len(h) > 0 && e.before(h[0]):
+		h[0] = e
+		down(h, 0)
+	}
+	return h
 }
 
 // up and down keep h a max-heap by (logit, pos).
