@@ -158,7 +158,7 @@ func load(ctx context.Context, cl *client.Client, w *workload, c *Config) Result
 		conns[i] = k
 		wg.Go(func() {
 			if c.Rate > 0 {
-				k.openLoop(ctx, c, start, ws, end, func(_, from time.Time, measured bool) { k.request(cl, w, from, measured) })
+				k.openLoop(ctx, c, start, ws, end, newAlarm, func(_, from time.Time, measured bool) { k.request(cl, w, from, measured) })
 			} else {
 				k.closedLoop(ctx, cl, w, ws, end)
 			}
@@ -241,13 +241,9 @@ func (k *conn) closedLoop(ctx context.Context, cl *client.Client, w *workload, w
 // load generator's, not the target's; one that came due while it still waited for an earlier
 // answer is sent at once and timed from its scheduled time, so that queueing is not hidden
 // (coordinated omission). Requests still unsent drainGrace after the window count as failed.
-// send does the request j scheduled at sched, timing it from from.
-func (k *conn) openLoop(ctx context.Context, c *Config, start, ws, end time.Time, send func(sched, from time.Time, measured bool)) {
-	k.openLoopWith(ctx, c, start, ws, end, newAlarm, send)
-}
-
-// openLoopWith is openLoop waking on the alarm mk makes for its schedule.
-func (k *conn) openLoopWith(ctx context.Context, c *Config, start, ws, end time.Time, mk func(time.Time, time.Duration) alarm, send func(sched, from time.Time, measured bool)) {
+// mk makes the alarm for the schedule (newAlarm); send does the request scheduled at sched,
+// timing it from from.
+func (k *conn) openLoop(ctx context.Context, c *Config, start, ws, end time.Time, mk func(time.Time, time.Duration) alarm, send func(sched, from time.Time, measured bool)) {
 	// The schedule in whole nanoseconds, as the alarm keeps it.
 	period := time.Duration(float64(c.Conns) * 1e9 / c.Rate)
 	first := start.Add(time.Duration(float64(k.idx) * 1e9 / c.Rate))

@@ -195,7 +195,7 @@ func TestOpenLoopPacing(t *testing.T) {
 			end := start.Add(24 * period)
 			k := &conn{}
 			var scheds []time.Time
-			k.openLoopWith(t.Context(), &c, start, start, end, mk, func(sched, from time.Time, _ bool) {
+			k.openLoop(t.Context(), &c, start, start, end, mk, func(sched, from time.Time, _ bool) {
 				if now := time.Now(); now.Before(sched) {
 					t.Errorf("request %d sent %v before its scheduled time", len(scheds), sched.Sub(now))
 				}
