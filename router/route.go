@@ -60,15 +60,37 @@ func (s *scratch) worker(c int) int32 {
 // its strings alias req's. resp means something only when the error is nil: a request refused
 // at booking (a duplicate id, say) may leave it filled.
 func (r *Router) Route(req *wire.RouteRequest, resp *wire.RouteResponse) error {
-	return r.route(req, resp, true)
+	return r.route(req, resp, true, nil)
 }
 
 // Match scores req against every allowed worker without choosing or booking.
 func (r *Router) Match(req *wire.RouteRequest, resp *wire.RouteResponse) error {
-	return r.route(req, resp, false)
+	return r.route(req, resp, false, nil)
 }
 
-func (r *Router) route(req *wire.RouteRequest, resp *wire.RouteResponse, book bool) error {
+// AppendRoute is Route answering in the binary format: it appends the answer's message
+// (wire.AppendRouteResponse's bytes) to dst and returns the extended slice, or dst unchanged
+// with an error. resp is the caller's scratch, reused like Route's; its Candidates are
+// unspecified afterwards, since an answer listing every worker is encoded straight into dst.
+func (r *Router) AppendRoute(dst []byte, req *wire.RouteRequest, resp *wire.RouteResponse) ([]byte, error) {
+	out := dst
+	if err := r.route(req, resp, true, &out); err != nil {
+		return dst, err
+	}
+	return out, nil
+}
+
+// AppendMatch is Match answering in the binary format, as AppendRoute is Route.
+func (r *Router) AppendMatch(dst []byte, req *wire.RouteRequest, resp *wire.RouteResponse) ([]byte, error) {
+	out := dst
+	if err := r.route(req, resp, false, &out); err != nil {
+		return dst, err
+	}
+	return out, nil
+}
+
+// route answers req in resp, or with enc set appends the encoded answer to *enc.
+func (r *Router) route(req *wire.RouteRequest, resp *wire.RouteResponse, book bool, enc *[]byte) error {
 	m := r.model(req.Model)
 	if m == nil {
 		return fieldErr(ErrUnknownModel, "model", "no worker is registered for model %q", req.Model)
@@ -150,12 +172,13 @@ func (r *Router) route(req *wire.RouteRequest, resp *wire.RouteResponse, book bo
 		limit = r.cfg.MaxCandidates
 	}
 	var pos, cached int32
+	encoded := false
 	if p.Mode == scoring.KV && p.Temperature == 0 && !req.HasPinned && len(req.Allowed) == 0 &&
 		len(list.keys) > 0 && !r.general && !r.log.Enabled(context.Background(), slog.LevelDebug) {
 		if err := p.Check(); err != nil {
 			return fieldErr(ErrInvalid, "request", "%v", err)
 		}
-		pos, cached = s.scoreKV(r, m.ix, list, &p, req, resp, limit, book)
+		pos, cached, encoded = s.scoreKV(r, m.ix, list, &p, req, resp, limit, book, enc)
 	} else {
 		chosen, err := s.general(r, m.ix, list, &p, req, book)
 		if err != nil {
@@ -184,6 +207,9 @@ func (r *Router) route(req *wire.RouteRequest, resp *wire.RouteResponse, book bo
 		r.routed.Add(1)
 	} else {
 		r.matched.Add(1)
+	}
+	if enc != nil && !encoded {
+		*enc = wire.AppendRouteResponse(*enc, resp)
 	}
 	return nil
 }

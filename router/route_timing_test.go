@@ -10,8 +10,8 @@ import (
 )
 
 // BenchmarkRoute measures the request path without the network: decode a binary request of a
-// 128-block (2048-token) prompt, hash, match, score every worker, book, encode the answer,
-// complete. Each goroutine keeps inFlight requests booked, completing the oldest before it
+// 128-block (2048-token) prompt, hash, match, score every worker, book, encode the answer
+// (AppendRoute, as the server does), complete. Each goroutine keeps inFlight requests booked, completing the oldest before it
 // routes the next, so that the active-load terms are those of a loaded router (kvrload keeps
 // 32 in flight; with GOMAXPROCS=2 so does this).
 func BenchmarkRoute(b *testing.B) {
@@ -54,10 +54,10 @@ func BenchmarkRoute(b *testing.B) {
 						}
 					}
 					req.RequestID = id
-					if err := r.Route(&req, &resp); err != nil {
+					var err error
+					if out, err = r.AppendRoute(out[:0], &req, &resp); err != nil {
 						b.Fatal(err)
 					}
-					out = wire.AppendRouteResponse(out[:0], &resp)
 					i++
 				}
 			})

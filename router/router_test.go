@@ -90,6 +90,25 @@ func TestRouteAllocs(t *testing.T) {
 	if n := testing.AllocsPerRun(200, match); n != 0 {
 		t.Fatalf("match allocates %v times per request", n)
 	}
+	// The server's binary path, encoding the answer as it is made.
+	encoded := func() {
+		if err := wire.DecodeRouteRequest(in, &req); err != nil {
+			t.Fatal(err)
+		}
+		var err error
+		if out, err = r.AppendRoute(out[:0], &req, &resp); err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Complete(req.RequestID); err != nil {
+			t.Fatal(err)
+		}
+		if out, err = r.AppendMatch(out[:0], &req, &resp); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := testing.AllocsPerRun(200, encoded); n != 0 {
+		t.Fatalf("encoded route and match allocate %v times per request", n)
+	}
 	// A capped answer, with another request in flight.
 	if err := r.Route(&wire.RouteRequest{RequestID: "other", Model: "m", Tokens: familyPrompt(3)}, &resp); err != nil {
 		t.Fatal(err)

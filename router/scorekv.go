@@ -74,8 +74,10 @@ func idleCost(p *scoring.Params, depth int32) cost {
 // scoreKV scores the workers of list for a request of s.seqs whose index match is s.m, and fills
 // resp with the chosen worker (if book) and the candidates: every worker in list order, or if 0 <
 // limit < workers, the chosen one and then the cheapest, limit in all. It returns the chosen
-// worker's list position and cached depth (-1, 0 without book). list must not be empty.
-func (s *scratch) scoreKV(r *Router, ix *radix.Index, list *workerList, p *scoring.Params, req *wire.RouteRequest, resp *wire.RouteResponse, limit int, book bool) (int32, int32) {
+// worker's list position and cached depth (-1, 0 without book), and whether it wrote the answer
+// to *enc instead of resp.Candidates: with enc not nil, an answer with every worker is appended
+// to *enc encoded, and resp gets the rest. list must not be empty.
+func (s *scratch) scoreKV(r *Router, ix *radix.Index, list *workerList, p *scoring.Params, req *wire.RouteRequest, resp *wire.RouteResponse, limit int, book bool, enc *[]byte) (pos, cached int32, encoded bool) {
 	n := len(list.keys)
 	all := limit <= 0 || limit >= n
 	depth := slices.Grow(s.depth[:0], n)[:n] // cached depth by position; ^depth for a busy worker
@@ -198,29 +200,37 @@ func (s *scratch) scoreKV(r *Router, ix *radix.Index, list *workerList, p *scori
 	if book {
 		resp.Worker, resp.Rank = list.keys[chosen].ID, list.keys[chosen].Rank
 	}
-	if all {
-		s.fillAll(resp, ix, list, p)
-	} else {
+	switch {
+	case all && enc != nil:
+		var recs []byte
+		*enc, recs = wire.AppendRouteResponseRecords(*enc, resp, len(list.keys))
+		s.fillAll(nil, recs, ix, list, p)
+		encoded = true
+	case all:
+		resp.Candidates = slices.Grow(resp.Candidates, len(list.keys))[:len(list.keys)]
+		s.fillAll(resp.Candidates, nil, ix, list, p)
+	default:
 		s.fillCapped(resp, ix, list, p, chosen, limit)
 	}
 	if chosen < 0 {
-		return -1, 0
+		return -1, 0, encoded
 	}
 	if d := depth[chosen]; d < 0 {
-		return chosen, ^d
+		return chosen, ^d, encoded
 	}
-	return chosen, depth[chosen]
+	return chosen, depth[chosen], encoded
 }
 
-// fillAll writes every worker's candidate, in list order.
-func (s *scratch) fillAll(resp *wire.RouteResponse, ix *radix.Index, list *workerList, p *scoring.Params) {
+// fillAll writes every worker's candidate, in list order, into out or, when out is nil, encoded
+// into recs: one record per worker, which is how a large answer stays one pass over memory.
+func (s *scratch) fillAll(out []wire.Candidate, recs []byte, ix *radix.Index, list *workerList, p *scoring.Params) {
 	n := len(list.keys)
 	s.tree = slices.Grow(s.tree[:0], n)[:n]
 	ix.FillBlocks(list.slots, s.tree)
-	out := slices.Grow(resp.Candidates[:0], n)[:n]
 	rows, next := s.rows, 0
 	for pos, d := range s.depth {
-		k, o := &list.keys[pos], &out[pos]
+		k := &list.keys[pos]
+		var o wire.Candidate
 		if d >= 0 {
 			var c cost
 			if int(d) < len(s.tab) {
@@ -228,19 +238,23 @@ func (s *scratch) fillAll(resp *wire.RouteResponse, ix *radix.Index, list *worke
 			} else {
 				c = idleCost(p, d)
 			}
-			*o = wire.Candidate{
+			o = wire.Candidate{
 				Worker: k.ID, Rank: k.Rank, CachedBlocks: uint32(d),
 				PrefillTokens: clampU32(c.prefill), ActiveBlocks: clampU32(c.decode),
 				TreeBlocks: uint64(max(s.tree[pos], 0)), Logit: c.logit,
 			}
-			continue
+		} else {
+			c := &rows[next].c
+			next++
+			c.Tree = s.tree[pos]
+			o = wireCandidate(c)
 		}
-		c := &rows[next].c
-		next++
-		c.Tree = s.tree[pos]
-		*o = wireCandidate(c)
+		if out != nil {
+			out[pos] = o
+		} else {
+			wire.PutCandidate(recs[pos*wire.CandidateSize:], &o)
+		}
 	}
-	resp.Candidates = out
 }
 
 // fillCapped writes the chosen worker's candidate (if any) and then the cheapest others', limit

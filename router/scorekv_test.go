@@ -1,6 +1,7 @@
 package router
 
 import (
+	"bytes"
 	"fmt"
 	"math/rand/v2"
 	"reflect"
@@ -113,17 +114,34 @@ func TestScoreKVMatchesGeneral(t *testing.T) {
 				req.HasWeight, req.Weight = true, []float64{0, 0.5, 2}[rng.IntN(3)]
 			}
 			var fast, slow wire.RouteResponse
+			// The fast answer is encoded (AppendRoute) in half the steps: then it must be the
+			// bytes of the general answer's encoding, and decode to it.
+			encode := rng.IntN(2) == 0
+			var msg []byte
 			answer := func(general bool, resp *wire.RouteResponse, book bool) {
 				r.general = general
 				pcg.Seed(uint64(step), uint64(round))
 				var err error
-				if book {
+				switch {
+				case encode && !general && book:
+					msg, err = r.AppendRoute([]byte("xy"), &req, &wire.RouteResponse{})
+				case encode && !general:
+					msg, err = r.AppendMatch([]byte("xy"), &req, &wire.RouteResponse{})
+				case book:
 					err = r.Route(&req, resp)
-				} else {
+				default:
 					err = r.Match(&req, resp)
 				}
 				if err != nil {
 					t.Fatalf("round %d step %d (general %v): %v", round, step, general, err)
+				}
+				if encode && !general {
+					if string(msg[:2]) != "xy" {
+						t.Fatalf("round %d step %d: AppendRoute overwrote dst", round, step)
+					}
+					if err := wire.DecodeRouteResponse(msg[2:], resp); err != nil {
+						t.Fatalf("round %d step %d: the encoded answer does not decode: %v", round, step, err)
+					}
 				}
 			}
 			book := rng.IntN(3) != 0
@@ -140,8 +158,11 @@ func TestScoreKVMatchesGeneral(t *testing.T) {
 				answer(true, &slow, false)
 			}
 			if !reflect.DeepEqual(fast, slow) {
-				t.Fatalf("round %d step %d (%d workers, cap %d, book %v):\nscoreKV %+v\ngeneral %+v",
-					round, step, workers, req.MaxCandidates, book, fast, slow)
+				t.Fatalf("round %d step %d (%d workers, cap %d, book %v, encoded %v):\nscoreKV %+v\ngeneral %+v",
+					round, step, workers, req.MaxCandidates, book, encode, fast, slow)
+			}
+			if encode && !bytes.Equal(msg[2:], wire.AppendRouteResponse(nil, &slow)) {
+				t.Fatalf("round %d step %d: the encoded answer differs from the general answer's encoding", round, step)
 			}
 			if len(inFlight) > 0 && rng.IntN(keep) == 0 {
 				k := rng.IntN(len(inFlight))

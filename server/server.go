@@ -308,24 +308,33 @@ func (s *Server) route(ctx *fasthttp.RequestCtx, book bool) {
 		s.fail(ctx, ep, err)
 		return
 	}
+	// The answer is encoded into the response's own body buffer: a 1,000-worker answer is 40 KB,
+	// and copying it costs about as much as encoding it.
+	out := ctx.Response.SwapBody(nil)[:0]
 	var err error
-	if book {
+	switch {
+	case binary(ctx) && book:
+		out, err = s.r.AppendRoute(out, &b.req, &b.resp)
+	case binary(ctx):
+		out, err = s.r.AppendMatch(out, &b.req, &b.resp)
+	case book:
 		err = s.r.Route(&b.req, &b.resp)
-	} else {
+	default:
 		err = s.r.Match(&b.req, &b.resp)
 	}
+	if err == nil && !binary(ctx) {
+		out = appendRouteJSON(out, &b.resp)
+	}
+	ctx.Response.SwapBody(out)
 	if err != nil {
 		s.fail(ctx, ep, err)
 		return
 	}
 	if binary(ctx) {
-		b.out = wire.AppendRouteResponse(b.out[:0], &b.resp)
 		ctx.SetContentTypeBytes(binaryType)
 	} else {
-		b.out = appendRouteJSON(b.out[:0], &b.resp)
 		ctx.SetContentType("application/json")
 	}
-	ctx.SetBody(b.out)
 }
 
 func (s *Server) lifecycle(ctx *fasthttp.RequestCtx, ep endpoint, id []byte) {

@@ -91,14 +91,52 @@ func (r *RouteResponse) Validate() error {
 // extended slice. It grows dst at most once. Like AppendRouteRequest it expects a valid r and
 // writes invalid values as they are, for the decoder to reject.
 func AppendRouteResponse(dst []byte, r *RouteResponse) []byte {
+	dst = appendRouteHead(dst, r, len(r.Candidates))
+	if nativeLE && candidateNative {
+		cs := r.Candidates
+		return append(dst, unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(cs))), candidateSize*len(cs))...)
+	}
+	return appendCandidatesPortable(dst, r.Candidates)
+}
+
+// AppendRouteResponseRecords appends r as a complete message to dst as AppendRouteResponse does,
+// but with n candidate records in place of r.Candidates (which it ignores), left for the caller
+// to write with PutCandidate: records is the last n×CandidateSize bytes of msg, whose content
+// is undefined until written. It lets an answer be encoded where it will be sent, without a
+// slice of Candidates in between.
+func AppendRouteResponseRecords(dst []byte, r *RouteResponse, n int) (msg, records []byte) {
+	dst = appendRouteHead(dst, r, n)
+	at := len(dst)
+	dst = dst[:at+candidateSize*n]
+	return dst, dst[at:]
+}
+
+// CandidateSize is the bytes of one candidate record.
+const CandidateSize = candidateSize
+
+// PutCandidate writes c as one candidate record into b[:CandidateSize].
+func PutCandidate(b []byte, c *Candidate) {
+	b = b[:candidateSize]
+	le.PutUint64(b, c.Worker)
+	le.PutUint32(b[8:], c.Rank)
+	le.PutUint32(b[12:], c.CachedBlocks)
+	le.PutUint32(b[16:], c.PrefillTokens)
+	le.PutUint32(b[20:], c.ActiveBlocks)
+	le.PutUint64(b[24:], c.TreeBlocks)
+	le.PutUint64(b[32:], math.Float64bits(c.Logit))
+}
+
+// appendRouteHead appends r's message up to its candidates, with room for n records in dst's
+// capacity.
+func appendRouteHead(dst []byte, r *RouteResponse, n int) []byte {
 	var flags uint32
 	if r.Chosen {
 		flags |= respChosen
 	}
-	if tooMany(len(r.Candidates)) {
+	if tooMany(n) {
 		flags |= respUnencodable
 	}
-	body := responseFixed + strSize(r.RequestID) + 4 + candidateSize*len(r.Candidates)
+	body := responseFixed + strSize(r.RequestID) + 4 + candidateSize*n
 	dst = slices.Grow(dst, HeaderSize+body)
 	dst = appendHeader(dst, TypeRouteResponse, body)
 	dst = le.AppendUint32(dst, flags)
@@ -109,24 +147,14 @@ func AppendRouteResponse(dst []byte, r *RouteResponse) []byte {
 	dst = le.AppendUint32(dst, r.ISL)
 	dst = le.AppendUint32(dst, 0)
 	dst = appendStr(dst, r.RequestID)
-	dst = appendCount(dst, len(r.Candidates))
-	if nativeLE && candidateNative {
-		cs := r.Candidates
-		return append(dst, unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(cs))), candidateSize*len(cs))...)
-	}
-	return appendCandidatesPortable(dst, r.Candidates)
+	return appendCount(dst, n)
 }
 
 func appendCandidatesPortable(dst []byte, cs []Candidate) []byte {
 	for i := range cs {
-		c := &cs[i]
-		dst = le.AppendUint64(dst, c.Worker)
-		dst = le.AppendUint32(dst, c.Rank)
-		dst = le.AppendUint32(dst, c.CachedBlocks)
-		dst = le.AppendUint32(dst, c.PrefillTokens)
-		dst = le.AppendUint32(dst, c.ActiveBlocks)
-		dst = le.AppendUint64(dst, c.TreeBlocks)
-		dst = le.AppendUint64(dst, math.Float64bits(c.Logit))
+		at := len(dst)
+		dst = dst[:at+candidateSize]
+		PutCandidate(dst[at:], &cs[i])
 	}
 	return dst
 }

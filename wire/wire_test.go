@@ -159,6 +159,16 @@ func TestGolden(t *testing.T) {
 			if enc := wire.AppendRouteResponse(nil, want); !bytes.Equal(enc, b) {
 				t.Fatalf("%s: encoded\n%x\nwant\n%x", file, enc, b)
 			}
+			// The same message with its records written one by one after the rest.
+			head := *want
+			head.Candidates = nil
+			enc, recs := wire.AppendRouteResponseRecords([]byte("xy"), &head, len(want.Candidates))
+			for i := range want.Candidates {
+				wire.PutCandidate(recs[i*wire.CandidateSize:], &want.Candidates[i])
+			}
+			if string(enc[:2]) != "xy" || !bytes.Equal(enc[2:], b) {
+				t.Fatalf("%s: encoded by records\n%x\nwant\n%x", file, enc[2:], b)
+			}
 		}
 		resp("route_response.hex", &goldenResponse)
 		resp("route_response_match.hex", &goldenResponseMatch)
