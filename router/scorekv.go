@@ -81,16 +81,7 @@ func (s *scratch) scoreKV(r *Router, ix *radix.Index, list *workerList, p *scori
 	n := len(list.keys)
 	all := limit <= 0 || limit >= n
 	depth := slices.Grow(s.depth[:0], n)[:n] // cached depth by position; ^depth for a busy worker
-	clear(depth)
-	deepest := int32(0)
-	for i, slot := range s.m.Slots {
-		if int(slot) < len(list.bySlot) {
-			if pos := list.bySlot[slot]; pos >= 0 {
-				depth[pos] = s.m.Depth[i]
-				deepest = max(deepest, s.m.Depth[i])
-			}
-		}
-	}
+	deepest := spread(depth, s.m.Slots, s.m.Depth, list.bySlot)
 	s.depth = depth
 
 	s.busy = r.tracker.AppendBusy(s.busy[:0])
@@ -126,30 +117,11 @@ func (s *scratch) scoreKV(r *Router, ix *radix.Index, list *workerList, p *scori
 
 	// The limit cheapest idle workers, by (logit, position), in a max-heap. On the way, the idle
 	// workers at the lowest logit so far, in position order: they tie for the choice.
-	h, ties := s.heap[:0], s.ties[:0]
-	lowest := math.Inf(1)
-	for pos, d := range depth {
-		if d < 0 {
-			continue
-		}
-		var l float64
-		if int(d) < len(tab) {
-			l = tab[d].logit
-		} else {
-			l = idleCost(p, d).logit
-		}
-		if l <= lowest {
-			if l < lowest {
-				lowest, ties = l, ties[:0]
-			}
-			ties = append(ties, tie{pos: int32(pos)})
-		}
-		// Positions ascend, so only a strictly lower logit displaces the top: checked here, as
-		// most workers are not among the cheapest.
-		if !all && (len(h) < limit || l < h[0].logit) {
-			h = keepLowest(h, ranked{l, int32(pos)}, limit)
-		}
+	keep := limit
+	if all {
+		keep = 0
 	}
+	h, ties, lowest := cheapestIdle(depth, tab, p, keep, s.heap[:0], s.ties[:0])
 	s.heap, s.ties = h, ties
 
 	// bound is the limit-th lowest logit if no busy worker shared a block: no worker above it can
@@ -221,6 +193,57 @@ func (s *scratch) scoreKV(r *Router, ix *radix.Index, list *workerList, p *scori
 	return chosen, depth[chosen], encoded
 }
 
+// cheapestIdle returns, among the idle workers of depth (busy ones are negative), the keep
+// cheapest by (logit, position) as a max-heap appended to h, those at the lowest logit in
+// position order appended to ties, and that logit. tab is the idle cost by depth, as deep as
+// it goes.
+func cheapestIdle(depth []int32, tab []cost, p *scoring.Params, keep int, h []ranked, ties []tie) ([]ranked, []tie, float64) {
+	lowest := math.Inf(1)
+	for pos, d := range depth {
+		if d < 0 {
+			continue
+		}
+		var l float64
+		if int(d) < len(tab) {
+			l = tab[d].logit
+		} else {
+			l = idleCost(p, d).logit
+		}
+		if l <= lowest {
+			if l < lowest {
+				lowest, ties = l, ties[:0]
+			}
+			ties = append(ties, tie{pos: int32(pos)})
+		}
+		// Positions ascend, so only a strictly lower logit displaces the top: checked here, as
+		// most workers are not among the cheapest.
+		if keep > 0 && (len(h) < keep || l < h[0].logit) {
+			h = keepLowest(h, ranked{l, int32(pos)}, keep)
+		}
+	}
+	return h, ties, lowest
+}
+
+// spread sets depth[pos] to the cached depth of the worker at list position pos (0 for a worker
+// the match did not report), given the match's slots and depths and the list's slot→position
+// map, and returns the deepest. A function of its own so that the loop keeps its slices in
+// registers.
+func spread(depth []int32, slots []radix.Slot, depths []int32, bySlot []int32) int32 {
+	clear(depth)
+	depths = depths[:len(slots)]
+	deepest := int32(0)
+	for i, slot := range slots {
+		if int(slot) < len(bySlot) {
+			if pos := bySlot[slot]; pos >= 0 && int(pos) < len(depth) {
+				d := depths[i]
+				depth[pos] = d
+				deepest = max(deepest, d)
+			}
+		}
+	}
+	return deepest
+}
+
 // fillAll writes every worker's candidate, in list order, into out or, when out is nil, encoded
 // into recs: one record per worker, which is how a large answer stays one pass over memory.
 func (s *scratch) fillAll(out []wire.Candidate, recs []byte, ix *radix.Index, list *workerList, p *scoring.Params) {
@@ -229,30 +252,33 @@ func (s *scratch) fillAll(out []wire.Candidate, recs []byte, ix *radix.Index, li
 	ix.FillBlocks(list.slots, s.tree)
 	rows, next := s.rows, 0
 	for pos, d := range s.depth {
-		k := &list.keys[pos]
-		var o wire.Candidate
-		if d >= 0 {
-			var c cost
-			if int(d) < len(s.tab) {
-				c = s.tab[d]
-			} else {
-				c = idleCost(p, d)
-			}
-			o = wire.Candidate{
-				Worker: k.ID, Rank: k.Rank, CachedBlocks: uint32(d),
-				PrefillTokens: clampU32(c.prefill), ActiveBlocks: clampU32(c.decode),
-				TreeBlocks: uint64(max(s.tree[pos], 0)), Logit: c.logit,
-			}
-		} else {
+		if d < 0 {
 			c := &rows[next].c
 			next++
 			c.Tree = s.tree[pos]
-			o = wireCandidate(c)
+			o := wireCandidate(c)
+			if out != nil {
+				out[pos] = o
+			} else {
+				wire.PutCandidate(recs[pos*wire.CandidateSize:], o.Worker, o.Rank, o.CachedBlocks, o.PrefillTokens, o.ActiveBlocks, o.TreeBlocks, o.Logit)
+			}
+			continue
 		}
-		if out != nil {
-			out[pos] = o
+		// An idle worker's fields go from registers to the answer, without a Candidate in
+		// between: a 7-field struct is built on the stack and copied, which stalls.
+		var c cost
+		if int(d) < len(s.tab) {
+			c = s.tab[d]
 		} else {
-			wire.PutCandidate(recs[pos*wire.CandidateSize:], &o)
+			c = idleCost(p, d)
+		}
+		k := &list.keys[pos]
+		prefill, active, tree := clampU32(c.prefill), clampU32(c.decode), uint64(max(s.tree[pos], 0))
+		if out != nil {
+			o := &out[pos]
+			o.Worker, o.Rank, o.CachedBlocks, o.PrefillTokens, o.ActiveBlocks, o.TreeBlocks, o.Logit = k.ID, k.Rank, uint32(d), prefill, active, tree, c.logit
+		} else {
+			wire.PutCandidate(recs[pos*wire.CandidateSize:], k.ID, k.Rank, uint32(d), prefill, active, tree, c.logit)
 		}
 	}
 }

@@ -114,16 +114,18 @@ func AppendRouteResponseRecords(dst []byte, r *RouteResponse, n int) (msg, recor
 // CandidateSize is the bytes of one candidate record.
 const CandidateSize = candidateSize
 
-// PutCandidate writes c as one candidate record into b[:CandidateSize].
-func PutCandidate(b []byte, c *Candidate) {
+// PutCandidate writes one candidate record into b[:CandidateSize]: the fields of Candidate, in
+// its order. It takes them one by one so that a caller making many records needs no Candidate
+// in memory between computing and writing them.
+func PutCandidate(b []byte, worker uint64, rank, cached, prefill, active uint32, tree uint64, logit float64) {
 	b = b[:candidateSize]
-	le.PutUint64(b, c.Worker)
-	le.PutUint32(b[8:], c.Rank)
-	le.PutUint32(b[12:], c.CachedBlocks)
-	le.PutUint32(b[16:], c.PrefillTokens)
-	le.PutUint32(b[20:], c.ActiveBlocks)
-	le.PutUint64(b[24:], c.TreeBlocks)
-	le.PutUint64(b[32:], math.Float64bits(c.Logit))
+	le.PutUint64(b, worker)
+	le.PutUint32(b[8:], rank)
+	le.PutUint32(b[12:], cached)
+	le.PutUint32(b[16:], prefill)
+	le.PutUint32(b[20:], active)
+	le.PutUint64(b[24:], tree)
+	le.PutUint64(b[32:], math.Float64bits(logit))
 }
 
 // appendRouteHead appends r's message up to its candidates, with room for n records in dst's
@@ -154,7 +156,8 @@ func appendCandidatesPortable(dst []byte, cs []Candidate) []byte {
 	for i := range cs {
 		at := len(dst)
 		dst = dst[:at+candidateSize]
-		PutCandidate(dst[at:], &cs[i])
+		c := &cs[i]
+		PutCandidate(dst[at:], c.Worker, c.Rank, c.CachedBlocks, c.PrefillTokens, c.ActiveBlocks, c.TreeBlocks, c.Logit)
 	}
 	return dst
 }

@@ -164,7 +164,8 @@ func TestGolden(t *testing.T) {
 			head.Candidates = nil
 			enc, recs := wire.AppendRouteResponseRecords([]byte("xy"), &head, len(want.Candidates))
 			for i := range want.Candidates {
-				wire.PutCandidate(recs[i*wire.CandidateSize:], &want.Candidates[i])
+				c := &want.Candidates[i]
+				wire.PutCandidate(recs[i*wire.CandidateSize:], c.Worker, c.Rank, c.CachedBlocks, c.PrefillTokens, c.ActiveBlocks, c.TreeBlocks, c.Logit)
 			}
 			if string(enc[:2]) != "xy" || !bytes.Equal(enc[2:], b) {
 				t.Fatalf("%s: encoded by records\n%x\nwant\n%x", file, enc[2:], b)
