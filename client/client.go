@@ -68,6 +68,11 @@ func New(cfg Config) *Client {
 			NoDefaultUserAgentHeader:      true,
 			DisableHeaderNamesNormalizing: true,
 			DisablePathNormalizing:        true,
+			// Pooled per call in flight, not per connection: large enough that a 2,048-token
+			// request goes out, and a 1,000-worker answer comes in, in one system call each
+			// (fasthttp's 4 KiB splits both).
+			WriteBufferSize: 16 << 10,
+			ReadBufferSize:  64 << 10,
 		},
 		timeout: cfg.Timeout,
 	}

@@ -69,26 +69,17 @@ func noopBody(w *workload, cands int) []byte {
 // work: body for /v1/route, 204 for anything else (the complete call), as kvrouterd answers them.
 func startNoop(body []byte) (*target, error) {
 	route, ctype := []byte("/v1/route"), []byte(wire.ContentType)
-	// The settings mirror server.New's, so that the only difference between the targets is the
+	// The transport is server.New's, so that the only difference between the targets is the
 	// handler.
-	srv := &fasthttp.Server{
-		Handler: func(ctx *fasthttp.RequestCtx) {
-			if bytes.Equal(ctx.Path(), route) {
-				ctx.SetContentTypeBytes(ctype)
-				ctx.SetBody(body)
-				return
-			}
-			ctx.SetStatusCode(fasthttp.StatusNoContent)
-		},
-		Name:                         "kvrload-noop",
-		MaxRequestBodySize:           8 << 20,
-		ReadTimeout:                  30 * time.Second,
-		WriteTimeout:                 30 * time.Second,
-		IdleTimeout:                  120 * time.Second,
-		NoDefaultDate:                true,
-		NoDefaultContentType:         true,
-		DisablePreParseMultipartForm: true,
-	}
+	srv := server.HTTPServer(func(ctx *fasthttp.RequestCtx) {
+		if bytes.Equal(ctx.Path(), route) {
+			ctx.SetContentTypeBytes(ctype)
+			ctx.SetBody(body)
+			return
+		}
+		ctx.SetStatusCode(fasthttp.StatusNoContent)
+	}, server.Config{Logger: slog.New(slog.DiscardHandler)})
+	srv.Name = "kvrload-noop"
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
