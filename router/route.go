@@ -69,27 +69,31 @@ func (r *Router) Match(req *wire.RouteRequest, resp *wire.RouteResponse) error {
 }
 
 // AppendRoute is Route answering in the binary format: it appends the answer's message
-// (wire.AppendRouteResponse's bytes) to dst and returns the extended slice, or dst unchanged
-// with an error. resp is the caller's scratch, reused like Route's; its Candidates are
-// unspecified afterwards, since an answer listing every worker is encoded straight into dst.
+// (wire.AppendRouteResponse's bytes) to dst and returns the extended slice. On error it returns
+// dst, whose spare capacity may have been written. resp is the caller's scratch, reused like
+// Route's; its Candidates are unspecified afterwards, since an answer listing every worker is
+// encoded straight into dst. dst must not share memory with req's fields (the buffer req was
+// decoded from, say): the answer is written before the request is booked under its id.
 func (r *Router) AppendRoute(dst []byte, req *wire.RouteRequest, resp *wire.RouteResponse) ([]byte, error) {
-	out := dst
-	if err := r.route(req, resp, true, &out); err != nil {
-		return dst, err
-	}
-	return out, nil
+	return r.appendAnswer(dst, req, resp, true)
 }
 
 // AppendMatch is Match answering in the binary format, as AppendRoute is Route.
 func (r *Router) AppendMatch(dst []byte, req *wire.RouteRequest, resp *wire.RouteResponse) ([]byte, error) {
+	return r.appendAnswer(dst, req, resp, false)
+}
+
+func (r *Router) appendAnswer(dst []byte, req *wire.RouteRequest, resp *wire.RouteResponse, book bool) ([]byte, error) {
 	out := dst
-	if err := r.route(req, resp, false, &out); err != nil {
+	if err := r.route(req, resp, book, &out); err != nil {
 		return dst, err
 	}
 	return out, nil
 }
 
-// route answers req in resp, or with enc set appends the encoded answer to *enc.
+// route answers req in resp. With enc set it also appends the encoded answer to *enc: resp then
+// holds the answer's header, and its candidates unless the kv path encoded them straight into
+// *enc.
 func (r *Router) route(req *wire.RouteRequest, resp *wire.RouteResponse, book bool, enc *[]byte) error {
 	m := r.model(req.Model)
 	if m == nil {

@@ -11,9 +11,9 @@ import (
 
 // BenchmarkRoute measures the request path without the network: decode a binary request of a
 // 128-block (2048-token) prompt, hash, match, score every worker, book, encode the answer
-// (AppendRoute, as the server does), complete. Each goroutine keeps inFlight requests booked, completing the oldest before it
-// routes the next, so that the active-load terms are those of a loaded router (kvrload keeps
-// 32 in flight; with GOMAXPROCS=2 so does this).
+// (AppendRoute, as the server does), complete. Each goroutine keeps inFlight requests booked,
+// completing the oldest before it routes the next, so that the active-load terms are those of a
+// loaded router (kvrload keeps 32 in flight; with GOMAXPROCS=2 so does this).
 func BenchmarkRoute(b *testing.B) {
 	const inFlight = 16
 	for _, bc := range []struct{ workers, max int }{{8, 0}, {1000, 0}, {1000, 8}} {

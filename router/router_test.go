@@ -126,6 +126,20 @@ func TestRouteAllocs(t *testing.T) {
 	}
 }
 
+// TestAppendRouteRefused: a route refused at booking, after its every-worker answer was encoded,
+// returns dst at its length.
+func TestAppendRouteRefused(t *testing.T) {
+	r := fleet(t, 8)
+	var resp wire.RouteResponse
+	if err := r.Route(&wire.RouteRequest{RequestID: "held", Model: "m", Tokens: familyPrompt(3)}, &resp); err != nil {
+		t.Fatal(err)
+	}
+	got, err := r.AppendRoute([]byte("xy"), &wire.RouteRequest{RequestID: "held", Model: "m", Tokens: familyPrompt(3)}, &resp)
+	if !errors.Is(err, ErrConflict) || string(got) != "xy" {
+		t.Fatalf("duplicate id: %q, %v", got, err)
+	}
+}
+
 func TestRegistryConflicts(t *testing.T) {
 	r := New(Config{Shards: 1, Logger: quiet()})
 	defer r.Close()

@@ -22,7 +22,8 @@ import (
 //     active blocks, which cost a lock and a search, are looked up only if its cost with every
 //     possible block shared could reach the answer.
 //   - The tree sizes that break ties are read for the tied and the answered workers only.
-//   - An answer with every worker is written in one pass, straight into the response.
+//   - An answer with every worker is written in one pass, straight into the encoded message
+//     (AppendRoute) or into resp.Candidates.
 //
 // Under concurrent bookings a busy worker's load is read at one moment and its shared blocks at
 // another, as on the general path; the bound that skips the lookup uses the load read first.
@@ -265,7 +266,8 @@ func (s *scratch) fillAll(out []wire.Candidate, recs []byte, ix *radix.Index, li
 			continue
 		}
 		// An idle worker's fields go from registers to the answer, without a Candidate in
-		// between: a 7-field struct is built on the stack and copied, which stalls.
+		// between: a 7-field struct is built on the stack and copied, which stalls. The
+		// conversions are wireCandidate's (the differential test holds them to it).
 		var c cost
 		if int(d) < len(s.tab) {
 			c = s.tab[d]

@@ -92,6 +92,9 @@ func TestScoreKVMatchesGeneral(t *testing.T) {
 		}
 		workers := len(r.ModelWorkers("m"))
 		var inFlight []string
+		// Reused across steps, as the server reuses them: a stale answer must not leak in.
+		var msg []byte
+		var scratchResp wire.RouteResponse
 		for step := range steps {
 			if other && len(r.ModelWorkers("o")) > 0 && rng.IntN(4) == 0 { // busy workers of model o
 				id := fmt.Sprintf("o%d", step)
@@ -117,16 +120,15 @@ func TestScoreKVMatchesGeneral(t *testing.T) {
 			// The fast answer is encoded (AppendRoute) in half the steps: then it must be the
 			// bytes of the general answer's encoding, and decode to it.
 			encode := rng.IntN(2) == 0
-			var msg []byte
 			answer := func(general bool, resp *wire.RouteResponse, book bool) {
 				r.general = general
 				pcg.Seed(uint64(step), uint64(round))
 				var err error
 				switch {
 				case encode && !general && book:
-					msg, err = r.AppendRoute([]byte("xy"), &req, &wire.RouteResponse{})
+					msg, err = r.AppendRoute(append(msg[:0], "xy"...), &req, &scratchResp)
 				case encode && !general:
-					msg, err = r.AppendMatch([]byte("xy"), &req, &wire.RouteResponse{})
+					msg, err = r.AppendMatch(append(msg[:0], "xy"...), &req, &scratchResp)
 				case book:
 					err = r.Route(&req, resp)
 				default:

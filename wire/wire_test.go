@@ -161,7 +161,7 @@ func TestGolden(t *testing.T) {
 			}
 			// The same message with its records written one by one after the rest.
 			head := *want
-			head.Candidates = nil
+			head.Candidates = []wire.Candidate{{Worker: 99}} // ignored
 			enc, recs := wire.AppendRouteResponseRecords([]byte("xy"), &head, len(want.Candidates))
 			for i := range want.Candidates {
 				c := &want.Candidates[i]
