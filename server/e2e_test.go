@@ -369,3 +369,44 @@ func TestDynamoEndpoints(t *testing.T) {
 		t.Fatalf("unregistered worker's blocks remain: %+v", ms)
 	}
 }
+
+// TestRouteRefusedAfterEncoding: a binary route whose every-worker answer was already encoded
+// into the response body, then refused at booking (a duplicate id), answers 409 with the JSON
+// error alone; the next request on the connection is answered whole.
+func TestRouteRefusedAfterEncoding(t *testing.T) {
+	h := newHarness(t)
+	for id := uint64(1); id <= 3; id++ {
+		if err := h.c.Register(client.Worker{ID: id, Model: "m", BlockSize: 4}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.store(1, 1, 10, 0, tokens(0, 16))
+	first := h.route("dup", tokens(0, 16), 0)
+	body := wire.AppendRouteRequest(nil, &wire.RouteRequest{RequestID: "dup", Model: "m", Tokens: tokens(0, 16)})
+	code, msg := h.post("/v1/route", wire.ContentType, body)
+	if code != 409 || !strings.HasPrefix(msg, "{") || !strings.Contains(msg, `"request_id"`) {
+		t.Fatalf("duplicate route: %d %q", code, msg)
+	}
+	// The same client, so the same kept-alive connection.
+	code, msg = h.post("/v1/match", wire.ContentType, wire.AppendRouteRequest(nil, &wire.RouteRequest{Model: "m", Tokens: tokens(0, 16)}))
+	var m wire.RouteResponse
+	if err := wire.DecodeRouteResponse([]byte(msg), &m); code != 200 || err != nil {
+		t.Fatalf("match after the refusal: %d %v", code, err)
+	}
+	// dup's booking is on worker 1, as it was when the first answer counted it.
+	if len(m.Candidates) != 3 || m.Candidates[0] != first.Candidates[0] {
+		t.Fatalf("match after the refusal: %+v, first answer %+v", m, first)
+	}
+}
+
+// TestHTTPServerDefaults: the transport settings New and benchmarks share, defaults filled.
+func TestHTTPServerDefaults(t *testing.T) {
+	s := HTTPServer(func(*fasthttp.RequestCtx) {}, Config{})
+	if s.ReadBufferSize != 16<<10 || s.WriteBufferSize != 64<<10 || s.MaxRequestBodySize != 8<<20 ||
+		s.ReadTimeout != 30*time.Second || s.IdleTimeout != 120*time.Second || !s.NoDefaultDate {
+		t.Fatalf("defaults: %+v", s)
+	}
+	if s = HTTPServer(nil, Config{ReadBufferSize: 8192, WriteBufferSize: 4096}); s.ReadBufferSize != 8192 || s.WriteBufferSize != 4096 {
+		t.Fatalf("set sizes: read %d, write %d", s.ReadBufferSize, s.WriteBufferSize)
+	}
+}

@@ -73,7 +73,8 @@ func (c Config) withDefaults() Config {
 }
 
 // HTTPServer returns a fasthttp server serving h with the transport settings New gives the API
-// for cfg: for a benchmark that puts another handler in the same transport.
+// for cfg (limits, timeouts, buffers; New adds its own error handler, which counts transport
+// errors in its metrics): for a benchmark that puts another handler in the same transport.
 func HTTPServer(h fasthttp.RequestHandler, cfg Config) *fasthttp.Server {
 	cfg = cfg.withDefaults()
 	return &fasthttp.Server{
@@ -109,7 +110,7 @@ type buffers struct {
 	req  wire.RouteRequest
 	resp wire.RouteResponse
 	ev   wire.EventBatch
-	out  []byte
+	out  []byte // the events answer (a route answer is encoded into the response's own body)
 	oc   []shard.Outcome
 }
 

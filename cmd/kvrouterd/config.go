@@ -29,6 +29,8 @@ type config struct {
 	MaxBlocks          int64
 	QueueLen           int
 	MaxBodyBytes       int
+	HTTPReadBuffer     int
+	HTTPWriteBuffer    int
 	ShutdownTimeout    time.Duration
 	LogLevel           string
 	LogFormat          string
@@ -77,6 +79,8 @@ func defaults() config {
 		RequestExpiry:      300 * time.Second,
 		QueueLen:           256,
 		MaxBodyBytes:       8 << 20,
+		HTTPReadBuffer:     16 << 10,
+		HTTPWriteBuffer:    64 << 10,
 		ShutdownTimeout:    30 * time.Second,
 		LogLevel:           "info",
 		LogFormat:          "text",
@@ -123,6 +127,8 @@ func parseConfig(args []string, env func(string) (string, bool), out io.Writer) 
 	fs.Int64Var(&c.MaxBlocks, "max-blocks", c.MaxBlocks, "bound on (block, worker) residencies over all models; 0 = none")
 	fs.IntVar(&c.QueueLen, "queue-len", c.QueueLen, "event batches each shard queue holds before producers wait")
 	fs.IntVar(&c.MaxBodyBytes, "max-body-bytes", c.MaxBodyBytes, "largest HTTP request body accepted")
+	fs.IntVar(&c.HTTPReadBuffer, "http-read-buffer", c.HTTPReadBuffer, "bytes of read buffer per open HTTP connection; bounds request headers, and a request that fits is read in one system call")
+	fs.IntVar(&c.HTTPWriteBuffer, "http-write-buffer", c.HTTPWriteBuffer, "bytes of write buffer per open HTTP connection; an answer that fits goes out in one system call")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", c.ShutdownTimeout, "how long a graceful shutdown waits for requests in flight")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error (debug logs every routing decision)")
 	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "text or json")
@@ -201,6 +207,8 @@ func (c *config) check() error {
 		return fmt.Errorf("--request-expiry %v: want a positive duration", c.RequestExpiry)
 	case c.MaxBlocks < 0 || c.QueueLen < 1 || c.MaxBodyBytes < 1024:
 		return fmt.Errorf("--max-blocks, --queue-len, --max-body-bytes: out of range")
+	case c.HTTPReadBuffer < 4096 || c.HTTPWriteBuffer < 4096 || c.HTTPReadBuffer > 64<<20 || c.HTTPWriteBuffer > 64<<20:
+		return fmt.Errorf("--http-read-buffer %d, --http-write-buffer %d: want 4096 to 64 MiB", c.HTTPReadBuffer, c.HTTPWriteBuffer)
 	case c.LogFormat != "text" && c.LogFormat != "json":
 		return fmt.Errorf("--log-format %q: want text or json", c.LogFormat)
 	case c.NATSMaxAge < 0 || c.NATSMaxBytes < 0 || c.NATSReplicas < 1 || c.NATSReplicas > 5:

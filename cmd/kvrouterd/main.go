@@ -174,7 +174,7 @@ func run(ctx context.Context, c config) error {
 		stopSnaps()
 		<-snapsDone
 	}
-	scfg := server.Config{MaxBodyBytes: c.MaxBodyBytes, Logger: log, Registry: reg}
+	scfg := server.Config{MaxBodyBytes: c.MaxBodyBytes, ReadBufferSize: c.HTTPReadBuffer, WriteBufferSize: c.HTTPWriteBuffer, Logger: log, Registry: reg}
 	if p != nil {
 		scfg.Snapshots = p.store
 	}
