@@ -50,7 +50,7 @@ micro:
 	$(GO) run $(BENCHSTAT) $(OUT)/ingest.txt | tee $(OUT)/ingest-medians.txt
 
 # HTTP route throughput and latency against a no-op fasthttp handler, 8 and 1,000 workers
-# (about two minutes; client and server share the machine).
+# (about three minutes; client and server share the machine).
 load:
 	mkdir -p $(OUT)
 	$(GO) run ./bench/kvrload --suite | tee $(OUT)/load.txt

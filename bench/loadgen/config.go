@@ -42,10 +42,17 @@ type Config struct {
 	// matrix; Run ignores them.
 	SuiteWorkers    []int
 	SuiteCandidates []int
+	// SuiteWarmupCalls is the fewest requests an open-loop run of RunSuite sends before it
+	// measures (its warmup lengthened to match). fasthttp's body buffers come from process-wide
+	// pools that size themselves to the last 42,000 bodies released: a run of 40 KB answers after
+	// one of 130-byte answers had every large buffer dropped and allocated one per request (a
+	// collection every 25 ms, millisecond tails) until they recalibrated.
+	SuiteWarmupCalls int
 }
 
 // SuiteDuration and SuiteWarmup are the run lengths of the reported suite, shorter than
-// Defaults' so that the twenty runs of Defaults' matrix take about two minutes. A quicker suite (say
+// Defaults' so that the twenty runs of Defaults' matrix take about three minutes (the open-loop
+// runs' warmups are lengthened to SuiteWarmupCalls requests). A quicker suite (say
 // 1 s runs after 300 ms) fills the same rows from fewer samples, so its tails are noisier.
 const (
 	SuiteDuration = 5 * time.Second
@@ -68,7 +75,8 @@ func Defaults() Config {
 		Timeout:      time.Second,
 		SuiteWorkers: []int{8, 1000},
 		// Every worker, and the few a gateway needs besides the choice (fallbacks).
-		SuiteCandidates: []int{0, 8},
+		SuiteCandidates:  []int{0, 8},
+		SuiteWarmupCalls: 45000,
 	}
 }
 
@@ -116,6 +124,9 @@ func (c *Config) suiteRun(target string, workers, cands int, rate float64) Confi
 	if target == "noop" {
 		rc.Addr, rc.MaxCandidates, rc.NoopCandidates = "", 0, cands
 	}
+	if rate > 0 {
+		rc.Warmup = max(rc.Warmup, time.Duration(float64(c.SuiteWarmupCalls)/rate*float64(time.Second)))
+	}
 	return rc
 }
 
@@ -128,6 +139,9 @@ func (c *Config) checkSuite() error {
 	}
 	if len(c.SuiteCandidates) == 0 {
 		return errors.New("SuiteCandidates: want at least one value")
+	}
+	if c.SuiteWarmupCalls < 0 {
+		return fmt.Errorf("SuiteWarmupCalls %d: want ≥ 0", c.SuiteWarmupCalls)
 	}
 	// The no-op runs differ from kvrouterd's only in settings Check accepts either way.
 	for _, n := range c.SuiteWorkers {

@@ -20,6 +20,7 @@ func TestRunSuite(t *testing.T) {
 	c := Defaults()
 	c.SuiteWorkers = []int{8, 50}
 	c.Duration, c.Warmup, c.Conns = 200*time.Millisecond, 50*time.Millisecond, 4
+	c.SuiteWarmupCalls = 0
 	var runs []Result
 	var log bytes.Buffer
 	rows, err := RunSuite(t.Context(), c, func(r Result) { runs = append(runs, r) }, &log)
@@ -230,5 +231,21 @@ func TestOpenLoopSchedule(t *testing.T) {
 	want := int64(c.Rate * c.Duration.Seconds())
 	if r.Requests < want-int64(c.Conns) || r.Requests > want+int64(c.Conns) || r.Errors != 0 {
 		t.Fatalf("%d requests in the window (%d errors), want %d ± %d", r.Requests, r.Errors, want, c.Conns)
+	}
+}
+
+// TestSuiteWarmupCalls: an open-loop run of the suite warms up for SuiteWarmupCalls requests at
+// least; a closed loop keeps its warmup.
+func TestSuiteWarmupCalls(t *testing.T) {
+	c := Defaults()
+	c.Warmup = time.Second
+	if got := c.suiteRun("kvrouterd", 8, 0, 9000).Warmup; got != 5*time.Second {
+		t.Fatalf("at 9,000 req/s: warmup %v, want 5s", got)
+	}
+	if got := c.suiteRun("noop", 8, 0, 90000).Warmup; got != time.Second {
+		t.Fatalf("at 90,000 req/s: warmup %v, want the configured 1s", got)
+	}
+	if got := c.suiteRun("kvrouterd", 8, 0, 0).Warmup; got != time.Second {
+		t.Fatalf("closed loop: warmup %v, want 1s", got)
 	}
 }
