@@ -37,6 +37,7 @@ func TestConfig(t *testing.T) {
 	f([]string{"--suite", "--target", "nginx"}, "--target")
 	f([]string{"--block-size", "0"}, "--block-size 0")
 	f([]string{"--max-candidates", "70000"}, "--max-candidates 70000")
+	f([]string{"--suite", "--latency-log", "x"}, "--latency-log")
 	if _, err := parseConfig([]string{"--suite", "--target", "noop", "--addr", "h:1"}, &help); err != nil {
 		t.Fatalf("--suite uses --addr for kvrouterd only: %v", err)
 	}

@@ -41,6 +41,7 @@ type config struct {
 	JSON       bool
 	Suite      bool
 	CPUProfile string
+	LatencyLog string
 }
 
 // intList is a flag.Value of comma-separated integers ≥ min.
@@ -97,6 +98,7 @@ func parseConfig(args []string, out io.Writer) (config, error) {
 	fs.IntVar(&c.NoopCandidates, "noop-candidates", c.NoopCandidates, "candidates in the noop target's route answer; 0 = its usual two (--suite also runs it with as many as kvrouterd answers)")
 	fs.Var(intList{&c.SuiteCandidates, 0}, "suite-candidates", "--max-candidates values of the --suite matrix, comma-separated; caps not below the worker count are skipped")
 	fs.StringVar(&c.CPUProfile, "cpuprofile", c.CPUProfile, "write a CPU profile of the whole process (client and in-process target) to this file")
+	fs.StringVar(&c.LatencyLog, "latency-log", c.LatencyLog, "write each measured route to this file as a line: µs from the measured window's start to when it was timed from, its latency in µs, its connection (not with --suite)")
 	fs.Usage = func() {
 		fmt.Fprintf(out, "kvrload: route throughput and latency of kvrouterd next to a no-op fasthttp handler.\n\n"+
 			"Usage: kvrload [flags]\n\n")
@@ -119,6 +121,9 @@ func parseConfig(args []string, out io.Writer) (config, error) {
 		if !set["warmup"] {
 			c.Warmup = loadgen.SuiteWarmup
 		}
+	}
+	if c.Suite && c.LatencyLog != "" {
+		return c, errors.New("--latency-log is for one run, not with --suite")
 	}
 	return c, c.check()
 }
@@ -179,9 +184,23 @@ func run(ctx context.Context, c config, out, log io.Writer) error {
 		}
 		return err
 	}
+	var f *os.File
+	if c.LatencyLog != "" {
+		var err error
+		if f, err = os.Create(c.LatencyLog); err != nil {
+			return err
+		}
+		defer f.Close()
+		c.Config.LatencyLog = f
+	}
 	res, err := loadgen.Run(ctx, c.Config, log)
 	if err != nil {
 		return err
+	}
+	if f != nil {
+		if err := f.Close(); err != nil {
+			return err
+		}
 	}
 	printResult(out, &res, c.JSON)
 	return res.Err()

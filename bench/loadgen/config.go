@@ -3,6 +3,7 @@ package loadgen
 import (
 	"errors"
 	"fmt"
+	"io"
 	"time"
 )
 
@@ -48,6 +49,12 @@ type Config struct {
 	// one of 130-byte answers had every large buffer dropped and allocated one per request (a
 	// collection every 25 ms, millisecond tails) until they recalibrated.
 	SuiteWarmupCalls int
+	// LatencyLog, if not nil, gets one line per measured successful route of a run, in the order
+	// they were timed from: microseconds from the measured window's start to the moment its
+	// latency is timed from, the latency in microseconds, and the connection, separated by
+	// spaces. It shows whether slow requests are spread out or come in episodes in which the
+	// whole machine stalled. RunSuite ignores it.
+	LatencyLog io.Writer
 }
 
 // SuiteDuration and SuiteWarmup are the run lengths of the reported suite, shorter than
@@ -121,6 +128,7 @@ func (c *Config) Check(name func(field string) string) error {
 func (c *Config) suiteRun(target string, workers, cands int, rate float64) Config {
 	rc := *c
 	rc.Target, rc.Workers, rc.MaxCandidates, rc.NoopCandidates, rc.Rate = target, workers, cands, 0, rate
+	rc.LatencyLog = nil
 	if target == "noop" {
 		rc.Addr, rc.MaxCandidates, rc.NoopCandidates = "", 0, cands
 	}

@@ -1,6 +1,8 @@
 package loadgen
 
 import (
+	"bufio"
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -101,9 +103,12 @@ func run(ctx context.Context, c Config, log io.Writer) (Result, error) {
 	}
 	fmt.Fprintf(log, "# %s at %s: %d workers ready in %v\n", c.Target, t.addr, c.Workers, time.Since(t0).Round(time.Millisecond))
 	cl := client.New(client.Config{Addr: t.addr, Timeout: c.Timeout, MaxConns: c.Conns})
-	res := load(ctx, cl, w, &c)
+	res, logErr := load(ctx, cl, w, &c)
 	if err := t.stop(); err != nil {
 		return res, fmt.Errorf("stopping %s: %w", c.Target, err)
+	}
+	if logErr != nil {
+		return res, fmt.Errorf("writing the latency log: %w", logErr)
 	}
 	return res, nil
 }
@@ -119,6 +124,7 @@ type conn struct {
 	cands  int    // candidates every answer must carry, -1 for any
 	seq    int64
 	lat    []time.Duration // of the measured successful routes
+	from   []time.Time     // when each of lat was timed from, with Config.LatencyLog
 	n, ok  int64
 	errs   int64
 	bad    int64
@@ -127,11 +133,13 @@ type conn struct {
 	warm   int64 // failures during the warmup
 	wfirst error
 	last   time.Time // when the last measured request finished
+	// logFrom keeps from, for Config.LatencyLog.
+	logFrom bool
 }
 
 // load drives c.Conns goroutines against cl for c.Warmup and then c.Duration, and summarizes the
-// measured window.
-func load(ctx context.Context, cl *client.Client, w *workload, c *Config) Result {
+// measured window; the error is c.LatencyLog's.
+func load(ctx context.Context, cl *client.Client, w *workload, c *Config) (Result, error) {
 	// A nonce in the request ids keeps runs against the same external kvrouterd apart.
 	nonce := strconv.FormatInt(time.Now().UnixNano()%(1<<40), 36)
 	conns := make([]*conn, c.Conns)
@@ -153,6 +161,7 @@ func load(ctx context.Context, cl *client.Client, w *workload, c *Config) Result
 				k.cands = min(c.MaxCandidates, c.Workers)
 			}
 		}
+		k.logFrom = c.LatencyLog != nil
 		k.id = append(k.id, "kvrl-"+nonce+"-"+strconv.Itoa(i)+"-"...)
 		k.prefix = len(k.id)
 		conns[i] = k
@@ -221,7 +230,31 @@ func load(ctx context.Context, cl *client.Client, w *workload, c *Config) Result
 		r.Max = us(lat[len(lat)-1])
 		r.Mean = us(sum / time.Duration(len(lat)))
 	}
-	return r
+	if c.LatencyLog != nil {
+		return r, writeLatencyLog(c.LatencyLog, conns, ws)
+	}
+	return r, nil
+}
+
+// writeLatencyLog writes the conns' measured routes to out as Config.LatencyLog describes,
+// timed from ws.
+func writeLatencyLog(out io.Writer, conns []*conn, ws time.Time) error {
+	type line struct {
+		from, lat time.Duration
+		conn      int
+	}
+	var lines []line
+	for _, k := range conns {
+		for i, d := range k.lat {
+			lines = append(lines, line{k.from[i].Sub(ws), d, k.idx})
+		}
+	}
+	slices.SortFunc(lines, func(a, b line) int { return cmp.Compare(a.from, b.from) })
+	bw := bufio.NewWriter(out)
+	for _, l := range lines {
+		fmt.Fprintf(bw, "%d %d %d\n", l.from.Microseconds(), l.lat.Microseconds(), l.conn)
+	}
+	return bw.Flush()
 }
 
 // closedLoop sends the next request as soon as the previous one is done, until end.
@@ -312,6 +345,9 @@ func (k *conn) request(cl *client.Client, w *workload, from time.Time, measured 
 	if measured {
 		k.ok++
 		k.lat = append(k.lat, lat)
+		if k.logFrom {
+			k.from = append(k.from, from)
+		}
 		k.last = time.Now()
 	}
 }

@@ -3,6 +3,7 @@ package loadgen
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -219,11 +220,15 @@ func TestOpenLoopPacing(t *testing.T) {
 }
 
 // TestOpenLoopSchedule checks that an open-loop run sends its schedule: as many requests in the
-// measured window as the rate and the window give, give or take one per connection.
+// measured window as the rate and the window give, give or take one per connection; and that
+// its latency log has a line per successful route, in time order, inside the window, agreeing
+// with the Result's percentiles.
 func TestOpenLoopSchedule(t *testing.T) {
 	c := Defaults()
 	c.Target, c.Workers, c.Conns = "noop", 8, 4
 	c.Duration, c.Warmup, c.Rate = 300*time.Millisecond, 50*time.Millisecond, 2000
+	var log bytes.Buffer
+	c.LatencyLog = &log
 	r, err := Run(t.Context(), c, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -231,6 +236,35 @@ func TestOpenLoopSchedule(t *testing.T) {
 	want := int64(c.Rate * c.Duration.Seconds())
 	if r.Requests < want-int64(c.Conns) || r.Requests > want+int64(c.Conns) || r.Errors != 0 {
 		t.Fatalf("%d requests in the window (%d errors), want %d ± %d", r.Requests, r.Errors, want, c.Conns)
+	}
+	lines := strings.Split(strings.TrimSuffix(log.String(), "\n"), "\n")
+	if int64(len(lines)) != r.OK {
+		t.Fatalf("%d lines in the latency log, %d routes succeeded", len(lines), r.OK)
+	}
+	var lats []int64
+	prev := int64(-1)
+	perConn := make([]int, c.Conns)
+	for i, l := range lines {
+		var from, lat int64
+		var k int
+		if n, err := fmt.Sscanf(l, "%d %d %d", &from, &lat, &k); n != 3 || err != nil {
+			t.Fatalf("line %d %q: %v", i, l, err)
+		}
+		if from < prev || from > c.Duration.Microseconds() || lat < 0 || k < 0 || k >= c.Conns {
+			t.Fatalf("line %d %q: want time order inside the %v window, a latency ≥ 0, a connection below %d", i, l, c.Duration, c.Conns)
+		}
+		prev = from
+		perConn[k]++
+		lats = append(lats, lat)
+	}
+	for k, n := range perConn {
+		if n == 0 {
+			t.Errorf("connection %d has no line", k)
+		}
+	}
+	slices.Sort(lats)
+	if got := lats[len(lats)-1]; got != int64(r.Max) {
+		t.Errorf("longest logged latency %d µs, the Result's maximum %.1f µs", got, r.Max)
 	}
 }
 
