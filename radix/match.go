@@ -274,12 +274,15 @@ func (m *Match) posOf(w, b int) int32 {
 	return m.rank[w] + int32(bits.OnesCount64(m.root[w]&(1<<b-1)))
 }
 
-// stop ends the walk at depth d for the slots set in d of word w.
-func (m *Match) stop(w int, dropped uint64, d int32) {
-	if dropped == m.root[w] {
-		// The whole word at once (the usual case: a shared prefix ends): one contiguous run.
+// stop ends the walk at depth d for the slots set in dropped of word w, of those set in walking
+// (the word's slots still walking before this block).
+func (m *Match) stop(w int, dropped, walking uint64, d int32) {
+	if walking == m.root[w] {
+		// The word's first stop (the usual case: a shared prefix ends for most of its holders):
+		// its slots are one contiguous run, all set to d. Those that walk on are set again
+		// when they stop, which comes later.
 		start := m.rank[w]
-		clear32(m.Depth[start:start+int32(bits.OnesCount64(dropped))], d)
+		clear32(m.Depth[start:start+int32(bits.OnesCount64(walking))], d)
 		return
 	}
 	for ; dropped != 0; dropped &= dropped - 1 {
@@ -344,7 +347,7 @@ func (ix *Index) walkBits(la *lookahead, m *Match) (int, []int32) {
 				b = atomic.LoadUint64(&s.bits[w])
 			}
 			if d := a &^ b; d != 0 {
-				m.stop(w, d, int32(i))
+				m.stop(w, d, a, int32(i))
 			}
 			m.bits[w] = a & b
 			any |= a & b
@@ -368,7 +371,7 @@ func (ix *Index) walkBits(la *lookahead, m *Match) (int, []int32) {
 func (m *Match) dropBits(lo, hi int, d int32) {
 	for w := lo; w < hi; w++ {
 		if b := m.bits[w]; b != 0 {
-			m.stop(w, b, d)
+			m.stop(w, b, b, d)
 			m.bits[w] = 0
 		}
 	}
