@@ -51,7 +51,8 @@ type Config struct {
 	SuiteWarmupCalls int
 	// LatencyLog, if not nil, gets one line per measured successful route of a run, in the order
 	// they were timed from: microseconds from the measured window's start to the moment its
-	// latency is timed from, the latency in microseconds, and the connection, separated by
+	// latency is timed from (for a request scheduled near the window's end and sent late, that
+	// can be after the window), the latency in microseconds, and the connection, separated by
 	// spaces. It shows whether slow requests are spread out or come in episodes in which the
 	// whole machine stalled. RunSuite ignores it.
 	LatencyLog io.Writer
