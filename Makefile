@@ -65,6 +65,11 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeEventBatch$$' -fuzztime $(FUZZTIME) ./wire/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeEngineBatch$$' -fuzztime $(FUZZTIME) ./wire/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeSnapshotWorker$$' -fuzztime $(FUZZTIME) ./wire/
+	$(GO) test -run '^$$' -fuzz '^FuzzReceive$$' -fuzztime $(FUZZTIME) ./snapshot/
+	$(GO) test -run '^$$' -fuzz '^FuzzParseEngineSource$$' -fuzztime $(FUZZTIME) ./ingest/
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeShare$$' -fuzztime $(FUZZTIME) ./ingest/
+	$(GO) test -run '^$$' -fuzz '^FuzzHandle$$' -fuzztime $(FUZZTIME) ./server/
+	$(GO) test -run '^$$' -fuzz '^FuzzReadMooncake$$' -fuzztime $(FUZZTIME) ./bench/trace/
 
 clean:
 	rm -rf $(OUT) bin
