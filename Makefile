@@ -7,7 +7,7 @@ BENCHCOUNT ?= 6
 BENCHSTAT  := golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9c6c9d4da
 OUT        := bench/out
 
-.PHONY: build run test vet bench bench-quick micro load fuzz clean
+.PHONY: build run test vet bench bench-quick micro load load-1cpu fuzz clean
 
 build:
 	$(GO) build ./...
@@ -54,6 +54,14 @@ micro:
 load:
 	mkdir -p $(OUT)
 	$(GO) run ./bench/kvrload --suite | tee $(OUT)/load.txt
+
+# The same suite with client and server in one process on one CPU (GOMAXPROCS=1, pinned to the
+# last CPU with taskset): no wake-ups across CPUs, which on a VM whose idle vCPUs halt dominate
+# the tails below saturation (docs/decisions.md). About six minutes.
+load-1cpu:
+	mkdir -p $(OUT)
+	$(GO) build -o $(OUT)/kvrload ./bench/kvrload
+	GOMAXPROCS=1 taskset -c $$(($$(nproc) - 1)) $(OUT)/kvrload --suite | tee $(OUT)/load-1cpu.txt
 
 # Each fuzz target for FUZZTIME (go test fuzzes one target per run).
 fuzz:
