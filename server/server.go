@@ -39,11 +39,22 @@ type Config struct {
 	// Snapshots, if set, serves GET /v1/snapshot: the newest snapshot as a portable stream,
 	// for a replica's --bootstrap-from.
 	Snapshots *snapshot.Store
+	// Ready lists the conditions /readyz checks, besides shutdown: the replica is ready while
+	// every one of them holds.
+	Ready []ReadyCheck
 	// ReadBufferSize and WriteBufferSize are each connection's I/O buffers (16 KiB and 64
 	// KiB), kept while it is open. A request or an answer that does not fit its buffer with its
 	// header takes more than one system call: fasthttp's 4 KiB would split every 2,048-token
 	// request and every answer of more than about 100 candidates in two.
 	ReadBufferSize, WriteBufferSize int
+}
+
+// ReadyCheck is one condition of readiness. Check returns nil while it holds, otherwise why the
+// replica is not ready (the reason /readyz writes); it is called on every /readyz, by the
+// server's goroutines concurrently, so it must be cheap and safe for concurrent use.
+type ReadyCheck struct {
+	Name  string
+	Check func() error
 }
 
 // withDefaults returns c with every unset field at its default.
@@ -140,6 +151,26 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	return s.srv.ShutdownWithContext(ctx)
 }
 
+// readyz answers 200 "ready" while the server is not shutting down and every Config.Ready
+// check holds; otherwise 503 with one line per failed condition, "name: reason".
+func (s *Server) readyz(ctx *fasthttp.RequestCtx) {
+	var body []byte
+	if !s.ready.Load() {
+		body = append(body, "shutting down\n"...)
+	}
+	for _, c := range s.cfg.Ready {
+		if err := c.Check(); err != nil {
+			body = fmt.Appendf(body, "%s: %v\n", c.Name, err)
+		}
+	}
+	if body != nil {
+		ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
+		ctx.SetBody(body)
+		return
+	}
+	ctx.SetBodyString("ready\n")
+}
+
 // transportError answers requests fasthttp refuses before the handler: oversized or unreadable.
 func (s *Server) transportError(ctx *fasthttp.RequestCtx, err error) {
 	status, reason := fasthttp.StatusBadRequest, "unreadable"
@@ -229,12 +260,7 @@ func (s *Server) dispatch(ctx *fasthttp.RequestCtx) endpoint {
 		}
 		return epHealth
 	case "/readyz":
-		if s.ready.Load() {
-			ctx.SetBodyString("ready\n")
-		} else {
-			ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
-			ctx.SetBodyString("shutting down\n")
-		}
+		s.readyz(ctx)
 		return epHealth
 	case "/metrics":
 		s.metrics(ctx)
