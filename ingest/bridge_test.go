@@ -70,8 +70,8 @@ func TestBridge(t *testing.T) {
 		}
 	}()
 	r0, r1 := eng.ranks[0], eng.ranks[1]
-	r0.probe(func() bool { return br.Stats().Ranks[0].Messages > 0 })
-	r1.probe(func() bool { return br.Stats().Ranks[1].Messages > 0 })
+	r0.probe(func() bool { return br.Stats().Ranks[0].Counters.Messages > 0 })
+	r1.probe(func() bool { return br.Stats().Ranks[1].Counters.Messages > 0 })
 	eventually(t, "the probes stored", func() bool { return br.Stats().Batches >= 2 })
 
 	// What the stream should hold after the probes, in order: a payload with its rank and

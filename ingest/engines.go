@@ -75,13 +75,22 @@ func (e *Engines) Remove(worker uint64) {
 	}
 }
 
-// Stats returns each subscription's source and counters.
+// Stats returns each subscription's counters by its source's flag form.
 func (e *Engines) Stats() map[string]EngineStats {
+	out := map[string]EngineStats{}
+	for src, st := range e.sources() {
+		out[src.String()] = st
+	}
+	return out
+}
+
+// sources returns each subscription's source and counters.
+func (e *Engines) sources() map[EngineSource]EngineStats {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	out := make(map[string]EngineStats, len(e.subs))
+	out := make(map[EngineSource]EngineStats, len(e.subs))
 	for _, sub := range e.subs {
-		out[sub.Source().String()] = sub.Stats()
+		out[sub.Source()] = sub.Stats()
 	}
 	return out
 }

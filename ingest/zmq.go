@@ -26,6 +26,7 @@ import (
 	"log"
 	"log/slog"
 	"net"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"sync"
@@ -242,7 +243,19 @@ type EngineConfig struct {
 	RedialMax time.Duration
 	// PublishTimeout bounds one publish to JetStream, acknowledgement included (Bridge; 5 s).
 	PublishTimeout time.Duration
+	// MaxMessageBytes bounds one message from an engine, its frames together (32 MiB), and
+	// what one socket holds received and not yet handled. A connection announcing more is
+	// dropped before anything is allocated for it, counted, and dialled again with backoff.
+	MaxMessageBytes int64
+	// StallTimeout is how long an engine may stop in the middle of a message, or of the
+	// connection's handshake, before the connection is dropped and dialled again (10 s).
+	// Between messages an engine may be silent for any time.
+	StallTimeout time.Duration
 }
+
+// DefaultMaxMessageBytes is EngineConfig.MaxMessageBytes's default: four times the largest
+// message the embedded NATS server takes, far above any engine's batch.
+const DefaultMaxMessageBytes = 32 << 20
 
 const redialMin = 50 * time.Millisecond
 
@@ -262,6 +275,12 @@ func (c *EngineConfig) defaults() {
 	if c.PublishTimeout <= 0 {
 		c.PublishTimeout = 5 * time.Second
 	}
+	if c.MaxMessageBytes <= 0 {
+		c.MaxMessageBytes = DefaultMaxMessageBytes
+	}
+	if c.StallTimeout <= 0 {
+		c.StallTimeout = 10 * time.Second
+	}
 }
 
 // EngineStats are the counters of a Subscriber or a Bridge; a plain value.
@@ -280,20 +299,88 @@ type EngineStats struct {
 	ReplayRequests  int64 // replay requests sent
 	Clears          int64 // cleared events handed on (restarts and unrecovered gaps, at most one per restart of all ranks)
 	Disconnects     int64 // connections lost; each is followed by attempts to connect again
+	Oversized       int64 // connections dropped for announcing a message over MaxMessageBytes
+	Stalled         int64 // connections dropped for stalling mid-message or mid-handshake
+	ProtocolErrors  int64 // connections dropped for breaking ZMTP framing
+	Panics          int64 // panics recovered while handling the engine's messages
 	Ranks           []RankStats
 }
 
 // RankStats describe one data-parallel rank's socket; a plain value.
 type RankStats struct {
+	Rank      uint32
 	Connected bool
-	Messages  int64  // live messages received on this rank's socket
 	LastSeq   uint64 // sequence of the last batch handed on (0 before the first)
+	// Counters are the rank's share of EngineStats' counters (its Ranks is nil).
+	Counters EngineStats
 }
 
-type engineCounters struct {
-	messages, batches, events, replayed, decodeErrors, undelivered atomic.Int64
-	duplicates, gaps, gapsRecovered, gapsUnrecovered, restarts     atomic.Int64
-	replayRequests, clears, disconnects                            atomic.Int64
+// counter names one of a rank's counters.
+type counter uint8
+
+const (
+	cMessages counter = iota
+	cBatches
+	cEvents
+	cReplayed
+	cDecodeErrors
+	cUndelivered
+	cDuplicates
+	cGaps
+	cGapsRecovered
+	cGapsUnrecovered
+	cRestarts
+	cReplayRequests
+	cClears
+	cDisconnects
+	cOversized
+	cStalled
+	cProtocolErrors
+	cPanics
+	nCounters
+)
+
+// engineCounters are one rank's counters, read by stats while its goroutine writes them.
+type engineCounters [nCounters]atomic.Int64
+
+// countValues are counters read at one time, or summed over ranks.
+type countValues [nCounters]int64
+
+func (c *engineCounters) load() countValues {
+	var v countValues
+	for i := range c {
+		v[i] = c[i].Load()
+	}
+	return v
+}
+
+func (v *countValues) add(o *countValues) {
+	for i := range v {
+		v[i] += o[i]
+	}
+}
+
+func (v *countValues) stats() EngineStats {
+	return EngineStats{
+		Messages:        v[cMessages],
+		Batches:         v[cBatches],
+		Events:          v[cEvents],
+		Replayed:        v[cReplayed],
+		DecodeErrors:    v[cDecodeErrors],
+		Undelivered:     v[cUndelivered],
+		Duplicates:      v[cDuplicates],
+		Gaps:            v[cGaps],
+		GapsRecovered:   v[cGapsRecovered],
+		GapsUnrecovered: v[cGapsUnrecovered],
+		Restarts:        v[cRestarts],
+		ReplayRequests:  v[cReplayRequests],
+		Clears:          v[cClears],
+		Disconnects:     v[cDisconnects],
+		Oversized:       v[cOversized],
+		Stalled:         v[cStalled],
+		ProtocolErrors:  v[cProtocolErrors],
+		Panics:          v[cPanics],
+	}
 }
 
 // seqVerdict is what a live message's sequence number says about the stream.
@@ -388,7 +475,6 @@ type engineStream struct {
 	log   *slog.Logger
 	zlog  *log.Logger // zmq4's own messages, at debug level
 	out   engineOutput
-	c     engineCounters
 	ranks []*rankLoop
 
 	mu     sync.Mutex // held around every call of out's ...Locked methods
@@ -424,6 +510,11 @@ func (s *engineStream) run(ctx context.Context) {
 	wg.Wait()
 }
 
+// newLimit returns a fresh limit for one socket of the stream.
+func (s *engineStream) newLimit() *zmtpLimit {
+	return newLimit(s.cfg.MaxMessageBytes, s.cfg.StallTimeout)
+}
+
 func (s *engineStream) socketOptions() []zmq4.Option {
 	return []zmq4.Option{
 		zmq4.WithLogger(s.zlog),
@@ -434,26 +525,15 @@ func (s *engineStream) socketOptions() []zmq4.Option {
 }
 
 func (s *engineStream) stats() EngineStats {
-	st := EngineStats{
-		Messages:        s.c.messages.Load(),
-		Batches:         s.c.batches.Load(),
-		Events:          s.c.events.Load(),
-		Replayed:        s.c.replayed.Load(),
-		DecodeErrors:    s.c.decodeErrors.Load(),
-		Undelivered:     s.c.undelivered.Load(),
-		Duplicates:      s.c.duplicates.Load(),
-		Gaps:            s.c.gaps.Load(),
-		GapsRecovered:   s.c.gapsRecovered.Load(),
-		GapsUnrecovered: s.c.gapsUnrecovered.Load(),
-		Restarts:        s.c.restarts.Load(),
-		ReplayRequests:  s.c.replayRequests.Load(),
-		Clears:          s.c.clears.Load(),
-		Disconnects:     s.c.disconnects.Load(),
-		Ranks:           make([]RankStats, len(s.ranks)),
-	}
+	var sum countValues
+	ranks := make([]RankStats, len(s.ranks))
 	for i, rl := range s.ranks {
-		st.Ranks[i] = RankStats{Connected: rl.connected.Load(), Messages: rl.messages.Load(), LastSeq: rl.lastSeq.Load()}
+		v := rl.c.load()
+		sum.add(&v)
+		ranks[i] = RankStats{Rank: rl.rank, Connected: rl.connected.Load(), LastSeq: rl.lastSeq.Load(), Counters: v.stats()}
 	}
+	st := sum.stats()
+	st.Ranks = ranks
 	return st
 }
 
@@ -481,7 +561,7 @@ func (s *engineStream) clearLocked(ctx context.Context, rl *rankLoop) bool {
 	s.owed = false
 	s.clears++
 	rl.seenClears = s.clears
-	s.c.clears.Add(1)
+	rl.c[cClears].Add(1)
 	return true
 }
 
@@ -502,62 +582,137 @@ type rankLoop struct {
 
 	seenClears uint64 // engineStream.clears after this rank's last batch; REQUIRES engineStream.mu
 
+	c         engineCounters
 	connected atomic.Bool
-	messages  atomic.Int64
 	lastSeq   atomic.Uint64
 }
 
 func (rl *rankLoop) run(ctx context.Context) {
+	var backoff time.Duration
 	for {
-		sock := rl.connect(ctx)
-		if sock == nil {
+		if backoff > 0 && !sleepCtx(ctx, backoff) {
 			return
 		}
-		rl.connected.Store(true)
-		err := rl.receive(ctx, sock)
-		rl.connected.Store(false)
-		sock.Close()
-		if ctx.Err() != nil {
+		ok, clean, err := rl.session(ctx)
+		if !ok || ctx.Err() != nil {
 			return
 		}
-		// zmq4 does not reconnect a SUB socket by itself unless asked to, and when asked it
-		// redials from inside the failed connection's reader, so that messages of the new
-		// connection can overtake the news of the old one's loss. A fresh socket keeps the
-		// order: everything received from here on is after the loss.
-		rl.s.c.disconnects.Add(1)
+		// A connection that ended in a refused message, a stall, a protocol error or a panic,
+		// or that delivered nothing, is dialled again after a growing wait: a hostile or broken
+		// peer cannot keep kvrouterd reconnecting in a tight loop.
+		if clean {
+			backoff = 0
+		} else {
+			backoff = min(max(2*backoff, redialMin), rl.s.cfg.RedialMax)
+		}
+		rl.c[cDisconnects].Add(1)
 		rl.tracker.disconnected()
-		rl.log.Warn("engine connection lost; reconnecting", "endpoint", rl.endpoint, "err", err)
+		rl.warn("engine connection lost; reconnecting", "endpoint", rl.endpoint, "err", err, "wait", backoff)
 	}
 }
 
-// connect returns a SUB socket connected to the rank's PUB socket, trying until it succeeds;
-// nil once ctx is done.
-func (rl *rankLoop) connect(ctx context.Context) zmq4.Socket {
+// session connects and handles the socket's messages until the connection fails. ok is false
+// once ctx is done before a connection was made; clean is true when the connection delivered
+// batches and then was lost, rather than refused by the guard. A panic while handling a message
+// ends the session only: it is logged and counted, and the worker is cleared before its next
+// batch, since the panic may have cut a batch short.
+func (rl *rankLoop) session(ctx context.Context) (ok, clean bool, err error) {
+	sock, lim := rl.connect(ctx)
+	if sock == nil {
+		return false, false, nil
+	}
+	// zmq4 does not reconnect a SUB socket by itself unless asked to, and when asked it
+	// redials from inside the failed connection's reader, so that messages of the new
+	// connection can overtake the news of the old one's loss. A fresh socket per session keeps
+	// the order: everything received from here on is after the loss.
+	defer sock.Close()
+	rl.connected.Store(true)
+	defer rl.connected.Store(false)
+	before := rl.c[cBatches].Load()
+	defer func() {
+		if p := recover(); p != nil {
+			ok, clean, err = true, false, rl.recovered(p)
+			rl.s.mu.Lock()
+			rl.s.owed = true
+			rl.s.mu.Unlock()
+		}
+	}()
+	err = rl.receive(ctx, sock, lim)
+	return true, rl.count(err) && rl.c[cBatches].Load() > before, err
+}
+
+// count counts a connection's end by its cause; false when the guard or ZMTP refused it.
+func (rl *rankLoop) count(err error) bool {
+	switch {
+	case errors.Is(err, ErrZMQMessageTooLarge):
+		rl.c[cOversized].Add(1)
+	case errors.Is(err, ErrZMQStalled):
+		rl.c[cStalled].Add(1)
+	case errors.Is(err, errZMTP):
+		rl.c[cProtocolErrors].Add(1)
+	case errors.Is(err, errPanic):
+		// counted by recovered
+	default:
+		return true
+	}
+	return false
+}
+
+// connect returns a SUB socket connected to the rank's PUB socket and its limit, trying until
+// it succeeds; nil once ctx is done.
+func (rl *rankLoop) connect(ctx context.Context) (zmq4.Socket, *zmtpLimit) {
 	wait := redialMin
 	for attempt := 0; ; attempt++ {
-		sock := zmq4.NewSub(ctx, rl.s.socketOptions()...)
-		err := sock.SetOption(zmq4.OptionSubscribe, rl.s.src.Topic)
-		if err == nil {
-			err = sock.Dial(rl.endpoint)
-		}
+		sock, lim, err := rl.dial(ctx)
 		if err == nil {
 			rl.log.Info("subscribed to engine KV events", "endpoint", rl.endpoint, "topic", rl.s.src.Topic)
-			return sock
+			return sock, lim
 		}
-		sock.Close()
 		if ctx.Err() != nil {
-			return nil
+			return nil, nil
 		}
+		rl.count(err)
 		if attempt == 0 {
-			rl.log.Warn("engine KV-event socket unreachable; retrying", "endpoint", rl.endpoint, "err", err)
+			rl.warn("engine KV-event socket unreachable; retrying", "endpoint", rl.endpoint, "err", err)
 		} else {
 			rl.log.Debug("engine KV-event socket still unreachable", "endpoint", rl.endpoint, "err", err)
 		}
 		if !sleepCtx(ctx, wait) {
-			return nil
+			return nil, nil
 		}
 		wait = min(2*wait, rl.s.cfg.RedialMax)
 	}
+}
+
+// dial makes one attempt to connect. zmq4 parses the peer's handshake inside Dial, and
+// malformed metadata can panic it: that is an error of this attempt like any other.
+func (rl *rankLoop) dial(ctx context.Context) (sock zmq4.Socket, lim *zmtpLimit, err error) {
+	lim = rl.s.newLimit()
+	sock = zmq4.NewSub(withLimit(ctx, lim), rl.s.socketOptions()...)
+	defer func() {
+		if p := recover(); p != nil {
+			err = rl.recovered(p)
+		}
+		if err != nil {
+			sock.Close()
+			sock, lim = nil, nil
+		}
+	}()
+	if err = sock.SetOption(zmq4.OptionSubscribe, rl.s.src.Topic); err == nil {
+		err = sock.Dial(guardedEndpoint(rl.endpoint))
+	}
+	return sock, lim, err
+}
+
+// errPanic is wrapped by the error a recovered panic becomes.
+var errPanic = errors.New("ingest: panic")
+
+// recovered counts and logs a panic recovered on rl's goroutine and returns it as an error.
+func (rl *rankLoop) recovered(p any) error {
+	rl.c[cPanics].Add(1)
+	rl.log.Error("panic recovered while reading an engine's KV events; its connection is dialled again",
+		"endpoint", rl.endpoint, "panic", p, "stack", string(debug.Stack()))
+	return fmt.Errorf("%w: %v", errPanic, p)
 }
 
 func sleepCtx(ctx context.Context, d time.Duration) bool {
@@ -572,25 +727,24 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 }
 
 // receive handles the socket's messages until it fails: the connection was lost, or ctx is
-// done.
-func (rl *rankLoop) receive(ctx context.Context, sock zmq4.Socket) error {
+// done. Each message's bytes go back to lim once handled.
+func (rl *rankLoop) receive(ctx context.Context, sock zmq4.Socket, lim *zmtpLimit) error {
 	for {
 		msg, err := sock.Recv()
 		if err != nil {
 			return err
 		}
-		if msg.Type == zmq4.CmdMsg {
-			continue // ZMTP commands (heartbeats) come through zmq4's reader too
+		if msg.Type != zmq4.CmdMsg { // ZMTP commands (heartbeats) come through zmq4's reader too
+			rl.handle(ctx, msg.Frames)
 		}
-		rl.handle(ctx, msg.Frames)
+		lim.releaseMsg(msg)
 	}
 }
 
 // handle handles one live message: [topic, seq, payload].
 func (rl *rankLoop) handle(ctx context.Context, frames [][]byte) {
 	s := rl.s
-	s.c.messages.Add(1)
-	rl.messages.Add(1)
+	rl.c[cMessages].Add(1)
 	if len(frames) != 3 {
 		rl.dropMalformed(0, &wire.Error{Msg: "engine frames", Field: "frames", Offset: -1, Err: wire.ErrInvalid,
 			Detail: fmt.Sprintf("%d frames, want [topic, seq, payload]", len(frames))})
@@ -603,14 +757,14 @@ func (rl *rankLoop) handle(ctx context.Context, frames [][]byte) {
 	}
 	switch v := rl.tracker.classify(seq); v {
 	case seqDuplicate:
-		s.c.duplicates.Add(1)
+		rl.c[cDuplicates].Add(1)
 		return
 	case seqRestart:
-		s.c.restarts.Add(1)
+		rl.c[cRestarts].Add(1)
 		rl.log.Warn("engine restarted (its batch sequence went back); the worker's blocks are cleared", "seq", seq, "last", rl.tracker.last)
 		s.clear(ctx, rl)
 	case seqGap:
-		s.c.gaps.Add(1)
+		rl.c[cGaps].Add(1)
 		rl.recover(ctx, seq)
 	}
 	rl.deliver(ctx, seq, frames[2], false)
@@ -622,10 +776,10 @@ func (rl *rankLoop) recover(ctx context.Context, seq uint64) {
 	from := rl.tracker.last + 1
 	reason := "no replay endpoint"
 	if rl.replay != "" {
-		rl.s.c.replayRequests.Add(1)
+		rl.c[cReplayRequests].Add(1)
 		err := rl.replayRange(ctx, seq)
 		if err == nil {
-			rl.s.c.gapsRecovered.Add(1)
+			rl.c[cGapsRecovered].Add(1)
 			rl.log.Info("missed batches recovered from the replay socket", "first", from, "last", seq-1)
 			return
 		}
@@ -634,7 +788,7 @@ func (rl *rankLoop) recover(ctx context.Context, seq uint64) {
 	if ctx.Err() != nil {
 		return
 	}
-	rl.s.c.gapsUnrecovered.Add(1)
+	rl.c[cGapsUnrecovered].Add(1)
 	rl.log.Warn("engine batches lost; the worker's blocks are cleared", "first", rl.tracker.last+1, "last", seq-1, "reason", reason)
 	rl.s.clear(ctx, rl)
 }
@@ -646,9 +800,10 @@ func (rl *rankLoop) replayRange(ctx context.Context, upto uint64) error {
 	s := rl.s
 	rctx, cancel := context.WithTimeout(ctx, s.cfg.ReplayTimeout)
 	defer cancel()
-	d := zmq4.NewDealer(rctx, s.socketOptions()...)
+	lim := s.newLimit()
+	d := zmq4.NewDealer(withLimit(rctx, lim), s.socketOptions()...)
 	defer d.Close()
-	if err := d.Dial(rl.replay); err != nil {
+	if err := d.Dial(guardedEndpoint(rl.replay)); err != nil {
 		return fmt.Errorf("replay %s: %w", rl.replay, err)
 	}
 	var start [8]byte
@@ -656,8 +811,12 @@ func (rl *rankLoop) replayRange(ctx context.Context, upto uint64) error {
 	if err := d.SendMulti(zmq4.NewMsgFrom([]byte{}, start[:])); err != nil {
 		return fmt.Errorf("replay %s: request: %w", rl.replay, err)
 	}
-	var hole error
+	var (
+		hole error
+		prev zmq4.Msg // handled: its bytes go back to the limit before the next is received
+	)
 	for {
+		lim.releaseMsg(prev)
 		msg, err := d.Recv()
 		if err != nil {
 			if errors.Is(rctx.Err(), context.DeadlineExceeded) {
@@ -665,6 +824,7 @@ func (rl *rankLoop) replayRange(ctx context.Context, upto uint64) error {
 			}
 			return fmt.Errorf("replay %s: %w", rl.replay, err)
 		}
+		prev = msg
 		if msg.Type == zmq4.CmdMsg {
 			continue
 		}
@@ -706,11 +866,11 @@ func (rl *rankLoop) deliver(ctx context.Context, seq uint64, payload []byte, rep
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.owed && !s.clearLocked(ctx, rl) {
-		s.c.undelivered.Add(1)
+		rl.c[cUndelivered].Add(1)
 		return
 	}
 	if err := s.out.sendLocked(ctx, rl, seq, payload); err != nil {
-		s.c.undelivered.Add(1)
+		rl.c[cUndelivered].Add(1)
 		if errors.Is(err, errLost) {
 			s.owed = true
 		}
@@ -720,16 +880,16 @@ func (rl *rankLoop) deliver(ctx context.Context, seq uint64, payload []byte, rep
 		return
 	}
 	rl.seenClears = s.clears
-	s.c.batches.Add(1)
+	rl.c[cBatches].Add(1)
 	if replayed {
-		s.c.replayed.Add(1)
+		rl.c[cReplayed].Add(1)
 	}
 }
 
 // dropMalformed counts and logs a message that cannot be read. The cursor stays where the
 // message's sequence put it: its events are lost, but no batch went missing in transport.
 func (rl *rankLoop) dropMalformed(seq uint64, err error) {
-	rl.s.c.decodeErrors.Add(1)
+	rl.c[cDecodeErrors].Add(1)
 	field := ""
 	var we *wire.Error
 	if errors.As(err, &we) {
@@ -850,7 +1010,7 @@ func (sub *Subscriber) sendLocked(_ context.Context, rl *rankLoop, _ uint64, _ [
 	if err := sub.sink.Ingest(sub.s.src.Worker, sub.s.src.Model, evs); err != nil {
 		return err
 	}
-	sub.s.c.events.Add(int64(len(evs)))
+	rl.c[cEvents].Add(int64(len(evs)))
 	return nil
 }
 

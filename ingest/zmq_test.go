@@ -388,7 +388,7 @@ func startSub(t testing.TB, src EngineSource, sink EventSink, cfg EngineConfig) 
 }
 
 func subReady(sub *Subscriber, rank int) func() bool {
-	return func() bool { return sub.Stats().Ranks[rank].Messages > 0 }
+	return func() bool { return sub.Stats().Ranks[rank].Counters.Messages > 0 }
 }
 
 // waitEvents waits until the sink holds want, then checks it does exactly.

@@ -61,7 +61,7 @@ func benchZMQIngest(b *testing.B, sink EventSink, flush func() error) {
 	sub := startSub(b, eng.source(1, "bench"), sink, EngineConfig{})
 	r := eng.ranks[0]
 	r.probe(subReady(sub, 0))
-	handed := func() int64 { return sub.s.c.batches.Load() }
+	handed := func() int64 { return sub.s.ranks[0].c[cBatches].Load() }
 	base := handed()
 
 	b.ResetTimer()

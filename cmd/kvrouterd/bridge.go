@@ -22,6 +22,7 @@ type bridgeConfig struct {
 	NATSPrefix string
 	LogLevel   string
 	LogFormat  string
+	ZMQLimits  zmqLimits
 }
 
 // natsAuth is how a connection to an external NATS server authenticates.
@@ -58,13 +59,15 @@ func (a *natsAuth) options() []nats.Option {
 }
 
 func parseBridgeConfig(args []string, env func(string) (string, bool), out io.Writer) (bridgeConfig, error) {
-	c := bridgeConfig{NATSURL: "nats://127.0.0.1:4222", NATSPrefix: ingest.DefaultPrefix, LogLevel: "info", LogFormat: "text"}
+	c := bridgeConfig{NATSURL: "nats://127.0.0.1:4222", NATSPrefix: ingest.DefaultPrefix, LogLevel: "info", LogFormat: "text",
+		ZMQLimits: defaultZMQLimits()}
 	fs := flag.NewFlagSet("kvrouterd bridge", flag.ContinueOnError)
 	fs.SetOutput(out)
 	fs.Var(&sourceList{&c.ZMQ}, "zmq", "the engine's ZMQ KV events: worker=ID,model=NAME,endpoint=tcp://host:port[,replay=tcp://host:port][,ranks=N][,rank=R][,topic=T]; repeat for several engines")
 	fs.StringVar(&c.NATSURL, "nats-url", c.NATSURL, "NATS server or cluster holding the router's stream (comma-separated URLs)")
 	c.NATS.flags(fs)
 	fs.StringVar(&c.NATSPrefix, "nats-subject-prefix", c.NATSPrefix, "first token of the event subjects, as the routers use it")
+	c.ZMQLimits.flags(fs)
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error")
 	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "text or json")
 	if err := parseFlags(fs, args, env, out, "kvrouterd bridge: forward an engine's ZMQ KV events into kvrouterd's NATS JetStream stream.\n\n"+
@@ -81,6 +84,9 @@ func parseBridgeConfig(args []string, env func(string) (string, bool), out io.Wr
 		return c, err
 	}
 	if err := c.NATS.check(); err != nil {
+		return c, err
+	}
+	if err := c.ZMQLimits.check(); err != nil {
 		return c, err
 	}
 	lc := config{LogLevel: c.LogLevel, LogFormat: c.LogFormat}
@@ -105,7 +111,7 @@ func runBridge(ctx context.Context, c bridgeConfig, stderr io.Writer) error {
 	var wg sync.WaitGroup
 	errs := make([]error, len(c.ZMQ))
 	for i, src := range c.ZMQ {
-		b, err := ingest.NewBridge(src, pub, ingest.EngineConfig{Logger: log.With("worker", src.Worker)})
+		b, err := ingest.NewBridge(src, pub, c.ZMQLimits.apply(ingest.EngineConfig{Logger: log.With("worker", src.Worker)}))
 		if err != nil {
 			return err
 		}

@@ -48,6 +48,7 @@ type config struct {
 	WorkerTimeout time.Duration
 	ClearOnGap    bool
 	ZMQ           []ingest.EngineSource
+	ZMQLimits     zmqLimits
 
 	// Replicas.
 	ShareLoad bool
@@ -98,6 +99,7 @@ func defaults() config {
 		ApproxTTL:          120 * time.Second,
 		ApproxMaxBlocks:    1 << 20,
 		ApproxPruneTarget:  0.8,
+		ZMQLimits:          defaultZMQLimits(),
 	}
 }
 
@@ -142,6 +144,7 @@ func parseConfig(args []string, env func(string) (string, bool), out io.Writer) 
 	fs.IntVar(&c.NATSReplicas, "nats-replicas", c.NATSReplicas, "stream replicas in a NATS cluster")
 	fs.Uint64Var(&c.NATSStartSeq, "nats-start-seq", c.NATSStartSeq, "first stream sequence to apply; 0 = the oldest retained")
 	fs.Var(&sourceList{&c.ZMQ}, "zmq", "subscribe to an engine's ZMQ KV events: worker=ID,model=NAME,endpoint=tcp://host:port[,replay=tcp://host:port][,ranks=N][,rank=R][,topic=T]; repeat the flag, or separate sources with ';'")
+	c.ZMQLimits.flags(fs)
 	fs.BoolVar(&c.ShareLoad, "share-load", c.ShareLoad, "tell the other replicas on the same NATS of every request this one routes, and count theirs in the load (off in approximate mode)")
 	fs.StringVar(&c.ReplicaID, "replica-id", c.ReplicaID, "this replica's name in load sharing, unique among live replicas (1-64 of A-Z a-z 0-9 _ -); empty: random")
 	fs.BoolVar(&c.NoSnapshots, "no-snapshots", c.NoSnapshots, "keep no snapshots in --data-dir/snapshots: a restart rebuilds the index from the whole event stream")
@@ -233,6 +236,9 @@ func (c *config) check() error {
 		return err
 	}
 	if err := c.NATS.check(); err != nil {
+		return err
+	}
+	if err := c.ZMQLimits.check(); err != nil {
 		return err
 	}
 	return c.checkLog()

@@ -115,7 +115,11 @@ func run(ctx context.Context, c config) error {
 			return err
 		}
 	}
-	watch.set(engines(ctx, c, r, log))
+	eng := engines(ctx, c, r, log)
+	if eng != nil {
+		reg.MustRegister(eng.Collector())
+	}
+	watch.set(eng)
 	resubscribe(r, watch, log) // restored workers' engine endpoints
 	startSeq := c.NATSStartSeq
 	if startSeq == 0 && resume > 0 {
@@ -270,7 +274,7 @@ func engines(ctx context.Context, c config, r *router.Router, log *slog.Logger) 
 	if c.NoKVEvents {
 		return nil
 	}
-	e := ingest.NewEngines(ctx, r, ingest.EngineConfig{Logger: log})
+	e := ingest.NewEngines(ctx, r, c.ZMQLimits.apply(ingest.EngineConfig{Logger: log}))
 	for _, src := range c.ZMQ {
 		if err := e.Add(src); err != nil {
 			log.Error("engine source refused", "source", src.String(), "err", err)
