@@ -76,6 +76,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzReceive$$' -fuzztime $(FUZZTIME) ./snapshot/
 	$(GO) test -run '^$$' -fuzz '^FuzzParseEngineSource$$' -fuzztime $(FUZZTIME) ./ingest/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeShare$$' -fuzztime $(FUZZTIME) ./ingest/
+	$(GO) test -run '^$$' -fuzz '^FuzzZMTPGuard$$' -fuzztime $(FUZZTIME) ./ingest/
 	$(GO) test -run '^$$' -fuzz '^FuzzHandle$$' -fuzztime $(FUZZTIME) ./server/
 	$(GO) test -run '^$$' -fuzz '^FuzzReadMooncake$$' -fuzztime $(FUZZTIME) ./bench/trace/
 

@@ -287,3 +287,68 @@ func TestZMTPLimit(t *testing.T) {
 		t.Fatalf("read after close: %v, want net.ErrClosed", err)
 	}
 }
+
+// FuzzZMTPGuard reads arbitrary bytes through the guard as zmq4 reads a connection (greeting,
+// then frames: header, then a body allocated at the announced length) and checks that no frame
+// the guard lets through announces more than the limit allows, alone or with its message's other
+// frames, and that nothing panics.
+func FuzzZMTPGuard(f *testing.F) {
+	ready := hostile.Ready("PUB")
+	base := append(hostile.Greeting(), append([]byte{0x04, byte(len(ready))}, ready...)...)
+	f.Add(append(slices.Clone(base), 0x01, 2, 'k', 'v', 0x01, 8, 0, 0, 0, 0, 0, 0, 0, 1, 0x00, 1, 0x90))
+	f.Add(append(slices.Clone(base), 0x02, 0x40, 0, 0, 0, 0, 0, 0, 0))
+	f.Add(append(slices.Clone(base), 0x03, 0, 0, 0, 0, 0, 0, 0x10, 0))
+	f.Add(append(slices.Clone(base), 0x06, 0, 0, 0, 1, 0, 0, 0, 0))
+	f.Add(append(slices.Clone(base), 0x01, 0, 0x05, 1, 0))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		const max = 4096
+		lim := newLimit(max, 0)
+		g := lim.wrap(fakeConn{bytes.NewReader(data)})
+		if _, err := io.ReadFull(g, make([]byte, zmtpGreeting)); err != nil {
+			return
+		}
+		var msg int64
+		for {
+			var h [9]byte
+			if _, err := io.ReadFull(g, h[:2]); err != nil {
+				return
+			}
+			size := uint64(h[1])
+			if h[0]&zmtpLong != 0 {
+				if _, err := io.ReadFull(g, h[2:9]); err != nil {
+					return
+				}
+				size = binary.BigEndian.Uint64(h[1:9])
+			}
+			cmd := h[0]&zmtpCommand != 0
+			switch {
+			case cmd && size > zmtpMaxCommand:
+				t.Fatalf("a command of %d bytes let through", size)
+			case !cmd && uint64(msg)+size > max:
+				t.Fatalf("a frame of %d bytes after %d of its message let through, max %d", size, msg, max)
+			}
+			if _, err := io.ReadFull(g, make([]byte, size)); err != nil {
+				return
+			}
+			if !cmd {
+				msg += int64(size)
+			}
+			if h[0]&zmtpMore == 0 {
+				lim.release(msg)
+				msg = 0
+			}
+		}
+	})
+}
+
+// fakeConn is a net.Conn reading from r; writes and deadlines do nothing.
+type fakeConn struct{ r io.Reader }
+
+func (c fakeConn) Read(p []byte) (int, error)     { return c.r.Read(p) }
+func (fakeConn) Write(p []byte) (int, error)      { return len(p), nil }
+func (fakeConn) Close() error                     { return nil }
+func (fakeConn) LocalAddr() net.Addr              { return &net.TCPAddr{} }
+func (fakeConn) RemoteAddr() net.Addr             { return &net.TCPAddr{} }
+func (fakeConn) SetDeadline(time.Time) error      { return nil }
+func (fakeConn) SetReadDeadline(time.Time) error  { return nil }
+func (fakeConn) SetWriteDeadline(time.Time) error { return nil }
