@@ -280,9 +280,10 @@ const (
 	ShareRejectRequest  = "unknown_request" // prefill done or completed for a request not booked here
 	ShareRejectConflict = "duplicate"       // a booking of a request booked already
 	ShareRejectInvalid  = "invalid"         // the router refused its values
+	ShareRejectPanic    = "panic"           // handling it panicked (recovered)
 )
 
-var shareRejectReasons = [...]string{ShareRejectDecode, ShareRejectModel, ShareRejectWorker, ShareRejectRequest, ShareRejectConflict, ShareRejectInvalid}
+var shareRejectReasons = [...]string{ShareRejectDecode, ShareRejectModel, ShareRejectWorker, ShareRejectRequest, ShareRejectConflict, ShareRejectInvalid, ShareRejectPanic}
 
 // Sharer shares this replica's active load with the other replicas over NATS: it is the
 // router.LoadSharer of this replica's router and, once started, applies the others' messages
@@ -358,7 +359,16 @@ func (s *Sharer) Start(nc *nats.Conn, sink ShareSink) error {
 	if s.sub != nil || s.closed {
 		return errors.New("ingest: a Sharer starts once")
 	}
-	sub, err := nc.Subscribe(s.prefix+"*", func(m *nats.Msg) { s.handle(m, sink) })
+	sub, err := nc.Subscribe(s.prefix+"*", func(m *nats.Msg) {
+		// NATS calls this on its own goroutine, where a panic would end the process.
+		defer func() {
+			if p := recover(); p != nil {
+				s.rejected[len(shareRejectReasons)-1].Add(1) // ShareRejectPanic
+				logPanic(s.log, "load sharing: panic recovered handling a message", p, "subject", m.Subject)
+			}
+		}()
+		s.handle(m, sink)
+	})
 	if err != nil {
 		return fmt.Errorf("load sharing: %w", err)
 	}

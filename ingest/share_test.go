@@ -396,3 +396,38 @@ func (nopShareSink) BookRemote(string, string, radix.WorkerKey, string, []uint64
 }
 func (nopShareSink) PrefillDoneRemote(string, string) error { return nil }
 func (nopShareSink) CompleteRemote(string, string) error    { return nil }
+
+// TestShareSinkPanic: a panic while applying another replica's message is recovered on NATS's
+// goroutine, counted as rejected for "panic", and the next message is applied.
+func TestShareSinkPanic(t *testing.T) {
+	s := embedded(t)
+	sh, err := NewSharer(ShareConfig{Replica: "B", Logger: quietLog()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sink := &panicShareSink{}
+	if err := sh.Start(connect(t, s.ClientURL()), sink); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(sh.Close)
+	nc := connect(t, s.ClientURL())
+	for _, id := range []string{"boom", "fine"} {
+		if err := nc.Publish("kvr.active.C", AppendShare(nil, &ShareMsg{Op: ShareCompleted, Replica: "C", ID: id})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "both messages", func() bool { return sh.Stats().Received == 2 })
+	waitFor(t, "the second applied", func() bool { return sh.Stats().Applied == 1 })
+	if st := sh.Stats(); st.Rejected[ShareRejectPanic] != 1 {
+		t.Fatalf("%+v: want one rejected for panic", st)
+	}
+}
+
+type panicShareSink struct{ nopShareSink }
+
+func (panicShareSink) CompleteRemote(_, id string) error {
+	if id == "boom" {
+		panic("sink failure")
+	}
+	return nil
+}

@@ -26,7 +26,6 @@ import (
 	"log"
 	"log/slog"
 	"net"
-	"runtime/debug"
 	"strconv"
 	"strings"
 	"sync"
@@ -710,8 +709,7 @@ var errPanic = errors.New("ingest: panic")
 // recovered counts and logs a panic recovered on rl's goroutine and returns it as an error.
 func (rl *rankLoop) recovered(p any) error {
 	rl.c[cPanics].Add(1)
-	rl.log.Error("panic recovered while reading an engine's KV events; its connection is dialled again",
-		"endpoint", rl.endpoint, "panic", p, "stack", string(debug.Stack()))
+	logPanic(rl.log, "panic recovered while reading an engine's KV events; its connection is dialled again", p, "endpoint", rl.endpoint)
 	return fmt.Errorf("%w: %v", errPanic, p)
 }
 
