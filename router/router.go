@@ -474,12 +474,13 @@ func (r *Router) registerLocked(g Registration, publish bool) ([]uint32, error) 
 	}
 	slices.SortFunc(reg.ranks, func(a, b *rankWorker) int { return cmp.Compare(a.key.Rank, b.key.Rank) })
 	if publish {
-		r.publishLocked(m)
+		r.publishWorkerLocked(m, g.ID)
 	}
 	return add, nil
 }
 
-// publishLocked rebuilds m's worker list: linear in m's ranks, plus sorting them. REQUIRES r.mu.
+// publishLocked rebuilds m's worker list from its registrations: for a bulk restore, which
+// publishes once. REQUIRES r.mu.
 func (r *Router) publishLocked(m *model) {
 	var n int
 	for _, reg := range m.regs {
@@ -495,25 +496,57 @@ func (r *Router) publishLocked(m *model) {
 		}
 		return cmp.Compare(a.key.Rank, b.key.Rank)
 	})
+	storeList(m, ws)
+}
+
+// publishWorkerLocked publishes m's worker list with worker id's ranks as registered now (none
+// if it is not): the current list with id's run of ranks replaced, so that a registration
+// costs a copy of the list, not a sort of it. REQUIRES r.mu.
+func (r *Router) publishWorkerLocked(m *model, id uint64) {
+	old := m.list.Load().ws
+	lo, _ := slices.BinarySearchFunc(old, id, func(w *rankWorker, id uint64) int { return cmp.Compare(w.key.ID, id) })
+	hi := lo
+	for hi < len(old) && old[hi].key.ID == id {
+		hi++
+	}
+	var now []*rankWorker // by rank, as registration.ranks
+	if reg := m.regs[id]; reg != nil {
+		now = reg.ranks
+	}
+	ws := make([]*rankWorker, 0, len(old)-(hi-lo)+len(now))
+	ws = append(append(append(ws, old[:lo]...), now...), old[hi:]...)
+	storeList(m, ws)
+}
+
+// storeList publishes ws, sorted by id then rank, as m's worker list; linear in len(ws) and
+// in the highest slot.
+func storeList(m *model, ws []*rankWorker) {
 	l := &workerList{
 		ws:    ws,
 		keys:  make([]radix.WorkerKey, len(ws)),
 		slots: make([]radix.Slot, len(ws)),
 		loads: make([]*scoring.Load, len(ws)),
 	}
+	var maxSlot, maxActive radix.Slot
+	for _, w := range ws {
+		maxSlot, maxActive = max(maxSlot, w.slot), max(maxActive, w.load.Slot())
+	}
+	if len(ws) > 0 {
+		l.bySlot, l.byActive = newPos(int(maxSlot)+1), newPos(int(maxActive)+1)
+	}
 	for i, w := range ws {
-		l.bySlot = setPos(l.bySlot, int(w.slot), i)
-		l.byActive = setPos(l.byActive, int(w.load.Slot()), i)
+		l.bySlot[w.slot], l.byActive[w.load.Slot()] = int32(i), int32(i)
 		l.keys[i], l.slots[i], l.loads[i] = w.key, w.slot, w.load
 	}
 	m.list.Store(l)
 }
 
-func setPos(a []int32, at, pos int) []int32 {
-	for len(a) <= at {
-		a = append(a, -1)
+// newPos returns n positions, each -1 (none).
+func newPos(n int) []int32 {
+	a := make([]int32, n)
+	for i := range a {
+		a[i] = -1
 	}
-	a[at] = int32(pos)
 	return a
 }
 
@@ -540,7 +573,7 @@ func (r *Router) unregister(id uint64) error {
 	}
 	delete(r.workers, id)
 	delete(reg.model.regs, id)
-	r.publishLocked(reg.model)
+	r.publishWorkerLocked(reg.model, id)
 	r.mu.Unlock()
 	for _, w := range reg.ranks {
 		r.tracker.Unregister(w.load)
