@@ -254,3 +254,22 @@ func TestSnapshotRestoreAcceptedProperty(t *testing.T) {
 		t.Fatalf("%d accepted, %d refused: the generator should exercise both", accepted, refused)
 	}
 }
+
+// watchLog records the registrations an EndpointWatcher is told of.
+type watchLog struct{ got []Registration }
+
+func (w *watchLog) Registered(g Registration) error { w.got = append(w.got, g); return nil }
+func (w *watchLog) Unregistered(uint64)             {}
+
+// The endpoint watcher counts a worker's ranks: it is told each once.
+func TestRegisterTellsDistinctRanks(t *testing.T) {
+	w := &watchLog{}
+	r := New(Config{Logger: quiet(), Endpoints: w})
+	defer r.Close()
+	if err := r.Register(Registration{ID: 1, Model: "m", Endpoint: "tcp://e:5557", Ranks: []uint32{3, 2, 3, 2}}); err != nil {
+		t.Fatal(err)
+	}
+	if len(w.got) != 1 || !reflect.DeepEqual(w.got[0].Ranks, []uint32{2, 3}) {
+		t.Fatalf("the watcher was told %+v, want ranks [2 3] once", w.got)
+	}
+}

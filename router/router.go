@@ -296,9 +296,11 @@ type Registration struct {
 // with more than wire.MaxSnapshotRanks ranks, is refused with a FieldError wrapping ErrTooLong.
 // A refused registration changes nothing. Its cost is linear in its ranks.
 func (r *Router) Register(g Registration) error {
-	if err := r.register(g); err != nil {
+	ranks, err := r.register(g)
+	if err != nil {
 		return err
 	}
+	g.Ranks = ranks // the watcher counts them: distinct
 	if g.Endpoint != "" && r.cfg.Endpoints != nil {
 		if err := r.cfg.Endpoints.Registered(g); err != nil {
 			return fieldErr(ErrInvalid, "endpoint", "the worker is registered but its event endpoint is refused: %v", err)
@@ -307,22 +309,24 @@ func (r *Router) Register(g Registration) error {
 	return nil
 }
 
-func (r *Router) register(g Registration) error {
+// register is Register without telling Config.Endpoints; it returns g's ranks, distinct and
+// ascending.
+func (r *Router) register(g Registration) ([]uint32, error) {
 	ranks, err := g.check()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	g.Ranks = ranks
 	r.mu.Lock()
 	added, err := r.registerLocked(g, true)
 	r.mu.Unlock()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if len(added) > 0 {
 		r.log.Info("worker registered", "worker", g.ID, "model", g.Model, "dp_ranks", rankList(added))
 	}
-	return nil
+	return ranks, nil
 }
 
 // check checks g's fields against the API's and the snapshot format's limits, and returns its
