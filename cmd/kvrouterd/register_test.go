@@ -13,7 +13,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvrouterd/kvrouterd/ingest"
+	"github.com/kvrouterd/kvrouterd/shard"
 	"github.com/kvrouterd/kvrouterd/wire"
+	"github.com/nats-io/nats.go"
 )
 
 // TestDaemonRegistrationLimits runs the daemon, sends it registrations the snapshot format
@@ -24,8 +27,8 @@ func TestDaemonRegistrationLimits(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the binary")
 	}
-	bin, dir := buildDaemon(t), t.TempDir()
-	args := func() []string { return []string{"--nats-listen", freeAddr(t), "--data-dir", dir} }
+	bin, dir, natsAddr := buildDaemon(t), t.TempDir(), freeAddr(t)
+	args := func() []string { return []string{"--nats-listen", natsAddr, "--data-dir", dir} }
 	d := startDaemon(t, bin, args()...)
 	defer d.cmd.Process.Kill()
 	post := func(path, body string) (int, string) {
@@ -50,6 +53,39 @@ func TestDaemonRegistrationLimits(t *testing.T) {
 			t.Fatalf("POST %s %.80s: %d %.300s, want 400 naming %q", c.path, c.body, code, msg, c.field)
 		}
 	}
+	// A worker discovered from its events: one whose subject names a model too long is refused.
+	nc, err := nats.Connect("nats://" + natsAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	pub, err := ingest.NewPublisher(nc, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	toks := make([]uint32, 16)
+	eb := wire.EngineBatch{Events: []shard.Event{{Kind: shard.Stored, BlockSize: 16, Hashes: []uint64{5}, Tokens: toks}}}
+	payload := wire.AppendEngineBatch(nil, &eb, wire.EngineForm{MapBatch: true, MapEvents: true})
+	for _, m := range []struct {
+		model  string
+		worker uint64
+	}{{long, 7}, {"m", 8}} {
+		if _, err := pub.Engine(t.Context(), m.model, m.worker, -1, 0, payload); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("worker 8 never discovered from its events:\n%s", d.log())
+		}
+		if strings.Contains(daemonGet(t, d.addr, "/v1/workers"), `"worker_id":8,`) {
+			break
+		}
+	}
+	if !strings.Contains(d.log(), "event stream: batch refused") || strings.Contains(daemonGet(t, d.addr, "/v1/workers"), `"worker_id":7,`) {
+		t.Fatalf("events naming a model of %d bytes were not refused:\n%.3000s", len(long), d.log())
+	}
+
 	ranks := func(id, n int) string {
 		var b strings.Builder
 		fmt.Fprintf(&b, `{"worker_id":%d,"model":"m","dp_ranks":[`, id)
@@ -114,10 +150,6 @@ func TestDaemonRegistrationLimits(t *testing.T) {
 	if !strings.Contains(d.log(), "restored snapshot") {
 		t.Fatalf("no snapshot restored:\n%s", d.log())
 	}
-	resp, err := http.Get("http://" + d.addr + "/v1/workers")
-	if err != nil {
-		t.Fatal(err)
-	}
 	var list struct {
 		Workers []struct {
 			ID    uint64 `json:"worker_id"`
@@ -125,16 +157,15 @@ func TestDaemonRegistrationLimits(t *testing.T) {
 			Model string `json:"model"`
 		} `json:"workers"`
 	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if err := json.Unmarshal(body, &list); err != nil {
+	body := daemonGet(t, d.addr, "/v1/workers")
+	if err := json.Unmarshal([]byte(body), &list); err != nil {
 		t.Fatalf("%v: %.300s", err, body)
 	}
 	perWorker := map[string]int{}
 	for _, w := range list.Workers {
 		perWorker[fmt.Sprintf("%d %s", w.ID, w.Model)]++
 	}
-	want := map[string]int{"1 m": wire.MaxSnapshotRanks, "2 m@t": 1}
+	want := map[string]int{"1 m": wire.MaxSnapshotRanks, "2 m@t": 1, "8 m": 1}
 	if fmt.Sprint(perWorker) != fmt.Sprint(want) {
 		t.Fatalf("restored ranks per worker %v, want %v", perWorker, want)
 	}
@@ -144,4 +175,19 @@ func TestDaemonRegistrationLimits(t *testing.T) {
 	if err := d.cmd.Wait(); err != nil {
 		t.Fatalf("second run's exit: %v\n%s", err, d.log())
 	}
+}
+
+// daemonGet sends GET path to the daemon at addr and returns the body.
+func daemonGet(t *testing.T, addr, path string) string {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + path)
+	if err != nil {
+		t.Fatalf("GET %s: %v", path, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET %s: %s %.300s", path, resp.Status, b)
+	}
+	return string(b)
 }
