@@ -117,6 +117,9 @@ func (t *Tracker) Register(k radix.WorkerKey) (*Load, error) {
 // in keys' order; on an error it registers none of them. Its cost is linear in len(keys) plus
 // the slots in use: the slot → Load table is copied once, not once per worker.
 func (t *Tracker) RegisterAll(keys []radix.WorkerKey, dst []*Load) ([]*Load, error) {
+	if len(keys) == 0 {
+		return dst, nil
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	loads := *t.loads.Load()
