@@ -1,6 +1,7 @@
 package router
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -271,5 +272,35 @@ func TestRegisterTellsDistinctRanks(t *testing.T) {
 	}
 	if len(w.got) != 1 || !reflect.DeepEqual(w.got[0].Ranks, []uint32{2, 3}) {
 		t.Fatalf("the watcher was told %+v, want ranks [2 3] once", w.got)
+	}
+}
+
+// A worker the format cannot hold, should one get past Register, is left out of the snapshot,
+// counted, and the others are written.
+func TestSnapshotLeavesOutWhatTheFormatCannotHold(t *testing.T) {
+	r := New(Config{Logger: quiet()})
+	defer r.Close()
+	for id := uint64(1); id <= 3; id++ {
+		if err := r.Register(Registration{ID: id, Model: "m", Ranks: []uint32{0, 1}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Only state past the format's limits gets here (a worker's blocks over 2^32-1 bytes); an
+	// endpoint set behind Register's back stands in for it.
+	r.mu.Lock()
+	r.workers[2].endpoint = strings.Repeat("e", wire.MaxString+1)
+	r.mu.Unlock()
+	var chunks [][]byte
+	st, err := r.Snapshot(0, func(c []byte) error { chunks = append(chunks, bytes.Clone(c)); return nil })
+	if err != nil || st.Skipped != 1 || st.Workers != 2 || r.Stats().SnapshotSkipped != 1 {
+		t.Fatalf("snapshot %+v %v, counter %d: want worker 2 alone left out", st, err, r.Stats().SnapshotSkipped)
+	}
+	restart := New(Config{Logger: quiet()})
+	defer restart.Close()
+	if _, err := restart.Restore(len(chunks), func(i int, dst []byte) ([]byte, error) { return append(dst, chunks[i]...), nil }); err != nil {
+		t.Fatal(err)
+	}
+	if ids := restart.ModelWorkers("m"); !reflect.DeepEqual(ids, []uint64{1, 3}) {
+		t.Fatalf("restored workers %v, want [1 3]", ids)
 	}
 }
