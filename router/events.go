@@ -43,7 +43,8 @@ func (r *Router) ApplyEvents(b *wire.EventBatch, dst []shard.Outcome) ([]shard.O
 	return dst, nil
 }
 
-// ranksOf returns worker id's registration and its ranks, nil if it is not registered.
+// ranksOf returns worker id's registration and its ranks, ascending; nil if it is not
+// registered.
 func (r *Router) ranksOf(id uint64) (*registration, []uint32) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -58,8 +59,8 @@ func (r *Router) ranksOf(id uint64) (*registration, []uint32) {
 	return reg, ranks
 }
 
-// checkEvents checks a batch for a model of block size bs whose worker has ranks: the checks
-// that refuse it whole.
+// checkEvents checks a batch for a model of block size bs whose worker has ranks (ascending):
+// the checks that refuse it whole.
 func checkEvents(evs []shard.Event, bs int, ranks []uint32) error {
 	if len(evs) > MaxEventsPerBatch {
 		return fieldErr(ErrInvalid, "events", "%d events, at most %d per batch", len(evs), MaxEventsPerBatch)
@@ -73,7 +74,7 @@ func checkEvents(evs []shard.Event, bs int, ranks []uint32) error {
 }
 
 func checkEvent(ev *shard.Event, i, bs int, ranks []uint32) error {
-	if !slices.Contains(ranks, ev.Rank) {
+	if _, ok := slices.BinarySearch(ranks, ev.Rank); !ok {
 		return fieldErr(ErrUnknownWorker, evField(i, "dp_rank"), "rank %d is not registered for this worker", ev.Rank)
 	}
 	if ev.Tier > shard.External {

@@ -30,34 +30,30 @@ type WorkerInfo struct {
 // Workers lists the registered workers, by model, id and rank.
 func (r *Router) Workers() []WorkerInfo {
 	r.mu.Lock()
-	var out []WorkerInfo
+	var (
+		out []WorkerInfo
+		rws []*rankWorker // rws[i] is out[i]'s
+	)
 	for _, reg := range r.workers {
 		for _, w := range reg.ranks {
 			out = append(out, WorkerInfo{
 				ID: w.key.ID, Rank: w.key.Rank, Model: reg.model.name, BlockSize: reg.model.blockSize,
 				Capacity: reg.capacity, MaxTokens: reg.maxTokens, Endpoint: reg.endpoint, Replay: reg.replay,
 			})
+			rws = append(rws, w)
 		}
 	}
 	r.mu.Unlock()
+	// Counters are atomic, read outside the lock: listing a large fleet does not hold up
+	// registrations. A worker unregistered meanwhile is listed with what they read.
 	for i := range out {
-		x := &out[i]
-		m := r.model(x.Model)
-		reg := r.registration(x.ID)
-		if m == nil || reg == nil {
-			continue // unregistered meanwhile
-		}
-		for _, w := range reg.ranks {
-			if w.key.Rank == x.Rank {
-				x.CachedBlocks = m.ix.Blocks(w.slot)
-				x.ActiveBlocks = w.load.ActiveBlocks()
-				x.ActivePrefill = w.load.ActivePrefill()
-				x.ActiveRequests = w.load.Requests()
-				x.Report = w.report.Load()
-			}
-		}
-		x.EventLag = reg.received.Load() - reg.applied.Load()
-
+		x, w := &out[i], rws[i]
+		x.CachedBlocks = w.reg.model.ix.Blocks(w.slot)
+		x.ActiveBlocks = w.load.ActiveBlocks()
+		x.ActivePrefill = w.load.ActivePrefill()
+		x.ActiveRequests = w.load.Requests()
+		x.Report = w.report.Load()
+		x.EventLag = w.reg.received.Load() - w.reg.applied.Load()
 	}
 	// Cursors live on the shards: one visit per shard, not per worker (metrics scrapes list
 	// every worker).
@@ -89,12 +85,6 @@ func (r *Router) Workers() []WorkerInfo {
 		return int(a.Rank) - int(b.Rank)
 	})
 	return out
-}
-
-func (r *Router) registration(id uint64) *registration {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.workers[id]
 }
 
 // ModelInfo describes one model's index.
@@ -141,6 +131,7 @@ type Stats struct {
 	Routed, Matched, Expired int64
 	ActiveRequests           int64
 	Discovered, TimedOut     int64 // workers registered by their events, dropped as silent
+	SnapshotSkipped          int64 // workers left out of snapshots: the format cannot hold them
 	Events                   shard.Stats
 }
 
@@ -150,7 +141,8 @@ func (r *Router) Stats() Stats {
 		Routed: r.routed.Load(), Matched: r.matched.Load(), Expired: r.expired.Load(),
 		ActiveRequests: r.tracker.Active(),
 		Discovered:     r.discovered.Load(), TimedOut: r.timedOut.Load(),
-		Events: r.set.Stats(),
+		SnapshotSkipped: r.snapshotSkipped.Load(),
+		Events:          r.set.Stats(),
 	}
 }
 

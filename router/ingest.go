@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/kvrouterd/kvrouterd/shard"
+	"github.com/kvrouterd/kvrouterd/wire"
 )
 
 // Ingest checks one worker's events as ApplyEvents does and hands them to the worker's shard
@@ -19,7 +20,11 @@ func (r *Router) Ingest(worker uint64, model string, events []shard.Event) error
 	if len(events) > MaxEventsPerBatch { // before registering anything
 		return fieldErr(ErrInvalid, "events", "%d events, at most %d per batch", len(events), MaxEventsPerBatch)
 	}
-	bs, want := 0, ranksNamed(events)
+	want, err := ranksNamed(events)
+	if err != nil {
+		return err
+	}
+	bs := 0
 	for i := range events {
 		if events[i].Kind == shard.Stored && events[i].BlockSize != 0 {
 			bs = events[i].BlockSize
@@ -51,15 +56,42 @@ func (r *Router) Ingest(worker uint64, model string, events []shard.Event) error
 	return nil
 }
 
-// ranksNamed returns the distinct ranks events name.
-func ranksNamed(events []shard.Event) []uint32 {
-	var want []uint32
+// ranksNamed returns the distinct ranks events name, refusing more than a worker may have
+// (wire.MaxSnapshotRanks). Linear in len(events): a batch usually names one rank, and one that
+// names many is looked up in a set.
+func ranksNamed(events []shard.Event) ([]uint32, error) {
+	const few = 16
+	var (
+		want []uint32
+		seen map[uint32]struct{} // want's ranks, once there are more than few
+	)
 	for i := range events {
-		if !slices.Contains(want, events[i].Rank) {
-			want = append(want, events[i].Rank)
+		rank := events[i].Rank
+		if len(want) > 0 && want[len(want)-1] == rank {
+			continue
+		}
+		if seen == nil && slices.Contains(want, rank) {
+			continue
+		}
+		if _, ok := seen[rank]; ok {
+			continue
+		}
+		if len(want) == wire.MaxSnapshotRanks {
+			return nil, fieldErr(ErrTooLong, evField(i, "dp_rank"), "the batch names more than %d ranks, at most %d per worker",
+				wire.MaxSnapshotRanks, wire.MaxSnapshotRanks)
+		}
+		want = append(want, rank)
+		switch {
+		case seen != nil:
+			seen[rank] = struct{}{}
+		case len(want) > few:
+			seen = make(map[uint32]struct{}, 2*few)
+			for _, x := range want {
+				seen[x] = struct{}{}
+			}
 		}
 	}
-	return want
+	return want, nil
 }
 
 // ensure returns worker's registration and ranks, registering the worker for model (with block
@@ -71,7 +103,7 @@ func (r *Router) ensure(worker uint64, model string, bs int, want []uint32) (*re
 	}
 	var missing []uint32
 	for _, rank := range want {
-		if !slices.Contains(ranks, rank) {
+		if _, ok := slices.BinarySearch(ranks, rank); !ok {
 			missing = append(missing, rank)
 		}
 	}

@@ -1,13 +1,13 @@
 package router
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"runtime"
 	"slices"
-	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -17,6 +17,7 @@ import (
 	"github.com/kvrouterd/kvrouterd/radix"
 	"github.com/kvrouterd/kvrouterd/scoring"
 	"github.com/kvrouterd/kvrouterd/shard"
+	"github.com/kvrouterd/kvrouterd/wire"
 )
 
 // Config configures a Router. Zero values take the defaults listed.
@@ -99,13 +100,16 @@ var (
 	ErrInvalid        = errors.New("router: invalid request")
 	ErrClosed         = errors.New("router: closed")
 	ErrUnknownRequest = scoring.ErrUnknownRequest
+	// ErrTooLong: a field over a limit of the persistent formats (a string over
+	// wire.MaxString bytes, more than wire.MaxSnapshotRanks ranks for one worker).
+	ErrTooLong = errors.New("router: over a limit of the snapshot format")
 )
 
 // FieldError is an invalid-input error naming the field at fault.
 type FieldError struct {
 	Field string
 	Msg   string
-	Err   error // ErrInvalid, ErrUnknownModel, ErrUnknownWorker or ErrConflict
+	Err   error // ErrInvalid, ErrTooLong, ErrUnknownModel, ErrUnknownWorker or ErrConflict
 }
 
 func (e *FieldError) Error() string { return fmt.Sprintf("field %q: %s", e.Field, e.Msg) }
@@ -132,6 +136,7 @@ type Router struct {
 	expired         atomic.Int64
 	discovered      atomic.Int64 // workers registered by their first event or report
 	timedOut        atomic.Int64 // workers dropped by DropSilent
+	snapshotSkipped atomic.Int64 // workers Snapshot left out (see SnapshotStats.Skipped)
 
 	approx *approxMode // nil unless Config.Approximate
 
@@ -147,6 +152,7 @@ type model struct {
 	ix        *radix.Index
 	blockSize int
 	list      atomic.Pointer[workerList]
+	regs      map[uint64]*registration // its workers; REQUIRES Router.mu
 }
 
 // workerList is a model's registered (worker, rank) pairs, immutable once published.
@@ -176,9 +182,9 @@ type rankWorker struct {
 type registration struct {
 	id        uint64
 	model     *model
-	ranks     []*rankWorker
-	capacity  int64 // KV capacity in blocks, 0 = unknown
-	maxTokens int64 // max batched tokens, 0 = unknown
+	ranks     []*rankWorker // by rank, at most wire.MaxSnapshotRanks
+	capacity  int64         // KV capacity in blocks, 0 = unknown
+	maxTokens int64         // max batched tokens, 0 = unknown
 	endpoint  string
 	replay    string
 
@@ -285,11 +291,16 @@ type Registration struct {
 
 // Register adds a worker, or ranks to a registered one. A model is created by its first worker;
 // a later worker stating another block size is refused, as is a worker id moving to another
-// model.
+// model. Every field is held to the limits of the snapshot format (wire.SnapshotWorker), so that
+// whatever Register accepts can be persisted: a string over wire.MaxString bytes, or a worker
+// with more than wire.MaxSnapshotRanks ranks, is refused with a FieldError wrapping ErrTooLong.
+// A refused registration changes nothing. Its cost is linear in its ranks.
 func (r *Router) Register(g Registration) error {
-	if err := r.register(g); err != nil {
+	ranks, err := r.register(g)
+	if err != nil {
 		return err
 	}
+	g.Ranks = ranks // the watcher counts them: distinct
 	if g.Endpoint != "" && r.cfg.Endpoints != nil {
 		if err := r.cfg.Endpoints.Registered(g); err != nil {
 			return fieldErr(ErrInvalid, "endpoint", "the worker is registered but its event endpoint is refused: %v", err)
@@ -298,47 +309,144 @@ func (r *Router) Register(g Registration) error {
 	return nil
 }
 
-func (r *Router) register(g Registration) error {
-	if g.Model == "" {
-		return fieldErr(ErrInvalid, "model", "must not be empty")
+// register is Register without telling Config.Endpoints; it returns g's ranks, distinct and
+// ascending.
+func (r *Router) register(g Registration) ([]uint32, error) {
+	ranks, err := g.check()
+	if err != nil {
+		return nil, err
 	}
-	if g.BlockSize < 0 || g.BlockSize > 1<<16 {
-		return fieldErr(ErrInvalid, "block_size", "%d is out of range 1..65536", g.BlockSize)
-	}
-	if g.Capacity < 0 || g.MaxTokens < 0 {
-		return fieldErr(ErrInvalid, "capacity", "must not be negative")
-	}
+	g.Ranks = ranks
 	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.registerLocked(g, true)
+	added, err := r.registerLocked(g, true)
+	r.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	if len(added) > 0 {
+		r.log.Info("worker registered", "worker", g.ID, "model", g.Model, "dp_ranks", rankList(added))
+	}
+	return ranks, nil
 }
 
-// registerLocked is register once the fields are checked; publish false leaves the model's
-// worker list to the caller (a bulk restore publishes once). REQUIRES r.mu.
-func (r *Router) registerLocked(g Registration, publish bool) error {
-	ranks := g.Ranks
-	if len(ranks) == 0 {
-		ranks = []uint32{0}
+// check checks g's fields against the API's and the snapshot format's limits, and returns its
+// ranks distinct and ascending ([0] for none). Its cost is linear in len(g.Ranks), whose
+// duplicates are dropped: the format stores a rank once per worker.
+func (g *Registration) check() ([]uint32, error) {
+	if g.Model == "" {
+		return nil, fieldErr(ErrInvalid, "model", "must not be empty")
 	}
+	for _, f := range [...]struct{ name, v string }{{"model", g.Model}, {"endpoint", g.Endpoint}, {"replay_endpoint", g.Replay}} {
+		if len(f.v) > wire.MaxString {
+			return nil, fieldErr(ErrTooLong, f.name, "%d bytes, at most %d", len(f.v), wire.MaxString)
+		}
+	}
+	if g.BlockSize < 0 || g.BlockSize > wire.MaxBlockSize {
+		return nil, fieldErr(ErrInvalid, "block_size", "%d is out of range 1..%d", g.BlockSize, wire.MaxBlockSize)
+	}
+	if g.Capacity < 0 {
+		return nil, fieldErr(ErrInvalid, "capacity_blocks", "%d: must not be negative", g.Capacity)
+	}
+	if g.MaxTokens < 0 {
+		return nil, fieldErr(ErrInvalid, "max_batched_tokens", "%d: must not be negative", g.MaxTokens)
+	}
+	if len(g.Ranks) == 0 {
+		return []uint32{0}, nil
+	}
+	seen := make(map[uint32]struct{}, min(len(g.Ranks), wire.MaxSnapshotRanks))
+	ranks := make([]uint32, 0, min(len(g.Ranks), wire.MaxSnapshotRanks))
+	for _, rank := range g.Ranks {
+		if _, dup := seen[rank]; dup {
+			continue
+		}
+		if len(ranks) == wire.MaxSnapshotRanks {
+			return nil, fieldErr(ErrTooLong, "dp_ranks", "more than %d distinct ranks, at most %d per worker", wire.MaxSnapshotRanks, wire.MaxSnapshotRanks)
+		}
+		seen[rank] = struct{}{}
+		ranks = append(ranks, rank)
+	}
+	slices.Sort(ranks)
+	return ranks, nil
+}
+
+// rankList is what a log line says of ranks: all of them when few.
+func rankList(ranks []uint32) any {
+	if len(ranks) <= 8 {
+		return ranks
+	}
+	return fmt.Sprintf("%d ranks from %d to %d", len(ranks), slices.Min(ranks), slices.Max(ranks))
+}
+
+// registerLocked is register once check passed: g.Ranks are distinct and not empty. It returns
+// the ranks it added. Every refusal comes before any change; publish false leaves the model's
+// worker list to the caller (a bulk restore publishes once). Its cost is linear in g's and the
+// worker's ranks (at most wire.MaxSnapshotRanks each), plus publishing. REQUIRES r.mu.
+func (r *Router) registerLocked(g Registration, publish bool) ([]uint32, error) {
 	m := r.model(g.Model)
 	if m != nil && g.BlockSize != 0 && g.BlockSize != m.blockSize {
-		return fieldErr(ErrConflict, "block_size", "model %q has block size %d, not %d", g.Model, m.blockSize, g.BlockSize)
+		return nil, fieldErr(ErrConflict, "block_size", "model %q has block size %d, not %d", g.Model, m.blockSize, g.BlockSize)
 	}
 	reg := r.workers[g.ID]
 	if reg != nil && reg.model.name != g.Model {
-		return fieldErr(ErrConflict, "model", "worker %d is registered for model %q", g.ID, reg.model.name)
+		return nil, fieldErr(ErrConflict, "model", "worker %d is registered for model %q", g.ID, reg.model.name)
+	}
+	add := g.Ranks
+	if reg != nil && len(reg.ranks) > 0 {
+		have := make(map[uint32]struct{}, len(reg.ranks))
+		for _, w := range reg.ranks {
+			have[w.key.Rank] = struct{}{}
+		}
+		add = make([]uint32, 0, len(g.Ranks))
+		for _, rank := range g.Ranks {
+			if _, ok := have[rank]; !ok {
+				add = append(add, rank)
+			}
+		}
+	}
+	if n := len(add); reg != nil && len(reg.ranks)+n > wire.MaxSnapshotRanks {
+		return nil, fieldErr(ErrTooLong, "dp_ranks", "worker %d has %d ranks; %d more would exceed %d per worker",
+			g.ID, len(reg.ranks), n, wire.MaxSnapshotRanks)
+	}
+	bs := g.BlockSize
+	if m != nil {
+		bs = m.blockSize
+	} else if bs == 0 {
+		bs = r.cfg.BlockSize
+	}
+	if bs > wire.MaxBlockSize {
+		return nil, fieldErr(ErrInvalid, "block_size", "%d is out of range 1..%d", bs, wire.MaxBlockSize)
 	}
 	if m == nil {
-		bs := g.BlockSize
-		if bs == 0 {
-			bs = r.cfg.BlockSize
-		}
 		ix, err := radix.New(radix.Config{BlockSize: bs})
 		if err != nil {
-			return fieldErr(ErrInvalid, "block_size", "%v", err)
+			return nil, fieldErr(ErrInvalid, "block_size", "%v", err)
 		}
-		m = &model{name: g.Model, ix: ix, blockSize: bs}
+		m = &model{name: g.Model, ix: ix, blockSize: bs, regs: make(map[uint64]*registration)}
 		m.list.Store(&workerList{})
+	}
+	// Slots, then loads; on a failure the slots taken here go back, and nothing else changed.
+	keys := make([]radix.WorkerKey, len(add))
+	slots := make([]radix.Slot, 0, len(add))
+	for i, rank := range add {
+		keys[i] = radix.WorkerKey{ID: g.ID, Rank: rank}
+		slot, err := m.ix.Acquire(keys[i])
+		if err == nil {
+			slots = append(slots, slot)
+			continue
+		}
+		for _, s := range slots {
+			_ = m.ix.Release(s)
+		}
+		return nil, fmt.Errorf("router: worker %d rank %d: %w", g.ID, rank, err)
+	}
+	loads, err := r.tracker.RegisterAll(keys, make([]*scoring.Load, 0, len(keys)))
+	if err != nil {
+		for _, s := range slots {
+			_ = m.ix.Release(s)
+		}
+		return nil, fmt.Errorf("router: worker %d: %w", g.ID, err)
+	}
+	if r.model(g.Model) == nil {
 		next := make(map[string]*model, len(*r.models.Load())+1)
 		for k, v := range *r.models.Load() {
 			next[k] = v
@@ -350,6 +458,7 @@ func (r *Router) registerLocked(g Registration, publish bool) error {
 	if reg == nil {
 		reg = &registration{id: g.ID, model: m}
 		r.workers[g.ID] = reg
+		m.regs[g.ID] = reg
 	}
 	if g.Capacity != 0 {
 		reg.capacity = g.Capacity
@@ -363,61 +472,85 @@ func (r *Router) registerLocked(g Registration, publish bool) error {
 	if g.Replay != "" {
 		reg.replay = g.Replay
 	}
-	for _, rank := range ranks {
-		if slices.ContainsFunc(reg.ranks, func(w *rankWorker) bool { return w.key.Rank == rank }) {
-			continue
-		}
-		key := radix.WorkerKey{ID: g.ID, Rank: rank}
-		slot, err := m.ix.Acquire(key)
-		if err != nil {
-			return fmt.Errorf("router: worker %d rank %d: %w", g.ID, rank, err)
-		}
-		load, err := r.tracker.Register(key)
-		if err != nil {
-			return fmt.Errorf("router: worker %d rank %d: %w", g.ID, rank, err)
-		}
-		reg.ranks = append(reg.ranks, &rankWorker{key: key, slot: slot, load: load, reg: reg})
-		if publish {
-			r.log.Info("worker registered", "worker", g.ID, "dp_rank", rank, "model", g.Model)
-		}
+	reg.ranks = slices.Grow(reg.ranks, len(add))
+	for i, key := range keys {
+		reg.ranks = append(reg.ranks, &rankWorker{key: key, slot: slots[i], load: loads[i], reg: reg})
 	}
+	slices.SortFunc(reg.ranks, func(a, b *rankWorker) int { return cmp.Compare(a.key.Rank, b.key.Rank) })
 	if publish {
-		r.publishLocked(m)
+		r.publishWorkerLocked(m, g.ID)
 	}
-	return nil
+	return add, nil
 }
 
-// publishLocked rebuilds m's worker list. REQUIRES r.mu.
+// publishLocked rebuilds m's worker list from its registrations: for a bulk restore, which
+// publishes once. REQUIRES r.mu.
 func (r *Router) publishLocked(m *model) {
-	var ws []*rankWorker
-	for _, reg := range r.workers {
-		if reg.model == m {
-			ws = append(ws, reg.ranks...)
-		}
+	var n int
+	for _, reg := range m.regs {
+		n += len(reg.ranks)
 	}
-	sort.Slice(ws, func(i, j int) bool {
-		a, b := ws[i].key, ws[j].key
-		return a.ID < b.ID || a.ID == b.ID && a.Rank < b.Rank
+	ws := make([]*rankWorker, 0, n)
+	for _, reg := range m.regs {
+		ws = append(ws, reg.ranks...)
+	}
+	slices.SortFunc(ws, func(a, b *rankWorker) int {
+		if c := cmp.Compare(a.key.ID, b.key.ID); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.key.Rank, b.key.Rank)
 	})
+	storeList(m, ws)
+}
+
+// publishWorkerLocked publishes m's worker list with worker id's ranks as registered now (none
+// if it is not): the current list with id's run of ranks replaced, so that a registration
+// costs a copy of the list, not a sort of it. REQUIRES r.mu.
+func (r *Router) publishWorkerLocked(m *model, id uint64) {
+	old := m.list.Load().ws
+	lo, _ := slices.BinarySearchFunc(old, id, func(w *rankWorker, id uint64) int { return cmp.Compare(w.key.ID, id) })
+	hi := lo
+	for hi < len(old) && old[hi].key.ID == id {
+		hi++
+	}
+	var now []*rankWorker // by rank, as registration.ranks
+	if reg := m.regs[id]; reg != nil {
+		now = reg.ranks
+	}
+	ws := make([]*rankWorker, 0, len(old)-(hi-lo)+len(now))
+	ws = append(append(append(ws, old[:lo]...), now...), old[hi:]...)
+	storeList(m, ws)
+}
+
+// storeList publishes ws, sorted by id then rank, as m's worker list; linear in len(ws) and
+// in the highest slot.
+func storeList(m *model, ws []*rankWorker) {
 	l := &workerList{
 		ws:    ws,
 		keys:  make([]radix.WorkerKey, len(ws)),
 		slots: make([]radix.Slot, len(ws)),
 		loads: make([]*scoring.Load, len(ws)),
 	}
+	var maxSlot, maxActive radix.Slot
+	for _, w := range ws {
+		maxSlot, maxActive = max(maxSlot, w.slot), max(maxActive, w.load.Slot())
+	}
+	if len(ws) > 0 {
+		l.bySlot, l.byActive = newPos(int(maxSlot)+1), newPos(int(maxActive)+1)
+	}
 	for i, w := range ws {
-		l.bySlot = setPos(l.bySlot, int(w.slot), i)
-		l.byActive = setPos(l.byActive, int(w.load.Slot()), i)
+		l.bySlot[w.slot], l.byActive[w.load.Slot()] = int32(i), int32(i)
 		l.keys[i], l.slots[i], l.loads[i] = w.key, w.slot, w.load
 	}
 	m.list.Store(l)
 }
 
-func setPos(a []int32, at, pos int) []int32 {
-	for len(a) <= at {
-		a = append(a, -1)
+// newPos returns n positions, each -1 (none).
+func newPos(n int) []int32 {
+	a := make([]int32, n)
+	for i := range a {
+		a[i] = -1
 	}
-	a[at] = int32(pos)
 	return a
 }
 
@@ -443,7 +576,8 @@ func (r *Router) unregister(id uint64) error {
 		return fieldErr(ErrUnknownWorker, "worker_id", "worker %d is not registered", id)
 	}
 	delete(r.workers, id)
-	r.publishLocked(reg.model)
+	delete(reg.model.regs, id)
+	r.publishWorkerLocked(reg.model, id)
 	r.mu.Unlock()
 	for _, w := range reg.ranks {
 		r.tracker.Unregister(w.load)

@@ -20,6 +20,9 @@ type SnapshotStats struct {
 	Residencies int64 // (sequence, engine) pairs: a residency, or a duplicate of one
 	Bytes       int64 // encoded, before compression
 	Chunks      int
+	// Skipped counts the workers Snapshot left out because the format cannot hold their state
+	// (each logged at error level); Restore leaves it 0.
+	Skipped int
 }
 
 // DefaultChunkSize is the size Snapshot cuts chunks at, at worker boundaries.
@@ -57,9 +60,10 @@ func (r *Router) Snapshot(chunkSize int, emit func(chunk []byte) error) (Snapsho
 	r.mu.Unlock()
 	slices.SortFunc(sw, func(a, b wire.SnapshotWorker) int { return cmp.Compare(a.ID, b.ID) })
 	var (
-		buf   = make([]byte, 0, chunkSize+chunkSize/4)
-		ranks []wire.SnapshotRank
-		pairs []pair
+		buf      = make([]byte, 0, chunkSize+chunkSize/4)
+		ranks    []wire.SnapshotRank
+		pairs    []pair
+		exported = make(map[uint32]struct{})
 	)
 	flush := func() error {
 		if len(buf) == 0 {
@@ -79,19 +83,33 @@ func (r *Router) Snapshot(chunkSize int, emit func(chunk []byte) error) (Snapsho
 			return st, err
 		}
 		// Registered ranks with no events applied yet come back registered, with no blocks.
+		clear(exported)
+		for _, rs := range ranks {
+			exported[rs.Rank] = struct{}{}
+		}
 		for _, reg := range w.Ranks {
-			if !slices.ContainsFunc(ranks, func(rs wire.SnapshotRank) bool { return rs.Rank == reg.Rank }) {
+			if _, ok := exported[reg.Rank]; !ok {
 				ranks = append(ranks, wire.SnapshotRank{Rank: reg.Rank})
 			}
 		}
+		var residencies int64
 		for j := range ranks {
 			pairs = sortPairs(&ranks[j], pairs)
-			st.Residencies += int64(len(ranks[j].Seqs))
+			residencies += int64(len(ranks[j].Seqs))
 		}
 		w.Ranks = ranks
 		if err := w.Validate(); err != nil {
-			return st, fmt.Errorf("router: snapshot of worker %d: %w", w.ID, err)
+			// Register keeps every field within the format, so only state past its limits
+			// (more than 2^32-1 bytes of blocks) gets here. Failing the whole snapshot would
+			// leave every other worker unpersisted for as long as this one stays; this worker
+			// alone is left out, logged and counted, and is missing after a restore until it
+			// registers again or its events bring it back.
+			st.Skipped++
+			r.snapshotSkipped.Add(1)
+			r.log.Error("snapshot: worker left out, the format cannot hold it", "worker", w.ID, "model", w.Model, "err", err)
+			continue
 		}
+		st.Residencies += residencies
 		buf = wire.AppendSnapshotWorker(buf, w)
 		st.Workers++
 		if len(buf) >= chunkSize {
@@ -232,8 +250,13 @@ func (r *Router) restoreWorker(w *wire.SnapshotWorker) (*model, error) {
 	for _, rs := range w.Ranks {
 		g.Ranks = append(g.Ranks, rs.Rank)
 	}
+	ranks, err := g.check()
+	if err != nil {
+		return nil, fmt.Errorf("router: restore worker %d: %w", w.ID, err)
+	}
+	g.Ranks = ranks
 	r.mu.Lock()
-	err := r.registerLocked(g, false)
+	_, err = r.registerLocked(g, false)
 	var m *model
 	if reg := r.workers[w.ID]; err == nil && reg != nil {
 		m = reg.model

@@ -106,22 +106,45 @@ func NewTracker() *Tracker {
 // Register adds worker k and returns its Load. Each worker is registered once; Unregister it
 // before registering it again.
 func (t *Tracker) Register(k radix.WorkerKey) (*Load, error) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	s, err := t.roots.Acquire(k)
+	ls, err := t.RegisterAll([]radix.WorkerKey{k}, nil)
 	if err != nil {
 		return nil, err
 	}
-	if c := &t.busy[s/(64*busyWords)]; c.Load() == nil {
-		c.Store(new([busyWords]atomic.Uint64))
+	return ls[0], nil
+}
+
+// RegisterAll registers every worker of keys as Register does and appends their Loads to dst,
+// in keys' order; on an error it registers none of them. Its cost is linear in len(keys) plus
+// the slots in use: the slot → Load table is copied once, not once per worker.
+func (t *Tracker) RegisterAll(keys []radix.WorkerKey, dst []*Load) ([]*Load, error) {
+	if len(keys) == 0 {
+		return dst, nil
 	}
-	l := &Load{key: k, slot: s}
+	t.mu.Lock()
+	defer t.mu.Unlock()
 	loads := *t.loads.Load()
-	next := make([]*Load, max(len(loads), int(s)+1))
+	n, at := len(loads), len(dst)
+	for _, k := range keys {
+		s, err := t.roots.Acquire(k)
+		if err != nil {
+			for _, l := range dst[at:] {
+				_ = t.roots.Release(l.slot) // new: it holds no blocks
+			}
+			return dst[:at], err
+		}
+		if c := &t.busy[s/(64*busyWords)]; c.Load() == nil {
+			c.Store(new([busyWords]atomic.Uint64))
+		}
+		dst = append(dst, &Load{key: k, slot: s})
+		n = max(n, int(s)+1)
+	}
+	next := make([]*Load, n)
 	copy(next, loads)
-	next[s] = l
+	for _, l := range dst[at:] {
+		next[l.slot] = l
+	}
 	t.loads.Store(&next)
-	return l, nil
+	return dst, nil
 }
 
 // Unregister drops the worker's active blocks. Its requests stay known until they complete or

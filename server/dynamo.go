@@ -1,6 +1,8 @@
 package server
 
 import (
+	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 
@@ -19,6 +21,21 @@ func modelKey(model, tenant string) string {
 		return model
 	}
 	return model + "@" + tenant
+}
+
+// dynamoField renames the field of a router.FieldError as Dynamo's /register body names it.
+func dynamoField(err error) error {
+	var fe *router.FieldError
+	if !errors.As(err, &fe) {
+		return err
+	}
+	name, ok := map[string]string{"model": "model_name", "dp_ranks": "dp_rank"}[fe.Field]
+	if !ok {
+		return err
+	}
+	c := *fe
+	c.Field = name
+	return &c
 }
 
 type dynRegister struct {
@@ -70,12 +87,19 @@ func (s *Server) dynamo(ctx *fasthttp.RequestCtx, path string) {
 				"instance "+strconv.FormatUint(*j.Instance, 10)+" dp_rank "+strconv.FormatUint(uint64(j.Rank), 10)+" already registered")
 			return
 		}
+		key := modelKey(j.Model, j.Tenant)
+		if len(key) > wire.MaxString && len(j.Model) <= wire.MaxString {
+			// Each part fits; the index's name, model_name@tenant_id, does not.
+			s.reject(ctx, epDynamo, fasthttp.StatusBadRequest, "too_long", "tenant_id", -1,
+				fmt.Sprintf("model_name@tenant_id is %d bytes, at most %d", len(key), wire.MaxString))
+			return
+		}
 		err := s.r.Register(router.Registration{
-			ID: *j.Instance, Model: modelKey(j.Model, j.Tenant), BlockSize: j.BlockSize,
+			ID: *j.Instance, Model: key, BlockSize: j.BlockSize,
 			Ranks: []uint32{j.Rank}, Endpoint: j.Endpoint, Replay: j.Replay,
 		})
 		if err != nil {
-			s.fail(ctx, epDynamo, err)
+			s.fail(ctx, epDynamo, dynamoField(err))
 			return
 		}
 		ctx.SetStatusCode(fasthttp.StatusCreated)

@@ -69,7 +69,7 @@ var (
 	descActive    = prometheus.NewDesc("kvrouterd_active_requests", "Routed requests not completed yet.", nil, nil)
 	descEntries   = prometheus.NewDesc("kvrouterd_index_blocks", "Distinct blocks in a model's index.", []string{"model"}, nil)
 	descResidency = prometheus.NewDesc("kvrouterd_index_residencies", "(block, worker) pairs in a model's index.", []string{"model"}, nil)
-	descMembers   = prometheus.NewDesc("kvrouterd_workers_changes_total", "Workers registered from their own events or reports (discovered), and removed after falling silent (timed_out).", []string{"kind"}, nil)
+	descMembers   = prometheus.NewDesc("kvrouterd_workers_changes_total", "Workers registered from their own events or reports (discovered), removed after falling silent (timed_out), and left out of a snapshot whose format cannot hold them (snapshot_skipped).", []string{"kind"}, nil)
 	descWorker    = prometheus.NewDesc("kvrouterd_worker_load", "Per worker and dp rank: cached blocks, active blocks, active prefill tokens, active requests.", []string{"model", "worker", "dp_rank", "kind"}, nil)
 )
 
@@ -98,6 +98,7 @@ func (c *routerCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descActive, prometheus.GaugeValue, float64(st.ActiveRequests))
 	ch <- prometheus.MustNewConstMetric(descMembers, prometheus.CounterValue, float64(st.Discovered), "discovered")
 	ch <- prometheus.MustNewConstMetric(descMembers, prometheus.CounterValue, float64(st.TimedOut), "timed_out")
+	ch <- prometheus.MustNewConstMetric(descMembers, prometheus.CounterValue, float64(st.SnapshotSkipped), "snapshot_skipped")
 	for _, m := range c.r.Models() {
 		ch <- prometheus.MustNewConstMetric(descEntries, prometheus.GaugeValue, float64(m.Blocks), m.Name)
 		ch <- prometheus.MustNewConstMetric(descResidency, prometheus.GaugeValue, float64(m.Residencies), m.Name)

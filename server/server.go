@@ -334,6 +334,8 @@ func (s *Server) fail(ctx *fasthttp.RequestCtx, ep endpoint, err error) {
 		status, reason = fasthttp.StatusNotFound, "unknown_request"
 	case errors.Is(err, router.ErrConflict):
 		status, reason = fasthttp.StatusConflict, "conflict"
+	case errors.Is(err, router.ErrTooLong):
+		reason = "too_long" // 400, as wire.ErrTooLong
 	case errors.Is(err, router.ErrClosed):
 		status, reason = fasthttp.StatusServiceUnavailable, "closed"
 	}

@@ -61,8 +61,8 @@ func (w *SnapshotWorker) Validate() error {
 	if w.Model == "" {
 		return invalid(m, "model", ErrInvalid, "must not be empty")
 	}
-	if w.BlockSize <= 0 || w.BlockSize > 1<<16 {
-		return invalid(m, "block_size", ErrInvalid, fmt.Sprintf("%d, want 1 to 65536", w.BlockSize))
+	if w.BlockSize <= 0 || w.BlockSize > MaxBlockSize {
+		return invalid(m, "block_size", ErrInvalid, fmt.Sprintf("%d, want 1 to %d", w.BlockSize, MaxBlockSize))
 	}
 	for i := range w.Ranks {
 		if r := &w.Ranks[i]; len(r.Seqs) != len(r.Engines) {
@@ -126,8 +126,8 @@ func DecodeSnapshotWorker(b []byte, w *SnapshotWorker) error {
 	}
 	base := d.off - snapWorkerFixed
 	bs := le.Uint32(p[8:])
-	if bs == 0 || bs > 1<<16 {
-		return d.errAt("block_size", base+8, ErrInvalid, "%d, want 1 to 65536", bs)
+	if bs == 0 || bs > MaxBlockSize {
+		return d.errAt("block_size", base+8, ErrInvalid, "%d, want 1 to %d", bs, MaxBlockSize)
 	}
 	flags := le.Uint32(p[12:])
 	if flags&^snapReports != 0 {

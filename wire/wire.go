@@ -20,6 +20,8 @@ const (
 	MaxString = 1024
 	// MaxEvents is the most events one EventBatch may carry.
 	MaxEvents = 1 << 16
+	// MaxBlockSize is the most tokens per block a block_size field may state.
+	MaxBlockSize = 1 << 16
 )
 
 // Type is a message type as the header's u16 type field holds it; a plain value, safe to copy
