@@ -21,17 +21,26 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// EmbeddedConfig configures the NATS server the daemon runs in its own process.
+// EmbeddedConfig configures the NATS server the daemon runs in its own process; a plain value.
 type EmbeddedConfig struct {
-	// Dir holds JetStream's files.
+	// Dir holds JetStream's files and the user files (auth.go).
 	Dir string
 	// Listen is the host:port of the client listener; port 0 picks a free one.
 	Listen string
+	// Credentials are the server's users; nil: EmbeddedCredentials(Dir), generated if missing.
+	Credentials *Credentials
+	// NoAuth lets any client connect with every right, anonymously: inject events, purge or
+	// delete the stream. Unsafe on any host where other users or programs run.
+	NoAuth bool
+	// Prefix and Stream are the subject prefix and stream the publisher user may use
+	// (DefaultPrefix, DefaultStream).
+	Prefix, Stream string
 	// Logger receives the server's notices and errors (nil: discarded).
 	Logger *slog.Logger
 }
 
-// StartEmbedded starts a NATS server with JetStream and waits until it accepts clients.
+// StartEmbedded starts a NATS server with JetStream and waits until it accepts clients. Unless
+// cfg.NoAuth, it accepts only the users of cfg.Credentials (auth.go).
 func StartEmbedded(cfg EmbeddedConfig) (*server.Server, error) {
 	host, port, err := net.SplitHostPort(cfg.Listen)
 	if err != nil {
@@ -53,6 +62,23 @@ func StartEmbedded(cfg EmbeddedConfig) (*server.Server, error) {
 		NoSigs:     true,
 		// Event batches of long prompts are large: allow 8 MiB messages.
 		MaxPayload: 8 << 20,
+	}
+	if !cfg.NoAuth {
+		creds := cfg.Credentials
+		if creds == nil {
+			if creds, err = EmbeddedCredentials(cfg.Dir); err != nil {
+				return nil, err
+			}
+		}
+		if cfg.Prefix == "" {
+			cfg.Prefix = DefaultPrefix
+		}
+		if cfg.Stream == "" {
+			cfg.Stream = DefaultStream
+		}
+		if opts.Users, err = creds.users(cfg.Prefix, cfg.Stream); err != nil {
+			return nil, err
+		}
 	}
 	s, err := server.NewServer(opts)
 	if err != nil {

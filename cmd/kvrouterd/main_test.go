@@ -56,6 +56,9 @@ func TestConfigEnvAndFlags(t *testing.T) {
 	f([]string{"--http-write-buffer", "100"}, nil, "--http-write-buffer")
 	f([]string{"--zmq", "worker=1,model=m"}, nil, "endpoint")
 	f([]string{"--nats-tls-cert", "c.pem"}, nil, "--nats-tls-key")
+	f([]string{"--nats-no-auth", "--nats-url", "nats://h:4222"}, nil, "--nats-no-auth")
+	f([]string{"--nats-user-file", filepath.Join(t.TempDir(), "none.auth")}, nil, "--nats-user-file")
+	f(nil, map[string]string{"KVR_NATS_NO_AUTH": "maybe"}, "KVR_NATS_NO_AUTH")
 	f([]string{"--approx-prune-target", "1.5"}, nil, "--approx-prune-target")
 	z, err := parseConfig(nil, env(map[string]string{"KVR_ZMQ": "worker=1,model=m,endpoint=tcp://h:5557;worker=2,model=m,endpoint=tcp://h:6557,ranks=2"}), io.Discard)
 	if err != nil || len(z.ZMQ) != 2 || z.ZMQ[1].Ranks != 2 {
@@ -77,9 +80,9 @@ func TestDaemonOverTCP(t *testing.T) {
 		t.Skip("builds and runs the binary")
 	}
 	bin := buildDaemon(t)
-	addr, natsAddr := freeAddr(t), freeAddr(t)
+	addr, natsAddr, dataDir := freeAddr(t), freeAddr(t), t.TempDir()
 	var logs bytes.Buffer
-	cmd := exec.Command(bin, "--http-addr", addr, "--nats-listen", natsAddr, "--data-dir", t.TempDir(), "--shards", "2", "--log-level", "debug")
+	cmd := exec.Command(bin, "--http-addr", addr, "--nats-listen", natsAddr, "--data-dir", dataDir, "--shards", "2", "--log-level", "debug")
 	cmd.Stderr = &logs
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -118,9 +121,15 @@ func TestDaemonOverTCP(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// An engine's batch published to the embedded NATS server by another process's connection
-	// registers worker 3 and reaches the index.
-	nc, err := nats.Connect("nats://" + natsAddr)
+	// The embedded NATS server refuses anonymous clients. An engine's batch published to it by
+	// another process's connection, as the publisher user of publisher.auth, registers worker 3
+	// and reaches the index.
+	if nc, err := nats.Connect("nats://" + natsAddr); err == nil {
+		nc.Close()
+		t.Fatal("the embedded NATS server accepted an anonymous client")
+	}
+	pubFile := filepath.Join(dataDir, "nats", "publisher.auth")
+	nc, err := nats.Connect("nats://"+natsAddr, ingest.UserFile(pubFile))
 	if err != nil {
 		t.Fatalf("embedded nats: %v\n%s", err, logs.String())
 	}
@@ -190,7 +199,7 @@ func TestDaemonOverTCP(t *testing.T) {
 		t.Fatal(err)
 	}
 	var blogs bytes.Buffer
-	bridge := exec.Command(bin, "bridge", "--zmq", "worker=5,model=m,endpoint=tcp://"+zaddr2, "--nats-url", "nats://"+natsAddr)
+	bridge := exec.Command(bin, "bridge", "--zmq", "worker=5,model=m,endpoint=tcp://"+zaddr2, "--nats-url", "nats://"+natsAddr, "--nats-user-file", pubFile)
 	bridge.Stderr = &blogs
 	if err := bridge.Start(); err != nil {
 		t.Fatal(err)
@@ -218,7 +227,8 @@ func TestDaemonOverTCP(t *testing.T) {
 	case <-time.After(15 * time.Second):
 		t.Fatalf("no exit 15 s after SIGTERM\n%s", logs.String())
 	}
-	for _, want := range []string{"worker 2: logit 2.250 = 1.0 × 0.250 + 2.0 (cached blocks 2)", "shutting down", "stopped"} {
+	for _, want := range []string{"worker 2: logit 2.250 = 1.0 × 0.250 + 2.0 (cached blocks 2)", "shutting down", "stopped",
+		"--nats-user-file " + pubFile} {
 		if !strings.Contains(logs.String(), want) {
 			t.Fatalf("log lacks %q:\n%s", want, logs.String())
 		}
