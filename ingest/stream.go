@@ -92,6 +92,9 @@ func StartStream(ctx context.Context, sink Sink, cfg StreamConfig, log *slog.Log
 	return st, nil
 }
 
+// Health is the consumer's (Consumer.Health): nil while the events are being read.
+func (st *Stream) Health() error { return st.Consumer.Health() }
+
 // PublisherURL is URL with the embedded server's publisher user and password in it, the form
 // every NATS client accepts; URL itself without credentials.
 func (st *Stream) PublisherURL() string {

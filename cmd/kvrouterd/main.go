@@ -179,6 +179,11 @@ func run(ctx context.Context, c config) error {
 	if p != nil {
 		scfg.Snapshots = p.store
 	}
+	if stream != nil {
+		// Not ready while the events are not being read: NATS away, the stream deleted (until
+		// it is created again) or changed in a way that cannot be set back.
+		scfg.Ready = append(scfg.Ready, server.ReadyCheck{Name: "stream", Check: stream.Health})
+	}
 	srv := server.New(r, scfg)
 	ln, err := net.Listen("tcp", c.HTTPAddr)
 	if err != nil {

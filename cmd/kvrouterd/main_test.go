@@ -21,6 +21,7 @@ import (
 	"github.com/kvrouterd/kvrouterd/shard"
 	"github.com/kvrouterd/kvrouterd/wire"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 func TestConfigEnvAndFlags(t *testing.T) {
@@ -357,4 +358,167 @@ func TestDaemonExternalNATS(t *testing.T) {
 	if !strings.Contains(logs.String(), "nats reconnected") {
 		t.Fatalf("no reconnection in the log:\n%s", logs.String())
 	}
+}
+
+// TestDaemonStreamRepair runs the binary with its embedded NATS server and does to the event
+// stream, as kvrouterd's own user (the publisher user may not: it is refused), what an
+// operator's mistake could. A sealed stream, which the server will not unseal, makes /readyz
+// answer 503 naming the stream and kvrouterd_stream_connected read 0. Deleting it has the daemon
+// create it again (kvrouterd_stream_recreated_total), clear the index the lost events built,
+// become ready again and apply what is published next. A second replica then reads the stream
+// through the first's embedded server with its kvrouterd.auth (--nats-user-file).
+func TestDaemonStreamRepair(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the binary")
+	}
+	bin := buildDaemon(t)
+	natsAddr, dir := freeAddr(t), t.TempDir()
+	d := startDaemon(t, bin, "--nats-listen", natsAddr, "--data-dir", dir, "--no-snapshots")
+	defer d.cmd.Process.Kill()
+	get := httpGet(d.addr)
+	// until waits for cond, which reads the daemon over HTTP.
+	until := func(what string, cond func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(30 * time.Second); !cond(); time.Sleep(20 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("gave up waiting for %s\n%s", what, d.log())
+			}
+		}
+	}
+	metric := func(name string) string {
+		b, err := get("/metrics")
+		if err != nil {
+			return err.Error()
+		}
+		for line := range strings.SplitSeq(string(b), "\n") {
+			if v, ok := strings.CutPrefix(line, name+" "); ok {
+				return v
+			}
+		}
+		return "absent"
+	}
+	readyz := func() (int, string) {
+		resp, err := http.Get("http://" + d.addr + "/readyz")
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+
+	connect := func(file string) *nats.Conn {
+		t.Helper()
+		nc, err := nats.Connect("nats://"+natsAddr, ingest.UserFile(filepath.Join(dir, "nats", file)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(nc.Close)
+		return nc
+	}
+	pnc, admin := connect("publisher.auth"), connect("kvrouterd.auth")
+	pub, err := ingest.NewPublisher(pnc, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := client.New(client.Config{Addr: d.addr, Timeout: 5 * time.Second})
+	toks := []uint32{1, 2, 3, 4}
+	ctx := context.Background()
+	// store publishes worker w's block, retrying while the stream is being repaired, and waits
+	// until the index has it.
+	store := func(w uint64) {
+		t.Helper()
+		b := &wire.EventBatch{Worker: w, Model: "m", Events: []shard.Event{{Kind: shard.Stored, ID: 1, BlockSize: 4, Hashes: []uint64{w}, Tokens: toks}}}
+		until("the batch stored", func() bool { _, err := pub.Batch(ctx, b); return err == nil })
+		until("the batch in the index", func() bool { return cachedOn(c, toks, w) == 1 })
+	}
+	store(1)
+	if v := metric("kvrouterd_stream_connected"); v != "1" {
+		t.Fatalf("kvrouterd_stream_connected %s, want 1", v)
+	}
+
+	// The publisher may not delete the stream.
+	pjs, err := jetstream.New(pnc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	err = pjs.DeleteStream(dctx, ingest.DefaultStream)
+	cancel()
+	ajs, err2 := jetstream.New(admin)
+	if err2 != nil {
+		t.Fatal(err2)
+	}
+	s, err2 := ajs.Stream(ctx, ingest.DefaultStream)
+	if err == nil || err2 != nil {
+		t.Fatalf("the publisher deleting the stream: %v; the stream after: %v", err, err2)
+	}
+
+	// Sealed: not ready, not connected.
+	cfg := s.CachedInfo().Config
+	cfg.Sealed = true
+	if _, err := ajs.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	until("/readyz to fail on the sealed stream", func() bool {
+		code, body := readyz()
+		return code == http.StatusServiceUnavailable && strings.Contains(body, "stream: ") && strings.Contains(body, "sealed")
+	})
+	if v := metric("kvrouterd_stream_connected"); v != "0" {
+		t.Fatalf("kvrouterd_stream_connected %s with a sealed stream, want 0", v)
+	}
+
+	// Deleted: created again, the index cleared, ready, new events applied.
+	if err := ajs.DeleteStream(ctx, ingest.DefaultStream); err != nil {
+		t.Fatal(err)
+	}
+	until("the stream created again", func() bool { return metric("kvrouterd_stream_recreated_total") == "1" })
+	store(2)
+	if n := cachedOn(c, toks, 1); n != 0 {
+		t.Fatalf("worker 1 still has %d blocks from the lost stream", n)
+	}
+	until("/readyz to pass", func() bool { code, _ := readyz(); return code == http.StatusOK })
+	if v := metric("kvrouterd_stream_connected"); v != "1" {
+		t.Fatalf("kvrouterd_stream_connected %s after the repair, want 1", v)
+	}
+
+	// A second replica on this daemon's embedded server, as its kvrouterd user, reads the
+	// stream (and shares load over it).
+	b := startDaemon(t, bin, "--nats-url", "nats://"+natsAddr, "--nats-user-file", filepath.Join(dir, "nats", "kvrouterd.auth"),
+		"--data-dir", t.TempDir(), "--no-snapshots")
+	defer b.cmd.Process.Kill()
+	bc := client.New(client.Config{Addr: b.addr, Timeout: 5 * time.Second})
+	until("the second replica to read the stream", func() bool { return cachedOn(bc, toks, 2) == 1 })
+	if err := b.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.cmd.Wait(); err != nil {
+		t.Fatalf("second replica's exit: %v\n%s", err, b.log())
+	}
+	if err := d.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.cmd.Wait(); err != nil {
+		t.Fatalf("exit: %v\n%s", err, d.log())
+	}
+	for _, want := range []string{"every worker's blocks cleared", "the stream was deleted; creating it again"} {
+		if !strings.Contains(d.log(), want) {
+			t.Fatalf("log lacks %q:\n%s", want, d.log())
+		}
+	}
+}
+
+// cachedOn is how many leading blocks of toks worker w caches, per a match; -1 if the match
+// fails.
+func cachedOn(c *client.Client, toks []uint32, w uint64) int {
+	var resp wire.RouteResponse
+	if err := c.Match(&wire.RouteRequest{Model: "m", Tokens: toks}, &resp); err != nil {
+		return -1
+	}
+	for _, cd := range resp.Candidates {
+		if cd.Worker == w {
+			return int(cd.CachedBlocks)
+		}
+	}
+	return -1
 }
