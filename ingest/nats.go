@@ -153,7 +153,7 @@ type Stats struct {
 	Rejected  map[string]int64
 	Reports   int64  // load reports recorded
 	LastSeq   uint64 // the last stream sequence handed to the sink
-	Gaps      int64  // stream sequences skipped (retention dropped them before they were read)
+	Gaps      int64  // stream sequences skipped: dropped by retention before they were read, or lost with a deleted stream
 	Recreated int64  // times the stream was found missing and created again
 	Restored  int64  // times the stream's configuration was found changed and set back
 	// Connected: connected to NATS, and the stream is there as configured (Health is nil).
