@@ -13,6 +13,7 @@ require (
 	github.com/tinylib/msgp v1.6.5
 	github.com/valyala/fasthttp v1.74.0
 	github.com/zeebo/xxh3 v1.1.0
+	golang.org/x/crypto v0.58.0
 	golang.org/x/text v0.43.0
 	gonum.org/v1/plot v0.17.0
 )
@@ -59,7 +60,6 @@ require (
 	github.com/prometheus/procfs v0.22.0 // indirect
 	github.com/rogpeppe/go-internal v1.11.0 // indirect
 	github.com/valyala/bytebufferpool v1.0.0 // indirect
-	golang.org/x/crypto v0.58.0 // indirect
 	golang.org/x/exp v0.0.0-20230626212559-97b1e661b5df // indirect
 	golang.org/x/image v0.30.0 // indirect
 	golang.org/x/sync v0.24.0 // indirect

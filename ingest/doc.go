@@ -36,6 +36,14 @@
 // complete (Sharer): plain NATS on <prefix>.active.<replica id>, one binary message per
 // operation (magic "KVRA"; layout in share.go), a replica skipping its own subject. A receiver
 // counts the others' requests in its workers' active load as its own (router.BookRemote).
+//
+// # Who may connect to the embedded server
+//
+// Only two users unless EmbeddedConfig.NoAuth: kvrouterd (every right) and publisher (publish
+// events and load reports, nothing else), whose passwords live in the server's directory
+// (auth.go). The Consumer watches the stream: a deleted one is created again, a changed one set
+// back, and Health says when neither is possible.
+//
 // Resuming the event stream after a snapshot (ConsumerConfig.StartSeq) and clearing the index
 // when sequences were lost (ConsumerConfig.OnGap) are the daemon's restart path.
 package ingest

@@ -8,7 +8,9 @@ var (
 	descRejected = prometheus.NewDesc("kvrouterd_stream_rejected_total", "Stream messages and load reports refused, by reason.", []string{"reason"}, nil)
 	descLastSeq  = prometheus.NewDesc("kvrouterd_stream_last_sequence", "The last stream sequence handed to the index.", nil, nil)
 	descGaps     = prometheus.NewDesc("kvrouterd_stream_gap_sequences_total", "Stream sequences lost to retention before they were read.", nil, nil)
-	descConn     = prometheus.NewDesc("kvrouterd_stream_connected", "1 while connected to NATS.", nil, nil)
+	descConn     = prometheus.NewDesc("kvrouterd_stream_connected", "1 while connected to NATS with the stream there as configured (the stream readiness check passes).", nil, nil)
+	descRecreate = prometheus.NewDesc("kvrouterd_stream_recreated_total", "Times the event stream was found deleted and created again.", nil, nil)
+	descRestored = prometheus.NewDesc("kvrouterd_stream_config_restored_total", "Times the event stream's subjects, retention, storage or seal were found changed and set back.", nil, nil)
 	descReports  = prometheus.NewDesc("kvrouterd_load_reports_total", "Worker load reports recorded.", nil, nil)
 )
 
@@ -35,5 +37,7 @@ func (cc consumerCollector) Collect(ch chan<- prometheus.Metric) {
 		conn = 1
 	}
 	ch <- prometheus.MustNewConstMetric(descConn, prometheus.GaugeValue, conn)
+	ch <- prometheus.MustNewConstMetric(descRecreate, prometheus.CounterValue, float64(st.Recreated))
+	ch <- prometheus.MustNewConstMetric(descRestored, prometheus.CounterValue, float64(st.Restored))
 	ch <- prometheus.MustNewConstMetric(descReports, prometheus.CounterValue, float64(st.Reports))
 }

@@ -8,7 +8,9 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -21,17 +23,26 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// EmbeddedConfig configures the NATS server the daemon runs in its own process.
+// EmbeddedConfig configures the NATS server the daemon runs in its own process; a plain value.
 type EmbeddedConfig struct {
-	// Dir holds JetStream's files.
+	// Dir holds JetStream's files and the user files (auth.go).
 	Dir string
 	// Listen is the host:port of the client listener; port 0 picks a free one.
 	Listen string
+	// Credentials are the server's users; nil: EmbeddedCredentials(Dir), generated if missing.
+	Credentials *Credentials
+	// NoAuth lets any client connect with every right, anonymously: inject events, purge or
+	// delete the stream. Unsafe on any host where other users or programs run.
+	NoAuth bool
+	// Prefix and Stream are the subject prefix and stream the publisher user may use
+	// (DefaultPrefix, DefaultStream).
+	Prefix, Stream string
 	// Logger receives the server's notices and errors (nil: discarded).
 	Logger *slog.Logger
 }
 
-// StartEmbedded starts a NATS server with JetStream and waits until it accepts clients.
+// StartEmbedded starts a NATS server with JetStream and waits until it accepts clients. Unless
+// cfg.NoAuth, it accepts only the users of cfg.Credentials (auth.go).
 func StartEmbedded(cfg EmbeddedConfig) (*server.Server, error) {
 	host, port, err := net.SplitHostPort(cfg.Listen)
 	if err != nil {
@@ -53,6 +64,23 @@ func StartEmbedded(cfg EmbeddedConfig) (*server.Server, error) {
 		NoSigs:     true,
 		// Event batches of long prompts are large: allow 8 MiB messages.
 		MaxPayload: 8 << 20,
+	}
+	if !cfg.NoAuth {
+		creds := cfg.Credentials
+		if creds == nil {
+			if creds, err = EmbeddedCredentials(cfg.Dir); err != nil {
+				return nil, err
+			}
+		}
+		if cfg.Prefix == "" {
+			cfg.Prefix = DefaultPrefix
+		}
+		if cfg.Stream == "" {
+			cfg.Stream = DefaultStream
+		}
+		if opts.Users, err = creds.users(cfg.Prefix, cfg.Stream); err != nil {
+			return nil, err
+		}
 	}
 	s, err := server.NewServer(opts)
 	if err != nil {
@@ -107,8 +135,15 @@ type ConsumerConfig struct {
 	// is handed over) when sequences from..to were lost: retention dropped them before they were
 	// read, or the stream restarted. Every event in them is lost for good, so the sink's state
 	// is then wrong in ways no one can tell: a daemon clears what the events built.
-	OnGap  func(from, to uint64)
-	Logger *slog.Logger
+	//
+	// When the stream itself was lost (deleted, or replaced by another of the same name), to is
+	// 0: every event after from-1 that it held, and any published while it was missing, is gone.
+	OnGap func(from, to uint64)
+	// CheckInterval is how often the stream is checked (1 s): a deleted stream is created
+	// again and read from its start, a changed one set back (see Consumer). An error reported
+	// by the consumer checks at once.
+	CheckInterval time.Duration
+	Logger        *slog.Logger
 }
 
 // Stats are a Consumer's counters; a plain value.
@@ -118,7 +153,10 @@ type Stats struct {
 	Rejected  map[string]int64
 	Reports   int64  // load reports recorded
 	LastSeq   uint64 // the last stream sequence handed to the sink
-	Gaps      int64  // stream sequences skipped (retention dropped them before they were read)
+	Gaps      int64  // stream sequences skipped: dropped by retention before they were read, or lost with a deleted stream
+	Recreated int64  // times the stream was found missing and created again
+	Restored  int64  // times the stream's configuration was found changed and set back
+	// Connected: connected to NATS, and the stream is there as configured (Health is nil).
 	Connected bool
 }
 
@@ -135,21 +173,42 @@ var rejectReasons = [...]string{RejectSubject, RejectDecode, RejectInvalid, Reje
 // Consumer applies the event stream to a Sink: an ordered JetStream consumer from a known
 // sequence (it resumes from the last one it handled across reconnects), plus the load-report
 // subscription. Its methods are safe for concurrent use.
+//
+// A goroutine of its own watches the stream (ConsumerConfig.CheckInterval). A stream found
+// missing is created again; one found replaced (another creation time) is read from its start
+// after OnGap, since the events of the lost one are gone and the new one numbers from 1, where
+// the ordered consumer would wait for the old sequence. A stream whose subjects, retention
+// policy, storage or seal were changed is set back to the configuration; if the server refuses,
+// Health says why. Retention limits are set at start only: replicas may differ in them.
 type Consumer struct {
 	cfg  ConsumerConfig
 	nc   *nats.Conn
+	js   jetstream.JetStream
+	sc   jetstream.StreamConfig // the stream as it must be
 	sink Sink
 	log  *slog.Logger
-	cc   jetstream.ConsumeContext
 	sub  *nats.Subscription
 
+	// Owned by the watch goroutine, then by Close.
+	cc        jetstream.ConsumeContext
+	created   time.Time // the stream's creation time: another means another stream
+	knownLast uint64    // the stream's last sequence at the last check
+	noConsume bool      // the stream was replaced and no consumer of the new one runs yet
+	// When the stream was first found missing (zero: it was not).
+	missingSince time.Time
+
+	poke, stop, watched chan struct{}
+	stopping            sync.WaitGroup // consumers of lost streams being stopped
+	health              atomic.Pointer[error]
+
 	mu     sync.Mutex // the handler's state: one message at a time
+	gen    uint64     // consumers of an older generation read a lost stream: ignored
 	engine wire.EngineBatch
 	batch  wire.EventBatch
 
-	messages, events, reports, gaps atomic.Int64
-	lastSeq                         atomic.Uint64
-	rejected                        [len(rejectReasons)]atomic.Int64
+	messages, events, reports, gaps, recreated, restored atomic.Int64
+	lastSeq                                              atomic.Uint64
+	rejected                                             [len(rejectReasons)]atomic.Int64
 }
 
 // NewConsumer creates the stream if needed (or updates its retention), then starts consuming
@@ -167,11 +226,16 @@ func NewConsumer(ctx context.Context, nc *nats.Conn, sink Sink, cfg ConsumerConf
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	c := &Consumer{cfg: cfg, nc: nc, sink: sink, log: cfg.Logger}
+	if cfg.CheckInterval <= 0 {
+		cfg.CheckInterval = time.Second
+	}
+	c := &Consumer{cfg: cfg, nc: nc, sink: sink, log: cfg.Logger,
+		poke: make(chan struct{}, 1), stop: make(chan struct{}), watched: make(chan struct{})}
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return nil, err
 	}
+	c.js = js
 	sc := jetstream.StreamConfig{
 		Name:      cfg.Stream,
 		Subjects:  []string{cfg.Prefix + ".events.>"},
@@ -188,10 +252,12 @@ func NewConsumer(ctx context.Context, nc *nats.Conn, sink Sink, cfg ConsumerConf
 	if sc.MaxBytes == 0 {
 		sc.MaxBytes = -1
 	}
+	c.sc = sc
 	stream, err := js.CreateOrUpdateStream(ctx, sc)
 	if err != nil {
 		return nil, fmt.Errorf("stream %s: %w", cfg.Stream, err)
 	}
+	c.created = stream.CachedInfo().Created
 	if cfg.StartSeq > 0 {
 		info, err := stream.Info(ctx)
 		if err != nil {
@@ -207,27 +273,184 @@ func NewConsumer(ctx context.Context, nc *nats.Conn, sink Sink, cfg ConsumerConf
 			cfg.StartSeq, c.cfg.StartSeq = 0, 0
 		}
 	}
-	oc := jetstream.OrderedConsumerConfig{FilterSubjects: sc.Subjects, DeliverPolicy: jetstream.DeliverAllPolicy}
 	if cfg.StartSeq > 0 {
-		oc.DeliverPolicy, oc.OptStartSeq = jetstream.DeliverByStartSequencePolicy, cfg.StartSeq
 		c.lastSeq.Store(cfg.StartSeq - 1)
 	}
-	cons, err := js.OrderedConsumer(ctx, cfg.Stream, oc)
-	if err != nil {
-		return nil, fmt.Errorf("consumer of %s: %w", cfg.Stream, err)
-	}
-	c.cc, err = cons.Consume(c.handle, jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
-		c.log.Warn("event stream", "err", err)
-	}))
-	if err != nil {
-		return nil, fmt.Errorf("consume %s: %w", cfg.Stream, err)
+	if c.cc, err = c.consume(ctx, 0, cfg.StartSeq); err != nil {
+		return nil, err
 	}
 	c.sub, err = nc.Subscribe(cfg.Prefix+".load.>", c.handleReport)
 	if err != nil {
 		c.cc.Stop()
 		return nil, fmt.Errorf("load reports: %w", err)
 	}
+	go c.watch()
 	return c, nil
+}
+
+// consume starts an ordered consumer of generation gen from sequence start (0: the oldest).
+func (c *Consumer) consume(ctx context.Context, gen, start uint64) (jetstream.ConsumeContext, error) {
+	oc := jetstream.OrderedConsumerConfig{FilterSubjects: c.sc.Subjects, DeliverPolicy: jetstream.DeliverAllPolicy}
+	if start > 0 {
+		oc.DeliverPolicy, oc.OptStartSeq = jetstream.DeliverByStartSequencePolicy, start
+	}
+	cons, err := c.js.OrderedConsumer(ctx, c.cfg.Stream, oc)
+	if err != nil {
+		return nil, fmt.Errorf("consumer of %s: %w", c.cfg.Stream, err)
+	}
+	cc, err := cons.Consume(func(m jetstream.Msg) { c.handle(gen, m) },
+		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+			c.log.Warn("event stream", "err", err)
+			select {
+			case c.poke <- struct{}{}:
+			default:
+			}
+		}))
+	if err != nil {
+		return nil, fmt.Errorf("consume %s: %w", c.cfg.Stream, err)
+	}
+	return cc, nil
+}
+
+// Health is nil while the consumer is connected to NATS and the stream is there as configured;
+// otherwise it says what is wrong. Cheap: it reads what the last check found.
+func (c *Consumer) Health() error {
+	if !c.nc.IsConnected() {
+		return fmt.Errorf("not connected to NATS (%s)", c.nc.Status())
+	}
+	if e := c.health.Load(); e != nil {
+		return *e
+	}
+	return nil
+}
+
+func (c *Consumer) setHealth(err error) {
+	if err == nil {
+		c.health.Store(nil)
+		return
+	}
+	if old := c.health.Load(); old == nil || (*old).Error() != err.Error() {
+		c.log.Warn("event stream unhealthy", "err", err)
+	}
+	c.health.Store(&err)
+}
+
+// watch checks the stream every CheckInterval, and when the consumer reports an error, until
+// Close.
+func (c *Consumer) watch() {
+	defer close(c.watched)
+	t := time.NewTicker(c.cfg.CheckInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-c.stop:
+			return
+		case <-t.C:
+		case <-c.poke:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), max(c.cfg.CheckInterval, 5*time.Second))
+		c.setHealth(c.check(ctx))
+		cancel()
+	}
+}
+
+// check looks at the stream and repairs what it can; the error is what it could not.
+func (c *Consumer) check(ctx context.Context) error {
+	if !c.nc.IsConnected() {
+		return nil // Health says so; the consumer resumes on reconnection
+	}
+	name := c.cfg.Stream
+	s, err := c.js.Stream(ctx, name)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		// The server answers "not found" while it is still removing the stream's files, and a
+		// stream created then has its files removed with the old one's: wait a check interval.
+		if c.missingSince.IsZero() {
+			c.missingSince = time.Now()
+		}
+		if time.Since(c.missingSince) < c.cfg.CheckInterval {
+			return fmt.Errorf("stream %s was deleted; creating it again", name)
+		}
+		c.log.Warn("event stream: the stream was deleted; creating it again", "stream", name)
+		if s, err = c.js.CreateOrUpdateStream(ctx, c.sc); err != nil {
+			return fmt.Errorf("stream %s was deleted, and creating it again failed: %w", name, err)
+		}
+		c.recreated.Add(1)
+	} else if err != nil {
+		return fmt.Errorf("stream %s: %w", name, err)
+	}
+	c.missingSince = time.Time{}
+	info := s.CachedInfo()
+	if !info.Created.Equal(c.created) {
+		c.replaced(info)
+	}
+	if diff := c.changed(&info.Config); diff != "" {
+		c.log.Warn("event stream: the stream's configuration was changed; setting it back", "stream", name, "change", diff)
+		if s, err = c.js.UpdateStream(ctx, c.sc); err != nil {
+			return fmt.Errorf("stream %s was changed (%s), and setting it back failed: %w", name, diff, err)
+		}
+		c.restored.Add(1)
+		info = s.CachedInfo()
+	}
+	if c.noConsume {
+		cc, err := c.consume(ctx, c.generation(), 0)
+		if err != nil {
+			return fmt.Errorf("stream %s was replaced, and reading the new one failed: %w", name, err)
+		}
+		c.cc, c.noConsume = cc, false
+	}
+	c.knownLast = info.State.LastSeq
+	return nil
+}
+
+func (c *Consumer) generation() uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.gen
+}
+
+// replaced starts over on a stream that is not the one read so far: what the old one held
+// after the last sequence read is lost, and the new one is read from its start.
+func (c *Consumer) replaced(info *jetstream.StreamInfo) {
+	c.mu.Lock()
+	c.gen++
+	last := c.lastSeq.Load()
+	c.lastSeq.Store(0)
+	c.cfg.StartSeq = 0
+	if c.knownLast > last {
+		c.gaps.Add(int64(c.knownLast - last))
+	}
+	c.log.Warn("event stream: the stream was replaced; the events after the last one read are lost, reading the new stream from its start",
+		"stream", c.cfg.Stream, "last_read", last, "old_stream_last_seq", c.knownLast)
+	if c.cfg.OnGap != nil {
+		c.cfg.OnGap(last+1, 0)
+	}
+	c.mu.Unlock()
+	c.created, c.knownLast, c.noConsume = info.Created, 0, true
+	if old := c.cc; old != nil {
+		c.cc = nil
+		// Stopping an ordered consumer that is retrying against the lost stream waits for its
+		// next attempt: not on this goroutine.
+		c.stopping.Go(old.Stop)
+	}
+}
+
+// changed describes how cfg differs from the stream's configuration in what the consumer
+// depends on; empty if it does not.
+func (c *Consumer) changed(cfg *jetstream.StreamConfig) string {
+	var d []string
+	if !slices.Contains(cfg.Subjects, c.sc.Subjects[0]) {
+		d = append(d, fmt.Sprintf("subjects %v", cfg.Subjects))
+	}
+	if cfg.Retention != c.sc.Retention {
+		d = append(d, "retention "+cfg.Retention.String())
+	}
+	if cfg.Storage != c.sc.Storage {
+		d = append(d, "storage "+cfg.Storage.String())
+	}
+	if cfg.Sealed {
+		d = append(d, "sealed")
+	}
+	return strings.Join(d, ", ")
 }
 
 // ConnectOptions are the options every kvrouterd connection uses: reconnect forever, report
@@ -258,9 +481,12 @@ func (c *Consumer) reject(reason string, msg string, args ...any) {
 
 var magic = []byte("KVRW")
 
-func (c *Consumer) handle(m jetstream.Msg) {
+func (c *Consumer) handle(gen uint64, m jetstream.Msg) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if gen != c.gen {
+		return // a consumer of a lost stream, being stopped
+	}
 	c.messages.Add(1)
 	if md, err := m.Metadata(); err == nil {
 		seq := md.Sequence.Stream
@@ -358,7 +584,8 @@ func (c *Consumer) LastSeq() uint64 { return c.lastSeq.Load() }
 func (c *Consumer) Stats() Stats {
 	st := Stats{
 		Messages: c.messages.Load(), Events: c.events.Load(), Reports: c.reports.Load(),
-		LastSeq: c.lastSeq.Load(), Gaps: c.gaps.Load(), Connected: c.nc.IsConnected(),
+		LastSeq: c.lastSeq.Load(), Gaps: c.gaps.Load(), Connected: c.Health() == nil,
+		Recreated: c.recreated.Load(), Restored: c.restored.Load(),
 		Rejected: make(map[string]int64, len(rejectReasons)),
 	}
 	for i, r := range rejectReasons {
@@ -369,9 +596,15 @@ func (c *Consumer) Stats() Stats {
 
 // Close stops consuming; messages being handled finish first.
 func (c *Consumer) Close() {
-	c.cc.Drain()
-	<-c.cc.Closed()
+	close(c.stop)
+	<-c.watched
+	if c.cc != nil {
+		c.cc.Drain()
+		<-c.cc.Closed()
+	}
 	_ = c.sub.Unsubscribe()
 	c.mu.Lock() // wait for a handler still running
-	defer c.mu.Unlock()
+	c.gen++     // and ignore any of a consumer still being stopped
+	c.mu.Unlock()
+	c.stopping.Wait()
 }

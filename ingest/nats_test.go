@@ -24,10 +24,11 @@ func toks(from, n int) []uint32 {
 	return t
 }
 
-// embedded starts a NATS server with JetStream in a temporary directory.
+// embedded starts a NATS server with JetStream in a temporary directory, without
+// authentication: the tests that use it are about what flows, auth_test.go about who may.
 func embedded(t testing.TB) *server.Server {
 	t.Helper()
-	s, err := StartEmbedded(EmbeddedConfig{Dir: t.TempDir(), Listen: "127.0.0.1:0"})
+	s, err := StartEmbedded(EmbeddedConfig{Dir: t.TempDir(), Listen: "127.0.0.1:0", NoAuth: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -399,11 +399,12 @@ func (s *Sharer) Close() {
 	s.closed = true
 }
 
-// ShareConn connects to the server of st for a Sharer, with ConnectOptions and opts (the
-// credentials and TLS of an external server), and nats.NoEcho: on a connection of its own, this
+// ShareConn connects to the server of st for a Sharer, with ConnectOptions, kvrouterd's user on
+// the embedded server, opts (the credentials and TLS of an external server), and nats.NoEcho: on a connection of its own, this
 // replica's messages do not come back to it. On a shared connection they do, and are skipped.
 func ShareConn(st *Stream, log *slog.Logger, opts ...nats.Option) (*nats.Conn, error) {
-	o := append(ConnectOptions(log), opts...)
+	o := append(ConnectOptions(log), st.auth...)
+	o = append(o, opts...)
 	o = append(o, nats.Name("kvrouterd-share"), nats.NoEcho())
 	if st.Server != nil {
 		o = append(o, nats.InProcessServer(st.Server))

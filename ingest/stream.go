@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"time"
 
 	natsserver "github.com/nats-io/nats-server/v2/server"
@@ -25,10 +26,14 @@ type StreamConfig struct {
 // Stream is the event side of a daemon: the embedded NATS server if any, the connection and
 // the Consumer feeding a Sink. Its fields are read-only; Close once, from any goroutine.
 type Stream struct {
-	URL      string             // the server's client URL
-	Server   *natsserver.Server // the embedded server; nil with an external one
-	Conn     *nats.Conn
-	Consumer *Consumer
+	URL    string             // the server's client URL
+	Server *natsserver.Server // the embedded server; nil with an external one
+	// Credentials are the embedded server's users; nil with an external server or NoAuth.
+	Credentials *Credentials
+	Conn        *nats.Conn
+	Consumer    *Consumer
+
+	auth []nats.Option // how kvrouterd's own connections authenticate (ShareConn)
 }
 
 // StartStream connects to cfg.URL, or starts the embedded server, and consumes the events into
@@ -45,6 +50,22 @@ func StartStream(ctx context.Context, sink Sink, cfg StreamConfig, log *slog.Log
 		e := cfg.Embedded
 		if e.Logger == nil {
 			e.Logger = log
+		}
+		if e.Prefix == "" {
+			e.Prefix = cfg.Consumer.Prefix
+		}
+		if e.Stream == "" {
+			e.Stream = cfg.Consumer.Stream
+		}
+		if !e.NoAuth {
+			if e.Credentials == nil {
+				if e.Credentials, err = EmbeddedCredentials(e.Dir); err != nil {
+					return nil, err
+				}
+			}
+			st.Credentials = e.Credentials
+			st.auth = []nats.Option{e.Credentials.Router.Option()}
+			opts = append(opts, st.auth...)
 		}
 		if st.Server, err = StartEmbedded(e); err != nil {
 			return nil, err
@@ -69,6 +90,23 @@ func StartStream(ctx context.Context, sink Sink, cfg StreamConfig, log *slog.Log
 		return nil, err
 	}
 	return st, nil
+}
+
+// Health is the consumer's (Consumer.Health): nil while the events are being read.
+func (st *Stream) Health() error { return st.Consumer.Health() }
+
+// PublisherURL is URL with the embedded server's publisher user and password in it, the form
+// every NATS client accepts; URL itself without credentials.
+func (st *Stream) PublisherURL() string {
+	if st.Credentials == nil {
+		return st.URL
+	}
+	u, err := url.Parse(st.URL)
+	if err != nil {
+		return st.URL
+	}
+	u.User = url.UserPassword(st.Credentials.Publisher.User, st.Credentials.Publisher.Password)
+	return u.String()
 }
 
 // Close stops consuming, then closes the connection and the embedded server. Events already

@@ -81,7 +81,8 @@ func StartDaemon(cfg DaemonConfig) (_ *Daemon, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("e2e: %w", err)
 	}
-	d.NATSURL, d.Consumer = d.events.URL, d.events.Consumer
+	// Remotes publish as the embedded server's publisher user, as a fleet's workers would.
+	d.NATSURL, d.Consumer = d.events.PublisherURL(), d.events.Consumer
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(d.Consumer.Collector())
 	d.srv = server.New(d.Router, server.Config{Logger: log, Registry: reg})

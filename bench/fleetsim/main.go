@@ -44,7 +44,7 @@ func main() {
 		temp      = flag.Float64("temperature", 0, "the router's softmax temperature (0: the lowest cost)")
 		inProc    = flag.Bool("e2e", false, "route through a kvrouterd started in process (HTTP + embedded NATS) instead of the router alone")
 		addr      = flag.String("addr", "", "route through the running kvrouterd at this HTTP host:port (needs --nats-url)")
-		natsURL   = flag.String("nats-url", "", "the NATS server the kvrouterd of --addr takes events from")
+		natsURL   = flag.String("nats-url", "", "the NATS server the kvrouterd of --addr takes events from; its embedded one takes the publisher user: nats://$(cat data/nats/publisher.auth)@127.0.0.1:4222")
 		prefix    = flag.String("nats-subject-prefix", ingest.DefaultPrefix, "subject prefix of the kvrouterd of --addr")
 		stream    = flag.String("nats-stream", ingest.DefaultStream, "event stream of the kvrouterd of --addr")
 		pace      = flag.Float64("pace", 0, "simulated seconds per wall second; 0: unpaced (in process only: a daemon needs a pace)")

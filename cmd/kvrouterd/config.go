@@ -38,6 +38,7 @@ type config struct {
 	// Event ingestion.
 	NATSURL       string
 	NATSListen    string
+	NATSNoAuth    bool     // the embedded server takes anonymous clients
 	NATS          natsAuth // for --nats-url
 	NATSStream    string
 	NATSPrefix    string
@@ -136,6 +137,7 @@ func parseConfig(args []string, env func(string) (string, bool), out io.Writer) 
 	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "text or json")
 	fs.StringVar(&c.NATSURL, "nats-url", c.NATSURL, "NATS server or cluster to take events from (comma-separated URLs); empty runs an embedded server with JetStream in --data-dir")
 	fs.StringVar(&c.NATSListen, "nats-listen", c.NATSListen, "client address of the embedded NATS server, for publishers (port 0: any free port)")
+	fs.BoolVar(&c.NATSNoAuth, "nats-no-auth", c.NATSNoAuth, "UNSAFE: the embedded NATS server takes anonymous clients with every right (inject events, purge or delete the stream); by default it takes only the users in --data-dir/nats/*.auth")
 	c.NATS.flags(fs)
 	fs.StringVar(&c.NATSStream, "nats-stream", c.NATSStream, "JetStream stream holding the events (created if missing)")
 	fs.StringVar(&c.NATSPrefix, "nats-subject-prefix", c.NATSPrefix, "first token of the event and load-report subjects")
@@ -240,6 +242,9 @@ func (c *config) check() error {
 	}
 	if err := c.ZMQLimits.check(); err != nil {
 		return err
+	}
+	if c.NATSNoAuth && c.NATSURL != "" {
+		return fmt.Errorf("--nats-no-auth is for the embedded server; drop it or --nats-url")
 	}
 	return c.checkLog()
 }

@@ -14,6 +14,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -182,6 +183,11 @@ func run(ctx context.Context, c config) error {
 	if p != nil {
 		scfg.Snapshots = p.store
 	}
+	if stream != nil {
+		// Not ready while the events are not being read: NATS away, the stream deleted (until
+		// it is created again) or changed in a way that cannot be set back.
+		scfg.Ready = append(scfg.Ready, server.ReadyCheck{Name: "stream", Check: stream.Health})
+	}
 	srv := server.New(r, scfg)
 	ln, err := net.Listen("tcp", c.HTTPAddr)
 	if err != nil {
@@ -240,7 +246,7 @@ func startStream(ctx context.Context, c config, r *router.Router, reg *prometheu
 	}
 	st, err := ingest.StartStream(ctx, r, ingest.StreamConfig{
 		URL:      c.NATSURL,
-		Embedded: ingest.EmbeddedConfig{Dir: filepath.Join(c.DataDir, "nats"), Listen: c.NATSListen},
+		Embedded: ingest.EmbeddedConfig{Dir: filepath.Join(c.DataDir, "nats"), Listen: c.NATSListen, NoAuth: c.NATSNoAuth},
 		Options:  opts,
 		Consumer: ingest.ConsumerConfig{
 			Prefix: c.NATSPrefix, Stream: c.NATSStream, MaxAge: c.NATSMaxAge, MaxBytes: c.NATSMaxBytes,
@@ -251,6 +257,16 @@ func startStream(ctx context.Context, c config, r *router.Router, reg *prometheu
 		return nil, err
 	}
 	reg.MustRegister(st.Consumer.Collector())
+	switch {
+	case st.Credentials != nil:
+		pf := st.Credentials.Publisher.File
+		log.Info("the embedded NATS server takes only its users: publishers connect as user publisher with the password in "+pf+
+			" (one line user:password, for the URL's user info), or kvrouterd bridge --nats-user-file "+pf,
+			"publisher_url", "nats://publisher:<password>@"+strings.TrimPrefix(st.URL, "nats://"), "publisher_file", pf)
+	case c.NATSURL == "":
+		log.Warn("the embedded NATS server takes anonymous clients (--nats-no-auth): any process that reaches " + st.URL +
+			" can inject events, purge or delete the stream")
+	}
 	return st, nil
 }
 

@@ -21,6 +21,7 @@ import (
 	"github.com/kvrouterd/kvrouterd/shard"
 	"github.com/kvrouterd/kvrouterd/wire"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 func TestConfigEnvAndFlags(t *testing.T) {
@@ -56,6 +57,9 @@ func TestConfigEnvAndFlags(t *testing.T) {
 	f([]string{"--http-write-buffer", "100"}, nil, "--http-write-buffer")
 	f([]string{"--zmq", "worker=1,model=m"}, nil, "endpoint")
 	f([]string{"--nats-tls-cert", "c.pem"}, nil, "--nats-tls-key")
+	f([]string{"--nats-no-auth", "--nats-url", "nats://h:4222"}, nil, "--nats-no-auth")
+	f([]string{"--nats-user-file", filepath.Join(t.TempDir(), "none.auth")}, nil, "--nats-user-file")
+	f(nil, map[string]string{"KVR_NATS_NO_AUTH": "maybe"}, "KVR_NATS_NO_AUTH")
 	f([]string{"--approx-prune-target", "1.5"}, nil, "--approx-prune-target")
 	z, err := parseConfig(nil, env(map[string]string{"KVR_ZMQ": "worker=1,model=m,endpoint=tcp://h:5557;worker=2,model=m,endpoint=tcp://h:6557,ranks=2"}), io.Discard)
 	if err != nil || len(z.ZMQ) != 2 || z.ZMQ[1].Ranks != 2 {
@@ -77,9 +81,9 @@ func TestDaemonOverTCP(t *testing.T) {
 		t.Skip("builds and runs the binary")
 	}
 	bin := buildDaemon(t)
-	addr, natsAddr := freeAddr(t), freeAddr(t)
+	addr, natsAddr, dataDir := freeAddr(t), freeAddr(t), t.TempDir()
 	var logs bytes.Buffer
-	cmd := exec.Command(bin, "--http-addr", addr, "--nats-listen", natsAddr, "--data-dir", t.TempDir(), "--shards", "2", "--log-level", "debug")
+	cmd := exec.Command(bin, "--http-addr", addr, "--nats-listen", natsAddr, "--data-dir", dataDir, "--shards", "2", "--log-level", "debug")
 	cmd.Stderr = &logs
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -118,9 +122,15 @@ func TestDaemonOverTCP(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// An engine's batch published to the embedded NATS server by another process's connection
-	// registers worker 3 and reaches the index.
-	nc, err := nats.Connect("nats://" + natsAddr)
+	// The embedded NATS server refuses anonymous clients. An engine's batch published to it by
+	// another process's connection, as the publisher user of publisher.auth, registers worker 3
+	// and reaches the index.
+	if nc, err := nats.Connect("nats://" + natsAddr); err == nil {
+		nc.Close()
+		t.Fatal("the embedded NATS server accepted an anonymous client")
+	}
+	pubFile := filepath.Join(dataDir, "nats", "publisher.auth")
+	nc, err := nats.Connect("nats://"+natsAddr, ingest.UserFile(pubFile))
 	if err != nil {
 		t.Fatalf("embedded nats: %v\n%s", err, logs.String())
 	}
@@ -190,7 +200,7 @@ func TestDaemonOverTCP(t *testing.T) {
 		t.Fatal(err)
 	}
 	var blogs bytes.Buffer
-	bridge := exec.Command(bin, "bridge", "--zmq", "worker=5,model=m,endpoint=tcp://"+zaddr2, "--nats-url", "nats://"+natsAddr)
+	bridge := exec.Command(bin, "bridge", "--zmq", "worker=5,model=m,endpoint=tcp://"+zaddr2, "--nats-url", "nats://"+natsAddr, "--nats-user-file", pubFile)
 	bridge.Stderr = &blogs
 	if err := bridge.Start(); err != nil {
 		t.Fatal(err)
@@ -218,7 +228,8 @@ func TestDaemonOverTCP(t *testing.T) {
 	case <-time.After(15 * time.Second):
 		t.Fatalf("no exit 15 s after SIGTERM\n%s", logs.String())
 	}
-	for _, want := range []string{"worker 2: logit 2.250 = 1.0 × 0.250 + 2.0 (cached blocks 2)", "shutting down", "stopped"} {
+	for _, want := range []string{"worker 2: logit 2.250 = 1.0 × 0.250 + 2.0 (cached blocks 2)", "shutting down", "stopped",
+		"--nats-user-file " + pubFile} {
 		if !strings.Contains(logs.String(), want) {
 			t.Fatalf("log lacks %q:\n%s", want, logs.String())
 		}
@@ -347,4 +358,167 @@ func TestDaemonExternalNATS(t *testing.T) {
 	if !strings.Contains(logs.String(), "nats reconnected") {
 		t.Fatalf("no reconnection in the log:\n%s", logs.String())
 	}
+}
+
+// TestDaemonStreamRepair runs the binary with its embedded NATS server and does to the event
+// stream, as kvrouterd's own user (the publisher user may not: it is refused), what an
+// operator's mistake could. A sealed stream, which the server will not unseal, makes /readyz
+// answer 503 naming the stream and kvrouterd_stream_connected read 0. Deleting it has the daemon
+// create it again (kvrouterd_stream_recreated_total), clear the index the lost events built,
+// become ready again and apply what is published next. A second replica then reads the stream
+// through the first's embedded server with its kvrouterd.auth (--nats-user-file).
+func TestDaemonStreamRepair(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the binary")
+	}
+	bin := buildDaemon(t)
+	natsAddr, dir := freeAddr(t), t.TempDir()
+	d := startDaemon(t, bin, "--nats-listen", natsAddr, "--data-dir", dir, "--no-snapshots")
+	defer d.cmd.Process.Kill()
+	get := httpGet(d.addr)
+	// until waits for cond, which reads the daemon over HTTP.
+	until := func(what string, cond func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(30 * time.Second); !cond(); time.Sleep(20 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("gave up waiting for %s\n%s", what, d.log())
+			}
+		}
+	}
+	metric := func(name string) string {
+		b, err := get("/metrics")
+		if err != nil {
+			return err.Error()
+		}
+		for line := range strings.SplitSeq(string(b), "\n") {
+			if v, ok := strings.CutPrefix(line, name+" "); ok {
+				return v
+			}
+		}
+		return "absent"
+	}
+	readyz := func() (int, string) {
+		resp, err := http.Get("http://" + d.addr + "/readyz")
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+
+	connect := func(file string) *nats.Conn {
+		t.Helper()
+		nc, err := nats.Connect("nats://"+natsAddr, ingest.UserFile(filepath.Join(dir, "nats", file)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(nc.Close)
+		return nc
+	}
+	pnc, admin := connect("publisher.auth"), connect("kvrouterd.auth")
+	pub, err := ingest.NewPublisher(pnc, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := client.New(client.Config{Addr: d.addr, Timeout: 5 * time.Second})
+	toks := []uint32{1, 2, 3, 4}
+	ctx := context.Background()
+	// store publishes worker w's block, retrying while the stream is being repaired, and waits
+	// until the index has it.
+	store := func(w uint64) {
+		t.Helper()
+		b := &wire.EventBatch{Worker: w, Model: "m", Events: []shard.Event{{Kind: shard.Stored, ID: 1, BlockSize: 4, Hashes: []uint64{w}, Tokens: toks}}}
+		until("the batch stored", func() bool { _, err := pub.Batch(ctx, b); return err == nil })
+		until("the batch in the index", func() bool { return cachedOn(c, toks, w) == 1 })
+	}
+	store(1)
+	if v := metric("kvrouterd_stream_connected"); v != "1" {
+		t.Fatalf("kvrouterd_stream_connected %s, want 1", v)
+	}
+
+	// The publisher may not delete the stream.
+	pjs, err := jetstream.New(pnc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	err = pjs.DeleteStream(dctx, ingest.DefaultStream)
+	cancel()
+	ajs, err2 := jetstream.New(admin)
+	if err2 != nil {
+		t.Fatal(err2)
+	}
+	s, err2 := ajs.Stream(ctx, ingest.DefaultStream)
+	if err == nil || err2 != nil {
+		t.Fatalf("the publisher deleting the stream: %v; the stream after: %v", err, err2)
+	}
+
+	// Sealed: not ready, not connected.
+	cfg := s.CachedInfo().Config
+	cfg.Sealed = true
+	if _, err := ajs.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	until("/readyz to fail on the sealed stream", func() bool {
+		code, body := readyz()
+		return code == http.StatusServiceUnavailable && strings.Contains(body, "stream: ") && strings.Contains(body, "sealed")
+	})
+	if v := metric("kvrouterd_stream_connected"); v != "0" {
+		t.Fatalf("kvrouterd_stream_connected %s with a sealed stream, want 0", v)
+	}
+
+	// Deleted: created again, the index cleared, ready, new events applied.
+	if err := ajs.DeleteStream(ctx, ingest.DefaultStream); err != nil {
+		t.Fatal(err)
+	}
+	until("the stream created again", func() bool { return metric("kvrouterd_stream_recreated_total") == "1" })
+	store(2)
+	if n := cachedOn(c, toks, 1); n != 0 {
+		t.Fatalf("worker 1 still has %d blocks from the lost stream", n)
+	}
+	until("/readyz to pass", func() bool { code, _ := readyz(); return code == http.StatusOK })
+	if v := metric("kvrouterd_stream_connected"); v != "1" {
+		t.Fatalf("kvrouterd_stream_connected %s after the repair, want 1", v)
+	}
+
+	// A second replica on this daemon's embedded server, as its kvrouterd user, reads the
+	// stream (and shares load over it).
+	b := startDaemon(t, bin, "--nats-url", "nats://"+natsAddr, "--nats-user-file", filepath.Join(dir, "nats", "kvrouterd.auth"),
+		"--data-dir", t.TempDir(), "--no-snapshots")
+	defer b.cmd.Process.Kill()
+	bc := client.New(client.Config{Addr: b.addr, Timeout: 5 * time.Second})
+	until("the second replica to read the stream", func() bool { return cachedOn(bc, toks, 2) == 1 })
+	if err := b.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.cmd.Wait(); err != nil {
+		t.Fatalf("second replica's exit: %v\n%s", err, b.log())
+	}
+	if err := d.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.cmd.Wait(); err != nil {
+		t.Fatalf("exit: %v\n%s", err, d.log())
+	}
+	for _, want := range []string{"every worker's blocks cleared", "the stream was deleted; creating it again"} {
+		if !strings.Contains(d.log(), want) {
+			t.Fatalf("log lacks %q:\n%s", want, d.log())
+		}
+	}
+}
+
+// cachedOn is how many leading blocks of toks worker w caches, per a match; -1 if the match
+// fails.
+func cachedOn(c *client.Client, toks []uint32, w uint64) int {
+	var resp wire.RouteResponse
+	if err := c.Match(&wire.RouteRequest{Model: "m", Tokens: toks}, &resp); err != nil {
+		return -1
+	}
+	for _, cd := range resp.Candidates {
+		if cd.Worker == w {
+			return int(cd.CachedBlocks)
+		}
+	}
+	return -1
 }

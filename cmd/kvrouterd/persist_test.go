@@ -292,11 +292,12 @@ func TestDaemonCrashSafety(t *testing.T) {
 
 func quiet() *slog.Logger { return slog.New(slog.DiscardHandler) }
 
-// testStream is a NATS server in this process, a publisher on it, and the reference router the
+// testStream is a NATS server in this process (without authentication: the daemons reach it
+// with --nats-url), a publisher on it, and the reference router the
 // test feeds every published batch; all stopped when the test ends.
 func testStream(t *testing.T) (*natsserver.Server, *ingest.Publisher, *router.Router) {
 	t.Helper()
-	ns, err := ingest.StartEmbedded(ingest.EmbeddedConfig{Dir: t.TempDir(), Listen: "127.0.0.1:0"})
+	ns, err := ingest.StartEmbedded(ingest.EmbeddedConfig{Dir: t.TempDir(), Listen: "127.0.0.1:0", NoAuth: true})
 	if err != nil {
 		t.Fatal(err)
 	}
