@@ -166,9 +166,10 @@ const (
 	RejectDecode  = "decode"  // a payload that is neither format, or malformed
 	RejectInvalid = "invalid" // a batch the router refused (block size, token count, model, ...)
 	RejectReport  = "report"  // a malformed load report
+	RejectPanic   = "panic"   // handling it panicked (recovered)
 )
 
-var rejectReasons = [...]string{RejectSubject, RejectDecode, RejectInvalid, RejectReport}
+var rejectReasons = [...]string{RejectSubject, RejectDecode, RejectInvalid, RejectReport, RejectPanic}
 
 // Consumer applies the event stream to a Sink: an ordered JetStream consumer from a known
 // sequence (it resumes from the last one it handled across reconnects), plus the load-report
@@ -481,7 +482,17 @@ func (c *Consumer) reject(reason string, msg string, args ...any) {
 
 var magic = []byte("KVRW")
 
+// recoverPanic, deferred by NATS's callbacks, keeps a panic while handling one message from
+// ending the process: it is logged, counted, and the next message is handled.
+func (c *Consumer) recoverPanic(subject string) {
+	if p := recover(); p != nil {
+		c.rejected[len(rejectReasons)-1].Add(1) // RejectPanic
+		logPanic(c.log, "event stream: panic recovered handling a message", p, "subject", subject)
+	}
+}
+
 func (c *Consumer) handle(gen uint64, m jetstream.Msg) {
+	defer c.recoverPanic(m.Subject())
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if gen != c.gen {
@@ -547,6 +558,7 @@ func (c *Consumer) handle(gen uint64, m jetstream.Msg) {
 }
 
 func (c *Consumer) handleReport(m *nats.Msg) {
+	defer c.recoverPanic(m.Subject)
 	kind, model, worker, err := ParseSubject(c.cfg.Prefix, m.Subject)
 	if err != nil || kind != "load" {
 		c.reject(RejectReport, "load report: bad subject", "subject", m.Subject, "err", err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -219,4 +220,55 @@ func TestConsumerStartSeq(t *testing.T) {
 	if got := cached(t, r2, "m", toks(0, 2)); len(got) != 4 {
 		t.Fatalf("cached %v, want all 4 workers", got)
 	}
+}
+
+// TestConsumerSinkPanic: a panic while applying a stream message or a load report is recovered
+// on NATS's goroutine and counted as rejected for "panic"; the messages after it are applied.
+func TestConsumerSinkPanic(t *testing.T) {
+	s := embedded(t)
+	sink := &panicStreamSink{}
+	ctx := context.Background()
+	cons, err := NewConsumer(ctx, connect(t, s.ClientURL()), sink, ConsumerConfig{Logger: quietLog()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cons.Close()
+	pub, err := NewPublisher(connect(t, s.ClientURL()), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var seq uint64
+	for w := uint64(1); w <= 2; w++ { // worker 1's batch panics
+		b := &wire.EventBatch{Worker: w, Model: "m", Events: []shard.Event{{Kind: shard.Cleared, ID: 1}}}
+		if seq, err = pub.Batch(ctx, b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for w := uint64(1); w <= 2; w++ { // so does worker 1's report
+		if err := pub.Report(&router.LoadReport{Worker: w, Model: "m"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "both batches", func() bool { return cons.LastSeq() == seq })
+	waitFor(t, "both reports", func() bool { return cons.Stats().Rejected[RejectPanic] == 2 && sink.reports.Load() == 1 })
+	if st := cons.Stats(); st.Events != 1 {
+		t.Fatalf("%+v: want worker 2's one event applied", st)
+	}
+}
+
+type panicStreamSink struct{ reports atomic.Int64 }
+
+func (*panicStreamSink) Ingest(worker uint64, _ string, _ []shard.Event) error {
+	if worker == 1 {
+		panic("sink failure")
+	}
+	return nil
+}
+
+func (s *panicStreamSink) Report(r *router.LoadReport) error {
+	if r.Worker == 1 {
+		panic("sink failure")
+	}
+	s.reports.Add(1)
+	return nil
 }
