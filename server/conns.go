@@ -272,6 +272,38 @@ func (c *conns) openCount() int {
 	return len(c.open)
 }
 
+// shutdownGrace is how long a shutdown lets a connection that has sent nothing yet send its
+// request before closing it: one accepted just before the listener closed is served.
+const shutdownGrace = time.Second
+
+// closeIdle closes, every 100 ms until stop, the connections waiting for a request for at least
+// shutdownGrace.
+func (c *conns) closeIdle(stop <-chan struct{}) {
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	var idle []*conn
+	for {
+		now := c.clock()
+		c.mu.Lock()
+		for _, cn := range c.open {
+			if t := cn.idle.Load(); t != 0 && now-t >= int64(shutdownGrace) {
+				idle = append(idle, cn)
+			}
+		}
+		c.mu.Unlock()
+		for i, cn := range idle {
+			cn.Close()
+			idle[i] = nil
+		}
+		idle = idle[:0]
+		select {
+		case <-stop:
+			return
+		case <-tick.C:
+		}
+	}
+}
+
 // outOfFiles reports whether err is accept's failure for want of a file or buffer: the
 // pending connection stays in the backlog, and accepting it again later succeeds.
 func outOfFiles(err error) bool {

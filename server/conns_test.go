@@ -234,3 +234,24 @@ func TestDefaultMaxConns(t *testing.T) {
 		t.Fatal("FileLimit 0")
 	}
 }
+
+// TestCloseIdle: a shutdown closes the connections waiting for a request, once they have had
+// a grace period to send one, and leaves those serving one.
+func TestCloseIdle(t *testing.T) {
+	c := newConns(10, 10, quietLog())
+	now := int64(1)
+	c.clock = func() int64 { return now }
+	old, busy := newFakeConn("10.0.0.1", 1), newFakeConn("10.0.0.1", 2)
+	c.admit(old)
+	c.admit(busy).Read(make([]byte, 1))
+	now += int64(shutdownGrace)
+	fresh := newFakeConn("10.0.0.1", 3)
+	c.admit(fresh)
+	stop := make(chan struct{})
+	close(stop) // one pass
+	c.closeIdle(stop)
+	if !old.isClosed() || busy.isClosed() || fresh.isClosed() || c.openCount() != 2 {
+		t.Fatalf("closed: idle %v, busy %v, just accepted %v; open %d; want the idle one alone closed",
+			old.isClosed(), busy.isClosed(), fresh.isClosed(), c.openCount())
+	}
+}

@@ -166,11 +166,23 @@ func New(r *router.Router, cfg Config) *Server {
 // tries again.
 func (s *Server) Serve(ln net.Listener) error { return s.srv.Serve(s.conns.listener(ln)) }
 
-// Shutdown stops accepting connections and waits for requests in flight to finish. /readyz
-// reports 503 from its start.
+// Shutdown stops accepting connections and waits for requests in flight to finish, closing
+// idle connections. /readyz reports 503 from its start.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.ready.Store(false)
-	return s.srv.ShutdownWithContext(ctx)
+	// fasthttp closes connections idle between requests, but takes one still waiting for its
+	// first request for a request in flight, until its read timeout: held open by idle
+	// clients, they would stretch every shutdown to the read timeout.
+	stop := make(chan struct{})
+	closed := make(chan struct{})
+	go func() {
+		defer close(closed)
+		s.conns.closeIdle(stop)
+	}()
+	err := s.srv.ShutdownWithContext(ctx)
+	close(stop)
+	<-closed
+	return err
 }
 
 // readyz answers 200 "ready" while the server is not shutting down and every Config.Ready
