@@ -136,7 +136,7 @@ func parseConfig(args []string, env func(string) (string, bool), out io.Writer) 
 	fs.IntVar(&c.HTTPReadBuffer, "http-read-buffer", c.HTTPReadBuffer, "bytes of read buffer per open HTTP connection; bounds request headers, and a request that fits is read in one system call")
 	fs.IntVar(&c.HTTPWriteBuffer, "http-write-buffer", c.HTTPWriteBuffer, "bytes of write buffer per open HTTP connection; an answer that fits goes out in one system call")
 	fs.IntVar(&c.HTTPMaxConns, "http-max-conns", c.HTTPMaxConns, "open HTTP connections at most; at the limit a new one closes the connection idle longest, or is refused with 503 if none is idle. "+
-		"Default: the open-file limit less a reserve of 256 + 1/8 of it for the daemon's other files, between 64 and 65536")
+		"Default: the open-file limit less a reserve of 256 + 1/8 of it for the daemon's other files, between 64 and 16384")
 	fs.IntVar(&c.HTTPMaxConnsPerIP, "http-max-conns-per-ip", c.HTTPMaxConnsPerIP, "open HTTP connections from one client address at most; beyond, a new one is refused with 503. 0 = a quarter of --http-max-conns")
 	fs.DurationVar(&c.HTTPIdleTimeout, "http-idle-timeout", c.HTTPIdleTimeout, "close a keep-alive HTTP connection after this long without a request (a new connection's first request must come within 30s)")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", c.ShutdownTimeout, "how long a graceful shutdown waits for requests in flight")
