@@ -235,23 +235,53 @@ func TestDefaultMaxConns(t *testing.T) {
 	}
 }
 
-// TestCloseIdle: a shutdown closes the connections waiting for a request, once they have had
-// a grace period to send one, and leaves those serving one.
+// TestCloseIdle: a shutdown closes the connections waiting for a request, and leaves those
+// serving one.
 func TestCloseIdle(t *testing.T) {
 	c := newConns(10, 10, quietLog())
-	now := int64(1)
-	c.clock = func() int64 { return now }
-	old, busy := newFakeConn("10.0.0.1", 1), newFakeConn("10.0.0.1", 2)
-	c.admit(old)
+	idle, busy, answered := newFakeConn("10.0.0.1", 1), newFakeConn("10.0.0.1", 2), newFakeConn("10.0.0.1", 3)
+	c.admit(idle)
 	c.admit(busy).Read(make([]byte, 1))
-	now += int64(shutdownGrace)
-	fresh := newFakeConn("10.0.0.1", 3)
-	c.admit(fresh)
+	cn := c.admit(answered).(*conn)
+	cn.Read(make([]byte, 1))
+	c.connState(cn, fasthttp.StateIdle)
 	stop := make(chan struct{})
-	close(stop) // one pass
-	c.closeIdle(stop)
-	if !old.isClosed() || busy.isClosed() || fresh.isClosed() || c.openCount() != 2 {
-		t.Fatalf("closed: idle %v, busy %v, just accepted %v; open %d; want the idle one alone closed",
-			old.isClosed(), busy.isClosed(), fresh.isClosed(), c.openCount())
+	close(stop)
+	c.closeIdle(stop, time.Hour) // stopped in its grace: closes nothing
+	if idle.isClosed() || answered.isClosed() {
+		t.Fatal("closed during the grace")
+	}
+	c.closeIdle(stop, 0) // one pass
+	if !idle.isClosed() || busy.isClosed() || !answered.isClosed() || c.openCount() != 1 {
+		t.Fatalf("closed: never used %v, busy %v, answered %v; open %d; want the busy one alone open",
+			idle.isClosed(), busy.isClosed(), answered.isClosed(), c.openCount())
+	}
+}
+
+// request is what one kept-alive request costs the connection bookkeeping: the first byte's
+// Read, and fasthttp's active and idle states.
+func request(c *conns, cn *conn, buf []byte) {
+	cn.Read(buf)
+	c.connState(cn, fasthttp.StateActive)
+	c.connState(cn, fasthttp.StateIdle)
+}
+
+// TestConnBookkeepingAllocs: the bookkeeping on the request path allocates nothing.
+func TestConnBookkeepingAllocs(t *testing.T) {
+	c := newConns(10, 10, quietLog())
+	cn := c.admit(newFakeConn("10.0.0.1", 1)).(*conn)
+	buf := make([]byte, 1)
+	if n := testing.AllocsPerRun(1000, func() { request(c, cn, buf) }); n != 0 {
+		t.Fatalf("%v allocations per request", n)
+	}
+}
+
+func BenchmarkConnsRequest(b *testing.B) {
+	c := newConns(10, 10, quietLog())
+	cn := c.admit(newFakeConn("10.0.0.1", 1)).(*conn)
+	buf := make([]byte, 1)
+	b.ReportAllocs()
+	for b.Loop() {
+		request(c, cn, buf)
 	}
 }

@@ -98,7 +98,8 @@ func (c Config) withDefaults() Config {
 
 // HTTPServer returns a fasthttp server serving h with the transport settings New gives the API
 // for cfg (limits, timeouts, buffers; New adds its own error handler, which counts transport
-// errors in its metrics): for a benchmark that puts another handler in the same transport.
+// errors in its metrics, and its connection limits, which Serve applies): for a benchmark that
+// puts another handler in the same transport.
 func HTTPServer(h fasthttp.RequestHandler, cfg Config) *fasthttp.Server {
 	cfg = cfg.withDefaults()
 	return &fasthttp.Server{
@@ -177,7 +178,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	closed := make(chan struct{})
 	go func() {
 		defer close(closed)
-		s.conns.closeIdle(stop)
+		s.conns.closeIdle(stop, shutdownGrace)
 	}()
 	err := s.srv.ShutdownWithContext(ctx)
 	close(stop)
