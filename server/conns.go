@@ -49,8 +49,8 @@ func FileLimit() uint64 {
 
 // refusal is the answer to a connection refused for a limit: fasthttp's own overflow answers
 // are 503 and 429 with a line of text; this one tells a client it may retry.
-const refusal = "HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nContent-Type: text/plain\r\n" +
-	"Retry-After: 1\r\nContent-Length: 21\r\n\r\ntoo many connections\n"
+var refusal = []byte("HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nContent-Type: text/plain\r\n" +
+	"Retry-After: 1\r\nContent-Length: 21\r\n\r\ntoo many connections\n")
 
 // Accept back-off bounds while the process is out of files (the delays net/http uses).
 const (
@@ -161,7 +161,7 @@ func (c *conns) release(cn *conn) {
 	}
 }
 
-// connState is the fasthttp.Server's ConnState hook: it keeps each connection's idle time
+// connState is the fasthttp.Server's ConnState hook: it keeps each connection's idle word
 // for evictions.
 func (c *conns) connState(nc net.Conn, st fasthttp.ConnState) {
 	cn, ok := nc.(*conn)
@@ -255,7 +255,7 @@ func (c *conns) evict(cn *conn, why string) {
 func (c *conns) refuse(nc net.Conn, reason int) {
 	c.refused[reason].Add(1)
 	_ = nc.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
-	_, _ = nc.Write([]byte(refusal))
+	_, _ = nc.Write(refusal)
 	_ = nc.Close()
 	if c.logDue(reason) {
 		c.log.Warn("HTTP connection refused", "reason", refusalNames[reason], "remote", nc.RemoteAddr().String(),
