@@ -8,6 +8,14 @@
 // is counted in kvrouterd_http_rejected_total by endpoint and reason, and is logged; it changes
 // nothing.
 //
+// Open connections are bounded in total and per client address (Config.MaxConns,
+// MaxConnsPerIP). At the total limit a new connection takes the place of the one that has waited
+// longest for a request, so that a health probe gets in while idle clients hold every slot; it
+// is refused with 503 when none is idle, or past its address's limit. A process out of files
+// does not stop Serve: accept closes an idle connection or waits and tries again. Refusals,
+// evictions and accept errors are counted (kvrouterd_http_connections_*,
+// kvrouterd_http_accept_errors_total) and logged a line per kind per 10 s.
+//
 // A Server is safe for concurrent use; fasthttp runs each request on its own goroutine. Handlers
 // keep nothing of a request once they return.
 package server

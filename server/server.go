@@ -29,9 +29,16 @@ const ContentType = wire.ContentType
 type Config struct {
 	// MaxBodyBytes bounds request bodies (8 MiB, Dynamo's limit); larger ones get 413.
 	MaxBodyBytes int
-	// ReadTimeout and WriteTimeout bound one request's I/O (30 s each); IdleTimeout closes
-	// idle keep-alive connections (120 s).
+	// ReadTimeout and WriteTimeout bound one request's I/O (30 s each; ReadTimeout also bounds
+	// the wait for a new connection's first request); IdleTimeout closes idle keep-alive
+	// connections (120 s).
 	ReadTimeout, WriteTimeout, IdleTimeout time.Duration
+	// MaxConns bounds the open connections (DefaultMaxConns(FileLimit())). At the limit a new
+	// connection closes the one idle longest, or is refused with 503 if none is idle.
+	MaxConns int
+	// MaxConnsPerIP bounds one client address's open connections (a quarter of MaxConns);
+	// beyond it a new connection is refused with 503.
+	MaxConnsPerIP int
 	// Logger receives one line per refused request, at warn level (slog.Default()).
 	Logger *slog.Logger
 	// Registry is where the metrics are registered (a new registry).
@@ -71,6 +78,12 @@ func (c Config) withDefaults() Config {
 	if c.IdleTimeout <= 0 {
 		c.IdleTimeout = 120 * time.Second
 	}
+	if c.MaxConns <= 0 {
+		c.MaxConns = DefaultMaxConns(FileLimit())
+	}
+	if c.MaxConnsPerIP <= 0 {
+		c.MaxConnsPerIP = max(1, c.MaxConns/4)
+	}
 	if c.ReadBufferSize <= 0 {
 		c.ReadBufferSize = 16 << 10
 	}
@@ -85,7 +98,8 @@ func (c Config) withDefaults() Config {
 
 // HTTPServer returns a fasthttp server serving h with the transport settings New gives the API
 // for cfg (limits, timeouts, buffers; New adds its own error handler, which counts transport
-// errors in its metrics): for a benchmark that puts another handler in the same transport.
+// errors in its metrics, and its connection limits, which Serve applies): for a benchmark that
+// puts another handler in the same transport.
 func HTTPServer(h fasthttp.RequestHandler, cfg Config) *fasthttp.Server {
 	cfg = cfg.withDefaults()
 	return &fasthttp.Server{
@@ -112,6 +126,7 @@ type Server struct {
 	m       *metrics
 	srv     *fasthttp.Server
 	ready   atomic.Bool
+	conns   *conns
 	bufs    *freelist.List[buffers]
 	metrics fasthttp.RequestHandler
 }
@@ -137,18 +152,38 @@ func New(r *router.Router, cfg Config) *Server {
 	s.bufs = freelist.New[buffers](4 * runtime.GOMAXPROCS(0))
 	s.srv = HTTPServer(s.Handle, cfg)
 	s.srv.ErrorHandler = s.transportError
+	s.conns = newConns(cfg.MaxConns, cfg.MaxConnsPerIP, cfg.Logger)
+	s.srv.ConnState = s.conns.connState
+	// The limit is conns': fasthttp's own (a worker per connection) must never refuse first,
+	// also while a closed connection's worker is still being released.
+	s.srv.Concurrency = max(fasthttp.DefaultConcurrency, 2*cfg.MaxConns)
+	cfg.Registry.MustRegister(connCollector{s.conns})
 	s.ready.Store(true)
 	return s
 }
 
-// Serve accepts connections on ln until Shutdown.
-func (s *Server) Serve(ln net.Listener) error { return s.srv.Serve(ln) }
+// Serve accepts connections on ln until Shutdown, within Config.MaxConns and MaxConnsPerIP
+// over every listener it serves. A process out of files does not end it: Accept waits and
+// tries again.
+func (s *Server) Serve(ln net.Listener) error { return s.srv.Serve(s.conns.listener(ln)) }
 
-// Shutdown stops accepting connections and waits for requests in flight to finish. /readyz
-// reports 503 from its start.
+// Shutdown stops accepting connections and waits for requests in flight to finish, closing
+// idle connections. /readyz reports 503 from its start.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.ready.Store(false)
-	return s.srv.ShutdownWithContext(ctx)
+	// fasthttp closes connections idle between requests, but takes one still waiting for its
+	// first request for a request in flight, until its read timeout: held open by idle
+	// clients, they would stretch every shutdown to the read timeout.
+	stop := make(chan struct{})
+	closed := make(chan struct{})
+	go func() {
+		defer close(closed)
+		s.conns.closeIdle(stop, shutdownGrace)
+	}()
+	err := s.srv.ShutdownWithContext(ctx)
+	close(stop)
+	<-closed
+	return err
 }
 
 // readyz answers 200 "ready" while the server is not shutting down and every Config.Ready
@@ -173,6 +208,14 @@ func (s *Server) readyz(ctx *fasthttp.RequestCtx) {
 
 // transportError answers requests fasthttp refuses before the handler: oversized or unreadable.
 func (s *Server) transportError(ctx *fasthttp.RequestCtx, err error) {
+	if cn, ok := ctx.Conn().(*conn); ok && cn.idle.Load() != 0 {
+		// Not a byte of a request came: the connection timed out idle, its client left, or
+		// it was closed to admit another (counted then). Nothing to count or log per
+		// connection, which a flood of idle connections would turn into a flood of lines.
+		ctx.SetStatusCode(fasthttp.StatusRequestTimeout)
+		ctx.SetConnectionClose()
+		return
+	}
 	status, reason := fasthttp.StatusBadRequest, "unreadable"
 	if errors.Is(err, fasthttp.ErrBodyTooLarge) {
 		status, reason = fasthttp.StatusRequestEntityTooLarge, "too_large"

@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvrouterd/kvrouterd/ingest"
 	"github.com/kvrouterd/kvrouterd/scoring"
+	"github.com/kvrouterd/kvrouterd/server"
 )
 
 // config is the daemon's whole configuration: defaults here, then KVR_* environment variables,
@@ -31,6 +32,9 @@ type config struct {
 	MaxBodyBytes       int
 	HTTPReadBuffer     int
 	HTTPWriteBuffer    int
+	HTTPMaxConns       int
+	HTTPMaxConnsPerIP  int // 0: a quarter of HTTPMaxConns
+	HTTPIdleTimeout    time.Duration
 	ShutdownTimeout    time.Duration
 	LogLevel           string
 	LogFormat          string
@@ -83,6 +87,8 @@ func defaults() config {
 		MaxBodyBytes:       8 << 20,
 		HTTPReadBuffer:     16 << 10,
 		HTTPWriteBuffer:    64 << 10,
+		HTTPMaxConns:       server.DefaultMaxConns(server.FileLimit()),
+		HTTPIdleTimeout:    120 * time.Second,
 		ShutdownTimeout:    30 * time.Second,
 		LogLevel:           "info",
 		LogFormat:          "text",
@@ -132,6 +138,10 @@ func parseConfig(args []string, env func(string) (string, bool), out io.Writer) 
 	fs.IntVar(&c.MaxBodyBytes, "max-body-bytes", c.MaxBodyBytes, "largest HTTP request body accepted")
 	fs.IntVar(&c.HTTPReadBuffer, "http-read-buffer", c.HTTPReadBuffer, "bytes of read buffer per open HTTP connection; bounds request headers, and a request that fits is read in one system call")
 	fs.IntVar(&c.HTTPWriteBuffer, "http-write-buffer", c.HTTPWriteBuffer, "bytes of write buffer per open HTTP connection; an answer that fits goes out in one system call")
+	fs.IntVar(&c.HTTPMaxConns, "http-max-conns", c.HTTPMaxConns, "open HTTP connections at most; at the limit a new one closes the connection idle longest, or is refused with 503 if none is idle. "+
+		"Default: the open-file limit less a reserve of 256 + 1/8 of it for the daemon's other files, between 64 and 16384")
+	fs.IntVar(&c.HTTPMaxConnsPerIP, "http-max-conns-per-ip", c.HTTPMaxConnsPerIP, "open HTTP connections from one client address at most; beyond, a new one is refused with 503. 0 = a quarter of --http-max-conns")
+	fs.DurationVar(&c.HTTPIdleTimeout, "http-idle-timeout", c.HTTPIdleTimeout, "close a keep-alive HTTP connection after this long without a request (a new connection's first request must come within 30s)")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", c.ShutdownTimeout, "how long a graceful shutdown waits for requests in flight")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error (debug logs every routing decision)")
 	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "text or json")
@@ -214,6 +224,10 @@ func (c *config) check() error {
 		return fmt.Errorf("--max-blocks, --queue-len, --max-body-bytes: out of range")
 	case c.HTTPReadBuffer < 4096 || c.HTTPWriteBuffer < 4096 || c.HTTPReadBuffer > 64<<20 || c.HTTPWriteBuffer > 64<<20:
 		return fmt.Errorf("--http-read-buffer %d, --http-write-buffer %d: want 4096 to 64 MiB", c.HTTPReadBuffer, c.HTTPWriteBuffer)
+	case c.HTTPMaxConns < 1 || c.HTTPMaxConns > 1<<24 || c.HTTPMaxConnsPerIP < 0:
+		return fmt.Errorf("--http-max-conns %d, --http-max-conns-per-ip %d: want 1 to 16777216 connections, and 0 (a quarter) or more per address", c.HTTPMaxConns, c.HTTPMaxConnsPerIP)
+	case c.HTTPIdleTimeout <= 0:
+		return fmt.Errorf("--http-idle-timeout %v: want a positive duration", c.HTTPIdleTimeout)
 	case c.LogFormat != "text" && c.LogFormat != "json":
 		return fmt.Errorf("--log-format %q: want text or json", c.LogFormat)
 	case c.NATSMaxAge < 0 || c.NATSMaxBytes < 0 || c.NATSReplicas < 1 || c.NATSReplicas > 5:

@@ -18,6 +18,7 @@ import (
 	"github.com/go-zeromq/zmq4"
 	"github.com/kvrouterd/kvrouterd/client"
 	"github.com/kvrouterd/kvrouterd/ingest"
+	"github.com/kvrouterd/kvrouterd/server"
 	"github.com/kvrouterd/kvrouterd/shard"
 	"github.com/kvrouterd/kvrouterd/wire"
 	"github.com/nats-io/nats.go"
@@ -61,6 +62,17 @@ func TestConfigEnvAndFlags(t *testing.T) {
 	f([]string{"--nats-user-file", filepath.Join(t.TempDir(), "none.auth")}, nil, "--nats-user-file")
 	f(nil, map[string]string{"KVR_NATS_NO_AUTH": "maybe"}, "KVR_NATS_NO_AUTH")
 	f([]string{"--approx-prune-target", "1.5"}, nil, "--approx-prune-target")
+	f([]string{"--http-max-conns", "0"}, nil, "--http-max-conns")
+	f(nil, map[string]string{"KVR_HTTP_MAX_CONNS_PER_IP": "-1"}, "--http-max-conns-per-ip")
+	f([]string{"--http-idle-timeout", "0s"}, nil, "--http-idle-timeout")
+	hc, err := parseConfig([]string{"--http-max-conns", "500"}, env(map[string]string{
+		"KVR_HTTP_MAX_CONNS": "100", "KVR_HTTP_MAX_CONNS_PER_IP": "50", "KVR_HTTP_IDLE_TIMEOUT": "10s"}), io.Discard)
+	if err != nil || hc.HTTPMaxConns != 500 || hc.HTTPMaxConnsPerIP != 50 || hc.HTTPIdleTimeout != 10*time.Second {
+		t.Fatalf("connection flags: %d %d %v %v", hc.HTTPMaxConns, hc.HTTPMaxConnsPerIP, hc.HTTPIdleTimeout, err)
+	}
+	if d.HTTPMaxConns != server.DefaultMaxConns(server.FileLimit()) || d.HTTPMaxConnsPerIP != 0 || perIP(d) != d.HTTPMaxConns/4 {
+		t.Fatalf("connection defaults: %d, per address %d", d.HTTPMaxConns, d.HTTPMaxConnsPerIP)
+	}
 	z, err := parseConfig(nil, env(map[string]string{"KVR_ZMQ": "worker=1,model=m,endpoint=tcp://h:5557;worker=2,model=m,endpoint=tcp://h:6557,ranks=2"}), io.Discard)
 	if err != nil || len(z.ZMQ) != 2 || z.ZMQ[1].Ranks != 2 {
 		t.Fatalf("KVR_ZMQ with two sources: %+v %v", z.ZMQ, err)
