@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -54,7 +55,7 @@ func TestDaemonRegistrationLimits(t *testing.T) {
 		}
 	}
 	// A worker discovered from its events: one whose subject names a model too long is refused.
-	nc, err := nats.Connect("nats://" + natsAddr)
+	nc, err := nats.Connect("nats://"+natsAddr, ingest.UserFile(filepath.Join(dir, "nats", "publisher.auth")))
 	if err != nil {
 		t.Fatal(err)
 	}
