@@ -1,12 +1,16 @@
 package server
 
 import (
+	"bufio"
 	"errors"
 	"io"
 	"log/slog"
+	"net"
+	"net/http"
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/kvrouterd/kvrouterd/router"
 	"github.com/valyala/fasthttp"
@@ -63,4 +67,29 @@ func TestReadyz(t *testing.T) {
 	f(200, "ready")
 	_ = s.Shutdown(t.Context())
 	f(503, "shutting down")
+}
+
+// TestHeadersTooLarge: request headers past the read buffer get 431 naming the headers, and
+// the server goes on serving.
+func TestHeadersTooLarge(t *testing.T) {
+	h := newHarness(t)
+	c, err := net.Dial("tcp", h.tcp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	req := "GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + strings.Repeat("a", 64<<10) + "\r\n\r\n"
+	go func() { _, _ = c.Write([]byte(req)) }()
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusRequestHeaderFieldsTooLarge || !strings.Contains(string(body), `"field":"headers"`) {
+		t.Fatalf("%d %s, want 431 naming the headers", resp.StatusCode, body)
+	}
+	if code, _ := h.post("/v1/match", "", []byte(`{"model":"m","token_ids":[1]}`)); code >= 500 {
+		t.Fatalf("after the refusal: %d", code)
+	}
 }

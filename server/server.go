@@ -216,15 +216,19 @@ func (s *Server) transportError(ctx *fasthttp.RequestCtx, err error) {
 		ctx.SetConnectionClose()
 		return
 	}
-	status, reason := fasthttp.StatusBadRequest, "unreadable"
-	if errors.Is(err, fasthttp.ErrBodyTooLarge) {
+	status, reason, field := fasthttp.StatusBadRequest, "unreadable", "body"
+	var small *fasthttp.ErrSmallBuffer
+	switch {
+	case errors.Is(err, fasthttp.ErrBodyTooLarge):
 		status, reason = fasthttp.StatusRequestEntityTooLarge, "too_large"
+	case errors.As(err, &small):
+		status, reason, field = fasthttp.StatusRequestHeaderFieldsTooLarge, "headers_too_large", "headers"
 	}
 	s.m.rejected.WithLabelValues("any", reason).Inc()
 	s.log.Warn("request refused", "reason", reason, "err", err, "remote", ctx.RemoteAddr().String())
 	ctx.SetStatusCode(status)
 	ctx.SetContentType("application/json")
-	ctx.SetBody(appendError(nil, "body: "+err.Error(), "body", -1))
+	ctx.SetBody(appendError(nil, field+": "+err.Error(), field, -1))
 }
 
 // Handle serves one request; it is the fasthttp handler (tests may call it directly).
