@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -33,6 +34,14 @@ type Config struct {
 	// index-like records (BenchmarkStoreWrite) compresses better than zstd.SpeedFastest and is
 	// no slower: the fastest level's small match table misses repeats a few MB apart.
 	Level zstd.EncoderLevel
+	// ReadOnly opens the store without writing a byte: Pebble replays its log in memory and
+	// neither flushes nor compacts, Open leaves orphan chunks and staging files where they are
+	// and never moves the directory aside, and Write and Receive return ErrReadOnly. For a disk
+	// with no room, where a writable open fails or, worse, Pebble retries its flush forever.
+	ReadOnly bool
+	// Fatal is called with Pebble's message when Pebble cannot continue (a failed MANIFEST write,
+	// a broken invariant); it must not return. Default: panic.
+	Fatal func(msg string)
 }
 
 const (
@@ -95,6 +104,9 @@ func Open(dir string, cfg Config) (*Store, error) {
 	if cfg.Level == 0 {
 		cfg.Level = zstd.SpeedDefault
 	}
+	if cfg.Fatal == nil {
+		cfg.Fatal = func(msg string) { panic("snapshot: " + msg) }
+	}
 	s := &Store{dir: dir, cfg: cfg, log: cfg.Logger.With("component", "snapshot", "dir", dir), live: map[*Snapshot]struct{}{}}
 	var err error
 	s.enc, err = zstd.NewWriter(nil, zstd.WithEncoderLevel(cfg.Level), zstd.WithEncoderConcurrency(1),
@@ -109,7 +121,7 @@ func Open(dir string, cfg Config) (*Store, error) {
 	}
 	err = s.open()
 	var dmg *damagedError
-	if errors.As(err, &dmg) {
+	if errors.As(err, &dmg) && !cfg.ReadOnly {
 		aside, rerr := moveAside(dir)
 		if rerr != nil {
 			s.dec.Close()
@@ -176,8 +188,10 @@ func (e *damagedError) Unwrap() error { return e.err }
 // open opens Pebble in s.dir and recovers the store's state. Errors the directory's contents
 // caused are *damagedError. On error nothing stays open.
 func (s *Store) open() (err error) {
-	if err := os.MkdirAll(s.dir, 0o755); err != nil {
-		return fmt.Errorf("snapshot: %w", err)
+	if !s.cfg.ReadOnly {
+		if err := os.MkdirAll(s.dir, 0o755); err != nil {
+			return fmt.Errorf("snapshot: %w", err)
+		}
 	}
 	lock, err := pebble.LockDirectory(s.dir, vfs.Default)
 	if err != nil {
@@ -195,7 +209,9 @@ func (s *Store) open() (err error) {
 	}()
 	if err != nil {
 		_ = lock.Close()
-		if errors.Is(err, fs.ErrPermission) {
+		// A full disk or a permission says nothing of the files: moving them aside would lose
+		// good snapshots.
+		if errors.Is(err, fs.ErrPermission) || errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EROFS) {
 			return fmt.Errorf("snapshot: open %s: %w", s.dir, err)
 		}
 		return &damagedError{fmt.Errorf("snapshot: open %s: %w", s.dir, err)}
@@ -208,7 +224,7 @@ func (s *Store) open() (err error) {
 		_ = db.Close()
 		_ = lock.Close()
 		s.db, s.lock = nil, nil
-		if errors.Is(err, ErrFormat) {
+		if errors.Is(err, ErrFormat) || errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EROFS) {
 			return err
 		}
 		return &damagedError{err}
@@ -218,10 +234,11 @@ func (s *Store) open() (err error) {
 
 func (s *Store) pebbleOptions(lock *pebble.Lock) *pebble.Options {
 	opts := &pebble.Options{
+		ReadOnly:           s.cfg.ReadOnly,
 		FormatMajorVersion: pebble.FormatNewest,
 		CacheSize:          cacheSize,
 		Lock:               lock,
-		Logger:             pebbleLogger{s.log},
+		Logger:             pebbleLogger{s.log, s.cfg.Fatal},
 		EventListener: &pebble.EventListener{
 			BackgroundError: func(err error) { s.log.Error("pebble background error", "err", err) },
 			// Pebble's default ends the process; a corrupt table here is a skipped snapshot.
@@ -236,11 +253,13 @@ func (s *Store) pebbleOptions(lock *pebble.Lock) *pebble.Options {
 	return opts
 }
 
-// recover checks the layout version, deletes orphan chunks and staging files, and loads the
-// committed IDs and the next ID. REQUIRES: s.db open, not yet shared.
+// recover checks the layout version, deletes orphan chunks and staging files (not when
+// read-only), and loads the committed IDs and the next ID. REQUIRES: s.db open, not yet shared.
 func (s *Store) recover() error {
 	v, closer, err := s.db.Get(formatKey)
 	switch {
+	case errors.Is(err, pebble.ErrNotFound) && s.cfg.ReadOnly:
+		return nil // a new store: nothing to read
 	case errors.Is(err, pebble.ErrNotFound):
 		if err := s.db.Set(formatKey, []byte(formatValue), pebble.Sync); err != nil {
 			return fmt.Errorf("snapshot: write format key: %w", err)
@@ -270,6 +289,9 @@ func (s *Store) recover() error {
 	}
 	if n := len(pending); n > 0 && pending[n-1] >= s.nextID {
 		s.nextID = pending[n-1] + 1
+	}
+	if s.cfg.ReadOnly {
+		return nil
 	}
 	if len(pending) > 0 {
 		b := s.db.NewBatch()
@@ -339,6 +361,9 @@ func (s *Store) reclaim() {
 		s.log.Warn("flush after deleting snapshots", "err", err)
 	}
 }
+
+// ReadOnly reports whether the store was opened with Config.ReadOnly.
+func (s *Store) ReadOnly() bool { return s.cfg.ReadOnly }
 
 // MovedAside reports whether Open found the directory unreadable and moved it aside: the path it
 // was moved to and the error that made Open do it; "" and nil otherwise.
@@ -464,7 +489,10 @@ func readManifest(r pebbleReader, id uint64) (Meta, []chunkEntry, []byte, error)
 
 // pebbleLogger routes Pebble's log to slog. Fatalf must not return; Pebble calls it on broken
 // invariants and failed MANIFEST writes, where the process cannot continue.
-type pebbleLogger struct{ l *slog.Logger }
+type pebbleLogger struct {
+	l     *slog.Logger
+	fatal func(msg string)
+}
 
 func (p pebbleLogger) Infof(format string, args ...any) {
 	if p.l.Enabled(context.Background(), slog.LevelDebug) {
@@ -478,6 +506,6 @@ func (p pebbleLogger) Errorf(format string, args ...any) {
 
 func (p pebbleLogger) Fatalf(format string, args ...any) {
 	msg := "pebble: " + fmt.Sprintf(format, args...)
-	p.l.Error(msg)
-	panic("snapshot: " + msg)
+	p.fatal(msg)
+	panic("snapshot: " + msg) // fatal returned
 }
