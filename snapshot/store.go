@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -62,6 +63,11 @@ type Store struct {
 	dec    *zstd.Decoder
 	aside  string // set by Open when it moved dir aside
 	reason error
+	// opening is set while Open runs: a background write error then means no room to open.
+	opening atomic.Bool
+	// bgErr is the last background write Pebble could not make for want of room (it retries),
+	// nil once a flush or compaction succeeds.
+	bgErr atomic.Pointer[error]
 
 	// Lock order: writeMu, then mu, then liveMu.
 
@@ -119,6 +125,8 @@ func Open(dir string, cfg Config) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("snapshot: zstd decoder: %w", err)
 	}
+	s.opening.Store(true)
+	defer s.opening.Store(false)
 	err = s.open()
 	var dmg *damagedError
 	if errors.As(err, &dmg) && !cfg.ReadOnly {
@@ -129,6 +137,7 @@ func Open(dir string, cfg Config) (*Store, error) {
 		}
 		s.log.Error("snapshot store unreadable: moved aside, starting empty", "moved_to", aside, "err", dmg.err)
 		s.aside, s.reason = aside, dmg.err
+		s.bgErr.Store(nil) // the abandoned database's
 		err = s.open()
 	}
 	if err != nil {
@@ -240,7 +249,27 @@ func (s *Store) pebbleOptions(lock *pebble.Lock) *pebble.Options {
 		Lock:               lock,
 		Logger:             pebbleLogger{s.log, s.cfg.Fatal},
 		EventListener: &pebble.EventListener{
-			BackgroundError: func(err error) { s.log.Error("pebble background error", "err", err) },
+			BackgroundError: func(err error) {
+				if s.opening.Load() && errors.Is(err, syscall.ENOSPC) {
+					// Open waits for this flush, which Pebble retries for ever: no room to
+					// open the store, and no way to return it.
+					s.cfg.Fatal(fmt.Sprintf("no room to open the store in %s: %v", s.dir, err))
+				}
+				if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EROFS) {
+					s.bgErr.Store(&err)
+				}
+				s.log.Error("pebble background error", "err", err.Error())
+			},
+			FlushEnd: func(info pebble.FlushInfo) {
+				if info.Err == nil {
+					s.bgErr.Store(nil)
+				}
+			},
+			CompactionEnd: func(info pebble.CompactionInfo) {
+				if info.Err == nil {
+					s.bgErr.Store(nil)
+				}
+			},
 			// Pebble's default ends the process; a corrupt table here is a skipped snapshot.
 			DataCorruption: func(info pebble.DataCorruptionInfo) {
 				s.log.Error("pebble data corruption", "path", info.Path, "err", info.Details)
@@ -360,6 +389,16 @@ func (s *Store) reclaim() {
 	if err := s.db.Flush(); err != nil {
 		s.log.Warn("flush after deleting snapshots", "err", err)
 	}
+}
+
+// Err returns why Pebble cannot write in the background — a flush or compaction that failed
+// for want of room (ENOSPC, EROFS), which it retries until one succeeds — or nil. While it is
+// set, a Write could wait for the retries.
+func (s *Store) Err() error {
+	if err := s.bgErr.Load(); err != nil {
+		return *err
+	}
+	return nil
 }
 
 // ReadOnly reports whether the store was opened with Config.ReadOnly.
