@@ -52,7 +52,7 @@ func (cu *catchUp) watch(ctx context.Context, st *ingest.Stream, stream string, 
 	defer t.Stop()
 	var lastInfo time.Time
 	for {
-		if !cu.known.Load() || time.Since(lastInfo) > time.Second {
+		if lastInfo.IsZero() || time.Since(lastInfo) >= time.Second { // a cheap request, but a request
 			lastInfo = time.Now()
 			state, err := info()
 			switch {

@@ -74,8 +74,8 @@ type state struct {
 	total bucket
 }
 
-// Handler is a slog.Handler limiting repeated records before they reach the handler it wraps.
-// Safe for concurrent use, as the wrapped handler must be.
+// Handler, safe for concurrent use as the handler it wraps must be, is a slog.Handler that
+// limits repeated records before they reach that handler.
 type Handler struct {
 	next slog.Handler
 	st   *state
