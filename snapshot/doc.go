@@ -23,6 +23,13 @@
 // directory that is merely locked by another process or unreadable for permissions is an error
 // and is left alone.
 //
+// A store opened with Config.ReadOnly writes nothing (Pebble replays its log in memory and
+// neither flushes nor compacts; orphan chunks stay until a writable open), refuses Write and
+// Receive with ErrReadOnly, and serves every read. It is for a disk with no room left: there a
+// writable open fails, or Pebble retries a failed flush forever, or ends the process on a failed
+// MANIFEST write (Config.Fatal). Neither a full disk (ENOSPC) nor a read-only filesystem makes
+// Open move a directory aside: they say nothing of the files.
+//
 // Verification is eager because it is cheap next to decompression: reading and hashing the
 // compressed bytes runs at memory speed (see snapshot_timing_test.go), while the restore must
 // decompress them anyway. Eager checks let a restore start from a snapshot that will not fail

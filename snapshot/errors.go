@@ -12,6 +12,8 @@ var (
 	ErrNone = errors.New("snapshot: no valid snapshot")
 	// ErrClosed: the Store or Snapshot was closed.
 	ErrClosed = errors.New("snapshot: closed")
+	// ErrReadOnly: Write or Receive on a store opened with Config.ReadOnly.
+	ErrReadOnly = errors.New("snapshot: store opened read-only")
 	// ErrCorrupt: stored or received bytes fail a checksum, do not decompress to the length the
 	// manifest says, or a chunk is missing.
 	ErrCorrupt = errors.New("snapshot: corrupt")

@@ -14,6 +14,8 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -33,6 +35,14 @@ type Config struct {
 	// index-like records (BenchmarkStoreWrite) compresses better than zstd.SpeedFastest and is
 	// no slower: the fastest level's small match table misses repeats a few MB apart.
 	Level zstd.EncoderLevel
+	// ReadOnly opens the store without writing a byte: Pebble replays its log in memory and
+	// neither flushes nor compacts, Open leaves orphan chunks and staging files where they are
+	// and never moves the directory aside, and Write and Receive return ErrReadOnly. For a disk
+	// with no room, where a writable open fails or, worse, Pebble retries its flush forever.
+	ReadOnly bool
+	// Fatal is called with Pebble's message when Pebble cannot continue (a failed MANIFEST write,
+	// a broken invariant); it must not return. Default: panic.
+	Fatal func(msg string)
 }
 
 const (
@@ -53,6 +63,11 @@ type Store struct {
 	dec    *zstd.Decoder
 	aside  string // set by Open when it moved dir aside
 	reason error
+	// opening is set while Open runs: a background write error then means no room to open.
+	opening atomic.Bool
+	// bgErr is the last background write Pebble could not make for want of room (it retries),
+	// nil once a flush or compaction succeeds.
+	bgErr atomic.Pointer[error]
 
 	// Lock order: writeMu, then mu, then liveMu.
 
@@ -95,6 +110,9 @@ func Open(dir string, cfg Config) (*Store, error) {
 	if cfg.Level == 0 {
 		cfg.Level = zstd.SpeedDefault
 	}
+	if cfg.Fatal == nil {
+		cfg.Fatal = func(msg string) { panic("snapshot: " + msg) }
+	}
 	s := &Store{dir: dir, cfg: cfg, log: cfg.Logger.With("component", "snapshot", "dir", dir), live: map[*Snapshot]struct{}{}}
 	var err error
 	s.enc, err = zstd.NewWriter(nil, zstd.WithEncoderLevel(cfg.Level), zstd.WithEncoderConcurrency(1),
@@ -107,9 +125,11 @@ func Open(dir string, cfg Config) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("snapshot: zstd decoder: %w", err)
 	}
+	s.opening.Store(true)
+	defer s.opening.Store(false)
 	err = s.open()
 	var dmg *damagedError
-	if errors.As(err, &dmg) {
+	if errors.As(err, &dmg) && !cfg.ReadOnly {
 		aside, rerr := moveAside(dir)
 		if rerr != nil {
 			s.dec.Close()
@@ -117,6 +137,7 @@ func Open(dir string, cfg Config) (*Store, error) {
 		}
 		s.log.Error("snapshot store unreadable: moved aside, starting empty", "moved_to", aside, "err", dmg.err)
 		s.aside, s.reason = aside, dmg.err
+		s.bgErr.Store(nil) // the abandoned database's
 		err = s.open()
 	}
 	if err != nil {
@@ -176,8 +197,10 @@ func (e *damagedError) Unwrap() error { return e.err }
 // open opens Pebble in s.dir and recovers the store's state. Errors the directory's contents
 // caused are *damagedError. On error nothing stays open.
 func (s *Store) open() (err error) {
-	if err := os.MkdirAll(s.dir, 0o755); err != nil {
-		return fmt.Errorf("snapshot: %w", err)
+	if !s.cfg.ReadOnly {
+		if err := os.MkdirAll(s.dir, 0o755); err != nil {
+			return fmt.Errorf("snapshot: %w", err)
+		}
 	}
 	lock, err := pebble.LockDirectory(s.dir, vfs.Default)
 	if err != nil {
@@ -195,7 +218,9 @@ func (s *Store) open() (err error) {
 	}()
 	if err != nil {
 		_ = lock.Close()
-		if errors.Is(err, fs.ErrPermission) {
+		// A full disk or a permission says nothing of the files: moving them aside would lose
+		// good snapshots.
+		if errors.Is(err, fs.ErrPermission) || errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EROFS) {
 			return fmt.Errorf("snapshot: open %s: %w", s.dir, err)
 		}
 		return &damagedError{fmt.Errorf("snapshot: open %s: %w", s.dir, err)}
@@ -208,7 +233,7 @@ func (s *Store) open() (err error) {
 		_ = db.Close()
 		_ = lock.Close()
 		s.db, s.lock = nil, nil
-		if errors.Is(err, ErrFormat) {
+		if errors.Is(err, ErrFormat) || errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EROFS) {
 			return err
 		}
 		return &damagedError{err}
@@ -218,12 +243,33 @@ func (s *Store) open() (err error) {
 
 func (s *Store) pebbleOptions(lock *pebble.Lock) *pebble.Options {
 	opts := &pebble.Options{
+		ReadOnly:           s.cfg.ReadOnly,
 		FormatMajorVersion: pebble.FormatNewest,
 		CacheSize:          cacheSize,
 		Lock:               lock,
-		Logger:             pebbleLogger{s.log},
+		Logger:             pebbleLogger{s.log, s.cfg.Fatal},
 		EventListener: &pebble.EventListener{
-			BackgroundError: func(err error) { s.log.Error("pebble background error", "err", err) },
+			BackgroundError: func(err error) {
+				if s.opening.Load() && errors.Is(err, syscall.ENOSPC) {
+					// Open waits for this flush, which Pebble retries for ever: no room to
+					// open the store, and no way to return it.
+					s.cfg.Fatal(fmt.Sprintf("no room to open the store in %s: %v", s.dir, err))
+				}
+				if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EROFS) {
+					s.bgErr.Store(&err)
+				}
+				s.log.Error("pebble background error", "err", err.Error())
+			},
+			FlushEnd: func(info pebble.FlushInfo) {
+				if info.Err == nil {
+					s.bgErr.Store(nil)
+				}
+			},
+			CompactionEnd: func(info pebble.CompactionInfo) {
+				if info.Err == nil {
+					s.bgErr.Store(nil)
+				}
+			},
 			// Pebble's default ends the process; a corrupt table here is a skipped snapshot.
 			DataCorruption: func(info pebble.DataCorruptionInfo) {
 				s.log.Error("pebble data corruption", "path", info.Path, "err", info.Details)
@@ -236,11 +282,13 @@ func (s *Store) pebbleOptions(lock *pebble.Lock) *pebble.Options {
 	return opts
 }
 
-// recover checks the layout version, deletes orphan chunks and staging files, and loads the
-// committed IDs and the next ID. REQUIRES: s.db open, not yet shared.
+// recover checks the layout version, deletes orphan chunks and staging files (not when
+// read-only), and loads the committed IDs and the next ID. REQUIRES: s.db open, not yet shared.
 func (s *Store) recover() error {
 	v, closer, err := s.db.Get(formatKey)
 	switch {
+	case errors.Is(err, pebble.ErrNotFound) && s.cfg.ReadOnly:
+		return nil // a new store: nothing to read
 	case errors.Is(err, pebble.ErrNotFound):
 		if err := s.db.Set(formatKey, []byte(formatValue), pebble.Sync); err != nil {
 			return fmt.Errorf("snapshot: write format key: %w", err)
@@ -270,6 +318,9 @@ func (s *Store) recover() error {
 	}
 	if n := len(pending); n > 0 && pending[n-1] >= s.nextID {
 		s.nextID = pending[n-1] + 1
+	}
+	if s.cfg.ReadOnly {
+		return nil
 	}
 	if len(pending) > 0 {
 		b := s.db.NewBatch()
@@ -339,6 +390,19 @@ func (s *Store) reclaim() {
 		s.log.Warn("flush after deleting snapshots", "err", err)
 	}
 }
+
+// Err returns why Pebble cannot write in the background — a flush or compaction that failed
+// for want of room (ENOSPC, EROFS), which it retries until one succeeds — or nil. While it is
+// set, a Write could wait for the retries.
+func (s *Store) Err() error {
+	if err := s.bgErr.Load(); err != nil {
+		return *err
+	}
+	return nil
+}
+
+// ReadOnly reports whether the store was opened with Config.ReadOnly.
+func (s *Store) ReadOnly() bool { return s.cfg.ReadOnly }
 
 // MovedAside reports whether Open found the directory unreadable and moved it aside: the path it
 // was moved to and the error that made Open do it; "" and nil otherwise.
@@ -464,7 +528,10 @@ func readManifest(r pebbleReader, id uint64) (Meta, []chunkEntry, []byte, error)
 
 // pebbleLogger routes Pebble's log to slog. Fatalf must not return; Pebble calls it on broken
 // invariants and failed MANIFEST writes, where the process cannot continue.
-type pebbleLogger struct{ l *slog.Logger }
+type pebbleLogger struct {
+	l     *slog.Logger
+	fatal func(msg string)
+}
 
 func (p pebbleLogger) Infof(format string, args ...any) {
 	if p.l.Enabled(context.Background(), slog.LevelDebug) {
@@ -478,6 +545,6 @@ func (p pebbleLogger) Errorf(format string, args ...any) {
 
 func (p pebbleLogger) Fatalf(format string, args ...any) {
 	msg := "pebble: " + fmt.Sprintf(format, args...)
-	p.l.Error(msg)
-	panic("snapshot: " + msg)
+	p.fatal(msg)
+	panic("snapshot: " + msg) // fatal returned
 }

@@ -165,6 +165,9 @@ func (s *Store) checkOpen() error {
 	if s.closed {
 		return ErrClosed
 	}
+	if s.cfg.ReadOnly {
+		return ErrReadOnly
+	}
 	return nil
 }
 

@@ -64,6 +64,7 @@ type config struct {
 	SnapshotInterval time.Duration
 	SnapshotKeep     int
 	BootstrapFrom    string
+	MinFreeDisk      int64
 
 	// Approximate mode.
 	NoKVEvents        bool
@@ -103,6 +104,7 @@ func defaults() config {
 		ShareLoad:          true,
 		SnapshotInterval:   time.Minute,
 		SnapshotKeep:       3,
+		MinFreeDisk:        64 << 20,
 		ApproxTTL:          120 * time.Second,
 		ApproxMaxBlocks:    1 << 20,
 		ApproxPruneTarget:  0.8,
@@ -162,6 +164,7 @@ func parseConfig(args []string, env func(string) (string, bool), out io.Writer) 
 	fs.BoolVar(&c.NoSnapshots, "no-snapshots", c.NoSnapshots, "keep no snapshots in --data-dir/snapshots: a restart rebuilds the index from the whole event stream")
 	fs.DurationVar(&c.SnapshotInterval, "snapshot-interval", c.SnapshotInterval, "write a snapshot of the index this often, and on shutdown; a restart restores the newest and replays the stream after it (0: on shutdown only)")
 	fs.IntVar(&c.SnapshotKeep, "snapshot-keep", c.SnapshotKeep, "snapshots kept; older ones are deleted")
+	fs.Int64Var(&c.MinFreeDisk, "min-free-disk", c.MinFreeDisk, "bytes free on --data-dir's filesystem below which the daemon starts read-only: it restores its newest snapshot, writes none, and /readyz says so; with the embedded NATS server it exits instead, as its stream could store no event")
 	fs.StringVar(&c.BootstrapFrom, "bootstrap-from", c.BootstrapFrom, "URL of a running kvrouterd (http://peer:8090): at start, fetch its newest snapshot and start from it")
 	fs.BoolVar(&c.NoKVEvents, "no-kv-events", c.NoKVEvents, "approximate mode, for workers that publish no KV events: a routed request's blocks count as cached on the chosen worker for --approx-ttl; no NATS")
 	fs.DurationVar(&c.ApproxTTL, "approx-ttl", c.ApproxTTL, "approximate mode: how long a block stays cached after the last request that used it")
@@ -242,6 +245,8 @@ func (c *config) check() error {
 		return fmt.Errorf("--snapshot-interval %v, --snapshot-keep %d: want a duration ≥ 0 and 1 to 1000 snapshots", c.SnapshotInterval, c.SnapshotKeep)
 	case c.BootstrapFrom != "" && !strings.HasPrefix(c.BootstrapFrom, "http://") && !strings.HasPrefix(c.BootstrapFrom, "https://"):
 		return fmt.Errorf("--bootstrap-from %q: want http://host:port", c.BootstrapFrom)
+	case c.MinFreeDisk < 0:
+		return fmt.Errorf("--min-free-disk %d: want 0 (never read-only) or more bytes", c.MinFreeDisk)
 	case c.BootstrapFrom != "" && c.NoSnapshots:
 		return fmt.Errorf("--bootstrap-from needs snapshots; drop --no-snapshots")
 	}

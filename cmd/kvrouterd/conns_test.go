@@ -9,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -211,20 +210,4 @@ func (f *floodClient) close() {
 		c.Close()
 	}
 	f.d.cmd.Process.Kill()
-}
-
-// metricValue is the value of the sample named name (with its labels) in a Prometheus text page.
-func metricValue(t *testing.T, page, name string) float64 {
-	t.Helper()
-	for line := range strings.SplitSeq(page, "\n") {
-		if v, ok := strings.CutPrefix(line, name+" "); ok {
-			f, err := strconv.ParseFloat(v, 64)
-			if err != nil {
-				t.Fatalf("%s: %v", line, err)
-			}
-			return f
-		}
-	}
-	t.Fatalf("no %s in /metrics", name)
-	return 0
 }

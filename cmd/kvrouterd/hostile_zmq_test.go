@@ -2,10 +2,8 @@ package main
 
 import (
 	"fmt"
-	"io"
 	"net/http"
 	"os"
-	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -87,23 +85,10 @@ func TestHostileZMQPeer(t *testing.T) {
 	run(false) // the snapshot holds the registration: the restart dials the same peer
 }
 
-var refusedLine = regexp.MustCompile(`(?m)^kvrouterd_zmq_refused_connections_total\{dp_rank="0",model="m",reason="oversized",worker="7"\} (\d+)$`)
-
 // zmqRefused is worker 7's count of connections refused as oversized, from /metrics.
 func zmqRefused(t *testing.T, addr string) int {
 	t.Helper()
-	resp, err := http.Get("http://" + addr + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	m := refusedLine.FindSubmatch(b)
-	if m == nil {
-		return 0
-	}
-	n, _ := strconv.Atoi(string(m[1]))
-	return n
+	return int(sample(t, scrape(addr), `kvrouterd_zmq_refused_connections_total{dp_rank="0",model="m",reason="oversized",worker="7"}`))
 }
 
 // peakRSS is the process's peak resident set (VmHWM), in bytes.

@@ -21,6 +21,7 @@ import (
 
 	"github.com/kvrouterd/kvrouterd/approx"
 	"github.com/kvrouterd/kvrouterd/ingest"
+	"github.com/kvrouterd/kvrouterd/internal/lograte"
 	"github.com/kvrouterd/kvrouterd/router"
 	"github.com/kvrouterd/kvrouterd/scoring"
 	"github.com/kvrouterd/kvrouterd/server"
@@ -55,9 +56,14 @@ func main() {
 // run serves until ctx ends, then shuts down gracefully: stop accepting, finish the requests in
 // flight, apply every accepted event.
 func run(ctx context.Context, c config) error {
-	log := c.logger(os.Stderr)
+	// Libraries the daemon embeds log every retry of a failing write; the log must stay readable.
+	log := slog.New(lograte.New(c.logger(os.Stderr).Handler(), lograte.Config{}))
 	if err := os.MkdirAll(c.DataDir, 0o755); err != nil {
 		return fmt.Errorf("data dir: %w", err)
+	}
+	full := c.diskFull()
+	if full != nil && !c.NoKVEvents && c.NATSURL == "" {
+		return fmt.Errorf("%w: the embedded NATS server could store no event; free space, or give --nats-url", full)
 	}
 	mode, _ := scoring.ParseMode(c.RouterMode)
 	watch := &engineWatcher{}
@@ -103,7 +109,7 @@ func run(ctx context.Context, c config) error {
 	if c.NoSnapshots {
 		r = newRouter()
 	} else {
-		if p, err = openPersist(c, reg, log); err != nil {
+		if p, err = openPersist(c, reg, log, full); err != nil {
 			return err
 		}
 		defer p.close()
@@ -167,26 +173,29 @@ func run(ctx context.Context, c config) error {
 		}
 		return stream.Consumer.LastSeq()
 	}
-	snapCtx, stopSnaps := context.WithCancel(ctx)
-	snapsDone := make(chan struct{})
-	go func() {
-		defer close(snapsDone)
-		if p != nil {
-			p.loop(snapCtx, r, c.SnapshotInterval, lastSeq)
-		}
-	}()
-	stopSnapshots := func() {
-		stopSnaps()
-		<-snapsDone
-	}
 	scfg := server.Config{MaxBodyBytes: c.MaxBodyBytes, ReadBufferSize: c.HTTPReadBuffer, WriteBufferSize: c.HTTPWriteBuffer,
 		MaxConns: c.HTTPMaxConns, MaxConnsPerIP: c.HTTPMaxConnsPerIP, IdleTimeout: c.HTTPIdleTimeout, Logger: log, Registry: reg}
 	if files := server.FileLimit(); uint64(c.HTTPMaxConns)+256 > files {
 		log.Warn("--http-max-conns leaves the daemon's other files fewer than 256 of the open-file limit: "+
 			"out of files, HTTP accepts close idle connections or wait", "http_max_conns", c.HTTPMaxConns, "open_file_limit", files)
 	}
+	// Background work that ends before the stream and the router close.
+	snapCtx, stopSnaps := context.WithCancel(ctx)
+	var background sync.WaitGroup
 	if p != nil {
 		scfg.Snapshots = p.store
+		scfg.Ready = append(scfg.Ready, server.ReadyCheck{Name: "disk", Check: p.diskReady},
+			server.ReadyCheck{Name: "snapshots", Check: p.snapshotsReady})
+		background.Go(func() { p.loop(snapCtx, r, c.SnapshotInterval, lastSeq) })
+	}
+	if stream != nil {
+		cu := &catchUp{cons: stream.Consumer}
+		scfg.Ready = append(scfg.Ready, server.ReadyCheck{Name: "catching up", Check: cu.ready})
+		background.Go(func() { cu.watch(snapCtx, stream, c.NATSStream, r, log) })
+	}
+	stopSnapshots := func() {
+		stopSnaps()
+		background.Wait()
 	}
 	if stream != nil {
 		// Not ready while the events are not being read: NATS away, the stream deleted (until
@@ -227,7 +236,7 @@ func run(ctx context.Context, c config) error {
 	closeShare()
 	stream.Close() // stops taking events; the ones taken are in the shard queues
 	watch.close()
-	if p != nil {
+	if p != nil && p.readOnly == nil {
 		// Every event up to lastSeq was handed over; the snapshot's copies wait for them.
 		if err := p.write(r, lastSeq()); err != nil {
 			log.Warn("the shutdown snapshot failed; the next start replays more of the stream", "err", err)
@@ -281,6 +290,17 @@ func startStream(ctx context.Context, c config, r *router.Router, reg *prometheu
 			" can inject events, purge or delete the stream")
 	}
 	return st, nil
+}
+
+// diskFull says why --data-dir's filesystem is too full to write snapshots, or nil: it has
+// --min-free-disk free, or its free space is not known.
+func (c *config) diskFull() error {
+	free, err := diskFree(c.DataDir)
+	if err != nil || free >= uint64(c.MinFreeDisk) {
+		return nil
+	}
+	return fmt.Errorf("disk full: %s has %.1f MiB free, under --min-free-disk %.1f MiB",
+		c.DataDir, float64(free)/(1<<20), float64(c.MinFreeDisk)/(1<<20))
 }
 
 // streamURL is what the log says of the event stream.

@@ -387,7 +387,6 @@ func TestDaemonStreamRepair(t *testing.T) {
 	natsAddr, dir := freeAddr(t), t.TempDir()
 	d := startDaemon(t, bin, "--nats-listen", natsAddr, "--data-dir", dir, "--no-snapshots")
 	defer d.cmd.Process.Kill()
-	get := httpGet(d.addr)
 	// until waits for cond, which reads the daemon over HTTP.
 	until := func(what string, cond func() bool) {
 		t.Helper()
@@ -398,14 +397,8 @@ func TestDaemonStreamRepair(t *testing.T) {
 		}
 	}
 	metric := func(name string) string {
-		b, err := get("/metrics")
-		if err != nil {
-			return err.Error()
-		}
-		for line := range strings.SplitSeq(string(b), "\n") {
-			if v, ok := strings.CutPrefix(line, name+" "); ok {
-				return v
-			}
+		if v, ok := sampleText(scrape(d.addr), name); ok {
+			return v
 		}
 		return "absent"
 	}

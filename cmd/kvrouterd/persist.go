@@ -6,8 +6,11 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/kvrouterd/kvrouterd/router"
@@ -17,27 +20,49 @@ import (
 
 // persist is the daemon's snapshot side: the store in --data-dir/snapshots, the restore at
 // start, periodic snapshots and the last one at shutdown. Its methods are for the daemon's
-// goroutines one at a time, except what loop runs beside the rest.
+// goroutines one at a time, except what loop runs beside the rest and the readiness checks,
+// which any goroutine may call.
 type persist struct {
 	store *snapshot.Store
 	log   *slog.Logger
+	// readOnly, if set, is why the store was opened read-only: no snapshot is written.
+	readOnly error
 
 	mu sync.Mutex // one Write at a time (the periodic one and the final one)
+	// failed is the last write's error; nil once one succeeds.
+	failed atomic.Pointer[error]
 
 	writes, failures, skipped, gapClears prometheus.Counter
 	lastSeconds, lastBytes, lastSeq      prometheus.Gauge
 	restoreSeconds                       prometheus.Gauge
 }
 
-func openPersist(c config, reg *prometheus.Registry, log *slog.Logger) (*persist, error) {
-	st, err := snapshot.Open(filepath.Join(c.DataDir, "snapshots"), snapshot.Config{Keep: c.SnapshotKeep, Logger: log})
+// openPersist opens the snapshot store, read-only if readOnly says why (a full disk), or if a
+// writable open finds no room.
+func openPersist(c config, reg *prometheus.Registry, log *slog.Logger, readOnly error) (*persist, error) {
+	dir := filepath.Join(c.DataDir, "snapshots")
+	cfg := snapshot.Config{Keep: c.SnapshotKeep, Logger: log, ReadOnly: readOnly != nil, Fatal: func(msg string) {
+		// Pebble cannot go on (a MANIFEST write failed); the next start finds the store as the
+		// last synced write left it.
+		fmt.Fprintln(os.Stderr, "kvrouterd: snapshots:", msg)
+		os.Exit(1)
+	}}
+	st, err := snapshot.Open(dir, cfg)
+	if err != nil && readOnly == nil && errors.Is(err, syscall.ENOSPC) {
+		readOnly = fmt.Errorf("no room to open the snapshot store: %w", err)
+		cfg.ReadOnly = true
+		st, err = snapshot.Open(dir, cfg)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("snapshots: %w", err)
 	}
 	if path, cause := st.MovedAside(); path != "" {
 		log.Warn("the snapshot store could not be opened; it was moved aside and a new one started", "moved_to", path, "err", cause)
 	}
-	p := &persist{store: st, log: log}
+	if readOnly != nil {
+		log.Warn("snapshot store opened read-only: the newest snapshot is restored, none is written until a restart with room", "err", readOnly)
+	}
+	p := &persist{store: st, log: log, readOnly: readOnly}
 	counter := func(name, help string) prometheus.Counter {
 		return prometheus.NewCounter(prometheus.CounterOpts{Namespace: "kvr", Subsystem: "snapshot", Name: name, Help: help})
 	}
@@ -123,8 +148,19 @@ func (p *persist) restore(newRouter func() *router.Router) (*router.Router, uint
 
 // write takes a snapshot of r covering stream sequence seq (every event up to it handed to r).
 func (p *persist) write(r *router.Router, seq uint64) error {
+	if p.readOnly != nil {
+		return fmt.Errorf("%w: %w", snapshot.ErrReadOnly, p.readOnly)
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if err := p.store.Err(); err != nil {
+		// Pebble is retrying a failed flush (a full disk): a write could wait for it for ever,
+		// and a shutdown with it.
+		err = fmt.Errorf("snapshot: the store cannot write: %w", err)
+		p.failures.Inc()
+		p.failed.Store(&err)
+		return err
+	}
 	start := time.Now()
 	var st router.SnapshotStats
 	m, err := p.store.Write(seq, nil, func(emit func([]byte) error) error {
@@ -134,8 +170,10 @@ func (p *persist) write(r *router.Router, seq uint64) error {
 	})
 	if err != nil {
 		p.failures.Inc()
+		p.failed.Store(&err)
 		return err
 	}
+	p.failed.Store(nil)
 	took := time.Since(start)
 	p.writes.Inc()
 	p.lastSeconds.Set(took.Seconds())
@@ -149,7 +187,7 @@ func (p *persist) write(r *router.Router, seq uint64) error {
 // loop writes a snapshot every interval until ctx ends; seq reads the stream sequence every
 // event up to which has been handed to r.
 func (p *persist) loop(ctx context.Context, r *router.Router, interval time.Duration, seq func() uint64) {
-	if interval <= 0 {
+	if interval <= 0 || p.readOnly != nil {
 		return
 	}
 	t := time.NewTicker(interval)
@@ -167,3 +205,23 @@ func (p *persist) loop(ctx context.Context, r *router.Router, interval time.Dura
 }
 
 func (p *persist) close() error { return p.store.Close() }
+
+// snapshotsReady is the readiness check "snapshots": the last snapshot write's error, nil
+// once a later one succeeds.
+func (p *persist) snapshotsReady() error {
+	if err := p.failed.Load(); err != nil {
+		return fmt.Errorf("the last snapshot failed: %w", *err)
+	}
+	if err := p.store.Err(); err != nil {
+		return fmt.Errorf("the store cannot write: %w", err)
+	}
+	return nil
+}
+
+// diskReady is the readiness check "disk": why the store is read-only, if it is.
+func (p *persist) diskReady() error {
+	if p.readOnly != nil {
+		return fmt.Errorf("snapshots are read-only until a restart with room: %w", p.readOnly)
+	}
+	return nil
+}

@@ -153,18 +153,32 @@ func (l lockedWriter) Write(p []byte) (int, error) {
 
 func startDaemon(t *testing.T, bin string, args ...string) *daemon {
 	t.Helper()
+	d := launchDaemon(t, bin, args...)
+	waitReady(t, d)
+	return d
+}
+
+// launchDaemon starts the binary and returns at once.
+func launchDaemon(t *testing.T, bin string, args ...string) *daemon {
+	t.Helper()
 	d := &daemon{addr: freeAddr(t), logs: new(bytes.Buffer), mu: new(sync.Mutex)}
 	d.cmd = exec.Command(bin, append([]string{"--http-addr", d.addr, "--shards", "2"}, args...)...)
 	d.cmd.Stderr = lockedWriter{d.mu, d.logs}
 	if err := d.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	return d
+}
+
+// waitReady waits until d's /readyz answers 200.
+func waitReady(t *testing.T, d *daemon) {
+	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		if resp, err := http.Get("http://" + d.addr + "/readyz"); err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
-				return d
+				return
 			}
 		}
 		if time.Now().After(deadline) {

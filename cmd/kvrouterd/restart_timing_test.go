@@ -150,7 +150,7 @@ func BenchmarkSnapshotWrite(b *testing.B) {
 	sn.Close()
 	st.Close()
 	dst := b.TempDir()
-	p, err := openPersist(config{DataDir: dst, SnapshotKeep: 2}, prometheus.NewRegistry(), quiet())
+	p, err := openPersist(config{DataDir: dst, SnapshotKeep: 2}, prometheus.NewRegistry(), quiet(), nil)
 	if err != nil {
 		b.Fatal(err)
 	}
