@@ -7,10 +7,12 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -259,15 +261,43 @@ func freeAddr(t testing.TB) string {
 	return ln.Addr().String()
 }
 
-// buildDaemon builds the binary into a temporary directory.
+// buildDaemon builds the binary once per test process, into a directory removed by TestMain:
+// a dozen daemon tests each linking their own copy took most of the package's time.
 func buildDaemon(t testing.TB) string {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "kvrouterd")
-	gobin := filepath.Join(runtime.GOROOT(), "bin", "go")
-	if out, err := exec.Command(gobin, "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
+	daemonBuild.once.Do(func() {
+		dir, err := os.MkdirTemp("", "kvrouterd-test-")
+		if err != nil {
+			daemonBuild.err = err
+			return
+		}
+		daemonBuild.dir = dir
+		bin := filepath.Join(dir, "kvrouterd")
+		gobin := filepath.Join(runtime.GOROOT(), "bin", "go")
+		if out, err := exec.Command(gobin, "build", "-o", bin, ".").CombinedOutput(); err != nil {
+			daemonBuild.err = fmt.Errorf("go build: %v\n%s", err, out)
+			return
+		}
+		daemonBuild.bin = bin
+	})
+	if daemonBuild.err != nil {
+		t.Fatal(daemonBuild.err)
 	}
-	return bin
+	return daemonBuild.bin
+}
+
+var daemonBuild struct {
+	once     sync.Once
+	dir, bin string
+	err      error
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if daemonBuild.dir != "" {
+		os.RemoveAll(daemonBuild.dir)
+	}
+	os.Exit(code)
 }
 
 // TestDaemonExternalNATS runs the binary with --nats-url against a nats-server process, which is
