@@ -77,21 +77,7 @@ func TestDiskFull(t *testing.T) {
 	g := &streamGen{r: rand.New(rand.NewPCG(13, 14)), next: map[uint64]uint64{}, held: map[uint64][]uint64{}}
 	publish := func(n int) string {
 		t.Helper()
-		for range n {
-			b := g.batch(4)
-			if _, err := pub.Batch(t.Context(), b); err != nil {
-				t.Fatal(err)
-			}
-			if err := ref.Ingest(b.Worker, b.Model, b.Events); err != nil {
-				t.Fatal(err)
-			}
-		}
-		ref.Flush()
-		want, err := state(inProcessGet(ref))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return want
+		return publishGen(t, pub, g, ref, n, 4)
 	}
 	bin, dir := buildDaemon(t), filepath.Join(fs, "data")
 	external := []string{"--nats-url", ns.ClientURL(), "--data-dir", dir}

@@ -144,12 +144,7 @@ func TestDaemonOverTCP(t *testing.T) {
 		t.Fatal("the embedded NATS server accepted an anonymous client")
 	}
 	pubFile := filepath.Join(dataDir, "nats", "publisher.auth")
-	nc, err := nats.Connect("nats://"+natsAddr, ingest.UserFile(pubFile))
-	if err != nil {
-		t.Fatalf("embedded nats: %v\n%s", err, logs.String())
-	}
-	defer nc.Close()
-	pub, err := ingest.NewPublisher(nc, "")
+	pub, err := ingest.NewPublisher(natsAs(t, natsAddr, dataDir, "publisher.auth"), "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -334,7 +329,8 @@ func TestDaemonExternalNATS(t *testing.T) {
 	defer cmd.Process.Kill()
 	c := client.New(client.Config{Addr: addr, Timeout: 5 * time.Second})
 	deadline := time.Now().Add(30 * time.Second)
-	nc, err := nats.Connect("nats://"+natsAddr, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	// The server may not listen yet: the connection retries until it does.
+	nc, err := nats.Connect("nats://"+natsAddr, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond), nats.RetryOnFailedConnect(true))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -442,16 +438,7 @@ func TestDaemonStreamRepair(t *testing.T) {
 		return resp.StatusCode, string(b)
 	}
 
-	connect := func(file string) *nats.Conn {
-		t.Helper()
-		nc, err := nats.Connect("nats://"+natsAddr, ingest.UserFile(filepath.Join(dir, "nats", file)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(nc.Close)
-		return nc
-	}
-	pnc, admin := connect("publisher.auth"), connect("kvrouterd.auth")
+	pnc, admin := natsAs(t, natsAddr, dir, "publisher.auth"), natsAs(t, natsAddr, dir, "kvrouterd.auth")
 	pub, err := ingest.NewPublisher(pnc, "")
 	if err != nil {
 		t.Fatal(err)

@@ -440,20 +440,7 @@ func TestDaemonCorruptSnapshots(t *testing.T) {
 			args := []string{"--nats-url", ns.ClientURL(), "--data-dir", dir, "--snapshot-interval", "30ms"}
 			d := startDaemon(t, bin, args...)
 			g := &streamGen{r: rand.New(rand.NewPCG(7, 8)), next: map[uint64]uint64{}, held: map[uint64][]uint64{}}
-			for range 300 {
-				b := g.batch(5)
-				if _, err := pub.Batch(context.Background(), b); err != nil {
-					t.Fatal(err)
-				}
-				if err := ref.Ingest(b.Worker, b.Model, b.Events); err != nil {
-					t.Fatal(err)
-				}
-			}
-			ref.Flush()
-			want, err := state(inProcessGet(ref))
-			if err != nil {
-				t.Fatal(err)
-			}
+			want := publishGen(t, pub, g, ref, 300, 5)
 			waitState(t, d, want)
 			d.cmd.Process.Signal(syscall.SIGTERM)
 			d.cmd.Wait()
@@ -488,4 +475,37 @@ func TestDaemonCorruptSnapshots(t *testing.T) {
 			}
 		})
 	}
+}
+
+// publishGen publishes n batches of g (each over the given number of workers) on pub, applies
+// them to ref too, and returns ref's state once they are applied.
+func publishGen(t *testing.T, pub *ingest.Publisher, g *streamGen, ref *router.Router, n, workers int) string {
+	t.Helper()
+	for range n {
+		b := g.batch(workers)
+		if _, err := pub.Batch(context.Background(), b); err != nil {
+			t.Fatal(err)
+		}
+		if err := ref.Ingest(b.Worker, b.Model, b.Events); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ref.Flush()
+	want, err := state(inProcessGet(ref))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return want
+}
+
+// natsAs connects to the embedded NATS server at addr as the user whose file (publisher.auth,
+// kvrouterd.auth) is in dataDir/nats; closed when the test ends.
+func natsAs(t *testing.T, addr, dataDir, file string) *nats.Conn {
+	t.Helper()
+	nc, err := nats.Connect("nats://"+addr, ingest.UserFile(filepath.Join(dataDir, "nats", file)))
+	if err != nil {
+		t.Fatalf("nats as %s: %v", file, err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
 }

@@ -7,7 +7,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -17,7 +16,6 @@ import (
 	"github.com/kvrouterd/kvrouterd/ingest"
 	"github.com/kvrouterd/kvrouterd/shard"
 	"github.com/kvrouterd/kvrouterd/wire"
-	"github.com/nats-io/nats.go"
 )
 
 // TestDaemonRegistrationLimits runs the daemon, sends it registrations the snapshot format
@@ -55,12 +53,7 @@ func TestDaemonRegistrationLimits(t *testing.T) {
 		}
 	}
 	// A worker discovered from its events: one whose subject names a model too long is refused.
-	nc, err := nats.Connect("nats://"+natsAddr, ingest.UserFile(filepath.Join(dir, "nats", "publisher.auth")))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	pub, err := ingest.NewPublisher(nc, "")
+	pub, err := ingest.NewPublisher(natsAs(t, natsAddr, dir, "publisher.auth"), "")
 	if err != nil {
 		t.Fatal(err)
 	}
