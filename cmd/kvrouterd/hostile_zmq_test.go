@@ -19,14 +19,25 @@ import (
 // connection only: the daemon keeps serving, redials with backoff, counts each refusal per
 // worker and rank, and never holds more than --zmq-max-message-bytes for it. The registration
 // outlives a restart, and the restarted daemon survives the same peer (before, every restart
-// crashed again).
+// crashed again). A message that is not an engine batch is dropped and counted too.
 func TestHostileZMQPeer(t *testing.T) {
 	bin := buildDaemon(t)
-	sizes := []uint64{1 << 62, 1 << 36, 1 << 30}
+	sizes := []uint64{1 << 62, 1 << 36, 1 << 30, 0}
 	pub, err := hostile.NewPublisher(func(n int, c *hostile.Conn) {
-		if c.Handshake("PUB", nil) == nil && c.Header(0, sizes[n%len(sizes)], true) == nil {
-			c.Hold(time.Minute)
+		if c.Handshake("PUB", nil) != nil {
+			return
 		}
+		if size := sizes[n%len(sizes)]; size > 0 {
+			if c.Header(0, size, true) != nil {
+				return
+			}
+		} else {
+			// After the subscription, a message of three frames whose payload is not msgpack.
+			if _, err := c.ReadFrame(); err != nil || c.Message([]byte("kv"), make([]byte, 8), []byte("garbage")) != nil {
+				return
+			}
+		}
+		c.Hold(time.Minute)
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -37,6 +48,7 @@ func TestHostileZMQPeer(t *testing.T) {
 	args := []string{"--data-dir", dir, "--nats-listen", "127.0.0.1:0", "--zmq-max-message-bytes", strconv.Itoa(maxMsg)}
 
 	run := func(register bool) {
+		conns := pub.Connections() // counters in /metrics start from 0 with each process
 		d := startDaemon(t, bin, args...)
 		defer func() {
 			if d.cmd.ProcessState == nil {
@@ -55,12 +67,10 @@ func TestHostileZMQPeer(t *testing.T) {
 				t.Fatalf("/register: %s", resp.Status)
 			}
 		}
-		conns := pub.Connections()
-		refused := zmqRefused(t, d.addr)
 		deadline := time.Now().Add(30 * time.Second)
-		for pub.Connections() < conns+4 || zmqRefused(t, d.addr) < refused+3 {
+		for pub.Connections() < conns+4 || zmqRefused(t, d.addr) < 3 || zmqSample(t, d.addr, "dropped_total", "decode") < 1 {
 			if time.Now().After(deadline) {
-				t.Fatalf("%d connections, %v refused: the subscription did not redial\n%s", pub.Connections(), zmqRefused(t, d.addr), d.log())
+				t.Fatalf("%d connections, %v refused, %d dropped as undecodable: the subscription did not redial or count\n%s", pub.Connections(), zmqRefused(t, d.addr), zmqSample(t, d.addr, "dropped_total", "decode"), d.log())
 			}
 			if resp, err := http.Get("http://" + d.addr + "/healthz"); err != nil || resp.StatusCode != http.StatusOK {
 				t.Fatalf("/healthz while attacked: %v %v\n%s", resp, err, d.log())
@@ -73,7 +83,7 @@ func TestHostileZMQPeer(t *testing.T) {
 		if hwm > maxMsg+256<<20 {
 			t.Errorf("peak RSS %d MiB: more than --zmq-max-message-bytes plus 256 MiB", hwm>>20)
 		}
-		t.Logf("%d connections refused as oversized; peak RSS %d MiB", zmqRefused(t, d.addr)-refused, hwm>>20)
+		t.Logf("%d connections refused as oversized; peak RSS %d MiB", zmqRefused(t, d.addr), hwm>>20)
 		if err := d.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 			t.Fatal(err)
 		}
@@ -87,8 +97,13 @@ func TestHostileZMQPeer(t *testing.T) {
 
 // zmqRefused is worker 7's count of connections refused as oversized, from /metrics.
 func zmqRefused(t *testing.T, addr string) int {
+	return zmqSample(t, addr, "refused_connections_total", "oversized")
+}
+
+// zmqSample is worker 7's rank-0 sample of kvrouterd_zmq_<name>{reason} from /metrics.
+func zmqSample(t *testing.T, addr, name, reason string) int {
 	t.Helper()
-	return int(sample(t, scrape(addr), `kvrouterd_zmq_refused_connections_total{dp_rank="0",model="m",reason="oversized",worker="7"}`))
+	return int(sample(t, scrape(addr), `kvrouterd_zmq_`+name+`{dp_rank="0",model="m",reason="`+reason+`",worker="7"}`))
 }
 
 // peakRSS is the process's peak resident set (VmHWM), in bytes.
