@@ -68,16 +68,19 @@ func TestDaemonRegistrationLimits(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// Both batches handled: worker 8 discovered, worker 7's batch counted as refused (the
+	// metric, not the log, whose repeated warnings are rate-limited).
 	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatalf("worker 8 never discovered from its events:\n%s", d.log())
+			t.Fatalf("worker 8 never discovered from its events, or worker 7's never refused:\n%s", d.log())
 		}
-		if strings.Contains(daemonGet(t, d.addr, "/v1/workers"), `"worker_id":8,`) {
+		if strings.Contains(daemonGet(t, d.addr, "/v1/workers"), `"worker_id":8,`) &&
+			sample(t, scrape(d.addr), `kvrouterd_stream_rejected_total{reason="invalid"}`) == 1 {
 			break
 		}
 	}
-	if !strings.Contains(d.log(), "event stream: batch refused") || strings.Contains(daemonGet(t, d.addr, "/v1/workers"), `"worker_id":7,`) {
-		t.Fatalf("events naming a model of %d bytes were not refused:\n%.3000s", len(long), d.log())
+	if strings.Contains(daemonGet(t, d.addr, "/v1/workers"), `"worker_id":7,`) {
+		t.Fatalf("events naming a model of %d bytes registered their worker:\n%.3000s", len(long), d.log())
 	}
 
 	ranks := func(id, n int) string {
