@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -75,7 +76,7 @@ type config struct {
 
 func defaults() config {
 	return config{
-		Shards:             runtime.NumCPU(),
+		Shards:             runtime.GOMAXPROCS(0),
 		HTTPAddr:           ":8090",
 		DataDir:            "./data",
 		BlockSize:          16,
@@ -125,7 +126,7 @@ func parseConfig(args []string, env func(string) (string, bool), out io.Writer) 
 	c := defaults()
 	fs := flag.NewFlagSet("kvrouterd", flag.ContinueOnError)
 	fs.SetOutput(out)
-	fs.IntVar(&c.Shards, "shards", c.Shards, "event-application shards (goroutines); default: the number of CPUs")
+	fs.IntVar(&c.Shards, "shards", c.Shards, "event-application shards (goroutines); default: GOMAXPROCS, the CPUs the process may use (a container's CPU limit)")
 	fs.StringVar(&c.HTTPAddr, "http-addr", c.HTTPAddr, "address of the HTTP API")
 	fs.StringVar(&c.DataDir, "data-dir", c.DataDir, "directory for the embedded NATS server and snapshots")
 	fs.IntVar(&c.BlockSize, "block-size", c.BlockSize, "tokens per KV block of models registered without one")
@@ -181,14 +182,18 @@ func parseConfig(args []string, env func(string) (string, bool), out io.Writer) 
 
 // parseFlags sets fs's flags from their environment variables (see envName), then from args,
 // and refuses positional arguments. --help prints title and every flag with its variable.
+// A bad flag is one line that names it (and the flag probably meant), not the whole usage: the
+// usage is for --help.
 func parseFlags(fs *flag.FlagSet, args []string, env func(string) (string, bool), out io.Writer, title string) error {
-	fs.Usage = func() {
+	usage := func() {
 		fmt.Fprintf(out, "%s\n\nEvery flag can also be set by an environment variable, %s plus its\n"+
 			"name in upper case with underscores (e.g. KVR_SHARDS=32); flags win.\n\n", title, envPrefix)
 		fs.VisitAll(func(f *flag.Flag) {
 			fmt.Fprintf(out, "  --%s (env %s, default %q)\n    \t%s\n", f.Name, envName(f.Name), f.DefValue, f.Usage)
 		})
 	}
+	fs.Usage = func() {}
+	fs.SetOutput(io.Discard)
 	var err error
 	fs.VisitAll(func(f *flag.Flag) {
 		if v, ok := env(envName(f.Name)); ok && err == nil {
@@ -201,7 +206,11 @@ func parseFlags(fs *flag.FlagSet, args []string, env func(string) (string, bool)
 		return err
 	}
 	if err := fs.Parse(args); err != nil {
-		return err
+		if errors.Is(err, flag.ErrHelp) {
+			usage()
+			return err
+		}
+		return badFlag(fs, err)
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
@@ -323,4 +332,48 @@ func (l *sourceList) Set(v string) error {
 		*l.p = append(*l.p, src)
 	}
 	return nil
+}
+
+// badFlag is the one-line error for a flag fs refused; for an unknown flag it names the defined
+// one closest to it, if any is within two edits.
+func badFlag(fs *flag.FlagSet, err error) error {
+	name, ok := strings.CutPrefix(err.Error(), "flag provided but not defined: ")
+	if !ok {
+		return fmt.Errorf("%v (--help lists every flag)", err)
+	}
+	name = strings.TrimLeft(name, "-")
+	best, bestD := "", 3 // farther than two edits is no suggestion
+	fs.VisitAll(func(f *flag.Flag) {
+		d := editDistance(name, f.Name)
+		if strings.HasPrefix(f.Name, name) || strings.HasPrefix(name, f.Name) {
+			d = min(d, 1)
+		}
+		if d < bestD {
+			best, bestD = f.Name, d
+		}
+	})
+	if best == "" {
+		return fmt.Errorf("unknown flag --%s (--help lists every flag)", name)
+	}
+	return fmt.Errorf("unknown flag --%s: did you mean --%s? (--help lists every flag)", name, best)
+}
+
+// editDistance is the Levenshtein distance between a and b, in bytes.
+func editDistance(a, b string) int {
+	prev, cur := make([]int, len(b)+1), make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
 }
