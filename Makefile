@@ -63,22 +63,16 @@ load-1cpu:
 	$(GO) build -o $(OUT)/kvrload ./bench/kvrload
 	GOMAXPROCS=1 taskset -c $$(($$(nproc) - 1)) $(OUT)/kvrload --suite | tee $(OUT)/load-1cpu.txt
 
-# Each fuzz target for FUZZTIME (go test fuzzes one target per run).
+# Each fuzz target of the module for FUZZTIME, found with go test -list (go test fuzzes one
+# target per run); FUZZ narrows them by a regular expression, e.g. make fuzz FUZZ=ZMTP.
+FUZZ ?= .
 fuzz:
-	$(GO) test -run '^$$' -fuzz '^FuzzApply$$' -fuzztime $(FUZZTIME) ./shard/
-	$(GO) test -run '^$$' -fuzz '^FuzzMap$$' -fuzztime $(FUZZTIME) ./internal/u64map/
-	$(GO) test -run '^$$' -fuzz '^FuzzIndex$$' -fuzztime $(FUZZTIME) ./radix/
-	$(GO) test -run '^$$' -fuzz '^FuzzDecodeRouteRequest$$' -fuzztime $(FUZZTIME) ./wire/
-	$(GO) test -run '^$$' -fuzz '^FuzzDecodeRouteResponse$$' -fuzztime $(FUZZTIME) ./wire/
-	$(GO) test -run '^$$' -fuzz '^FuzzDecodeEventBatch$$' -fuzztime $(FUZZTIME) ./wire/
-	$(GO) test -run '^$$' -fuzz '^FuzzDecodeEngineBatch$$' -fuzztime $(FUZZTIME) ./wire/
-	$(GO) test -run '^$$' -fuzz '^FuzzDecodeSnapshotWorker$$' -fuzztime $(FUZZTIME) ./wire/
-	$(GO) test -run '^$$' -fuzz '^FuzzReceive$$' -fuzztime $(FUZZTIME) ./snapshot/
-	$(GO) test -run '^$$' -fuzz '^FuzzParseEngineSource$$' -fuzztime $(FUZZTIME) ./ingest/
-	$(GO) test -run '^$$' -fuzz '^FuzzDecodeShare$$' -fuzztime $(FUZZTIME) ./ingest/
-	$(GO) test -run '^$$' -fuzz '^FuzzZMTPGuard$$' -fuzztime $(FUZZTIME) ./ingest/
-	$(GO) test -run '^$$' -fuzz '^FuzzHandle$$' -fuzztime $(FUZZTIME) ./server/
-	$(GO) test -run '^$$' -fuzz '^FuzzReadMooncake$$' -fuzztime $(FUZZTIME) ./bench/trace/
+	@for pkg in $$($(GO) list ./...); do \
+		for f in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz' | grep -E '$(FUZZ)'); do \
+			echo "== $$pkg $$f"; \
+			$(GO) test -run '^$$' -fuzz "^$$f\$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; \
+		done; \
+	done
 
 clean:
 	rm -rf $(OUT) bin
