@@ -63,22 +63,28 @@ func openPersist(c config, reg *prometheus.Registry, log *slog.Logger, readOnly 
 		log.Warn("snapshot store opened read-only: the newest snapshot is restored, none is written until a restart with room", "err", readOnly)
 	}
 	p := &persist{store: st, log: log, readOnly: readOnly}
+	var all []named
 	counter := func(name, help string) prometheus.Counter {
-		return prometheus.NewCounter(prometheus.CounterOpts{Namespace: "kvr", Subsystem: "snapshot", Name: name, Help: help})
+		c := prometheus.NewCounter(prometheus.CounterOpts{Namespace: "kvrouterd", Subsystem: "snapshot", Name: name, Help: help})
+		all = append(all, named{c, "snapshot_" + name})
+		return c
 	}
 	gauge := func(name, help string) prometheus.Gauge {
-		return prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "kvr", Subsystem: "snapshot", Name: name, Help: help})
+		g := prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "kvrouterd", Subsystem: "snapshot", Name: name, Help: help})
+		all = append(all, named{g, "snapshot_" + name})
+		return g
 	}
 	p.writes = counter("writes_total", "Snapshots written.")
 	p.failures = counter("failures_total", "Snapshots that failed to write.")
 	p.skipped = counter("skipped_total", "Snapshots passed over at restore because they did not verify.")
-	p.gapClears = prometheus.NewCounter(prometheus.CounterOpts{Namespace: "kvr", Subsystem: "stream", Name: "gap_clears_total",
+	p.gapClears = prometheus.NewCounter(prometheus.CounterOpts{Namespace: "kvrouterd", Subsystem: "stream", Name: "gap_clears_total",
 		Help: "Times the index was cleared because event-stream sequences were lost (retention, a recreated stream)."})
 	p.lastSeconds = gauge("last_seconds", "How long the last snapshot took to write.")
 	p.lastBytes = gauge("last_bytes", "Compressed size of the last snapshot.")
 	p.lastSeq = gauge("last_stream_seq", "Event-stream sequence the last snapshot covers.")
 	p.restoreSeconds = gauge("restore_seconds", "How long the restore at start took (0: nothing restored).")
 	reg.MustRegister(p.writes, p.failures, p.skipped, p.gapClears, p.lastSeconds, p.lastBytes, p.lastSeq, p.restoreSeconds)
+	reg.MustRegister(formerNames(append(all, named{p.gapClears, "stream_gap_clears_total"})...))
 	return p, nil
 }
 

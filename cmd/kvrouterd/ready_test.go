@@ -160,7 +160,7 @@ func TestReadyzSnapshots(t *testing.T) {
 	}
 	// Fifty more failures: each one is not a line of its own.
 	failures := func() int { return strings.Count(d.log(), `msg="snapshot failed"`) }
-	for deadline := time.Now().Add(30 * time.Second); sample(t, scrape(d.addr), "kvr_snapshot_failures_total") < 50; {
+	for deadline := time.Now().Add(30 * time.Second); sample(t, scrape(d.addr), "kvrouterd_snapshot_failures_total") < 50; {
 		if time.Now().After(deadline) {
 			t.Fatalf("snapshots stopped failing:\n%s", d.log())
 		}
