@@ -41,6 +41,10 @@ type EmbeddedConfig struct {
 	Logger *slog.Logger
 }
 
+// ErrEmbeddedListen is wrapped by StartEmbedded's error when its client address cannot be
+// listened on.
+var ErrEmbeddedListen = errors.New("embedded nats: cannot listen")
+
 // StartEmbedded starts a NATS server with JetStream and waits until it accepts clients. Unless
 // cfg.NoAuth, it accepts only the users of cfg.Credentials (auth.go).
 func StartEmbedded(cfg EmbeddedConfig) (*server.Server, error) {
@@ -54,6 +58,13 @@ func StartEmbedded(cfg EmbeddedConfig) (*server.Server, error) {
 	}
 	if p == 0 {
 		p = server.RANDOM_PORT
+	} else {
+		// The server would only log that it cannot listen, and never become ready: say so now.
+		l, err := net.Listen("tcp", net.JoinHostPort(host, port))
+		if err != nil {
+			return nil, fmt.Errorf("%w on %s (another NATS server, or a second kvrouterd, on this host?): %w", ErrEmbeddedListen, cfg.Listen, err)
+		}
+		l.Close()
 	}
 	opts := &server.Options{
 		ServerName: "kvrouterd",
@@ -463,7 +474,9 @@ func ConnectOptions(log *slog.Logger) []nats.Option {
 		nats.ReconnectWait(250 * time.Millisecond),
 		nats.RetryOnFailedConnect(true),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
-			log.Warn("nats disconnected; reconnecting", "err", err)
+			if err != nil { // nil: closed on purpose, at shutdown
+				log.Warn("nats disconnected; reconnecting", "err", err)
+			}
 		}),
 		nats.ReconnectHandler(func(nc *nats.Conn) {
 			log.Info("nats reconnected", "url", nc.ConnectedUrlRedacted())

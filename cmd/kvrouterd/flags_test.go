@@ -4,9 +4,14 @@ import (
 	"bytes"
 	"errors"
 	"flag"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"runtime"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 )
 
 // TestBadFlagOneLine: a mistyped flag is one line naming it and the flag probably meant, with
@@ -38,5 +43,59 @@ func TestBadFlagOneLine(t *testing.T) {
 	}
 	if d := defaults(); d.Shards != runtime.GOMAXPROCS(0) {
 		t.Fatalf("--shards defaults to %d, GOMAXPROCS is %d", d.Shards, runtime.GOMAXPROCS(0))
+	}
+}
+
+// TestStartFailsFast: a start step that cannot succeed ends the process at once with one line
+// naming the flag to change: an HTTP address or embedded NATS address taken (a second daemon on
+// the host), a data directory that is a file. A clean shutdown logs no warning.
+func TestStartFailsFast(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the binary")
+	}
+	bin := buildDaemon(t)
+	natsAddr, dir := freeAddr(t), t.TempDir()
+	d := startDaemon(t, bin, "--nats-listen", natsAddr, "--data-dir", dir)
+	file := filepath.Join(t.TempDir(), "file")
+	if err := os.WriteFile(file, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		args []string
+		flag string
+	}{
+		{[]string{"--http-addr", d.addr, "--nats-listen", freeAddr(t), "--data-dir", t.TempDir()}, "--http-addr " + d.addr + ": "},
+		{[]string{"--http-addr", freeAddr(t), "--nats-listen", natsAddr, "--data-dir", t.TempDir()}, "--nats-listen " + natsAddr + ": "},
+		{[]string{"--http-addr", freeAddr(t), "--nats-listen", freeAddr(t), "--data-dir", file}, "--data-dir " + file + ": "},
+	} {
+		cmd := exec.Command(bin, c.args...)
+		var out bytes.Buffer
+		cmd.Stderr = &out
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
+		select {
+		case err := <-done:
+			lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+			if err == nil || len(lines) != 1 || !strings.HasPrefix(lines[0], "kvrouterd: "+c.flag) {
+				t.Fatalf("%v: exit %v, stderr %q; want a failure in one line naming %q", c.args, err, out.String(), c.flag)
+			}
+		case <-time.After(20 * time.Second):
+			cmd.Process.Kill()
+			t.Fatalf("%v: still running: %s", c.args, out.String())
+		}
+	}
+	if err := d.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.cmd.Wait(); err != nil {
+		t.Fatalf("exit after SIGTERM: %v", err)
+	}
+	for _, l := range strings.Split(d.log(), "\n") {
+		if strings.Contains(l, "level=WARN") || strings.Contains(l, "level=ERROR") {
+			t.Fatalf("a clean start and shutdown logged %q:\n%s", l, d.log())
+		}
 	}
 }

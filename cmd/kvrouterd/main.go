@@ -58,8 +58,15 @@ func main() {
 func run(ctx context.Context, c config) error {
 	// Libraries the daemon embeds log every retry of a failing write; the log must stay readable.
 	log := slog.New(lograte.New(c.logger(os.Stderr).Handler(), lograte.Config{}))
+	// The HTTP address first: a bad or taken one fails the start at once, before NATS and the
+	// restore. Connections wait in the backlog until the API serves.
+	ln, err := net.Listen("tcp", c.HTTPAddr)
+	if err != nil {
+		return fmt.Errorf("--http-addr %s: %w", c.HTTPAddr, err)
+	}
+	defer ln.Close()
 	if err := os.MkdirAll(c.DataDir, 0o755); err != nil {
-		return fmt.Errorf("data dir: %w", err)
+		return fmt.Errorf("--data-dir %s: %w", c.DataDir, err)
 	}
 	full := c.diskFull()
 	if full != nil && !c.NoKVEvents && c.NATSURL == "" {
@@ -104,7 +111,6 @@ func run(ctx context.Context, c config) error {
 		p      *persist
 		r      *router.Router
 		resume uint64
-		err    error
 	)
 	if c.NoSnapshots {
 		r = newRouter()
@@ -203,14 +209,6 @@ func run(ctx context.Context, c config) error {
 		scfg.Ready = append(scfg.Ready, server.ReadyCheck{Name: "stream", Check: stream.Health})
 	}
 	srv := server.New(r, scfg)
-	ln, err := net.Listen("tcp", c.HTTPAddr)
-	if err != nil {
-		stopSnapshots()
-		closeShare()
-		stream.Close()
-		r.Close()
-		return err
-	}
 	log.Info("kvrouterd ready", "http", ln.Addr().String(), "nats", streamURL(stream), "resume_after_seq", resume,
 		"http_max_conns", c.HTTPMaxConns, "http_max_conns_per_ip", perIP(c), "shards", c.Shards, "mode", c.RouterMode, "block_size", c.BlockSize, "data_dir", c.DataDir,
 		"since_start", time.Since(processStart))
@@ -275,6 +273,9 @@ func startStream(ctx context.Context, c config, r *router.Router, reg *prometheu
 			Replicas: c.NATSReplicas, StartSeq: startSeq, OnGap: onGap,
 		},
 	}, log)
+	if errors.Is(err, ingest.ErrEmbeddedListen) {
+		return nil, fmt.Errorf("--nats-listen %s: %w", c.NATSListen, err)
+	}
 	if err != nil {
 		return nil, err
 	}
