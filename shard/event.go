@@ -1,100 +1,34 @@
 package shard
 
 import (
-	"fmt"
 	"strings"
 	"sync/atomic"
 
+	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/radix"
 )
 
-// Kind is what a KV event reports.
-type Kind uint8
-
-const (
-	// Stored: blocks entered the worker's cache, chained onto Parent (or at the root).
-	Stored Kind = iota + 1
-	// Removed: blocks left the worker's cache.
-	Removed
-	// Cleared: the worker's whole cache was reset; clears every data-parallel rank of the worker.
-	Cleared
+// The event vocabulary lives in package kvevent, at the bottom of the module, so that codecs can
+// speak it without linking the index; these names keep the package's callers unchanged.
+type (
+	Kind  = kvevent.Kind
+	Tier  = kvevent.Tier
+	Event = kvevent.Event
 )
 
-func (k Kind) String() string {
-	switch k {
-	case Stored:
-		return "stored"
-	case Removed:
-		return "removed"
-	case Cleared:
-		return "cleared"
-	}
-	return fmt.Sprintf("kind(%d)", uint8(k))
-}
-
-// Tier is the storage tier a block lives in. The index scores device (GPU) residency; events
-// about other tiers are counted and skipped, so that an offloaded copy being dropped never
-// removes the device copy with the same engine hash.
-type Tier uint8
-
 const (
-	Device Tier = iota
-	Host
-	Disk
-	External
+	Stored  = kvevent.Stored
+	Removed = kvevent.Removed
+	Cleared = kvevent.Cleared
+
+	Device   = kvevent.Device
+	Host     = kvevent.Host
+	Disk     = kvevent.Disk
+	External = kvevent.External
 )
 
-func (t Tier) String() string {
-	switch t {
-	case Device:
-		return "device"
-	case Host:
-		return "host"
-	case Disk:
-		return "disk"
-	case External:
-		return "external"
-	}
-	return fmt.Sprintf("tier(%d)", uint8(t))
-}
-
-// ParseMedium maps an engine's storage medium name (vLLM, SGLang, Dynamo spellings, any case)
-// to a Tier; "" is the device.
-func ParseMedium(s string) (Tier, bool) {
-	switch strings.ToUpper(s) {
-	case "", "GPU", "DEVICE":
-		return Device, true
-	case "CPU", "CPU_PINNED", "CPU_TIER1", "HOST", "HOST_PINNED":
-		return Host, true
-	case "CPU_TIER2", "DISK", "NVME":
-		return Disk, true
-	case "EXTERNAL", "NETWORK", "REMOTE", "SHARED":
-		return External, true
-	}
-	return 0, false
-}
-
-// Event is one KV event of one worker, as the engines publish them (decoders fill it).
-// Values are plain data, safe to copy; Batch.Add copies what the slices hold.
-type Event struct {
-	Kind Kind
-	// ID numbers the events of one (worker, rank) from 1 upwards; 0 means unnumbered and is not
-	// checked for gaps or duplicates.
-	ID   uint64
-	Rank uint32 // data-parallel rank
-	Tier Tier
-
-	// Hashes are the engine's block hashes (Stored, Removed): opaque ids that later removals use.
-	Hashes []uint64
-
-	// Stored only.
-	Parent    uint64     // engine hash of the block before the first one, if HasParent
-	HasParent bool       // false: the first block is the root of its chain
-	BlockSize int        // tokens per block as the publisher states it; 0 = not stated
-	Tokens    []uint32   // len(Hashes) × block size token ids
-	LoRA      string     // adapter name, "" for the base model
-	MM        [][]uint64 // MM[i]: multimodal object hashes of block i; nil when none
-}
+// ParseMedium maps an engine's storage medium name to a Tier, as kvevent.ParseMedium does.
+func ParseMedium(s string) (Tier, bool) { return kvevent.ParseMedium(s) }
 
 // Batch carries events of one worker of one model to its shard. Get one from Set.NewBatch, fill
 // it with Add, hand it to Set.Enqueue; the shard recycles it. One goroutine at a time, and none

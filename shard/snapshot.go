@@ -5,18 +5,12 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/radix"
 )
 
-// RankState is one (worker, rank)'s state as a snapshot holds it: the last event id applied and
-// every block, Seqs[i] being the sequence hash of the block the engine calls Engines[i]. A plain
-// value.
-type RankState struct {
-	Rank    uint32
-	Cursor  uint64
-	Seqs    []uint64
-	Engines []uint64
-}
+// RankState is one (worker, rank)'s state as a snapshot holds it; see kvevent.RankState.
+type RankState = kvevent.RankState
 
 // Export appends worker id's ranks to dst, reusing the Seqs and Engines of dst's spare capacity,
 // and returns it (dst unchanged if the Applier does not know the worker). Blocks come in no

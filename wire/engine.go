@@ -17,7 +17,7 @@ import (
 
 	"github.com/tinylib/msgp/msgp"
 
-	"github.com/kvrouterd/kvrouterd/shard"
+	"github.com/kvrouterd/kvrouterd/kvevent"
 )
 
 const engineMsg = "engine batch"
@@ -41,7 +41,7 @@ type EngineBatch struct {
 	// Events are the batch's stored, removed and cleared events in order, each with Rank set to
 	// the batch's (0 without one) and ID 0: engines do not number events, the transport's batch
 	// sequence is what reveals a loss.
-	Events []shard.Event
+	Events []kvevent.Event
 
 	// Skipped counts events of a type this decoder does not know, left out of Events so that
 	// engines can add event types without breaking the router.
@@ -439,7 +439,7 @@ const (
 	storedRequired = 1<<fHashes | 1<<fTokens | 1<<fBlockSize
 )
 
-func mapField(k shard.Kind, key []byte) evField {
+func mapField(k kvevent.Kind, key []byte) evField {
 	var f evField
 	switch string(key) {
 	case "block_hashes":
@@ -473,29 +473,29 @@ func mapField(k shard.Kind, key []byte) evField {
 	return f
 }
 
-func allowed(k shard.Kind) uint16 {
+func allowed(k kvevent.Kind) uint16 {
 	switch k {
-	case shard.Stored:
+	case kvevent.Stored:
 		return storedFields
-	case shard.Removed:
+	case kvevent.Removed:
 		return removedFields
 	}
 	return 0
 }
 
-func engineKind(tag []byte) shard.Kind {
+func engineKind(tag []byte) kvevent.Kind {
 	switch string(tag) {
 	case "BlockStored":
-		return shard.Stored
+		return kvevent.Stored
 	case "BlockRemoved":
-		return shard.Removed
+		return kvevent.Removed
 	case "AllBlocksCleared":
-		return shard.Cleared
+		return kvevent.Cleared
 	}
 	return 0
 }
 
-// evState is what an event's fields say beyond the shard.Event they fill.
+// evState is what an event's fields say beyond the kvevent.Event they fill.
 type evState struct {
 	seen     uint16 // fields read, by evField bit
 	group    bool   // group_idx present and not 0
@@ -515,7 +515,7 @@ func (st *evState) filtered() bool {
 }
 
 func (d *engineDecoder) event(out *EngineBatch, b []byte) ([]byte, error) {
-	var e shard.Event
+	var e kvevent.Event
 	var st evState
 	var r []byte
 	var err error
@@ -542,7 +542,7 @@ func (d *engineDecoder) event(out *EngineBatch, b []byte) ([]byte, error) {
 }
 
 // arrayEvent reads ["BlockStored", block_hashes, ...]: e.Kind stays 0 for an unknown tag.
-func (d *engineDecoder) arrayEvent(out *EngineBatch, e *shard.Event, st *evState, b []byte) ([]byte, error) {
+func (d *engineDecoder) arrayEvent(out *EngineBatch, e *kvevent.Event, st *evState, b []byte) ([]byte, error) {
 	n, r, err := msgp.ReadArrayHeaderBytes(b)
 	if err != nil {
 		return nil, d.bad(b, "", -1, -1, "an event array", err)
@@ -560,9 +560,9 @@ func (d *engineDecoder) arrayEvent(out *EngineBatch, e *shard.Event, st *evState
 	e.Kind = engineKind(tag)
 	var layout []evField
 	switch e.Kind {
-	case shard.Stored:
+	case kvevent.Stored:
 		layout = storedLayoutEngine[:]
-	case shard.Removed:
+	case kvevent.Removed:
 		layout = removedLayoutEngine[:]
 	}
 	for i := 1; i < int(n); i++ {
@@ -590,7 +590,7 @@ func (d *engineDecoder) arrayEvent(out *EngineBatch, e *shard.Event, st *evState
 
 // mapEvent reads {"type": "BlockStored", "block_hashes": ..., ...}. The tag is found first,
 // wherever it is (msgspec writes it first), so that the other keys are read as that kind's.
-func (d *engineDecoder) mapEvent(out *EngineBatch, e *shard.Event, st *evState, b []byte) ([]byte, error) {
+func (d *engineDecoder) mapEvent(out *EngineBatch, e *kvevent.Event, st *evState, b []byte) ([]byte, error) {
 	n, body, err := msgp.ReadMapHeaderBytes(b)
 	if err != nil {
 		return nil, d.bad(b, "", -1, -1, "an event map", err)
@@ -648,12 +648,12 @@ func (d *engineDecoder) mapEvent(out *EngineBatch, e *shard.Event, st *evState, 
 }
 
 // complete checks what can only be checked once all of an event's fields are read.
-func (d *engineDecoder) complete(e *shard.Event, st *evState, at []byte) error {
+func (d *engineDecoder) complete(e *kvevent.Event, st *evState, at []byte) error {
 	var required uint16
 	switch e.Kind {
-	case shard.Stored:
+	case kvevent.Stored:
 		required = storedRequired
-	case shard.Removed:
+	case kvevent.Removed:
 		required = 1 << fHashes
 	}
 	if miss := required &^ st.seen; miss != 0 {
@@ -670,7 +670,7 @@ func (d *engineDecoder) complete(e *shard.Event, st *evState, at []byte) error {
 }
 
 // field reads the value of field f of the event.
-func (d *engineDecoder) field(out *EngineBatch, e *shard.Event, st *evState, f evField, b []byte) ([]byte, error) {
+func (d *engineDecoder) field(out *EngineBatch, e *kvevent.Event, st *evState, f evField, b []byte) ([]byte, error) {
 	name := evFieldNames[f]
 	if st.seen&(1<<f) != 0 {
 		return nil, d.errAt(b, name, -1, -1, ErrInvalid, "duplicate key")
@@ -698,14 +698,14 @@ func (d *engineDecoder) field(out *EngineBatch, e *shard.Event, st *evState, f e
 		return r, err
 	case fMedium:
 		if isNil(b) {
-			e.Tier = shard.Device
+			e.Tier = kvevent.Device
 			return b[1:], nil
 		}
 		s, r, err := d.str(b, name, -1, -1)
 		if err != nil {
 			return nil, err
 		}
-		tier, ok := shard.ParseMedium(alias(s))
+		tier, ok := kvevent.ParseMedium(alias(s))
 		if !ok {
 			return nil, d.errAt(b, name, -1, -1, ErrInvalid, "unknown storage medium %q", s)
 		}
@@ -903,7 +903,7 @@ func (d *engineDecoder) token(b []byte, j int) (uint32, []byte, error) {
 // extraKeys reads extra_keys: nil, or one entry per block, each nil or a list of items. The
 // items that identify a multimodal object become the block's MM hashes (see mmItem); LoRA
 // names, cache salts, prompt-embedding digests and anything else are skipped.
-func (d *engineDecoder) extraKeys(out *EngineBatch, e *shard.Event, st *evState, b []byte) ([]byte, error) {
+func (d *engineDecoder) extraKeys(out *EngineBatch, e *kvevent.Event, st *evState, b []byte) ([]byte, error) {
 	const name = "extra_keys"
 	if isNil(b) {
 		return b[1:], nil
@@ -1152,18 +1152,18 @@ func (w *eventWriter) key(k string) {
 	}
 }
 
-func appendEngineEvent(dst []byte, e *shard.Event, f EngineForm) []byte {
+func appendEngineEvent(dst []byte, e *kvevent.Event, f EngineForm) []byte {
 	var tag string
 	n := uint32(1)
 	switch e.Kind {
-	case shard.Stored:
+	case kvevent.Stored:
 		tag, n = "BlockStored", 8
 		if e.MM != nil {
 			n++
 		}
-	case shard.Removed:
+	case kvevent.Removed:
 		tag, n = "BlockRemoved", 3
-	case shard.Cleared:
+	case kvevent.Cleared:
 		tag = "AllBlocksCleared"
 	default:
 		tag = e.Kind.String()
@@ -1177,7 +1177,7 @@ func appendEngineEvent(dst []byte, e *shard.Event, f EngineForm) []byte {
 	w.key("type")
 	w.dst = msgp.AppendString(w.dst, tag)
 	switch e.Kind {
-	case shard.Stored:
+	case kvevent.Stored:
 		w.key("block_hashes")
 		w.dst = appendEngineHashes(w.dst, e.Hashes, f.Hashes)
 		w.key("parent_block_hash")
@@ -1221,7 +1221,7 @@ func appendEngineEvent(dst []byte, e *shard.Event, f EngineForm) []byte {
 				}
 			}
 		}
-	case shard.Removed:
+	case kvevent.Removed:
 		w.key("block_hashes")
 		w.dst = appendEngineHashes(w.dst, e.Hashes, f.Hashes)
 		w.key("medium")
@@ -1230,15 +1230,15 @@ func appendEngineEvent(dst []byte, e *shard.Event, f EngineForm) []byte {
 	return w.dst
 }
 
-func appendMedium(dst []byte, t shard.Tier) []byte {
+func appendMedium(dst []byte, t kvevent.Tier) []byte {
 	switch t {
-	case shard.Device:
+	case kvevent.Device:
 		return msgp.AppendString(dst, "GPU")
-	case shard.Host:
+	case kvevent.Host:
 		return msgp.AppendString(dst, "CPU")
-	case shard.Disk:
+	case kvevent.Disk:
 		return msgp.AppendString(dst, "DISK")
-	case shard.External:
+	case kvevent.External:
 		return msgp.AppendString(dst, "EXTERNAL")
 	}
 	return msgp.AppendString(dst, t.String()) // "tier(n)", which Decode rejects

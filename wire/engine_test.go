@@ -14,7 +14,7 @@ import (
 
 	"github.com/tinylib/msgp/msgp"
 
-	"github.com/kvrouterd/kvrouterd/shard"
+	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/wire"
 )
 
@@ -54,8 +54,8 @@ var (
 	formTagged  = wire.EngineForm{MapEvents: true}
 	formInt64   = wire.EngineForm{Hashes: wire.HashInt64}
 	allForms    = []wire.EngineForm{formArray, formMap, formTagged, formInt64, {Hashes: wire.HashBytes32}, {MapBatch: true, Hashes: wire.HashBytes32}}
-	stored      = func(e shard.Event) shard.Event { e.Kind = shard.Stored; return e }
-	clearedOnly = []shard.Event{{Kind: shard.Cleared}}
+	stored      = func(e kvevent.Event) kvevent.Event { e.Kind = kvevent.Stored; return e }
+	clearedOnly = []kvevent.Event{{Kind: kvevent.Cleared}}
 )
 
 type engineGolden struct {
@@ -65,47 +65,47 @@ type engineGolden struct {
 }
 
 var engineGoldens = []engineGolden{
-	{"batch_array.hex", wire.EngineBatch{TS: 1.5, HasRank: true, Events: []shard.Event{stored(shard.Event{
+	{"batch_array.hex", wire.EngineBatch{TS: 1.5, HasRank: true, Events: []kvevent.Event{stored(kvevent.Event{
 		Hashes: []uint64{0x11, 0x22}, Tokens: []uint32{1, 2, 3, 4}, BlockSize: 2})}}, &formArray},
-	{"batch_map.hex", wire.EngineBatch{TS: 1747000000.5, HasRank: true, Events: []shard.Event{stored(shard.Event{
+	{"batch_map.hex", wire.EngineBatch{TS: 1747000000.5, HasRank: true, Events: []kvevent.Event{stored(kvevent.Event{
 		Hashes: []uint64{5}, Parent: 4, HasParent: true, Tokens: []uint32{7, 8}, BlockSize: 2, LoRA: "sql"})}}, &formMap},
-	{"events_tagged.hex", wire.EngineBatch{TS: 0.5, HasRank: true, Events: []shard.Event{
-		stored(shard.Event{Hashes: []uint64{1}, Tokens: []uint32{9}, BlockSize: 1}),
-		{Kind: shard.Removed, Hashes: []uint64{1}},
-		{Kind: shard.Cleared},
+	{"events_tagged.hex", wire.EngineBatch{TS: 0.5, HasRank: true, Events: []kvevent.Event{
+		stored(kvevent.Event{Hashes: []uint64{1}, Tokens: []uint32{9}, BlockSize: 1}),
+		{Kind: kvevent.Removed, Hashes: []uint64{1}},
+		{Kind: kvevent.Cleared},
 	}}, &formTagged},
-	{"hashes_uint64.hex", wire.EngineBatch{TS: 1.5, HasRank: true, Events: []shard.Event{stored(shard.Event{
+	{"hashes_uint64.hex", wire.EngineBatch{TS: 1.5, HasRank: true, Events: []kvevent.Event{stored(kvevent.Event{
 		Hashes: []uint64{0xfedcba9876543210, 1 << 63}, Parent: math.MaxUint64, HasParent: true,
 		Tokens: []uint32{1, 2}, BlockSize: 1})}}, &formArray},
-	{"hashes_int64.hex", wire.EngineBatch{TS: 1.5, HasRank: true, Events: []shard.Event{stored(shard.Event{
+	{"hashes_int64.hex", wire.EngineBatch{TS: 1.5, HasRank: true, Events: []kvevent.Event{stored(kvevent.Event{
 		Hashes: []uint64{0xfffffffffffffffe, 0x7fffffffffffffff, 0xfedcba9876543210}, Parent: 1 << 63, HasParent: true,
 		Tokens: []uint32{5, 6, 7}, BlockSize: 1})}}, &formInt64},
-	{"hashes_bytes32.hex", wire.EngineBatch{TS: 1.5, HasRank: true, Events: []shard.Event{stored(shard.Event{
+	{"hashes_bytes32.hex", wire.EngineBatch{TS: 1.5, HasRank: true, Events: []kvevent.Event{stored(kvevent.Event{
 		Hashes: []uint64{0x0102030405060708, 0xdeadbeef}, Parent: 0x1122334455667788, HasParent: true,
 		Tokens: []uint32{1, 2}, BlockSize: 1})}}, nil},
-	{"batch_dp_rank.hex", wire.EngineBatch{TS: 1.5, Rank: 3, HasRank: true, Events: []shard.Event{stored(shard.Event{
+	{"batch_dp_rank.hex", wire.EngineBatch{TS: 1.5, Rank: 3, HasRank: true, Events: []kvevent.Event{stored(kvevent.Event{
 		Rank: 3, Hashes: []uint64{0x44}, Parent: 0x33, HasParent: true, Tokens: []uint32{10, 11}, BlockSize: 2})}}, &formArray},
-	{"batch_no_rank.hex", wire.EngineBatch{TS: 1.5, Events: []shard.Event{
-		stored(shard.Event{Hashes: []uint64{0x11}, Tokens: []uint32{1, 2}, BlockSize: 2}),
-		{Kind: shard.Removed, Hashes: []uint64{0x11}},
+	{"batch_no_rank.hex", wire.EngineBatch{TS: 1.5, Events: []kvevent.Event{
+		stored(kvevent.Event{Hashes: []uint64{0x11}, Tokens: []uint32{1, 2}, BlockSize: 2}),
+		{Kind: kvevent.Removed, Hashes: []uint64{0x11}},
 	}}, nil},
-	{"block_removed.hex", wire.EngineBatch{TS: 1.5, HasRank: true, Events: []shard.Event{
-		{Kind: shard.Removed, Tier: shard.Host, Hashes: []uint64{0x11, 0x22}},
-		{Kind: shard.Removed, Tier: shard.Disk, Hashes: []uint64{300}},
+	{"block_removed.hex", wire.EngineBatch{TS: 1.5, HasRank: true, Events: []kvevent.Event{
+		{Kind: kvevent.Removed, Tier: kvevent.Host, Hashes: []uint64{0x11, 0x22}},
+		{Kind: kvevent.Removed, Tier: kvevent.Disk, Hashes: []uint64{300}},
 	}}, &formArray},
 	{"all_blocks_cleared.hex", wire.EngineBatch{TS: 1.5, HasRank: true, Events: clearedOnly}, &formArray},
-	{"extra_keys_mm.hex", wire.EngineBatch{TS: 1.5, HasRank: true, Events: []shard.Event{stored(shard.Event{
+	{"extra_keys_mm.hex", wire.EngineBatch{TS: 1.5, HasRank: true, Events: []kvevent.Event{stored(kvevent.Event{
 		Hashes: []uint64{0x11, 0x22, 0x33}, Tokens: []uint32{1, 2, 3, 4, 5, 6}, BlockSize: 2, LoRA: "ad",
 		MM: [][]uint64{{0x0123456789abcdef}, {0x0123456789abcdef, 0xaabbccddeeff0011}, nil}})}}, nil},
-	{"sglang_stored.hex", wire.EngineBatch{TS: 1747000001.25, Rank: 1, HasRank: true, Events: []shard.Event{
-		stored(shard.Event{Rank: 1, Tier: shard.Host, Hashes: []uint64{0x9c3b1f0e2a475501}, Tokens: []uint32{11}, BlockSize: 1}),
-		stored(shard.Event{Rank: 1, Hashes: []uint64{0xc10d22a970113e42}, Parent: 0x9c3b1f0e2a475501, HasParent: true,
+	{"sglang_stored.hex", wire.EngineBatch{TS: 1747000001.25, Rank: 1, HasRank: true, Events: []kvevent.Event{
+		stored(kvevent.Event{Rank: 1, Tier: kvevent.Host, Hashes: []uint64{0x9c3b1f0e2a475501}, Tokens: []uint32{11}, BlockSize: 1}),
+		stored(kvevent.Event{Rank: 1, Hashes: []uint64{0xc10d22a970113e42}, Parent: 0x9c3b1f0e2a475501, HasParent: true,
 			Tokens: []uint32{12}, BlockSize: 1}),
-		{Kind: shard.Removed, Rank: 1, Tier: shard.Host, Hashes: []uint64{0x9c3b1f0e2a475501}},
+		{Kind: kvevent.Removed, Rank: 1, Tier: kvevent.Host, Hashes: []uint64{0x9c3b1f0e2a475501}},
 	}}, nil},
-	{"hybrid_groups.hex", wire.EngineBatch{TS: 1.5, HasRank: true, Filtered: 2, Events: []shard.Event{
-		stored(shard.Event{Hashes: []uint64{0x11}, Tokens: []uint32{1, 2}, BlockSize: 2}),
-		{Kind: shard.Removed, Hashes: []uint64{0x22}},
+	{"hybrid_groups.hex", wire.EngineBatch{TS: 1.5, HasRank: true, Filtered: 2, Events: []kvevent.Event{
+		stored(kvevent.Event{Hashes: []uint64{0x11}, Tokens: []uint32{1, 2}, BlockSize: 2}),
+		{Kind: kvevent.Removed, Hashes: []uint64{0x22}},
 	}}, nil},
 }
 
@@ -153,7 +153,7 @@ func TestEngineGolden(t *testing.T) {
 
 // TestEngineHashBytes32 pins the bytes of the bin form: 24 zero bytes, then the id.
 func TestEngineHashBytes32(t *testing.T) {
-	b := wire.EngineBatch{TS: 1.5, HasRank: true, Events: []shard.Event{{Kind: shard.Removed, Hashes: []uint64{0x0102030405060708}}}}
+	b := wire.EngineBatch{TS: 1.5, HasRank: true, Events: []kvevent.Event{{Kind: kvevent.Removed, Hashes: []uint64{0x0102030405060708}}}}
 	got := wire.AppendEngineBatch(nil, &b, wire.EngineForm{Hashes: wire.HashBytes32})
 	want, _ := hex.DecodeString("93cb3ff8000000000000" + "91" + "93" + "ac426c6f636b52656d6f766564" +
 		"91c420" + strings.Repeat("00", 24) + "0102030405060708" + "a3475055" + "00")
@@ -246,7 +246,7 @@ func decodeEngine(t *testing.T, payload []byte) *wire.EngineBatch {
 }
 
 func TestEngineForms(t *testing.T) {
-	st := shard.Event{Kind: shard.Stored, Hashes: []uint64{1}, Tokens: []uint32{1, 2}, BlockSize: 2}
+	st := kvevent.Event{Kind: kvevent.Stored, Hashes: []uint64{1}, Tokens: []uint32{1, 2}, BlockSize: 2}
 	f := func(name string, payload []byte, want wire.EngineBatch) {
 		t.Helper()
 		if got := decodeEngine(t, payload); !sameEngine(got, &want) {
@@ -256,52 +256,52 @@ func TestEngineForms(t *testing.T) {
 	storedArr := mp(nil).stored(5).raw(0x91, 1, 0xc0, 0x92, 1, 2, 2)
 
 	f("rank nil", append(mp(nil).arr(3).f(1.5).arr(1), storedArr...).nil(),
-		wire.EngineBatch{TS: 1.5, Events: []shard.Event{st}})
+		wire.EngineBatch{TS: 1.5, Events: []kvevent.Event{st}})
 	f("ts int, extra batch elements", append(mp(nil).arr(5).u(7).arr(1), storedArr...).u(2).str("later").nil(),
-		wire.EngineBatch{TS: 7, Rank: 2, HasRank: true, Events: []shard.Event{{Kind: shard.Stored, Rank: 2, Hashes: []uint64{1}, Tokens: []uint32{1, 2}, BlockSize: 2}}})
+		wire.EngineBatch{TS: 7, Rank: 2, HasRank: true, Events: []kvevent.Event{{Kind: kvevent.Stored, Rank: 2, Hashes: []uint64{1}, Tokens: []uint32{1, 2}, BlockSize: 2}}})
 	f("ts negative int", append(mp(nil).arr(2).i(-3).arr(1), storedArr...),
-		wire.EngineBatch{TS: -3, Events: []shard.Event{st}})
+		wire.EngineBatch{TS: -3, Events: []kvevent.Event{st}})
 	f("ts float32", append(mp(nil).arr(2).raw(0xca, 0x3f, 0xc0, 0, 0).arr(1), storedArr...),
-		wire.EngineBatch{TS: 1.5, Events: []shard.Event{st}})
+		wire.EngineBatch{TS: 1.5, Events: []kvevent.Event{st}})
 	f("map batch: any key order, unknown keys, SGLang's rank key",
 		append(mp(nil).mapn(4).str("attn_dp_rank").u(4).str("extra").arr(1).nil().str("events").arr(1), storedArr...).str("ts").f(2),
-		wire.EngineBatch{TS: 2, Rank: 4, HasRank: true, Events: []shard.Event{{Kind: shard.Stored, Rank: 4, Hashes: []uint64{1}, Tokens: []uint32{1, 2}, BlockSize: 2}}})
+		wire.EngineBatch{TS: 2, Rank: 4, HasRank: true, Events: []kvevent.Event{{Kind: kvevent.Stored, Rank: 4, Hashes: []uint64{1}, Tokens: []uint32{1, 2}, BlockSize: 2}}})
 	f("map batch: Dynamo's dp_rank, bin keys", append(mp(nil).mapn(3).bin([]byte("ts")).f(1).bin([]byte("events")).arr(1), storedArr...).str("dp_rank").nil(),
-		wire.EngineBatch{TS: 1, Events: []shard.Event{st}})
+		wire.EngineBatch{TS: 1, Events: []kvevent.Event{st}})
 
 	// Unknown event types, array and map, are counted and skipped, whatever they hold.
 	f("unknown types", batch(4, append(mp(nil).arr(3).str("BlockTransferred").hx("93 01 02 03").mapn(1).str("x").nil().
 		mapn(2).str("type").str("KVSnapshot").str("blocks").arr(2).u(1).u(2).
 		arr(1).str("AllBlocksCleared"), storedArr...)),
-		wire.EngineBatch{TS: 1.5, HasRank: true, Skipped: 2, Events: []shard.Event{{Kind: shard.Cleared}, st}})
+		wire.EngineBatch{TS: 1.5, HasRank: true, Skipped: 2, Events: []kvevent.Event{{Kind: kvevent.Cleared}, st}})
 	f("extra positions ignored", batch(2, mp(nil).arr(3).str("AllBlocksCleared").nil().u(5).
 		arr(5).str("BlockRemoved").arr(1).u(9).nil().nil().str("future")),
-		wire.EngineBatch{TS: 1.5, HasRank: true, Events: []shard.Event{{Kind: shard.Cleared}, {Kind: shard.Removed, Hashes: []uint64{9}}}})
+		wire.EngineBatch{TS: 1.5, HasRank: true, Events: []kvevent.Event{{Kind: kvevent.Cleared}, {Kind: kvevent.Removed, Hashes: []uint64{9}}}})
 	f("tagged map, type not first, unknown keys", batch(1, mp(nil).mapn(6).str("block_size").u(2).str("new_field").arr(2).u(1).nil().
 		str("token_ids").arr(2).u(1).u(2).str("type").str("BlockStored").str("block_hashes").arr(1).u(1).str("medium").nil()),
-		wire.EngineBatch{TS: 1.5, HasRank: true, Events: []shard.Event{st}})
+		wire.EngineBatch{TS: 1.5, HasRank: true, Events: []kvevent.Event{st}})
 	f("tagged map removal ignores stored-only keys", batch(1, mp(nil).mapn(4).str("type").str("BlockRemoved").str("block_hashes").arr(1).u(3).
 		str("token_ids").str("not read").str("medium").str("disk")),
-		wire.EngineBatch{TS: 1.5, HasRank: true, Events: []shard.Event{{Kind: shard.Removed, Tier: shard.Disk, Hashes: []uint64{3}}}})
+		wire.EngineBatch{TS: 1.5, HasRank: true, Events: []kvevent.Event{{Kind: kvevent.Removed, Tier: kvevent.Disk, Hashes: []uint64{3}}}})
 	f("empty lists are nil", batch(1, mp(nil).stored(6).arr(0).nil().arr(0).u(16).nil()),
-		wire.EngineBatch{TS: 1.5, HasRank: true, Events: []shard.Event{{Kind: shard.Stored, BlockSize: 16}}})
+		wire.EngineBatch{TS: 1.5, HasRank: true, Events: []kvevent.Event{{Kind: kvevent.Stored, BlockSize: 16}}})
 	f("token encodings", batch(1, mp(nil).stored(5).arr(1).u(1).nil().arr(6).u(0).u(200).u(60000).u(1<<32-1).i(5).raw(0xcf, 0, 0, 0, 0, 0, 0, 0, 9).u(3)),
-		wire.EngineBatch{TS: 1.5, HasRank: true, Events: []shard.Event{{Kind: shard.Stored, Hashes: []uint64{1}, Tokens: []uint32{0, 200, 60000, 1<<32 - 1, 5, 9}, BlockSize: 3}}})
+		wire.EngineBatch{TS: 1.5, HasRank: true, Events: []kvevent.Event{{Kind: kvevent.Stored, Hashes: []uint64{1}, Tokens: []uint32{0, 200, 60000, 1<<32 - 1, 5, 9}, BlockSize: 3}}})
 
 	// extra_keys: bare identifiers (older vLLM) count; entries without multimodal items leave MM nil.
 	id := func(h string) string { return h + strings.Repeat("0", 64-len(h)) }
 	f("bare identifiers", batch(1, mp(nil).stored(9).arr(2).u(1).u(2).nil().arr(0).u(0).nil().str("GPU").nil().
 		arr(2).arr(2).str(id("00000000000000ff")).str("not-hex-"+id("")[8:]).nil()),
-		wire.EngineBatch{TS: 1.5, HasRank: true, Events: []shard.Event{{Kind: shard.Stored, Hashes: []uint64{1, 2}, MM: [][]uint64{{0xff}, nil}}}})
+		wire.EngineBatch{TS: 1.5, HasRank: true, Events: []kvevent.Event{{Kind: kvevent.Stored, Hashes: []uint64{1, 2}, MM: [][]uint64{{0xff}, nil}}}})
 	f("no multimodal items: MM nil", batch(1, mp(nil).stored(9).arr(2).u(1).u(2).nil().arr(0).u(0).nil().str("GPU").str("lora").
 		arr(2).arr(1).str("lora").arr(3).str("lora").str("salt").arr(2).str("short").u(1)),
-		wire.EngineBatch{TS: 1.5, HasRank: true, Events: []shard.Event{{Kind: shard.Stored, Hashes: []uint64{1, 2}, LoRA: "lora"}}})
+		wire.EngineBatch{TS: 1.5, HasRank: true, Events: []kvevent.Event{{Kind: kvevent.Stored, Hashes: []uint64{1, 2}, LoRA: "lora"}}})
 	f("odd items skipped", batch(1, mp(nil).stored(9).arr(1).u(1).nil().arr(0).u(0).nil().str("GPU").nil().
 		arr(1).arr(5).arr(0).arr(2).u(1).str(id("1")).mapn(1).u(1).u(2).f(2.5).raw(0xc3)),
-		wire.EngineBatch{TS: 1.5, HasRank: true, Events: []shard.Event{{Kind: shard.Stored, Hashes: []uint64{1}}}})
+		wire.EngineBatch{TS: 1.5, HasRank: true, Events: []kvevent.Event{{Kind: kvevent.Stored, Hashes: []uint64{1}}}})
 	f("extra_keys nil or empty", batch(2, mp(nil).stored(9).arr(1).u(1).nil().arr(0).u(0).nil().nil().nil().nil().
 		stored(9).arr(1).u(1).nil().arr(0).u(0).nil().nil().nil().arr(0)),
-		wire.EngineBatch{TS: 1.5, HasRank: true, Events: []shard.Event{{Kind: shard.Stored, Hashes: []uint64{1}}, {Kind: shard.Stored, Hashes: []uint64{1}}}})
+		wire.EngineBatch{TS: 1.5, HasRank: true, Events: []kvevent.Event{{Kind: kvevent.Stored, Hashes: []uint64{1}}, {Kind: kvevent.Stored, Hashes: []uint64{1}}}})
 
 	// KV-cache groups: the spec kind decides, else the group index.
 	grp := func(group, kind mp) mp {
@@ -314,18 +314,18 @@ func TestEngineForms(t *testing.T) {
 		grp(mp(nil).u(1), mp(nil).nil())...),
 		grp(mp(nil).u(0), mp(nil).str("mamba"))...),
 		grp(mp(nil).i(-1), mp(nil).str("some_new_kind"))...)),
-		wire.EngineBatch{TS: 1.5, HasRank: true, Filtered: 3, Events: []shard.Event{
-			{Kind: shard.Stored, Hashes: []uint64{1}}, {Kind: shard.Stored, Hashes: []uint64{1}}, {Kind: shard.Stored, Hashes: []uint64{1}}}})
+		wire.EngineBatch{TS: 1.5, HasRank: true, Filtered: 3, Events: []kvevent.Event{
+			{Kind: kvevent.Stored, Hashes: []uint64{1}}, {Kind: kvevent.Stored, Hashes: []uint64{1}}, {Kind: kvevent.Stored, Hashes: []uint64{1}}}})
 	f("removal group in a map", batch(1, mp(nil).mapn(4).str("type").str("BlockRemoved").str("block_hashes").arr(1).u(1).
 		str("group_idx").u(1).str("kv_cache_spec_kind").str("full_attention")),
-		wire.EngineBatch{TS: 1.5, HasRank: true, Events: []shard.Event{{Kind: shard.Removed, Hashes: []uint64{1}}}})
+		wire.EngineBatch{TS: 1.5, HasRank: true, Events: []kvevent.Event{{Kind: kvevent.Removed, Hashes: []uint64{1}}}})
 
-	// Media in any case and spelling shard.ParseMedium knows.
-	for medium, tier := range map[string]shard.Tier{"GPU": shard.Device, "gpu": shard.Device, "": shard.Device,
-		"CPU": shard.Host, "CPU_PINNED": shard.Host, "CPU_TIER1": shard.Host, "CPU_TIER2": shard.Disk, "DISK": shard.Disk,
-		"NVME": shard.Disk, "EXTERNAL": shard.External, "REMOTE": shard.External, "shared": shard.External} {
+	// Media in any case and spelling kvevent.ParseMedium knows.
+	for medium, tier := range map[string]kvevent.Tier{"GPU": kvevent.Device, "gpu": kvevent.Device, "": kvevent.Device,
+		"CPU": kvevent.Host, "CPU_PINNED": kvevent.Host, "CPU_TIER1": kvevent.Host, "CPU_TIER2": kvevent.Disk, "DISK": kvevent.Disk,
+		"NVME": kvevent.Disk, "EXTERNAL": kvevent.External, "REMOTE": kvevent.External, "shared": kvevent.External} {
 		f("medium "+medium, batch(1, mp(nil).arr(3).str("BlockRemoved").arr(0).str(medium)),
-			wire.EngineBatch{TS: 1.5, HasRank: true, Events: []shard.Event{{Kind: shard.Removed, Tier: tier}}})
+			wire.EngineBatch{TS: 1.5, HasRank: true, Events: []kvevent.Event{{Kind: kvevent.Removed, Tier: tier}}})
 	}
 }
 
@@ -488,18 +488,18 @@ func randEngineBatch(r *rand.Rand, events, blocks, blockSize int, mm bool) *wire
 		b.Rank = 0
 	}
 	for i := range events {
-		e := shard.Event{Rank: b.Rank, Tier: shard.Tier(r.IntN(4))}
+		e := kvevent.Event{Rank: b.Rank, Tier: kvevent.Tier(r.IntN(4))}
 		switch k := r.IntN(16); {
 		case k == 0 && i > 0:
-			b.Events = append(b.Events, shard.Event{Kind: shard.Cleared, Rank: b.Rank})
+			b.Events = append(b.Events, kvevent.Event{Kind: kvevent.Cleared, Rank: b.Rank})
 			continue
 		case k < 4:
-			e.Kind = shard.Removed
+			e.Kind = kvevent.Removed
 			for range 1 + r.IntN(blocks) {
 				e.Hashes = append(e.Hashes, r.Uint64())
 			}
 		default:
-			e.Kind, e.BlockSize = shard.Stored, blockSize
+			e.Kind, e.BlockSize = kvevent.Stored, blockSize
 			if e.HasParent = r.IntN(2) == 0; e.HasParent {
 				e.Parent = r.Uint64()
 			}
@@ -574,11 +574,11 @@ func TestEngineAllocs(t *testing.T) {
 // TestEngineEncodeInvalid: what the format cannot carry is written so that Decode refuses or
 // skips it, never read back as something else.
 func TestEngineEncodeInvalid(t *testing.T) {
-	f := func(name string, e shard.Event, want error, field string) {
+	f := func(name string, e kvevent.Event, want error, field string) {
 		t.Helper()
 		for _, form := range allForms {
 			var b wire.EngineBatch
-			err := b.Decode(wire.AppendEngineBatch(nil, &wire.EngineBatch{Events: []shard.Event{e}}, form))
+			err := b.Decode(wire.AppendEngineBatch(nil, &wire.EngineBatch{Events: []kvevent.Event{e}}, form))
 			if want == nil {
 				if err != nil || len(b.Events) != 0 || b.Skipped != 1 {
 					t.Fatalf("%s, form %+v: %v, %+v; want the event skipped", name, form, err, b)
@@ -588,8 +588,8 @@ func TestEngineEncodeInvalid(t *testing.T) {
 			checkError(t, err, "engine batch", want, field, -2)
 		}
 	}
-	f("negative block size", shard.Event{Kind: shard.Stored, BlockSize: -1}, wire.ErrInvalid, "events[0].block_size")
-	f("unknown tier", shard.Event{Kind: shard.Removed, Tier: 9}, wire.ErrInvalid, "events[0].medium")
-	f("MM not one per block", shard.Event{Kind: shard.Stored, Hashes: []uint64{1}, MM: [][]uint64{nil, {2}}}, wire.ErrInvalid, "events[0].extra_keys")
-	f("unknown kind", shard.Event{Kind: 9}, nil, "")
+	f("negative block size", kvevent.Event{Kind: kvevent.Stored, BlockSize: -1}, wire.ErrInvalid, "events[0].block_size")
+	f("unknown tier", kvevent.Event{Kind: kvevent.Removed, Tier: 9}, wire.ErrInvalid, "events[0].medium")
+	f("MM not one per block", kvevent.Event{Kind: kvevent.Stored, Hashes: []uint64{1}, MM: [][]uint64{nil, {2}}}, wire.ErrInvalid, "events[0].extra_keys")
+	f("unknown kind", kvevent.Event{Kind: 9}, nil, "")
 }

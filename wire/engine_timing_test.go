@@ -5,7 +5,7 @@ import (
 	"math/rand/v2"
 	"testing"
 
-	"github.com/kvrouterd/kvrouterd/shard"
+	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/wire"
 )
 
@@ -15,7 +15,7 @@ func storedEngineBatch(r *rand.Rand, events, blocks, blockSize int) *wire.Engine
 	b := &wire.EngineBatch{TS: 1.7e9, HasRank: true}
 	var parent uint64
 	for i := range events {
-		e := shard.Event{Kind: shard.Stored, BlockSize: blockSize, Parent: parent, HasParent: i > 0}
+		e := kvevent.Event{Kind: kvevent.Stored, BlockSize: blockSize, Parent: parent, HasParent: i > 0}
 		for range blocks {
 			e.Hashes = append(e.Hashes, r.Uint64())
 		}

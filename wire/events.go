@@ -5,7 +5,7 @@ import (
 	"math"
 	"slices"
 
-	"github.com/kvrouterd/kvrouterd/shard"
+	"github.com/kvrouterd/kvrouterd/kvevent"
 )
 
 // Event flags (event offset 2).
@@ -38,7 +38,7 @@ var (
 type EventBatch struct {
 	Worker uint64
 	Model  string
-	Events []shard.Event
+	Events []kvevent.Event
 
 	// Arenas the decoded events' slices point into. A slice taken before an arena grew keeps
 	// the old backing array, which still holds its data.
@@ -67,20 +67,20 @@ func (b *EventBatch) Validate() error {
 	return nil
 }
 
-func validEvent(i int, e *shard.Event) error {
+func validEvent(i int, e *kvevent.Event) error {
 	bad := func(field string, err error, format string, args ...any) error {
 		return invalid("event batch", fmt.Sprintf("events[%d].%s", i, field), err, fmt.Sprintf(format, args...))
 	}
-	if e.Kind < shard.Stored || e.Kind > shard.Cleared {
+	if e.Kind < kvevent.Stored || e.Kind > kvevent.Cleared {
 		return bad("kind", ErrInvalid, "kind %d, want 1 (stored), 2 (removed) or 3 (cleared)", e.Kind)
 	}
-	if e.Tier > shard.External {
-		return bad("tier", ErrInvalid, "tier %d, max %d", e.Tier, shard.External)
+	if e.Tier > kvevent.External {
+		return bad("tier", ErrInvalid, "tier %d, max %d", e.Tier, kvevent.External)
 	}
 	if tooMany(len(e.Hashes)) {
 		return bad("block_hashes", ErrTooLong, "more than 2^32-1 hashes")
 	}
-	if e.Kind != shard.Stored {
+	if e.Kind != kvevent.Stored {
 		switch {
 		case e.HasParent:
 			return bad("flags", ErrInvalid, "HasParent on a %v event", e.Kind)
@@ -94,7 +94,7 @@ func validEvent(i int, e *shard.Event) error {
 			return bad("lora_name", ErrInvalid, "LoRA on a %v event", e.Kind)
 		case len(e.MM) > 0:
 			return bad("mm", ErrInvalid, "MM on a %v event", e.Kind)
-		case e.Kind == shard.Cleared && len(e.Hashes) > 0:
+		case e.Kind == kvevent.Cleared && len(e.Hashes) > 0:
 			return bad("block_hashes", ErrInvalid, "Hashes on a cleared event")
 		}
 		return nil
@@ -122,9 +122,9 @@ func validEvent(i int, e *shard.Event) error {
 // unencodable reports whether e holds something the format has no place for. Values it can
 // hold but the decoder refuses (an unknown kind or tier, a long LoRA name, a parent without
 // HasParent, a multimodal list count other than 0 or the block count) are written as they are.
-func unencodable(e *shard.Event) bool {
+func unencodable(e *kvevent.Event) bool {
 	switch e.Kind {
-	case shard.Stored:
+	case kvevent.Stored:
 		if e.BlockSize < 0 || uint64(e.BlockSize) > math.MaxUint32 || tooMany(len(e.Hashes)) || tooMany(len(e.Tokens)) {
 			return true
 		}
@@ -134,23 +134,23 @@ func unencodable(e *shard.Event) bool {
 			}
 		}
 		return false
-	case shard.Removed:
+	case kvevent.Removed:
 		return tooMany(len(e.Hashes)) || e.Parent != 0 || e.BlockSize != 0 || len(e.Tokens) > 0 || e.LoRA != "" || len(e.MM) > 0
-	case shard.Cleared:
+	case kvevent.Cleared:
 		return len(e.Hashes) > 0 || e.Parent != 0 || e.BlockSize != 0 || len(e.Tokens) > 0 || e.LoRA != "" || len(e.MM) > 0
 	}
 	return false
 }
 
-func eventSize(e *shard.Event) int {
+func eventSize(e *kvevent.Event) int {
 	switch e.Kind {
-	case shard.Stored:
+	case kvevent.Stored:
 		n := eventFixed + 4 + 8 + 4 + 8*len(e.Hashes) + 4 + 4*len(e.Tokens) + strSize(e.LoRA) + 4
 		for _, x := range e.MM {
 			n += 2 + 8*min(len(x), maxMM)
 		}
 		return n
-	case shard.Removed:
+	case kvevent.Removed:
 		return eventFixed + 4 + 8*len(e.Hashes)
 	}
 	return eventFixed
@@ -180,7 +180,7 @@ func AppendEventBatch(dst []byte, b *EventBatch) []byte {
 	return dst
 }
 
-func appendEvent(dst []byte, e *shard.Event) []byte {
+func appendEvent(dst []byte, e *kvevent.Event) []byte {
 	var flags byte
 	if e.HasParent {
 		flags |= evHasParent
@@ -192,7 +192,7 @@ func appendEvent(dst []byte, e *shard.Event) []byte {
 	dst = le.AppendUint32(dst, e.Rank)
 	dst = le.AppendUint64(dst, e.ID)
 	switch e.Kind {
-	case shard.Stored:
+	case kvevent.Stored:
 		dst = le.AppendUint32(dst, uint32(e.BlockSize))
 		dst = le.AppendUint64(dst, e.Parent)
 		dst = appendCount(dst, len(e.Hashes))
@@ -206,7 +206,7 @@ func appendEvent(dst []byte, e *shard.Event) []byte {
 			dst = le.AppendUint16(dst, uint16(len(x)))
 			dst = appendHashes(dst, x)
 		}
-	case shard.Removed:
+	case kvevent.Removed:
 		dst = appendCount(dst, len(e.Hashes))
 		dst = appendHashes(dst, e.Hashes)
 	}
@@ -263,34 +263,34 @@ func DecodeEventBatch(b []byte, out *EventBatch) error {
 	return nil
 }
 
-func (out *EventBatch) decodeEvent(d *decoder, e *shard.Event) error {
+func (out *EventBatch) decodeEvent(d *decoder, e *kvevent.Event) error {
 	p, err := d.fixed(eventLayout[:], eventFixed)
 	if err != nil {
 		return err
 	}
 	base := d.off - eventFixed
-	k, tier, flags := shard.Kind(p[0]), shard.Tier(p[1]), p[2]
-	if k < shard.Stored || k > shard.Cleared {
+	k, tier, flags := kvevent.Kind(p[0]), kvevent.Tier(p[1]), p[2]
+	if k < kvevent.Stored || k > kvevent.Cleared {
 		return d.errAt("kind", base, ErrInvalid, "kind %d, want 1 (stored), 2 (removed) or 3 (cleared)", p[0])
 	}
-	if tier > shard.External {
-		return d.errAt("tier", base+1, ErrInvalid, "tier %d, max %d", p[1], shard.External)
+	if tier > kvevent.External {
+		return d.errAt("tier", base+1, ErrInvalid, "tier %d, max %d", p[1], kvevent.External)
 	}
-	if k == shard.Stored && flags&^evHasParent != 0 {
+	if k == kvevent.Stored && flags&^evHasParent != 0 {
 		return d.errAt("flags", base+2, ErrInvalid, "unknown bits %#x", flags&^evHasParent)
 	}
-	if k != shard.Stored && flags != 0 {
+	if k != kvevent.Stored && flags != 0 {
 		return d.errAt("flags", base+2, ErrInvalid, "%#x on a %v event, must be 0", flags, k)
 	}
 	if err := d.zero("reserved", base+3, p[3:4]); err != nil {
 		return err
 	}
-	*e = shard.Event{Kind: k, ID: le.Uint64(p[8:]), Rank: le.Uint32(p[4:]), Tier: tier}
+	*e = kvevent.Event{Kind: k, ID: le.Uint64(p[8:]), Rank: le.Uint32(p[4:]), Tier: tier}
 	switch k {
-	case shard.Removed:
+	case kvevent.Removed:
 		e.Hashes, err = out.decodeHashes(d)
 		return err
-	case shard.Cleared:
+	case kvevent.Cleared:
 		return nil
 	}
 

@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"slices"
 
-	"github.com/kvrouterd/kvrouterd/shard"
+	"github.com/kvrouterd/kvrouterd/kvevent"
 )
 
 // SnapshotWorker is one worker's state in a snapshot (SPEC.md §11): its registration and, per
@@ -34,7 +34,7 @@ const MaxSnapshotRanks = 1024
 // Seqs[i] is the router's sequence hash of the block the engine calls Engines[i]. Writers sort by
 // Seqs so that workers holding the same blocks write the same bytes, which the snapshot's
 // compression then stores once.
-type SnapshotRank = shard.RankState
+type SnapshotRank = kvevent.RankState
 
 const (
 	snapWorkerFixed = 32 // id, block_size, flags, capacity, max_tokens

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvrouterd/kvrouterd/shard"
+	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/wire"
 )
 
@@ -75,35 +75,35 @@ func TestInvalidValues(t *testing.T) {
 			mutate(&b)
 			check(t, "event batch", b.Validate(), want, field, wire.AppendEventBatch(nil, &b), decoders["event batch"])
 		}
-		ev := func(i int, mutate func(e *shard.Event)) func(b *wire.EventBatch) {
+		ev := func(i int, mutate func(e *kvevent.Event)) func(b *wire.EventBatch) {
 			return func(b *wire.EventBatch) { mutate(&b.Events[i]) }
 		}
 		f(func(b *wire.EventBatch) { b.Model = long }, wire.ErrTooLong, "model")
 		f(func(b *wire.EventBatch) {
-			b.Events = make([]shard.Event, wire.MaxEvents+1)
+			b.Events = make([]kvevent.Event, wire.MaxEvents+1)
 			for i := range b.Events {
-				b.Events[i].Kind = shard.Cleared
+				b.Events[i].Kind = kvevent.Cleared
 			}
 		}, wire.ErrTooLong, "n_events")
-		f(ev(0, func(e *shard.Event) { e.Kind = 0 }), wire.ErrInvalid, "events[0].kind")
-		f(ev(3, func(e *shard.Event) { e.Kind = 4 }), wire.ErrInvalid, "events[3].kind")
-		f(ev(1, func(e *shard.Event) { e.Tier = 4 }), wire.ErrInvalid, "events[1].tier")
-		f(ev(2, func(e *shard.Event) { e.HasParent = true }), wire.ErrInvalid, "events[2].flags")
-		f(ev(2, func(e *shard.Event) { e.Parent = 5 }), wire.ErrInvalid, "events[2].parent")
-		f(ev(2, func(e *shard.Event) { e.BlockSize = 16 }), wire.ErrInvalid, "events[2].block_size")
-		f(ev(2, func(e *shard.Event) { e.Tokens = []uint32{1} }), wire.ErrInvalid, "events[2].token_ids")
-		f(ev(2, func(e *shard.Event) { e.LoRA = "a" }), wire.ErrInvalid, "events[2].lora_name")
-		f(ev(2, func(e *shard.Event) { e.MM = [][]uint64{{1}} }), wire.ErrInvalid, "events[2].mm")
-		f(ev(3, func(e *shard.Event) { e.Hashes = []uint64{1} }), wire.ErrInvalid, "events[3].block_hashes")
-		f(ev(3, func(e *shard.Event) { e.Tokens = []uint32{1} }), wire.ErrInvalid, "events[3].token_ids")
-		f(ev(0, func(e *shard.Event) { e.Parent = 1 }), wire.ErrInvalid, "events[0].parent")
-		f(ev(0, func(e *shard.Event) { e.BlockSize = -1 }), wire.ErrInvalid, "events[0].block_size")
+		f(ev(0, func(e *kvevent.Event) { e.Kind = 0 }), wire.ErrInvalid, "events[0].kind")
+		f(ev(3, func(e *kvevent.Event) { e.Kind = 4 }), wire.ErrInvalid, "events[3].kind")
+		f(ev(1, func(e *kvevent.Event) { e.Tier = 4 }), wire.ErrInvalid, "events[1].tier")
+		f(ev(2, func(e *kvevent.Event) { e.HasParent = true }), wire.ErrInvalid, "events[2].flags")
+		f(ev(2, func(e *kvevent.Event) { e.Parent = 5 }), wire.ErrInvalid, "events[2].parent")
+		f(ev(2, func(e *kvevent.Event) { e.BlockSize = 16 }), wire.ErrInvalid, "events[2].block_size")
+		f(ev(2, func(e *kvevent.Event) { e.Tokens = []uint32{1} }), wire.ErrInvalid, "events[2].token_ids")
+		f(ev(2, func(e *kvevent.Event) { e.LoRA = "a" }), wire.ErrInvalid, "events[2].lora_name")
+		f(ev(2, func(e *kvevent.Event) { e.MM = [][]uint64{{1}} }), wire.ErrInvalid, "events[2].mm")
+		f(ev(3, func(e *kvevent.Event) { e.Hashes = []uint64{1} }), wire.ErrInvalid, "events[3].block_hashes")
+		f(ev(3, func(e *kvevent.Event) { e.Tokens = []uint32{1} }), wire.ErrInvalid, "events[3].token_ids")
+		f(ev(0, func(e *kvevent.Event) { e.Parent = 1 }), wire.ErrInvalid, "events[0].parent")
+		f(ev(0, func(e *kvevent.Event) { e.BlockSize = -1 }), wire.ErrInvalid, "events[0].block_size")
 		if strconv.IntSize == 64 {
 			over := uint64(math.MaxUint32) + 1
-			f(ev(0, func(e *shard.Event) { e.BlockSize = int(over) }), wire.ErrInvalid, "events[0].block_size")
+			f(ev(0, func(e *kvevent.Event) { e.BlockSize = int(over) }), wire.ErrInvalid, "events[0].block_size")
 		}
-		f(ev(1, func(e *shard.Event) { e.LoRA = huge }), wire.ErrTooLong, "events[1].lora_name")
-		f(ev(0, func(e *shard.Event) { e.MM = [][]uint64{{1}} }), wire.ErrInvalid, "events[0].n_mm")
-		f(ev(1, func(e *shard.Event) { e.MM = [][]uint64{make([]uint64, 1<<16)} }), wire.ErrTooLong, "events[1].mm[0].hashes")
+		f(ev(1, func(e *kvevent.Event) { e.LoRA = huge }), wire.ErrTooLong, "events[1].lora_name")
+		f(ev(0, func(e *kvevent.Event) { e.MM = [][]uint64{{1}} }), wire.ErrInvalid, "events[0].n_mm")
+		f(ev(1, func(e *kvevent.Event) { e.MM = [][]uint64{make([]uint64, 1<<16)} }), wire.ErrTooLong, "events[1].mm[0].hashes")
 	})
 }

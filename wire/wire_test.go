@@ -14,7 +14,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvrouterd/kvrouterd/shard"
+	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/wire"
 )
 
@@ -65,14 +65,14 @@ var (
 	goldenResponseMatch = wire.RouteResponse{Mode: wire.ModeKV, Blocks: 2, ISL: 32}
 	goldenBatch         = wire.EventBatch{
 		Worker: 42, Model: "llama",
-		Events: []shard.Event{
-			{Kind: shard.Stored, ID: 1, BlockSize: 2, Hashes: []uint64{0x11, 0x22}, Tokens: []uint32{1, 2, 3, 4}},
+		Events: []kvevent.Event{
+			{Kind: kvevent.Stored, ID: 1, BlockSize: 2, Hashes: []uint64{0x11, 0x22}, Tokens: []uint32{1, 2, 3, 4}},
 			{
-				Kind: shard.Stored, ID: 2, BlockSize: 2, HasParent: true, Parent: 0x22,
+				Kind: kvevent.Stored, ID: 2, BlockSize: 2, HasParent: true, Parent: 0x22,
 				Hashes: []uint64{0x33}, Tokens: []uint32{5, 6}, LoRA: "ad", MM: [][]uint64{{0xaa, 0xbb}},
 			},
-			{Kind: shard.Removed, ID: 3, Rank: 1, Tier: shard.Disk, Hashes: []uint64{0x11}},
-			{Kind: shard.Cleared},
+			{Kind: kvevent.Removed, ID: 3, Rank: 1, Tier: kvevent.Disk, Hashes: []uint64{0x11}},
+			{Kind: kvevent.Cleared},
 		},
 	}
 )
@@ -89,8 +89,8 @@ func normResponse(r wire.RouteResponse) wire.RouteResponse {
 	return r
 }
 
-func normEvents(evs []shard.Event) []shard.Event {
-	out := make([]shard.Event, len(evs))
+func normEvents(evs []kvevent.Event) []kvevent.Event {
+	out := make([]kvevent.Event, len(evs))
 	for i, e := range evs {
 		e.Hashes, e.Tokens = nilIfEmpty(e.Hashes), nilIfEmpty(e.Tokens)
 		if len(e.MM) == 0 {
@@ -270,17 +270,17 @@ func randResponse(r *rand.Rand, candidates int) *wire.RouteResponse {
 func randBatch(r *rand.Rand, events, blocks, blockSize int) *wire.EventBatch {
 	b := &wire.EventBatch{Worker: r.Uint64(), Model: randString(r, r.IntN(20))}
 	for i := range events {
-		e := shard.Event{ID: uint64(i), Rank: uint32(r.IntN(4)), Tier: shard.Tier(r.IntN(4))}
+		e := kvevent.Event{ID: uint64(i), Rank: uint32(r.IntN(4)), Tier: kvevent.Tier(r.IntN(4))}
 		switch r.IntN(10) {
 		case 0:
-			e.Kind = shard.Cleared
+			e.Kind = kvevent.Cleared
 		case 1, 2, 3:
-			e.Kind = shard.Removed
+			e.Kind = kvevent.Removed
 			for range 1 + r.IntN(blocks) {
 				e.Hashes = append(e.Hashes, r.Uint64())
 			}
 		default:
-			e.Kind = shard.Stored
+			e.Kind = kvevent.Stored
 			n := 1 + r.IntN(blocks)
 			e.BlockSize = blockSize
 			for range n {
@@ -392,16 +392,16 @@ func TestRoundTrip(t *testing.T) {
 			}
 		}
 		batch(&wire.EventBatch{})
-		batch(&wire.EventBatch{Model: long, Events: []shard.Event{
-			{Kind: shard.Stored, LoRA: long},
-			{Kind: shard.Stored, Hashes: []uint64{1, 2}, MM: [][]uint64{nil, {}}}, // empty lists read back as nil
-			{Kind: shard.Stored, Hashes: []uint64{1}, MM: [][]uint64{make([]uint64, 1<<16-1)}},
-			{Kind: shard.Removed},
-			{Kind: shard.Cleared, Tier: shard.External, Rank: math.MaxUint32, ID: math.MaxUint64},
+		batch(&wire.EventBatch{Model: long, Events: []kvevent.Event{
+			{Kind: kvevent.Stored, LoRA: long},
+			{Kind: kvevent.Stored, Hashes: []uint64{1, 2}, MM: [][]uint64{nil, {}}}, // empty lists read back as nil
+			{Kind: kvevent.Stored, Hashes: []uint64{1}, MM: [][]uint64{make([]uint64, 1<<16-1)}},
+			{Kind: kvevent.Removed},
+			{Kind: kvevent.Cleared, Tier: kvevent.External, Rank: math.MaxUint32, ID: math.MaxUint64},
 		}})
-		maxEvents := &wire.EventBatch{Events: make([]shard.Event, wire.MaxEvents)}
+		maxEvents := &wire.EventBatch{Events: make([]kvevent.Event, wire.MaxEvents)}
 		for i := range maxEvents.Events {
-			maxEvents.Events[i].Kind = shard.Cleared
+			maxEvents.Events[i].Kind = kvevent.Cleared
 		}
 		batch(maxEvents)
 		for range 100 {

@@ -1,0 +1,15 @@
+// Package layers holds no code: its test enforces the direction of imports between kvrouterd's
+// packages, reading `go list` and failing when a package imports one of its own layer or above,
+// unless the table in the test names that pair.
+//
+// Bottom to top:
+//
+//  1. internal/ helpers, and kvevent (the event vocabulary, importing nothing of the project).
+//  2. radix (the index), approx, scoring, snapshot, and wire (codecs: only kvevent and internal/).
+//  3. shard (event application), router (one request's path).
+//  4. ingest, server, client (on wire only), and the test-only reference model.
+//  5. cmd/kvrouterd.
+//  6. bench/ and everything under it, kept out of the daemon's dependency tree.
+//
+// A new package has no layer until it is added to the test's table; the test says so.
+package layers

@@ -1,0 +1,114 @@
+// Package kvevent is the vocabulary every layer of kvrouterd speaks: a worker's KV events, their
+// kinds, the storage tiers blocks live in, and a (worker, rank)'s state as snapshots carry it.
+//
+// It sits at the bottom of the module and imports nothing of the project, so that a package
+// which only encodes or decodes events (wire, and through it a gateway's client) links no index,
+// applier or prefetcher code. Package shard gives these types their meaning (it applies events to
+// the index) and re-declares them under their old names.
+//
+// Every type here is a plain value: safe to copy, with no methods that mutate, and safe for any
+// number of goroutines to read at once as long as none writes the slices it points to.
+package kvevent
+
+import (
+	"fmt"
+	"strings"
+)
+
+// Kind is what a KV event reports. A plain value.
+type Kind uint8
+
+const (
+	// Stored: blocks entered the worker's cache, chained onto Parent (or at the root).
+	Stored Kind = iota + 1
+	// Removed: blocks left the worker's cache.
+	Removed
+	// Cleared: the worker's whole cache was reset; clears every data-parallel rank of the worker.
+	Cleared
+)
+
+func (k Kind) String() string {
+	switch k {
+	case Stored:
+		return "stored"
+	case Removed:
+		return "removed"
+	case Cleared:
+		return "cleared"
+	}
+	return fmt.Sprintf("kind(%d)", uint8(k))
+}
+
+// Tier is the storage tier a block lives in; a plain value. The index scores device (GPU)
+// residency; events about other tiers are counted and skipped, so that an offloaded copy being
+// dropped never removes the device copy with the same engine hash.
+type Tier uint8
+
+const (
+	Device Tier = iota
+	Host
+	Disk
+	External
+)
+
+func (t Tier) String() string {
+	switch t {
+	case Device:
+		return "device"
+	case Host:
+		return "host"
+	case Disk:
+		return "disk"
+	case External:
+		return "external"
+	}
+	return fmt.Sprintf("tier(%d)", uint8(t))
+}
+
+// ParseMedium maps an engine's storage medium name (vLLM, SGLang, Dynamo spellings, any case)
+// to a Tier; "" is the device. Safe for concurrent use.
+func ParseMedium(s string) (Tier, bool) {
+	switch strings.ToUpper(s) {
+	case "", "GPU", "DEVICE":
+		return Device, true
+	case "CPU", "CPU_PINNED", "CPU_TIER1", "HOST", "HOST_PINNED":
+		return Host, true
+	case "CPU_TIER2", "DISK", "NVME":
+		return Disk, true
+	case "EXTERNAL", "NETWORK", "REMOTE", "SHARED":
+		return External, true
+	}
+	return 0, false
+}
+
+// Event is one KV event of one worker, as the engines publish them (decoders fill it).
+// Values are plain data, safe to copy; shard.Batch.Add copies what the slices hold.
+type Event struct {
+	Kind Kind
+	// ID numbers the events of one (worker, rank) from 1 upwards; 0 means unnumbered and is not
+	// checked for gaps or duplicates.
+	ID   uint64
+	Rank uint32 // data-parallel rank
+	Tier Tier
+
+	// Hashes are the engine's block hashes (Stored, Removed): opaque ids that later removals use.
+	Hashes []uint64
+
+	// Stored only.
+	Parent    uint64     // engine hash of the block before the first one, if HasParent
+	HasParent bool       // false: the first block is the root of its chain
+	BlockSize int        // tokens per block as the publisher states it; 0 = not stated
+	Tokens    []uint32   // len(Hashes) × block size token ids
+	LoRA      string     // adapter name, "" for the base model
+	MM        [][]uint64 // MM[i]: multimodal object hashes of block i; nil when none
+}
+
+// RankState is one (worker, rank)'s state as a snapshot holds it: the last event id applied and
+// every block, Seqs[i] being the sequence hash of the block the engine calls Engines[i]. A plain
+// value.
+type RankState struct {
+	Rank    uint32
+	Cursor  uint64
+	Seqs    []uint64
+	Engines []uint64
+}
