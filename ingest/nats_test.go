@@ -77,19 +77,10 @@ func cached(t testing.TB, r *router.Router, model string, tokens []uint32) map[u
 // formats and a load report, and checks that they reach the index; then bad messages, which are
 // counted and change nothing.
 func TestEmbeddedStream(t *testing.T) {
-	s := embedded(t)
 	r := router.New(router.Config{Shards: 2, Logger: quietLog()})
 	defer r.Close()
 	ctx := context.Background()
-	cons, err := NewConsumer(ctx, connect(t, s.ClientURL()), r, ConsumerConfig{Logger: quietLog()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cons.Close()
-	pub, err := NewPublisher(connect(t, s.ClientURL()), "")
-	if err != nil {
-		t.Fatal(err)
-	}
+	cons, pub := consumerAndPublisher(t, r)
 	const model = "meta-llama/Llama-3.1-8B"
 
 	// Worker 1: kvrouterd's binary batch, numbered events, block size 4.
@@ -225,19 +216,13 @@ func TestConsumerStartSeq(t *testing.T) {
 // TestConsumerSinkPanic: a panic while applying a stream message or a load report is recovered
 // on NATS's goroutine and counted as rejected for "panic"; the messages after it are applied.
 func TestConsumerSinkPanic(t *testing.T) {
-	s := embedded(t)
 	sink := &panicStreamSink{}
 	ctx := context.Background()
-	cons, err := NewConsumer(ctx, connect(t, s.ClientURL()), sink, ConsumerConfig{Logger: quietLog()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cons.Close()
-	pub, err := NewPublisher(connect(t, s.ClientURL()), "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var seq uint64
+	cons, pub := consumerAndPublisher(t, sink)
+	var (
+		seq uint64
+		err error
+	)
 	for w := uint64(1); w <= 2; w++ { // worker 1's batch panics
 		b := &wire.EventBatch{Worker: w, Model: "m", Events: []shard.Event{{Kind: shard.Cleared, ID: 1}}}
 		if seq, err = pub.Batch(ctx, b); err != nil {
@@ -271,4 +256,21 @@ func (s *panicStreamSink) Report(r *router.LoadReport) error {
 	}
 	s.reports.Add(1)
 	return nil
+}
+
+// consumerAndPublisher starts an embedded server, a consumer of its stream feeding sink, and a
+// publisher on another connection; all closed when the test ends.
+func consumerAndPublisher(t *testing.T, sink Sink) (*Consumer, *Publisher) {
+	t.Helper()
+	s := embedded(t)
+	cons, err := NewConsumer(context.Background(), connect(t, s.ClientURL()), sink, ConsumerConfig{Logger: quietLog()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cons.Close)
+	pub, err := NewPublisher(connect(t, s.ClientURL()), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cons, pub
 }
