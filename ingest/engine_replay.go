@@ -1,0 +1,99 @@
+package ingest
+
+// Recovering missed batches from an engine's replay socket.
+
+import (
+	"cmp"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+
+	"github.com/go-zeromq/zmq4"
+	"github.com/kvrouterd/kvrouterd/wire"
+)
+
+// recover hands on the batches between the rank's last one and seq from the replay socket; if
+// it cannot, it clears the worker.
+func (rl *rankLoop) recover(ctx context.Context, seq uint64) {
+	from := rl.tracker.last + 1
+	reason := "no replay endpoint"
+	if rl.replay != "" {
+		rl.c[cReplayRequests].Add(1)
+		err := rl.replayRange(ctx, seq)
+		if err == nil {
+			rl.c[cGapsRecovered].Add(1)
+			rl.log.Info("missed batches recovered from the replay socket", "first", from, "last", seq-1)
+			return
+		}
+		reason = err.Error()
+	}
+	if ctx.Err() != nil {
+		return
+	}
+	rl.c[cGapsUnrecovered].Add(1)
+	rl.log.Warn("engine batches lost; the worker's blocks are cleared", "first", rl.tracker.last+1, "last", seq-1, "reason", reason)
+	rl.s.clear(ctx, rl)
+}
+
+// replayRange asks the rank's replay socket for the batches from the last one handed on up to
+// (not including) upto, and hands them on in order. The reply is read to its end marker even
+// when it cannot close the gap, so that zmq4 is left no message it would block on.
+func (rl *rankLoop) replayRange(ctx context.Context, upto uint64) error {
+	s := rl.s
+	rctx, cancel := context.WithTimeout(ctx, s.cfg.ReplayTimeout)
+	defer cancel()
+	lim := s.newLimit()
+	d := zmq4.NewDealer(withLimit(rctx, lim), s.socketOptions()...)
+	defer d.Close()
+	if err := d.Dial(guardedEndpoint(rl.replay)); err != nil {
+		return fmt.Errorf("replay %s: %w", rl.replay, err)
+	}
+	var start [8]byte
+	binary.BigEndian.PutUint64(start[:], rl.tracker.last+1)
+	if err := d.SendMulti(zmq4.NewMsgFrom([]byte{}, start[:])); err != nil {
+		return fmt.Errorf("replay %s: request: %w", rl.replay, err)
+	}
+	var (
+		hole error
+		prev zmq4.Msg // handled: its bytes go back to the limit before the next is received
+	)
+	for {
+		lim.releaseMsg(prev)
+		msg, err := d.Recv()
+		if err != nil {
+			if errors.Is(rctx.Err(), context.DeadlineExceeded) {
+				err = fmt.Errorf("no end marker within %v", s.cfg.ReplayTimeout)
+			}
+			return fmt.Errorf("replay %s: %w", rl.replay, err)
+		}
+		prev = msg
+		if msg.Type == zmq4.CmdMsg {
+			continue
+		}
+		seq, payload, end, err := wire.ParseReplayReply(msg.Frames)
+		if err != nil {
+			hole = cmp.Or(hole, err)
+			continue
+		}
+		if end {
+			break
+		}
+		next := rl.tracker.last + 1
+		switch {
+		case hole != nil, seq < next, next == upto:
+			// Handed on already, or the live stream's; or the gap cannot be closed anyway.
+		case seq > next:
+			hole = fmt.Errorf("the replay has batch %d where %d is missing", seq, next)
+		default:
+			rl.deliver(ctx, seq, payload, true)
+		}
+	}
+	if hole != nil {
+		return fmt.Errorf("replay %s: %w", rl.replay, hole)
+	}
+	if next := rl.tracker.last + 1; next != upto {
+		return fmt.Errorf("replay %s: it ended before batch %d", rl.replay, next)
+	}
+	return nil
+}
