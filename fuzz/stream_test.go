@@ -32,6 +32,18 @@ func pathTokens(path []byte) []uint32 {
 	return toks
 }
 
+// treePrompts returns prompts that together reach every block of the first two levels of the
+// tree and a third of the third.
+func treePrompts() [][]byte {
+	var ps [][]byte
+	for a := byte(1); a <= 3; a++ {
+		for b := byte(1); b <= 3; b++ {
+			ps = append(ps, []byte{a, b, 1 + (a+b)%3})
+		}
+	}
+	return ps
+}
+
 // engineHash is the engine's id of the block ending path on worker w: distinct per worker,
 // prefix and salt (salt 1 stores the same content under a second engine hash).
 func engineHash(w uint64, path []byte, salt uint64) uint64 {
@@ -185,12 +197,7 @@ func FuzzEventStream(f *testing.F) {
 		}
 		fleet := refmodel.NewFleet(streamBS, 0)
 		g := &streamGen{in: in, next: map[radix.WorkerKey]uint64{}}
-		var prompts [][]byte
-		for a := byte(1); a <= 3; a++ {
-			for b := byte(1); b <= 3; b++ {
-				prompts = append(prompts, []byte{a, b, 1 + (a+b)%3})
-			}
-		}
+		prompts := treePrompts()
 		for range 6 {
 			prompts = append(prompts, g.path())
 		}
