@@ -51,6 +51,7 @@ var layer = map[string]int{
 	"bench/report":   6,
 	"bench/sim":      6,
 	"bench/trace":    6,
+	"fuzz":           6, // cross-package fuzz targets: drive server, router, ingest and wire together
 }
 
 // sameLayer names the imports within one layer that the design allows, with the reason; a to

@@ -1,0 +1,196 @@
+package fuzz
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"reflect"
+	"sync"
+	"testing"
+
+	"github.com/kvrouterd/kvrouterd/internal/refmodel"
+	"github.com/kvrouterd/kvrouterd/kvevent"
+	"github.com/kvrouterd/kvrouterd/radix"
+	"github.com/kvrouterd/kvrouterd/router"
+	"github.com/kvrouterd/kvrouterd/shard"
+	"github.com/kvrouterd/kvrouterd/wire"
+)
+
+// observed collects the anomalous outcomes a Router reports.
+type observed struct {
+	mu  sync.Mutex
+	out []shard.Outcome
+}
+
+func (o *observed) Observe(oc shard.Outcome) {
+	o.mu.Lock()
+	o.out = append(o.out, oc)
+	o.mu.Unlock()
+}
+
+func (o *observed) take() []shard.Outcome {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	out := o.out
+	o.out = nil
+	return out
+}
+
+// engineSeeds are engine batches of the shapes vLLM and SGLang publish: chains from the root and
+// from a parent, removals, a clear, another medium, a LoRA adapter, multimodal hashes.
+func engineSeeds() []*wire.EngineBatch {
+	toks := func(from uint32, blocks int) []uint32 {
+		t := make([]uint32, blocks*streamBS)
+		for i := range t {
+			t[i] = from + uint32(i)
+		}
+		return t
+	}
+	stored := func(hashes []uint64, parent uint64, tokens []uint32) kvevent.Event {
+		return kvevent.Event{Kind: kvevent.Stored, Hashes: hashes, Parent: parent, HasParent: parent != 0,
+			Tokens: tokens, BlockSize: streamBS}
+	}
+	return []*wire.EngineBatch{
+		{TS: 1, Events: []kvevent.Event{stored([]uint64{11, 12, 13}, 0, toks(1, 3))}},
+		{TS: 2, Rank: 1, HasRank: true, Events: []kvevent.Event{
+			stored([]uint64{21, 22}, 0, toks(1, 2)),
+			stored([]uint64{23}, 22, toks(100, 1)),
+			{Kind: kvevent.Removed, Hashes: []uint64{21}}}},
+		{TS: 3, Events: []kvevent.Event{
+			stored([]uint64{1 << 63, 1<<63 | 1}, 0, toks(7, 2)),
+			{Kind: kvevent.Removed, Hashes: []uint64{1 << 63, 99}},
+			{Kind: kvevent.Cleared},
+			stored([]uint64{31}, 0, toks(1, 1))}},
+		{TS: 4, Events: []kvevent.Event{
+			{Kind: kvevent.Stored, Hashes: []uint64{41}, Tokens: toks(1, 1), Tier: kvevent.Host},
+			{Kind: kvevent.Stored, Hashes: []uint64{42}, Tokens: toks(1, 1), LoRA: "adapter-a"},
+			{Kind: kvevent.Stored, Hashes: []uint64{43, 44}, Tokens: toks(50, 2), MM: [][]uint64{{0xabc}, nil}}}},
+		{TS: 5, Rank: 2, HasRank: true},
+	}
+}
+
+// FuzzEngineIngest hands pairs of engine payloads (msgpack, every form vLLM and SGLang use) to
+// the path the ZMQ Subscriber and the NATS consumer take: wire.EngineBatch.Decode, the socket's
+// rank for a batch that states none, router.Ingest. A payload the decoder refuses gets a
+// *wire.Error naming a field, one the router refuses a *router.FieldError, and neither changes
+// the router. After each accepted batch the index holds exactly the blocks the reference fleet
+// (internal/refmodel) holds, per rank, the anomalies the router reports are the model's, and
+// matches from the root agree with the model's.
+func FuzzEngineIngest(f *testing.F) {
+	seeds := engineSeeds()
+	forms := []wire.EngineForm{{}, {MapBatch: true, MapEvents: true}, {MapEvents: true},
+		{Hashes: wire.HashInt64}, {Hashes: wire.HashBytes32}, {MapBatch: true, Hashes: wire.HashBytes32}}
+	for i, form := range forms {
+		a, b := seeds[i%len(seeds)], seeds[(i+1)%len(seeds)]
+		f.Add(wire.AppendEngineBatch(nil, a, form), wire.AppendEngineBatch(nil, b, form), uint8(i))
+	}
+	f.Add(wire.AppendEngineBatch(nil, seeds[0], forms[0]), []byte{0x93, 0xcb}, uint8(0)) // truncated
+	f.Add([]byte{}, wire.AppendEngineBatch(nil, seeds[2], forms[1]), uint8(3))
+	f.Fuzz(func(t *testing.T, p1, p2 []byte, sockRank uint8) {
+		var obs observed
+		r := router.New(router.Config{BlockSize: streamBS, Shards: 2, Observer: &obs, Logger: quiet()})
+		defer r.Close()
+		const id, model = 7, "m"
+		var (
+			fleet *refmodel.Fleet
+			b     wire.EngineBatch
+			roots [][]uint32 // tokens of chains stored from the root
+		)
+		for i, payload := range [][]byte{p1, p2} {
+			if err := b.Decode(payload); err != nil {
+				var we *wire.Error
+				if !errors.As(err, &we) || we.Field == "" {
+					t.Fatalf("payload %d %x: refused with %v (%T), not a *wire.Error naming a field", i, payload, err, err)
+				}
+				continue
+			}
+			if !b.HasRank {
+				for j := range b.Events {
+					b.Events[j].Rank = uint32(sockRank % 4)
+				}
+			}
+			if len(b.Events) == 0 {
+				continue // the Subscriber sends nothing, which would register rank 0
+			}
+			workers, dump := r.Workers(), r.DumpWorker(id, nil)
+			if err := r.Ingest(id, model, b.Events); err != nil {
+				var fe *router.FieldError
+				if !errors.As(err, &fe) || fe.Field == "" {
+					t.Fatalf("payload %d %x: refused with %v (%T), not a *router.FieldError naming a field", i, payload, err, err)
+				}
+				if err := r.Flush(); err != nil {
+					t.Fatal(err)
+				}
+				if w, d := r.Workers(), r.DumpWorker(id, nil); !reflect.DeepEqual(w, workers) || !reflect.DeepEqual(d, dump) {
+					t.Fatalf("payload %d refused (%v) but the router changed:\n%+v\n%v\n-> %+v\n%v", i, err, workers, dump, w, d)
+				}
+				continue
+			}
+			if err := r.Flush(); err != nil {
+				t.Fatal(err)
+			}
+			if fleet == nil {
+				bs, ok := r.ModelBlockSize(model)
+				if !ok {
+					t.Fatalf("payload %d accepted, and model %q does not exist", i, model)
+				}
+				fleet = refmodel.NewFleet(bs, 0)
+			}
+			var want []shard.Outcome
+			for j := range b.Events {
+				ev := &b.Events[j]
+				if o := fleet.Apply(id, ev); o.Anomalous() {
+					want = append(want, o)
+				}
+				if ev.Kind == kvevent.Stored && !ev.HasParent && ev.LoRA == "" && ev.MM == nil && len(ev.Tokens) > 0 {
+					roots = append(roots, append([]uint32(nil), ev.Tokens...))
+				}
+			}
+			if got := obs.take(); fmt.Sprint(got) != fmt.Sprint(want) {
+				t.Fatalf("payload %d %+v: anomalies %v, model %v", i, b.Events, got, want)
+			}
+			checkHolds(t, r, fleet, id)
+			var resp wire.RouteResponse
+			for _, toks := range roots {
+				if err := r.Match(&wire.RouteRequest{Model: model, Tokens: toks}, &resp); err != nil {
+					t.Fatal(err)
+				}
+				got := map[radix.WorkerKey]int{}
+				for _, c := range resp.Candidates {
+					if c.CachedBlocks > 0 {
+						got[radix.WorkerKey{ID: c.Worker, Rank: c.Rank}] = int(c.CachedBlocks)
+					}
+				}
+				if want := fleet.Index.Match(refmodel.SeqHashes(toks, fleet.BlockSize, "")); !maps.Equal(got, want) {
+					t.Fatalf("payload %d: match %v: depths %v, model %v", i, toks, got, want)
+				}
+			}
+		}
+	})
+}
+
+// checkHolds compares, rank by rank, the sequence hashes worker id holds in the router with the
+// model's.
+func checkHolds(t *testing.T, r *router.Router, fleet *refmodel.Fleet, id uint64) {
+	t.Helper()
+	got := map[uint32]map[uint64]bool{}
+	for _, d := range r.DumpWorker(id, nil) {
+		if got[d.Rank] == nil {
+			got[d.Rank] = map[uint64]bool{}
+		}
+		got[d.Rank][d.Seq] = true
+	}
+	for _, w := range r.Workers() {
+		want := fleet.Index.BlocksOf(radix.WorkerKey{ID: w.ID, Rank: w.Rank})
+		if g := got[w.Rank]; !maps.Equal(g, want) && !(len(g) == 0 && len(want) == 0) {
+			t.Fatalf("worker %d rank %d holds %d blocks %v, model %d %v", w.ID, w.Rank, len(g), g, len(want), want)
+		}
+		if int(w.CachedBlocks) != len(want) {
+			t.Fatalf("worker %d rank %d lists %d cached blocks, model %d", w.ID, w.Rank, w.CachedBlocks, len(want))
+		}
+		delete(got, w.Rank)
+	}
+	if len(got) != 0 {
+		t.Fatalf("blocks dumped for ranks not listed: %v", got)
+	}
+}
