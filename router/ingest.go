@@ -31,6 +31,19 @@ func (r *Router) Ingest(worker uint64, model string, events []shard.Event) error
 			break
 		}
 	}
+	// Checked before anything is registered, against the block size they will be applied with:
+	// a refused batch changes nothing (a malformed first batch used to create its model and
+	// fix the model's block size). Its ranks are registered by ensure.
+	ebs, settled := r.ingestBlockSize(worker, model, bs)
+	for i := range events {
+		ev := &events[i]
+		if settled && ev.Kind == shard.Stored && ev.BlockSize != 0 && ev.BlockSize != ebs {
+			continue // the registration, or the check after it, refuses it naming the block size
+		}
+		if err := checkEvent(ev, i, ebs, nil); err != nil {
+			return err
+		}
+	}
 	reg, ranks, err := r.ensure(worker, model, bs, want)
 	if err != nil {
 		return err
@@ -92,6 +105,23 @@ func ranksNamed(events []shard.Event) ([]uint32, error) {
 		}
 	}
 	return want, nil
+}
+
+// ingestBlockSize is the block size events of worker for model will be applied with: its model's
+// (settled), or bs (the events' own, 0 for none) or the default for a model ensure would create.
+func (r *Router) ingestBlockSize(worker uint64, model string, bs int) (int, bool) {
+	r.mu.Lock()
+	reg := r.workers[worker]
+	r.mu.Unlock()
+	switch m := r.model(model); {
+	case reg != nil:
+		return reg.model.blockSize, true
+	case m != nil:
+		return m.blockSize, true
+	case bs != 0:
+		return bs, false
+	}
+	return r.cfg.BlockSize, false
 }
 
 // ensure returns worker's registration and ranks, registering the worker for model (with block

@@ -133,3 +133,26 @@ func TestDropSilent(t *testing.T) {
 		t.Errorf("timed out %d, want 1", st.TimedOut)
 	}
 }
+
+// TestIngestRefusedChangesNothing: a batch refused for its content registers nothing, also when
+// its worker and model are new (it used to register them first, fixing the model's block size
+// from a malformed batch, after which correct batches were refused).
+func TestIngestRefusedChangesNothing(t *testing.T) {
+	r := New(Config{Shards: 1, Logger: quiet()})
+	defer r.Close()
+	bad := []shard.Event{{Kind: shard.Stored, BlockSize: 48, Hashes: []uint64{1}, Tokens: make([]uint32, 4)}}
+	var fe *FieldError
+	if err := r.Ingest(7, "m", bad); !errors.As(err, &fe) || fe.Field != "events[0].token_ids" {
+		t.Fatalf("short tokens: %v", err)
+	}
+	if len(r.Workers()) != 0 || len(r.Models()) != 0 {
+		t.Fatalf("a refused batch registered %v, %v", r.Workers(), r.Models())
+	}
+	good := []shard.Event{{Kind: shard.Stored, BlockSize: 16, Hashes: []uint64{1}, Tokens: make([]uint32, 16)}}
+	if err := r.Ingest(7, "m", good); err != nil {
+		t.Fatalf("the next, correct batch: %v", err)
+	}
+	if bs, ok := r.ModelBlockSize("m"); !ok || bs != 16 {
+		t.Fatalf("model m: block size %d, %v; want 16", bs, ok)
+	}
+}
