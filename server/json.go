@@ -44,6 +44,9 @@ func decodeJSON(body []byte, v any) error {
 	switch {
 	case errors.As(err, &se):
 		return &jsonError{field: "body", offset: int(se.Offset), msg: "malformed JSON: " + se.Error()}
+	case errors.As(err, &te) && te.Field == "":
+		// The body itself is not an object (a number, an array, a string).
+		return &jsonError{field: "body", offset: int(te.Offset), msg: fmt.Sprintf("the body is a JSON %s, not an object", te.Value)}
 	case errors.As(err, &te):
 		return &jsonError{field: te.Field, offset: int(te.Offset), msg: fmt.Sprintf("field %q: %s is not a valid %s", te.Field, te.Value, te.Type)}
 	case errors.Is(err, io.ErrUnexpectedEOF):

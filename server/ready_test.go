@@ -93,3 +93,17 @@ func TestHeadersTooLarge(t *testing.T) {
 		t.Fatalf("after the refusal: %d", code)
 	}
 }
+
+// TestBodyNotAnObject: a JSON body that is not an object gets a 400 naming the body, on every
+// endpoint that takes one, without the server's internal type names.
+func TestBodyNotAnObject(t *testing.T) {
+	h := newHarness(t)
+	for _, path := range []string{"/v1/route", "/v1/match", "/v1/events", "/v1/workers", "/register", "/query"} {
+		for _, body := range []string{"0", "00", "[]", `"x"`, "true"} {
+			code, msg := h.post(path, "application/json", []byte(body))
+			if code != 400 || !strings.Contains(msg, `"field":"body"`) || strings.Contains(msg, "server.") {
+				t.Fatalf("POST %s %s: %d %s, want 400 naming the body", path, body, code, msg)
+			}
+		}
+	}
+}
