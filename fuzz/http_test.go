@@ -249,15 +249,7 @@ func (h *httpRun) route(book bool) {
 		return
 	}
 	if f := h.models[model]; f != nil && !h.tainted {
-		got := map[radix.WorkerKey]int{}
-		for _, c := range resp.Candidates {
-			if c.CachedBlocks > 0 {
-				got[radix.WorkerKey{ID: c.Worker, Rank: c.Rank}] = int(c.CachedBlocks)
-			}
-		}
-		if want := f.Index.Match(refmodel.SeqHashes(toks, f.BlockSize, "")); !maps.Equal(got, want) {
-			h.t.Fatalf("match %v on %s: depths %v, model %v", p, model, got, want)
-		}
+		h.checkDepths(&resp, f, toks, model, p)
 	}
 }
 
@@ -349,15 +341,7 @@ func (h *httpRun) finish(r *router.Router) {
 				}
 				break // every worker of the model left
 			}
-			got := map[radix.WorkerKey]int{}
-			for _, c := range resp.Candidates {
-				if c.CachedBlocks > 0 {
-					got[radix.WorkerKey{ID: c.Worker, Rank: c.Rank}] = int(c.CachedBlocks)
-				}
-			}
-			if want := f.Index.Match(refmodel.SeqHashes(toks, f.BlockSize, "")); !maps.Equal(got, want) {
-				h.t.Fatalf("match %v on %s: depths %v, model %v", p, model, got, want)
-			}
+			h.checkDepths(&resp, f, toks, model, p)
 		}
 	}
 }
@@ -435,4 +419,19 @@ func FuzzHTTP(f *testing.F) {
 		}
 		h.finish(r)
 	})
+}
+
+// checkDepths holds a match answer's cached depths to the reference fleet f of model; p names
+// the prompt in the failure.
+func (h *httpRun) checkDepths(resp *wire.RouteResponse, f *refmodel.Fleet, toks []uint32, model string, p any) {
+	h.t.Helper()
+	got := map[radix.WorkerKey]int{}
+	for _, c := range resp.Candidates {
+		if c.CachedBlocks > 0 {
+			got[radix.WorkerKey{ID: c.Worker, Rank: c.Rank}] = int(c.CachedBlocks)
+		}
+	}
+	if want := f.Index.Match(refmodel.SeqHashes(toks, f.BlockSize, "")); !maps.Equal(got, want) {
+		h.t.Fatalf("match %v on %s: depths %v, model %v", p, model, got, want)
+	}
 }
