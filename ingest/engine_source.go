@@ -6,9 +6,11 @@ package ingest
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // ErrEngineSource is wrapped by every error of ParseEngineSource and EngineSource.Validate.
@@ -193,4 +195,63 @@ func rankEndpoint(base string, r int) string {
 	}
 	host, port, _ := splitTCP(base)
 	return "tcp://" + net.JoinHostPort(host, strconv.Itoa(port+r))
+}
+
+// EngineConfig tunes a Subscriber or a Bridge; the zero value means the defaults. A plain
+// value.
+type EngineConfig struct {
+	// Logger receives connections at info level, lost batches, restarts and dropped messages at
+	// warn (slog.Default()).
+	Logger *slog.Logger
+	// ReplayTimeout bounds one replay request, connecting included (5 s). A replay that has not
+	// ended by then has failed: the worker is cleared.
+	ReplayTimeout time.Duration
+	// DialTimeout bounds one attempt to connect to an engine socket (5 s).
+	DialTimeout time.Duration
+	// RedialMax caps the wait between attempts to connect, which starts at 50 ms and doubles
+	// (2 s).
+	RedialMax time.Duration
+	// PublishTimeout bounds one publish to JetStream, acknowledgement included (Bridge; 5 s).
+	PublishTimeout time.Duration
+	// MaxMessageBytes bounds one message from an engine, its frames together (32 MiB), and
+	// what one socket holds received and not yet handled. A connection announcing more is
+	// dropped before anything is allocated for it, counted, and dialled again with backoff.
+	MaxMessageBytes int64
+	// StallTimeout is how long an engine may stop in the middle of a message, or of the
+	// connection's handshake, before the connection is dropped and dialled again (10 s).
+	// Between messages an engine may be silent for any time.
+	StallTimeout time.Duration
+}
+
+// DefaultStallTimeout is EngineConfig.StallTimeout's default.
+const DefaultStallTimeout = 10 * time.Second
+
+// DefaultMaxMessageBytes is EngineConfig.MaxMessageBytes's default: four times the largest
+// message the embedded NATS server takes, far above any engine's batch.
+const DefaultMaxMessageBytes = 32 << 20
+
+const redialMin = 50 * time.Millisecond
+
+func (c *EngineConfig) defaults() {
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.ReplayTimeout <= 0 {
+		c.ReplayTimeout = 5 * time.Second
+	}
+	if c.DialTimeout <= 0 {
+		c.DialTimeout = 5 * time.Second
+	}
+	if c.RedialMax <= 0 {
+		c.RedialMax = 2 * time.Second
+	}
+	if c.PublishTimeout <= 0 {
+		c.PublishTimeout = 5 * time.Second
+	}
+	if c.MaxMessageBytes <= 0 {
+		c.MaxMessageBytes = DefaultMaxMessageBytes
+	}
+	if c.StallTimeout <= 0 {
+		c.StallTimeout = DefaultStallTimeout
+	}
 }

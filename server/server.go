@@ -146,6 +146,10 @@ func New(r *router.Router, cfg Config) *Server {
 	if cfg.Registry == nil {
 		cfg.Registry = prometheus.NewRegistry()
 	}
+	if files := FileLimit(); uint64(cfg.MaxConns)+fileReserve > files {
+		cfg.Logger.Warn(fmt.Sprintf("the connection limit leaves the daemon's other files fewer than %d of the open-file limit: "+
+			"out of files, HTTP accepts close idle connections or wait", fileReserve), "max_conns", cfg.MaxConns, "open_file_limit", files)
+	}
 	s := &Server{r: r, cfg: cfg, log: cfg.Logger}
 	s.m = newMetrics(cfg.Registry, r)
 	s.metrics = metricsHandler(cfg.Registry)
@@ -161,6 +165,9 @@ func New(r *router.Router, cfg Config) *Server {
 	s.ready.Store(true)
 	return s
 }
+
+// ConnLimits are the connection limits in effect: Config's, or their defaults.
+func (s *Server) ConnLimits() (total, perIP int) { return s.cfg.MaxConns, s.cfg.MaxConnsPerIP }
 
 // Serve accepts connections on ln until Shutdown, within Config.MaxConns and MaxConnsPerIP
 // over every listener it serves. A process out of files does not end it: Accept waits and

@@ -181,10 +181,6 @@ func run(ctx context.Context, c config) error {
 	}
 	scfg := server.Config{MaxBodyBytes: c.MaxBodyBytes, ReadBufferSize: c.HTTPReadBuffer, WriteBufferSize: c.HTTPWriteBuffer,
 		MaxConns: c.HTTPMaxConns, MaxConnsPerIP: c.HTTPMaxConnsPerIP, IdleTimeout: c.HTTPIdleTimeout, Logger: log, Registry: reg}
-	if files := server.FileLimit(); uint64(c.HTTPMaxConns)+256 > files {
-		log.Warn("--http-max-conns leaves the daemon's other files fewer than 256 of the open-file limit: "+
-			"out of files, HTTP accepts close idle connections or wait", "http_max_conns", c.HTTPMaxConns, "open_file_limit", files)
-	}
 	// Background work that ends before the stream and the router close.
 	snapCtx, stopSnaps := context.WithCancel(ctx)
 	var background sync.WaitGroup
@@ -209,8 +205,9 @@ func run(ctx context.Context, c config) error {
 		scfg.Ready = append(scfg.Ready, server.ReadyCheck{Name: "stream", Check: stream.Health})
 	}
 	srv := server.New(r, scfg)
+	maxConns, perIP := srv.ConnLimits()
 	log.Info("kvrouterd ready", "http", ln.Addr().String(), "nats", streamURL(stream), "resume_after_seq", resume,
-		"http_max_conns", c.HTTPMaxConns, "http_max_conns_per_ip", perIP(c), "shards", c.Shards, "mode", c.RouterMode, "block_size", c.BlockSize, "data_dir", c.DataDir,
+		"http_max_conns", maxConns, "http_max_conns_per_ip", perIP, "shards", c.Shards, "mode", c.RouterMode, "block_size", c.BlockSize, "data_dir", c.DataDir,
 		"since_start", time.Since(processStart))
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
@@ -243,14 +240,6 @@ func run(ctx context.Context, c config) error {
 	r.Close() // applies every event accepted
 	log.Info("stopped", "took", time.Since(start))
 	return nil
-}
-
-// perIP is the per-address connection limit in effect.
-func perIP(c config) int {
-	if c.HTTPMaxConnsPerIP > 0 {
-		return c.HTTPMaxConnsPerIP
-	}
-	return max(1, c.HTTPMaxConns/4)
 }
 
 // startStream connects to --nats-url, or starts the embedded server, and consumes the events;

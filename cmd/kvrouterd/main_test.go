@@ -20,6 +20,7 @@ import (
 	"github.com/go-zeromq/zmq4"
 	"github.com/kvrouterd/kvrouterd/client"
 	"github.com/kvrouterd/kvrouterd/ingest"
+	"github.com/kvrouterd/kvrouterd/router"
 	"github.com/kvrouterd/kvrouterd/server"
 	"github.com/kvrouterd/kvrouterd/shard"
 	"github.com/kvrouterd/kvrouterd/wire"
@@ -72,7 +73,10 @@ func TestConfigEnvAndFlags(t *testing.T) {
 	if err != nil || hc.HTTPMaxConns != 500 || hc.HTTPMaxConnsPerIP != 50 || hc.HTTPIdleTimeout != 10*time.Second {
 		t.Fatalf("connection flags: %d %d %v %v", hc.HTTPMaxConns, hc.HTTPMaxConnsPerIP, hc.HTTPIdleTimeout, err)
 	}
-	if d.HTTPMaxConns != server.DefaultMaxConns(server.FileLimit()) || d.HTTPMaxConnsPerIP != 0 || perIP(d) != d.HTTPMaxConns/4 {
+	dr := router.New(router.Config{Shards: 1, Logger: quiet()})
+	defer dr.Close()
+	_, perIP := server.New(dr, server.Config{MaxConns: d.HTTPMaxConns, MaxConnsPerIP: d.HTTPMaxConnsPerIP, Logger: quiet()}).ConnLimits()
+	if d.HTTPMaxConns != server.DefaultMaxConns(server.FileLimit()) || d.HTTPMaxConnsPerIP != 0 || perIP != d.HTTPMaxConns/4 {
 		t.Fatalf("connection defaults: %d, per address %d", d.HTTPMaxConns, d.HTTPMaxConnsPerIP)
 	}
 	z, err := parseConfig(nil, env(map[string]string{"KVR_ZMQ": "worker=1,model=m,endpoint=tcp://h:5557;worker=2,model=m,endpoint=tcp://h:6557,ranks=2"}), io.Discard)

@@ -16,7 +16,7 @@ type zmqLimits struct {
 }
 
 func defaultZMQLimits() zmqLimits {
-	return zmqLimits{MaxMessageBytes: ingest.DefaultMaxMessageBytes, StallTimeout: 10 * time.Second}
+	return zmqLimits{MaxMessageBytes: ingest.DefaultMaxMessageBytes, StallTimeout: ingest.DefaultStallTimeout}
 }
 
 func (z *zmqLimits) flags(fs *flag.FlagSet) {
