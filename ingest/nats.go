@@ -201,6 +201,9 @@ type Consumer struct {
 	log  *slog.Logger
 	sub  *nats.Subscription
 
+	startLast uint64        // the stream's last sequence when the consumer started
+	firstSeq  atomic.Uint64 // the stream's first retained sequence at the last check
+
 	// Owned by the watch goroutine, then by Close.
 	cc        jetstream.ConsumeContext
 	created   time.Time // the stream's creation time: another means another stream
@@ -270,6 +273,8 @@ func NewConsumer(ctx context.Context, nc *nats.Conn, sink Sink, cfg ConsumerConf
 		return nil, fmt.Errorf("stream %s: %w", cfg.Stream, err)
 	}
 	c.created = stream.CachedInfo().Created
+	c.startLast = stream.CachedInfo().State.LastSeq
+	c.firstSeq.Store(stream.CachedInfo().State.FirstSeq)
 	if cfg.StartSeq > 0 {
 		info, err := stream.Info(ctx)
 		if err != nil {
@@ -411,8 +416,16 @@ func (c *Consumer) check(ctx context.Context) error {
 		c.cc, c.noConsume = cc, false
 	}
 	c.knownLast = info.State.LastSeq
+	c.firstSeq.Store(info.State.FirstSeq)
 	return nil
 }
+
+// StartLastSeq is the stream's last sequence when the consumer started: what a restarted
+// replica must apply before its index is caught up.
+func (c *Consumer) StartLastSeq() uint64 { return c.startLast }
+
+// FirstSeq is the stream's first retained sequence when it was last checked (once a second).
+func (c *Consumer) FirstSeq() uint64 { return c.firstSeq.Load() }
 
 func (c *Consumer) generation() uint64 {
 	c.mu.Lock()

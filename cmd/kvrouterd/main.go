@@ -193,7 +193,7 @@ func run(ctx context.Context, c config) error {
 	if stream != nil {
 		cu := &catchUp{cons: stream.Consumer}
 		scfg.Ready = append(scfg.Ready, server.ReadyCheck{Name: "catching up", Check: cu.ready})
-		background.Go(func() { cu.watch(snapCtx, stream, c.NATSStream, r, log) })
+		background.Go(func() { cu.watch(snapCtx, r, log) })
 	}
 	stopSnapshots := func() {
 		stopSnaps()
