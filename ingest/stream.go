@@ -2,6 +2,7 @@ package ingest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/url"
@@ -35,6 +36,9 @@ type Stream struct {
 
 	auth []nats.Option // how kvrouterd's own connections authenticate (ShareConn)
 }
+
+// ErrUnreachable is StartStream's error when none of an external server's URLs answered.
+var ErrUnreachable = errors.New("no NATS server answered")
 
 // StartStream connects to cfg.URL, or starts the embedded server, and consumes the events into
 // sink. On error everything it started is stopped.
@@ -73,7 +77,15 @@ func StartStream(ctx context.Context, sink Sink, cfg StreamConfig, log *slog.Log
 		st.URL = st.Server.ClientURL()
 		opts = append(opts, nats.InProcessServer(st.Server))
 	}
+	if cfg.URL != "" {
+		// The first connection must succeed, so that a start against a server that is not
+		// there fails at once and says so; a connection lost later is retried for ever.
+		opts = append(opts, nats.RetryOnFailedConnect(false))
+	}
 	if st.Conn, err = nats.Connect(st.URL, opts...); err != nil {
+		if cfg.URL != "" {
+			return nil, fmt.Errorf("%w: %w", ErrUnreachable, err)
+		}
 		return nil, fmt.Errorf("nats %s: %w", st.URL, err)
 	}
 	timeout := cfg.Timeout

@@ -5,113 +5,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
-	"runtime"
 	"strings"
-	"time"
 
-	"github.com/kvrouterd/kvrouterd/ingest"
-	"github.com/kvrouterd/kvrouterd/scoring"
-	"github.com/kvrouterd/kvrouterd/server"
+	"github.com/kvrouterd/kvrouterd/daemon"
 )
-
-// config is the daemon's whole configuration: defaults here, then KVR_* environment variables,
-// then flags, which win.
-type config struct {
-	Shards             int
-	HTTPAddr           string
-	DataDir            string
-	BlockSize          int
-	RouterMode         string
-	OverlapScoreWeight float64
-	RouterTemperature  float64
-	TrackPrefillTokens bool
-	RequestExpiry      time.Duration
-	MaxCandidates      int
-	MaxBlocks          int64
-	QueueLen           int
-	MaxBodyBytes       int
-	HTTPReadBuffer     int
-	HTTPWriteBuffer    int
-	HTTPMaxConns       int
-	HTTPMaxConnsPerIP  int // 0: a quarter of HTTPMaxConns
-	HTTPIdleTimeout    time.Duration
-	ShutdownTimeout    time.Duration
-	LogLevel           string
-	LogFormat          string
-
-	// Event ingestion.
-	NATSURL       string
-	NATSListen    string
-	NATSNoAuth    bool     // the embedded server takes anonymous clients
-	NATS          natsAuth // for --nats-url
-	NATSStream    string
-	NATSPrefix    string
-	NATSMaxAge    time.Duration
-	NATSMaxBytes  int64
-	NATSReplicas  int
-	NATSStartSeq  uint64
-	WorkerTimeout time.Duration
-	ClearOnGap    bool
-	ZMQ           []ingest.EngineSource
-	ZMQLimits     zmqLimits
-
-	// Replicas.
-	ShareLoad bool
-	ReplicaID string
-
-	// Persistence.
-	NoSnapshots      bool
-	SnapshotInterval time.Duration
-	SnapshotKeep     int
-	BootstrapFrom    string
-	MinFreeDisk      int64
-
-	// Approximate mode.
-	NoKVEvents        bool
-	ApproxTTL         time.Duration
-	ApproxMaxBlocks   int
-	ApproxPruneTarget float64
-}
-
-func defaults() config {
-	return config{
-		Shards:             runtime.GOMAXPROCS(0),
-		HTTPAddr:           ":8090",
-		DataDir:            "./data",
-		BlockSize:          16,
-		RouterMode:         "kv",
-		OverlapScoreWeight: 1.0,
-		RouterTemperature:  0.0,
-		TrackPrefillTokens: true,
-		RequestExpiry:      300 * time.Second,
-		QueueLen:           256,
-		MaxBodyBytes:       8 << 20,
-		HTTPReadBuffer:     16 << 10,
-		HTTPWriteBuffer:    64 << 10,
-		HTTPMaxConns:       server.DefaultMaxConns(server.FileLimit()),
-		HTTPIdleTimeout:    120 * time.Second,
-		ShutdownTimeout:    30 * time.Second,
-		LogLevel:           "info",
-		LogFormat:          "text",
-		NATSListen:         "127.0.0.1:4222",
-		NATSStream:         ingest.DefaultStream,
-		NATSPrefix:         ingest.DefaultPrefix,
-		NATSMaxAge:         24 * time.Hour,
-		NATSMaxBytes:       4 << 30,
-		NATSReplicas:       1,
-		WorkerTimeout:      30 * time.Second,
-		ClearOnGap:         true,
-		ShareLoad:          true,
-		SnapshotInterval:   time.Minute,
-		SnapshotKeep:       3,
-		MinFreeDisk:        64 << 20,
-		ApproxTTL:          120 * time.Second,
-		ApproxMaxBlocks:    1 << 20,
-		ApproxPruneTarget:  0.8,
-		ZMQLimits:          defaultZMQLimits(),
-	}
-}
 
 const envPrefix = "KVR_"
 
@@ -121,63 +18,17 @@ func envName(flagName string) string {
 	return envPrefix + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
 }
 
-// parseConfig fills a config from env (a lookup such as os.LookupEnv) and args.
-func parseConfig(args []string, env func(string) (string, bool), out io.Writer) (config, error) {
-	c := defaults()
+// parseConfig fills a daemon configuration from env (a lookup such as os.LookupEnv) and args.
+func parseConfig(args []string, env func(string) (string, bool), out io.Writer) (daemon.Config, error) {
+	c := daemon.Defaults()
 	fs := flag.NewFlagSet("kvrouterd", flag.ContinueOnError)
 	fs.SetOutput(out)
-	fs.IntVar(&c.Shards, "shards", c.Shards, "event-application shards (goroutines); default: GOMAXPROCS, the CPUs the process may use (a container's CPU limit)")
-	fs.StringVar(&c.HTTPAddr, "http-addr", c.HTTPAddr, "address of the HTTP API")
-	fs.StringVar(&c.DataDir, "data-dir", c.DataDir, "directory for the embedded NATS server and snapshots")
-	fs.IntVar(&c.BlockSize, "block-size", c.BlockSize, "tokens per KV block of models registered without one")
-	fs.StringVar(&c.RouterMode, "router-mode", c.RouterMode, "routing mode: kv, round_robin, random, least_loaded or direct")
-	fs.Float64Var(&c.OverlapScoreWeight, "overlap-score-weight", c.OverlapScoreWeight, "weight of prefill cost against decode load in the kv cost")
-	fs.Float64Var(&c.RouterTemperature, "router-temperature", c.RouterTemperature, "softmax temperature of worker selection; 0 picks the cheapest")
-	fs.BoolVar(&c.TrackPrefillTokens, "track-prefill-tokens", c.TrackPrefillTokens, "count workers' active prefill tokens in the cost")
-	fs.DurationVar(&c.RequestExpiry, "request-expiry", c.RequestExpiry, "free routed requests not completed after this long")
-	fs.IntVar(&c.MaxCandidates, "max-candidates", c.MaxCandidates, "candidates in a route or match answer when the request does not say: the chosen worker, then the lowest costs; 0 = every worker")
-	fs.Int64Var(&c.MaxBlocks, "max-blocks", c.MaxBlocks, "bound on (block, worker) residencies over all models; 0 = none")
-	fs.IntVar(&c.QueueLen, "queue-len", c.QueueLen, "event batches each shard queue holds before producers wait")
-	fs.IntVar(&c.MaxBodyBytes, "max-body-bytes", c.MaxBodyBytes, "largest HTTP request body accepted")
-	fs.IntVar(&c.HTTPReadBuffer, "http-read-buffer", c.HTTPReadBuffer, "bytes of read buffer per open HTTP connection; bounds request headers, and a request that fits is read in one system call")
-	fs.IntVar(&c.HTTPWriteBuffer, "http-write-buffer", c.HTTPWriteBuffer, "bytes of write buffer per open HTTP connection; an answer that fits goes out in one system call")
-	fs.IntVar(&c.HTTPMaxConns, "http-max-conns", c.HTTPMaxConns, "open HTTP connections at most; at the limit a new one closes the connection idle longest, or is refused with 503 if none is idle. "+
-		"Default: the open-file limit less a reserve of 256 + 1/8 of it for the daemon's other files, between 64 and 16384")
-	fs.IntVar(&c.HTTPMaxConnsPerIP, "http-max-conns-per-ip", c.HTTPMaxConnsPerIP, "open HTTP connections from one client address at most; beyond, a new one is refused with 503. 0 = a quarter of --http-max-conns")
-	fs.DurationVar(&c.HTTPIdleTimeout, "http-idle-timeout", c.HTTPIdleTimeout, "close a keep-alive HTTP connection after this long without a request (a new connection's first request must come within 30s)")
-	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", c.ShutdownTimeout, "how long a graceful shutdown waits for requests in flight")
-	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error (debug logs every routing decision)")
-	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "text or json")
-	fs.StringVar(&c.NATSURL, "nats-url", c.NATSURL, "NATS server or cluster to take events from (comma-separated URLs); empty runs an embedded server with JetStream in --data-dir")
-	fs.StringVar(&c.NATSListen, "nats-listen", c.NATSListen, "client address of the embedded NATS server, for publishers (port 0: any free port)")
-	fs.BoolVar(&c.NATSNoAuth, "nats-no-auth", c.NATSNoAuth, "UNSAFE: the embedded NATS server takes anonymous clients with every right (inject events, purge or delete the stream); by default it takes only the users in --data-dir/nats/*.auth")
-	c.NATS.flags(fs)
-	fs.StringVar(&c.NATSStream, "nats-stream", c.NATSStream, "JetStream stream holding the events (created if missing)")
-	fs.StringVar(&c.NATSPrefix, "nats-subject-prefix", c.NATSPrefix, "first token of the event and load-report subjects")
-	fs.DurationVar(&c.NATSMaxAge, "nats-max-age", c.NATSMaxAge, "stream retention: events older than this are dropped (0: no limit)")
-	fs.Int64Var(&c.NATSMaxBytes, "nats-max-bytes", c.NATSMaxBytes, "stream retention: the oldest events are dropped past this size (0: no limit)")
-	fs.IntVar(&c.NATSReplicas, "nats-replicas", c.NATSReplicas, "stream replicas in a NATS cluster")
-	fs.Uint64Var(&c.NATSStartSeq, "nats-start-seq", c.NATSStartSeq, "first stream sequence to apply; 0 = the oldest retained")
-	fs.Var(&sourceList{&c.ZMQ}, "zmq", "subscribe to an engine's ZMQ KV events: worker=ID,model=NAME,endpoint=tcp://host:port[,replay=tcp://host:port][,ranks=N][,rank=R][,topic=T]; repeat the flag, or separate sources with ';'")
-	c.ZMQLimits.flags(fs)
-	fs.BoolVar(&c.ShareLoad, "share-load", c.ShareLoad, "tell the other replicas on the same NATS of every request this one routes, and count theirs in the load (off in approximate mode)")
-	fs.StringVar(&c.ReplicaID, "replica-id", c.ReplicaID, "this replica's name in load sharing, unique among live replicas (1-64 of A-Z a-z 0-9 _ -); empty: random")
-	fs.BoolVar(&c.NoSnapshots, "no-snapshots", c.NoSnapshots, "keep no snapshots in --data-dir/snapshots: a restart rebuilds the index from the whole event stream")
-	fs.DurationVar(&c.SnapshotInterval, "snapshot-interval", c.SnapshotInterval, "write a snapshot of the index this often, and on shutdown; a restart restores the newest and replays the stream after it (0: on shutdown only)")
-	fs.IntVar(&c.SnapshotKeep, "snapshot-keep", c.SnapshotKeep, "snapshots kept; older ones are deleted")
-	fs.Int64Var(&c.MinFreeDisk, "min-free-disk", c.MinFreeDisk, "bytes free on --data-dir's filesystem below which the daemon starts read-only: it restores its newest snapshot, writes none, and /readyz says so; with the embedded NATS server it exits instead, as its stream could store no event")
-	fs.StringVar(&c.BootstrapFrom, "bootstrap-from", c.BootstrapFrom, "URL of a running kvrouterd (http://peer:8090): at start, fetch its newest snapshot and start from it")
-	fs.BoolVar(&c.NoKVEvents, "no-kv-events", c.NoKVEvents, "approximate mode, for workers that publish no KV events: a routed request's blocks count as cached on the chosen worker for --approx-ttl; no NATS")
-	fs.DurationVar(&c.ApproxTTL, "approx-ttl", c.ApproxTTL, "approximate mode: how long a block stays cached after the last request that used it")
-	fs.IntVar(&c.ApproxMaxBlocks, "approx-max-blocks", c.ApproxMaxBlocks, "approximate mode: cap on (block, worker) residencies")
-	fs.Float64Var(&c.ApproxPruneTarget, "approx-prune-target", c.ApproxPruneTarget, "approximate mode: past the cap, prune the least recently used (deepest first) down to this fraction of it")
-	fs.BoolVar(&c.ClearOnGap, "clear-on-gap", c.ClearOnGap, "when a worker's event ids skip (events lost upstream), drop that rank's blocks before applying the next event: an index that under-reports, never one that reports blocks a missed event removed")
-	fs.DurationVar(&c.WorkerTimeout, "worker-timeout", c.WorkerTimeout, "a worker that sends load reports is removed from routing, its blocks dropped, after this long silent (0: never)")
+	c.Flags(fs)
 	if err := parseFlags(fs, args, env, out, "kvrouterd: a KV-cache-aware router for LLM inference workers.\n\n"+
 		"Usage: kvrouterd [flags]\n       kvrouterd bridge [flags]   (kvrouterd bridge --help)"); err != nil {
 		return c, err
 	}
-	return c, c.check()
+	return c, c.Check()
 }
 
 // parseFlags sets fs's flags from their environment variables (see envName), then from args,
@@ -214,122 +65,6 @@ func parseFlags(fs *flag.FlagSet, args []string, env func(string) (string, bool)
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
-	}
-	return nil
-}
-
-func (c *config) check() error {
-	switch {
-	case c.Shards < 1 || c.Shards > 4096:
-		return fmt.Errorf("--shards %d: want 1 to 4096", c.Shards)
-	case c.BlockSize < 1 || c.BlockSize > 1<<16:
-		return fmt.Errorf("--block-size %d: want 1 to 65536", c.BlockSize)
-	case !(c.OverlapScoreWeight >= 0) || c.OverlapScoreWeight > 1e9:
-		return fmt.Errorf("--overlap-score-weight %v: want a finite number ≥ 0", c.OverlapScoreWeight)
-	case !(c.RouterTemperature >= 0) || c.RouterTemperature > 1e9:
-		return fmt.Errorf("--router-temperature %v: want a finite number ≥ 0", c.RouterTemperature)
-	case c.MaxCandidates < 0 || c.MaxCandidates > 1<<16-1:
-		return fmt.Errorf("--max-candidates %d: want 0 (every worker) to 65535", c.MaxCandidates)
-	case c.RequestExpiry <= 0:
-		return fmt.Errorf("--request-expiry %v: want a positive duration", c.RequestExpiry)
-	case c.MaxBlocks < 0 || c.QueueLen < 1 || c.MaxBodyBytes < 1024:
-		return fmt.Errorf("--max-blocks, --queue-len, --max-body-bytes: out of range")
-	case c.HTTPReadBuffer < 4096 || c.HTTPWriteBuffer < 4096 || c.HTTPReadBuffer > 64<<20 || c.HTTPWriteBuffer > 64<<20:
-		return fmt.Errorf("--http-read-buffer %d, --http-write-buffer %d: want 4096 to 64 MiB", c.HTTPReadBuffer, c.HTTPWriteBuffer)
-	case c.HTTPMaxConns < 1 || c.HTTPMaxConns > 1<<24 || c.HTTPMaxConnsPerIP < 0:
-		return fmt.Errorf("--http-max-conns %d, --http-max-conns-per-ip %d: want 1 to 16777216 connections, and 0 (a quarter) or more per address", c.HTTPMaxConns, c.HTTPMaxConnsPerIP)
-	case c.HTTPIdleTimeout <= 0:
-		return fmt.Errorf("--http-idle-timeout %v: want a positive duration", c.HTTPIdleTimeout)
-	case c.LogFormat != "text" && c.LogFormat != "json":
-		return fmt.Errorf("--log-format %q: want text or json", c.LogFormat)
-	case c.NATSMaxAge < 0 || c.NATSMaxBytes < 0 || c.NATSReplicas < 1 || c.NATSReplicas > 5:
-		return fmt.Errorf("--nats-max-age, --nats-max-bytes, --nats-replicas: out of range")
-	case c.NATSStream == "" || strings.ContainsAny(c.NATSStream, " .*>"):
-		return fmt.Errorf("--nats-stream %q: want a name without spaces, dots, * or >", c.NATSStream)
-	case c.ApproxTTL <= 0 || c.ApproxMaxBlocks < 1 || !(c.ApproxPruneTarget > 0 && c.ApproxPruneTarget <= 1):
-		return fmt.Errorf("--approx-ttl, --approx-max-blocks, --approx-prune-target: want a positive duration, a positive count, a fraction in (0, 1]")
-	case c.WorkerTimeout < 0:
-		return fmt.Errorf("--worker-timeout %v: want 0 (never) or a positive duration", c.WorkerTimeout)
-	case c.SnapshotInterval < 0 || c.SnapshotKeep < 1 || c.SnapshotKeep > 1000:
-		return fmt.Errorf("--snapshot-interval %v, --snapshot-keep %d: want a duration ≥ 0 and 1 to 1000 snapshots", c.SnapshotInterval, c.SnapshotKeep)
-	case c.BootstrapFrom != "" && !strings.HasPrefix(c.BootstrapFrom, "http://") && !strings.HasPrefix(c.BootstrapFrom, "https://"):
-		return fmt.Errorf("--bootstrap-from %q: want http://host:port", c.BootstrapFrom)
-	case c.MinFreeDisk < 0:
-		return fmt.Errorf("--min-free-disk %d: want 0 (never read-only) or more bytes", c.MinFreeDisk)
-	case c.BootstrapFrom != "" && c.NoSnapshots:
-		return fmt.Errorf("--bootstrap-from needs snapshots; drop --no-snapshots")
-	}
-	if m, err := scoring.ParseMode(c.RouterMode); err != nil || m == scoring.Default {
-		return fmt.Errorf("--router-mode %q: want kv, round_robin, random, least_loaded or direct", c.RouterMode)
-	}
-	if err := checkPrefix(c.NATSPrefix); err != nil {
-		return err
-	}
-	if err := c.NATS.check(); err != nil {
-		return err
-	}
-	if err := c.ZMQLimits.check(); err != nil {
-		return err
-	}
-	if c.NATSNoAuth && c.NATSURL != "" {
-		return fmt.Errorf("--nats-no-auth is for the embedded server; drop it or --nats-url")
-	}
-	return c.checkLog()
-}
-
-func checkPrefix(p string) error {
-	if p == "" || strings.ContainsAny(p, " *>") {
-		return fmt.Errorf("--nats-subject-prefix %q: want subject tokens without spaces, * or >", p)
-	}
-	return nil
-}
-
-func (c *config) checkLog() error {
-	var l slog.Level
-	if err := l.UnmarshalText([]byte(c.LogLevel)); err != nil {
-		return fmt.Errorf("--log-level %q: want debug, info, warn or error", c.LogLevel)
-	}
-	if c.LogFormat != "text" && c.LogFormat != "json" {
-		return fmt.Errorf("--log-format %q: want text or json", c.LogFormat)
-	}
-	return nil
-}
-
-func (c *config) logger(w io.Writer) *slog.Logger {
-	var l slog.Level
-	_ = l.UnmarshalText([]byte(c.LogLevel))
-	opts := &slog.HandlerOptions{Level: l}
-	if c.LogFormat == "json" {
-		return slog.New(slog.NewJSONHandler(w, opts))
-	}
-	return slog.New(slog.NewTextHandler(w, opts))
-}
-
-// sourceList is a flag.Value collecting engine sources; one value may hold several, separated
-// by ';' (how the environment variable holds several).
-type sourceList struct{ p *[]ingest.EngineSource }
-
-func (l *sourceList) String() string {
-	if l.p == nil {
-		return ""
-	}
-	s := make([]string, len(*l.p))
-	for i, src := range *l.p {
-		s[i] = src.String()
-	}
-	return strings.Join(s, ";")
-}
-
-func (l *sourceList) Set(v string) error {
-	for part := range strings.SplitSeq(v, ";") {
-		if strings.TrimSpace(part) == "" {
-			continue
-		}
-		src, err := ingest.ParseEngineSource(part)
-		if err != nil {
-			return err
-		}
-		*l.p = append(*l.p, src)
 	}
 	return nil
 }

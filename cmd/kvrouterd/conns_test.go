@@ -139,7 +139,7 @@ func TestDaemonConnectionFlood(t *testing.T) {
 // floodClient holds idle connections open to a daemon and probes it on fresh ones.
 type floodClient struct {
 	t     *testing.T
-	d     *daemon
+	d     *proc
 	port  string
 	held  []net.Conn
 	probe *http.Client

@@ -31,14 +31,16 @@ func fillDisk(t *testing.T, dir string) {
 			}
 		}
 	}
-	if free, err := diskFree(dir); err != nil || free != 0 {
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(dir, &st); err != nil || st.Bavail != 0 {
+		free := uint64(st.Bavail) * uint64(st.Bsize)
 		t.Fatalf("the disk is not full: %d bytes free, %v", free, err)
 	}
 }
 
 // smallLog fails the test if d's log grows past limit in a couple of seconds: a repeated
 // error must not flood it.
-func smallLog(t *testing.T, d *daemon, limit int) {
+func smallLog(t *testing.T, d *proc, limit int) {
 	t.Helper()
 	time.Sleep(2 * time.Second)
 	if n := len(d.log()); n > limit {
@@ -47,7 +49,7 @@ func smallLog(t *testing.T, d *daemon, limit int) {
 }
 
 // exited waits (bounded) for d to exit and returns its error.
-func exited(t *testing.T, d *daemon) error {
+func exited(t *testing.T, d *proc) error {
 	t.Helper()
 	done := make(chan error, 1)
 	go func() { done <- d.cmd.Wait() }()

@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kvrouterd/kvrouterd/daemon"
 )
 
 // TestBadFlagOneLine: a mistyped flag is one line naming it and the flag probably meant, with
@@ -41,7 +43,7 @@ func TestBadFlagOneLine(t *testing.T) {
 		!strings.Contains(err.Error(), "did you mean --nats-url?") || out.Len() != 0 {
 		t.Fatalf("bridge: %v, %q", err, out.String())
 	}
-	if d := defaults(); d.Shards != runtime.GOMAXPROCS(0) {
+	if d := daemon.Defaults(); d.Shards != runtime.GOMAXPROCS(0) {
 		t.Fatalf("--shards defaults to %d, GOMAXPROCS is %d", d.Shards, runtime.GOMAXPROCS(0))
 	}
 }

@@ -126,15 +126,15 @@ func inProcessGet(r *router.Router) func(string) ([]byte, error) {
 	}
 }
 
-// daemon is one run of the binary.
-type daemon struct {
+// proc is one run of the daemon's binary.
+type proc struct {
 	cmd  *exec.Cmd
 	addr string
 	logs *bytes.Buffer
 	mu   *sync.Mutex
 }
 
-func (d *daemon) log() string {
+func (d *proc) log() string {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return d.logs.String()
@@ -151,7 +151,7 @@ func (l lockedWriter) Write(p []byte) (int, error) {
 	return l.w.Write(p)
 }
 
-func startDaemon(t *testing.T, bin string, args ...string) *daemon {
+func startDaemon(t *testing.T, bin string, args ...string) *proc {
 	t.Helper()
 	d := launchDaemon(t, bin, args...)
 	waitReady(t, d)
@@ -159,9 +159,9 @@ func startDaemon(t *testing.T, bin string, args ...string) *daemon {
 }
 
 // launchDaemon starts the binary and returns at once.
-func launchDaemon(t *testing.T, bin string, args ...string) *daemon {
+func launchDaemon(t *testing.T, bin string, args ...string) *proc {
 	t.Helper()
-	d := &daemon{addr: freeAddr(t), logs: new(bytes.Buffer), mu: new(sync.Mutex)}
+	d := &proc{addr: freeAddr(t), logs: new(bytes.Buffer), mu: new(sync.Mutex)}
 	d.cmd = exec.Command(bin, append([]string{"--http-addr", d.addr, "--shards", "2"}, args...)...)
 	d.cmd.Stderr = lockedWriter{d.mu, d.logs}
 	if err := d.cmd.Start(); err != nil {
@@ -171,7 +171,7 @@ func launchDaemon(t *testing.T, bin string, args ...string) *daemon {
 }
 
 // waitReady waits until d's /readyz answers 200.
-func waitReady(t *testing.T, d *daemon) {
+func waitReady(t *testing.T, d *proc) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
@@ -190,7 +190,7 @@ func waitReady(t *testing.T, d *daemon) {
 }
 
 // waitState waits until the daemon's state is want.
-func waitState(t *testing.T, d *daemon, want string) {
+func waitState(t *testing.T, d *proc, want string) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	var got string
@@ -381,7 +381,7 @@ func TestReplicas(t *testing.T) {
 	waitState(t, b, want)
 
 	// A request routed by a counts in b's view of the chosen worker's load.
-	active := func(d *daemon, worker uint64) int64 {
+	active := func(d *proc, worker uint64) int64 {
 		body, err := httpGet(d.addr)("/v1/workers")
 		if err != nil {
 			t.Fatal(err)

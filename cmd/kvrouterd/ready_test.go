@@ -14,7 +14,7 @@ import (
 )
 
 // readyz is one answer of d's /readyz; code 0 when nothing answers.
-func readyz(d *daemon) (int, string) {
+func readyz(d *proc) (int, string) {
 	resp, err := http.Get("http://" + d.addr + "/readyz")
 	if err != nil {
 		return 0, err.Error()
@@ -25,7 +25,7 @@ func readyz(d *daemon) (int, string) {
 }
 
 // awaitReadyz polls /readyz until ok accepts an answer, and returns it.
-func awaitReadyz(t *testing.T, d *daemon, what string, ok func(code int, body string) bool) (int, string) {
+func awaitReadyz(t *testing.T, d *proc, what string, ok func(code int, body string) bool) (int, string) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {

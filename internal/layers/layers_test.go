@@ -40,18 +40,20 @@ var layer = map[string]int{
 	"internal/refmodel": 4, // models radix and shard for their tests, so it sits above them
 	"server":            4,
 
-	"cmd/kvrouterd": 5,
+	"daemon": 5,
 
-	"bench/e2e":      6,
-	"bench/fleet":    6,
-	"bench/fleetsim": 6,
-	"bench/kvrload":  6,
-	"bench/loadgen":  6,
-	"bench/replay":   6,
-	"bench/report":   6,
-	"bench/sim":      6,
-	"bench/trace":    6,
-	"fuzz":           6, // cross-package fuzz targets: drive server, router, ingest and wire together
+	"cmd/kvrouterd": 6,
+
+	"bench/e2e":      7,
+	"bench/fleet":    7,
+	"bench/fleetsim": 7,
+	"bench/kvrload":  7,
+	"bench/loadgen":  7,
+	"bench/replay":   7,
+	"bench/report":   7,
+	"bench/sim":      7,
+	"bench/trace":    7,
+	"fuzz":           7, // cross-package fuzz targets: drive server, router, ingest and wire together
 }
 
 // sameLayer names the imports within one layer that the design allows, with the reason; a to

@@ -1,4 +1,4 @@
-package main
+package daemon
 
 import (
 	"context"
@@ -39,7 +39,7 @@ type persist struct {
 
 // openPersist opens the snapshot store, read-only if readOnly says why (a full disk), or if a
 // writable open finds no room.
-func openPersist(c config, reg *prometheus.Registry, log *slog.Logger, readOnly error) (*persist, error) {
+func openPersist(c Config, reg *prometheus.Registry, log *slog.Logger, readOnly error) (*persist, error) {
 	dir := filepath.Join(c.DataDir, "snapshots")
 	cfg := snapshot.Config{Keep: c.SnapshotKeep, Logger: log, ReadOnly: readOnly != nil, Fatal: func(msg string) {
 		// Pebble cannot go on (a MANIFEST write failed); the next start finds the store as the
@@ -54,7 +54,7 @@ func openPersist(c config, reg *prometheus.Registry, log *slog.Logger, readOnly 
 		st, err = snapshot.Open(dir, cfg)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("snapshots: %w", err)
+		return nil, fmt.Errorf("--data-dir %s: snapshots: %w", c.DataDir, err)
 	}
 	if path, cause := st.MovedAside(); path != "" {
 		log.Warn("the snapshot store could not be opened; it was moved aside and a new one started", "moved_to", path, "err", cause)
@@ -98,15 +98,15 @@ func (p *persist) bootstrap(ctx context.Context, peer string) error {
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return fmt.Errorf("bootstrap from %s: %w", url, err)
+		return fmt.Errorf("%s: %w", url, err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("bootstrap from %s: %s", url, resp.Status)
+		return fmt.Errorf("%s: %s", url, resp.Status)
 	}
 	m, err := p.store.Receive(resp.Body)
 	if err != nil {
-		return fmt.Errorf("bootstrap from %s: %w", url, err)
+		return fmt.Errorf("%s: %w", url, err)
 	}
 	p.log.Info("bootstrapped from a peer's snapshot", "peer", peer, "stream_seq", m.StreamSeq, "bytes", m.StoredBytes)
 	return nil

@@ -1,0 +1,357 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/kvrouterd/kvrouterd/approx"
+	"github.com/kvrouterd/kvrouterd/ingest"
+	"github.com/kvrouterd/kvrouterd/internal/lograte"
+	"github.com/kvrouterd/kvrouterd/router"
+	"github.com/kvrouterd/kvrouterd/scoring"
+	"github.com/kvrouterd/kvrouterd/server"
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// processStart is when the process started, for the time to ready.
+var processStart = time.Now()
+
+// Daemon is a started kvrouterd: its HTTP API serving, its index restored, its events read.
+// Start makes one and Wait runs it to the end; both are for one goroutine, one call each.
+// Addr may be called from any goroutine.
+type Daemon struct {
+	c    Config
+	log  *slog.Logger
+	ln   net.Listener
+	srv  *server.Server
+	r    *router.Router
+	p    *persist // nil with --no-snapshots
+	st   *ingest.Stream
+	seq  uint64 // the stream sequence restored up to
+	done chan error
+
+	// undo is what Start did, undone in reverse order by a failed Start and by Wait.
+	undo undo
+	// graceful is set by a shutdown that finished the requests in flight: its last snapshot is
+	// written. A start that fails and a server that fails write none.
+	graceful bool
+}
+
+// Run starts the daemon and serves until ctx ends, then shuts down gracefully: stop accepting,
+// finish the requests in flight, apply every accepted event, write a last snapshot. It logs to
+// stderr. An error names the flag to change when one is at fault.
+func Run(ctx context.Context, c Config, stderr io.Writer) error {
+	d, err := Start(ctx, c, stderr)
+	if err != nil {
+		return err
+	}
+	return d.Wait(ctx)
+}
+
+// Start starts the daemon's parts in order, each failing at once with an error that names the
+// flag to change: the HTTP address, the data directory, the snapshot store and its restore,
+// the engine subscriptions, the event stream, load sharing, then the API. A Start that fails
+// has undone what it started, in reverse order: no goroutine, file or port is left. ctx bounds
+// the daemon's background work; Wait ends it.
+func Start(ctx context.Context, c Config, stderr io.Writer) (_ *Daemon, err error) {
+	d := &Daemon{c: c, done: make(chan error, 1)}
+	// Libraries the daemon embeds log every retry of a failing write; the log must stay readable.
+	d.log = slog.New(lograte.New(NewLogger(stderr, c.LogLevel, c.LogFormat).Handler(), lograte.Config{}))
+	log := d.log
+	defer func() {
+		if err != nil {
+			d.undo.run()
+		}
+	}()
+	// The HTTP address first: a bad or taken one fails the start at once, before NATS and the
+	// restore. Connections wait in the backlog until the API serves.
+	if d.ln, err = net.Listen("tcp", c.HTTPAddr); err != nil {
+		return nil, fmt.Errorf("--http-addr %s: %w", c.HTTPAddr, err)
+	}
+	d.undo.push(func() { d.ln.Close() })
+	if err := checkDataDir(c.DataDir); err != nil {
+		return nil, err
+	}
+	full := c.diskFull()
+	if full != nil && !c.NoKVEvents && c.NATSURL == "" {
+		return nil, fmt.Errorf("%w: the embedded NATS server could store no event; free space, or give --nats-url", full)
+	}
+	mode, _ := scoring.ParseMode(c.RouterMode)
+	watch := &engineWatcher{}
+	var share *ingest.Sharer
+	if c.ShareLoad && !c.NoKVEvents {
+		if share, err = ingest.NewSharer(ingest.ShareConfig{Prefix: c.NATSPrefix, Replica: c.ReplicaID, Logger: log}); err != nil {
+			return nil, fmt.Errorf("--replica-id: %w", err)
+		}
+	}
+	newRouter := func() *router.Router {
+		cfg := router.Config{
+			BlockSize:       c.BlockSize,
+			Mode:            mode,
+			OverlapWeight:   c.OverlapScoreWeight,
+			NoOverlapWeight: c.OverlapScoreWeight == 0,
+			Temperature:     c.RouterTemperature,
+			TrackPrefill:    c.TrackPrefillTokens,
+			RequestExpiry:   c.RequestExpiry,
+			MaxCandidates:   c.MaxCandidates,
+			Shards:          c.Shards,
+			QueueLen:        c.QueueLen,
+			MaxBlocks:       c.MaxBlocks,
+			WorkerTimeout:   c.WorkerTimeout,
+			ClearOnGap:      c.ClearOnGap,
+			Approximate:     c.approx(),
+			Endpoints:       watch,
+			Logger:          log,
+		}
+		if share != nil {
+			cfg.Share = share // never a typed nil
+		}
+		return router.New(cfg)
+	}
+	reg := prometheus.NewRegistry()
+	if c.NoSnapshots {
+		d.r = newRouter()
+	} else {
+		if d.p, err = openPersist(c, reg, log, full); err != nil {
+			return nil, err
+		}
+		d.undo.push(func() { d.p.close() })
+		if c.BootstrapFrom != "" {
+			if err := d.p.bootstrap(ctx, c.BootstrapFrom); err != nil {
+				return nil, fmt.Errorf("--bootstrap-from: %w", err)
+			}
+		}
+		if d.r, d.seq, err = d.p.restore(newRouter); err != nil {
+			return nil, err
+		}
+	}
+	d.undo.push(func() { d.r.Close() }) // applies every event accepted
+	d.undo.push(d.lastSnapshot)
+	eng := engines(ctx, c, d.r, log)
+	if eng != nil {
+		reg.MustRegister(eng.Collector())
+	}
+	watch.set(eng)
+	d.undo.push(watch.close)
+	resubscribe(d.r, watch, log) // restored workers' engine endpoints
+	startSeq := c.NATSStartSeq
+	if startSeq == 0 && d.seq > 0 {
+		startSeq = d.seq + 1
+	}
+	if d.st, err = d.startStream(ctx, reg, startSeq); err != nil {
+		return nil, err
+	}
+	if d.st != nil {
+		d.undo.push(d.st.Close) // stops taking events; the ones taken are in the shard queues
+	}
+	if share != nil && d.st != nil {
+		var opts []nats.Option
+		if c.NATSURL != "" {
+			opts = c.NATS.Options()
+		}
+		nc, err := ingest.ShareConn(d.st, log, opts...)
+		if err != nil {
+			return nil, fmt.Errorf("load sharing: %w", err)
+		}
+		d.undo.push(nc.Close)
+		if err := share.Start(nc, d.r); err != nil {
+			return nil, fmt.Errorf("load sharing: %w", err)
+		}
+		d.undo.push(share.Close)
+		reg.MustRegister(share.Collector())
+		log.Info("sharing load with the other replicas", "replica", share.Replica())
+	}
+	scfg := server.Config{MaxBodyBytes: c.MaxBodyBytes, ReadBufferSize: c.HTTPReadBuffer, WriteBufferSize: c.HTTPWriteBuffer,
+		MaxConns: c.HTTPMaxConns, MaxConnsPerIP: c.HTTPMaxConnsPerIP, IdleTimeout: c.HTTPIdleTimeout, Logger: log, Registry: reg}
+	// Background work that ends before the stream and the router close.
+	bgCtx, stopBackground := context.WithCancel(ctx)
+	var background sync.WaitGroup
+	d.undo.push(func() {
+		stopBackground()
+		background.Wait()
+	})
+	if d.p != nil {
+		scfg.Snapshots = d.p.store
+		scfg.Ready = append(scfg.Ready, server.ReadyCheck{Name: "disk", Check: d.p.diskReady},
+			server.ReadyCheck{Name: "snapshots", Check: d.p.snapshotsReady})
+		background.Go(func() { d.p.loop(bgCtx, d.r, c.SnapshotInterval, d.lastSeq) })
+	}
+	if d.st != nil {
+		cu := &catchUp{cons: d.st.Consumer}
+		// Not ready while the events are not being read: NATS away, the stream deleted (until
+		// it is created again) or changed in a way that cannot be set back.
+		scfg.Ready = append(scfg.Ready, server.ReadyCheck{Name: "catching up", Check: cu.ready},
+			server.ReadyCheck{Name: "stream", Check: d.st.Health})
+		background.Go(func() { cu.watch(bgCtx, d.r, log) })
+	}
+	d.srv = server.New(d.r, scfg)
+	maxConns, perIP := d.srv.ConnLimits()
+	log.Info("kvrouterd ready", "http", d.ln.Addr().String(), "nats", streamURL(d.st), "resume_after_seq", d.seq,
+		"http_max_conns", maxConns, "http_max_conns_per_ip", perIP, "shards", c.Shards, "mode", c.RouterMode, "block_size", c.BlockSize, "data_dir", c.DataDir,
+		"since_start", time.Since(processStart))
+	go func() { d.done <- d.srv.Serve(d.ln) }()
+	return d, nil
+}
+
+// Addr is the HTTP API's address.
+func (d *Daemon) Addr() net.Addr { return d.ln.Addr() }
+
+// Wait serves until ctx ends, then shuts down gracefully (see Run); or until serving fails, then
+// undoes the start and returns why.
+func (d *Daemon) Wait(ctx context.Context) error {
+	select {
+	case err := <-d.done:
+		d.undo.run()
+		return err
+	case <-ctx.Done():
+	}
+	d.log.Info("shutting down: finishing requests in flight")
+	sctx, cancel := context.WithTimeout(context.Background(), d.c.ShutdownTimeout)
+	defer cancel()
+	start := time.Now()
+	if err := d.srv.Shutdown(sctx); err != nil {
+		d.log.Warn("requests still in flight at the shutdown timeout", "err", err)
+	}
+	<-d.done
+	d.graceful = true
+	d.undo.run()
+	d.log.Info("stopped", "took", time.Since(start))
+	return nil
+}
+
+// lastSeq is the stream sequence every event up to which has been handed to the router.
+func (d *Daemon) lastSeq() uint64 {
+	if d.st == nil {
+		return d.seq
+	}
+	return d.st.Consumer.LastSeq()
+}
+
+// lastSnapshot writes the snapshot of a graceful shutdown, once the events stopped coming and
+// before the router closes: every event up to lastSeq was handed over, and the snapshot's
+// copies wait for them.
+func (d *Daemon) lastSnapshot() {
+	if !d.graceful || d.p == nil || d.p.readOnly != nil {
+		return
+	}
+	if err := d.p.write(d.r, d.lastSeq()); err != nil {
+		d.log.Warn("the shutdown snapshot failed; the next start replays more of the stream", "err", err)
+	}
+}
+
+// undo is a stack of what a start did, undone last first. For the goroutine that starts and
+// stops the daemon.
+type undo []func()
+
+func (u *undo) push(f func()) { *u = append(*u, f) }
+
+// run undoes everything pushed, in reverse order, once.
+func (u *undo) run() {
+	for i := len(*u) - 1; i >= 0; i-- {
+		(*u)[i]()
+	}
+	*u = nil
+}
+
+// checkDataDir creates --data-dir if missing and checks that the daemon can write in it.
+func checkDataDir(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("--data-dir %s: %w", dir, err)
+	}
+	f, err := os.CreateTemp(dir, ".kvrouterd-probe-*")
+	if errors.Is(err, syscall.ENOSPC) {
+		return nil // full: the start goes on read-only, or stops naming --min-free-disk
+	}
+	if err != nil {
+		return fmt.Errorf("--data-dir %s: not writable: %w", dir, err)
+	}
+	f.Close()
+	return os.Remove(f.Name())
+}
+
+// startStream connects to --nats-url, or starts the embedded server, and consumes the events;
+// nil with --no-kv-events.
+func (d *Daemon) startStream(ctx context.Context, reg *prometheus.Registry, startSeq uint64) (*ingest.Stream, error) {
+	c, log, r := d.c, d.log, d.r
+	if c.NoKVEvents {
+		return nil, nil
+	}
+	var opts []nats.Option
+	if c.NATSURL != "" {
+		opts = c.NATS.Options() // credentials and TLS are for an external server
+	}
+	onGap := func(from, to uint64) {
+		n, err := r.ClearAll()
+		if d.p != nil {
+			d.p.gapClears.Inc()
+		}
+		log.Warn("event-stream sequences were lost: every worker's blocks cleared, to be rebuilt from the events that follow",
+			"from", from, "to", to, "residencies", n, "err", err)
+	}
+	st, err := ingest.StartStream(ctx, r, ingest.StreamConfig{
+		URL:      c.NATSURL,
+		Embedded: ingest.EmbeddedConfig{Dir: filepath.Join(c.DataDir, "nats"), Listen: c.NATSListen, NoAuth: c.NATSNoAuth},
+		Options:  opts,
+		Consumer: ingest.ConsumerConfig{
+			Prefix: c.NATSPrefix, Stream: c.NATSStream, MaxAge: c.NATSMaxAge, MaxBytes: c.NATSMaxBytes,
+			Replicas: c.NATSReplicas, StartSeq: startSeq, OnGap: onGap,
+		},
+	}, log)
+	switch {
+	case errors.Is(err, ingest.ErrEmbeddedListen):
+		return nil, fmt.Errorf("--nats-listen %s: %w", c.NATSListen, err)
+	case errors.Is(err, ingest.ErrUnreachable):
+		return nil, fmt.Errorf("--nats-url %s: %w", c.NATSURL, err)
+	case err != nil:
+		return nil, err
+	}
+	reg.MustRegister(st.Consumer.Collector())
+	switch {
+	case st.Credentials != nil:
+		pf := st.Credentials.Publisher.File
+		log.Info("the embedded NATS server takes only its users: publishers connect as user publisher with the password in "+pf+
+			" (one line user:password, for the URL's user info), or kvrouterd bridge --nats-user-file "+pf,
+			"publisher_url", "nats://publisher:<password>@"+strings.TrimPrefix(st.URL, "nats://"), "publisher_file", pf)
+	case c.NATSURL == "":
+		log.Warn("the embedded NATS server takes anonymous clients (--nats-no-auth): any process that reaches " + st.URL +
+			" can inject events, purge or delete the stream")
+	}
+	return st, nil
+}
+
+// diskFull says why --data-dir's filesystem is too full to write snapshots, or nil: it has
+// --min-free-disk free, or its free space is not known.
+func (c *Config) diskFull() error {
+	free, err := diskFree(c.DataDir)
+	if err != nil || free >= uint64(c.MinFreeDisk) {
+		return nil
+	}
+	return fmt.Errorf("disk full: %s has %.1f MiB free, under --min-free-disk %.1f MiB",
+		c.DataDir, float64(free)/(1<<20), float64(c.MinFreeDisk)/(1<<20))
+}
+
+// streamURL is what the log says of the event stream.
+func streamURL(st *ingest.Stream) string {
+	if st == nil {
+		return "off (--no-kv-events)"
+	}
+	return st.URL
+}
+
+func (c *Config) approx() *approx.Config {
+	if !c.NoKVEvents {
+		return nil
+	}
+	return &approx.Config{TTL: c.ApproxTTL, MaxBlocks: c.ApproxMaxBlocks, PruneTarget: c.ApproxPruneTarget}
+}

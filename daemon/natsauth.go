@@ -1,0 +1,58 @@
+package daemon
+
+import (
+	"flag"
+	"fmt"
+
+	"github.com/kvrouterd/kvrouterd/ingest"
+	"github.com/nats-io/nats.go"
+)
+
+// NATSAuth is how a connection to a NATS server authenticates: an external one, or another
+// kvrouterd's embedded one (UserFile).
+type NATSAuth struct {
+	Creds, UserFile, TLSCA, TLSCert, TLSKey string
+}
+
+// Flags defines the flags that set a.
+func (a *NATSAuth) Flags(fs *flag.FlagSet) {
+	fs.StringVar(&a.Creds, "nats-creds", a.Creds, "credentials file (JWT and NKey) for the NATS server")
+	fs.StringVar(&a.UserFile, "nats-user-file", a.UserFile, "file holding one line user:password for the NATS server, such as a kvrouterd's --data-dir/nats/publisher.auth")
+	fs.StringVar(&a.TLSCA, "nats-tls-ca", a.TLSCA, "CA certificate file to verify the NATS servers")
+	fs.StringVar(&a.TLSCert, "nats-tls-cert", a.TLSCert, "client certificate file (with --nats-tls-key)")
+	fs.StringVar(&a.TLSKey, "nats-tls-key", a.TLSKey, "client key file")
+}
+
+// Check says which flag of a is wrong, or nil.
+func (a *NATSAuth) Check() error {
+	if (a.TLSCert == "") != (a.TLSKey == "") {
+		return fmt.Errorf("--nats-tls-cert and --nats-tls-key go together")
+	}
+	if a.Creds != "" && a.UserFile != "" {
+		return fmt.Errorf("--nats-creds and --nats-user-file: give one")
+	}
+	if a.UserFile != "" {
+		if _, err := ingest.ReadUserFile(a.UserFile); err != nil {
+			return fmt.Errorf("--nats-user-file: %w", err)
+		}
+	}
+	return nil
+}
+
+// Options are the connect options that authenticate as a says.
+func (a *NATSAuth) Options() []nats.Option {
+	var opts []nats.Option
+	if a.Creds != "" {
+		opts = append(opts, nats.UserCredentials(a.Creds))
+	}
+	if a.UserFile != "" {
+		opts = append(opts, ingest.UserFile(a.UserFile))
+	}
+	if a.TLSCA != "" {
+		opts = append(opts, nats.RootCAs(a.TLSCA))
+	}
+	if a.TLSCert != "" {
+		opts = append(opts, nats.ClientCert(a.TLSCert, a.TLSKey))
+	}
+	return opts
+}
