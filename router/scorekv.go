@@ -302,7 +302,7 @@ func (s *scratch) fillCapped(resp *wire.RouteResponse, ix *radix.Index, list *wo
 }
 
 // tied returns the position of the worker Select would choose among those whose logit is
-// lowest: the smallest tree, then a draw with scoring.Tie among the equal, in position order.
+// lowest, by scoring.TieBreak over them in position order.
 // s.ties holds the idle workers whose logit is idleLowest, the lowest of any idle worker.
 func (s *scratch) tied(ix *radix.Index, list *workerList, lowest, idleLowest float64, rng *rand.Rand) int32 {
 	ties := s.ties
@@ -320,27 +320,18 @@ func (s *scratch) tied(ix *radix.Index, list *workerList, lowest, idleLowest flo
 		slices.SortFunc(ties, func(a, b tie) int { return cmp.Compare(a.pos, b.pos) })
 	}
 	s.ties = ties
-	best, n := int64(math.MaxInt64), 0
+	var tb scoring.TieBreak
 	for i := range ties {
 		t := ix.Blocks(list.slots[ties[i].pos])
 		ties[i].tree = t
-		switch {
-		case t < best:
-			best, n = t, 1
-		case t == best:
-			n++
-		}
+		tb.Add(i, t)
 	}
-	k := 0
-	if n > 1 {
-		k = scoring.Tie(n, rng)
+	if i, only := tb.Draw(rng); only {
+		return ties[i].pos
 	}
 	for _, t := range ties {
-		if t.tree == best {
-			if k == 0 {
-				return t.pos
-			}
-			k--
+		if tb.Take(t.tree) {
+			return t.pos
 		}
 	}
 	panic("router: no worker at the lowest logit") // unreachable: the pool's first is one

@@ -95,37 +95,36 @@ func (p *Params) Cost(cached, shared int32, activeBlocks, activePrefill int64) (
 }
 
 // Select returns the position of the chosen candidate by logit: the lowest at temperature 0 (ties
-// broken by the smallest Tree, then at random), a softmax sample over range-normalised logits
-// above 0. c must not be empty; rng may be nil (the runtime's source is used then).
+// broken by TieBreak: the smallest Tree, then at random), a softmax sample over range-normalised
+// logits above 0. c must not be empty; rng may be nil (the runtime's source is used then).
 func Select(c []Candidate, temperature float64, rng *rand.Rand) int {
 	if temperature > 0 {
 		return sample(c, temperature, rng)
 	}
-	// Lowest logit, then smallest tree, in one pass that counts the equals; a second pass picks
-	// one of them at random only when there are several.
-	lo, best, n, first := math.Inf(1), int64(math.MaxInt64), 0, 0
+	// The lowest logit and its ties in one pass; a second pass finds the one drawn only when
+	// several are equal in tree too.
+	var tb TieBreak
+	lo := math.Inf(1)
 	for i := range c {
-		l, t := c[i].Logit, c[i].Tree
-		switch {
-		case l < lo || l == lo && t < best:
-			lo, best, n, first = l, t, 1, i
-		case l == lo && t == best:
-			n++
+		switch l := c[i].Logit; {
+		case l < lo:
+			lo = l
+			tb.Reset()
+			tb.Add(i, c[i].Tree)
+		case l == lo:
+			tb.Add(i, c[i].Tree)
 		}
 	}
-	if n <= 1 {
+	first, only := tb.Draw(rng)
+	if only {
 		return first
 	}
-	k := Tie(n, rng)
-	for i := first; i < len(c); i++ {
-		if c[i].Logit == lo && c[i].Tree == best {
-			if k == 0 {
-				return i
-			}
-			k--
+	for i := range c {
+		if c[i].Logit == lo && tb.Take(c[i].Tree) {
+			return i
 		}
 	}
-	return first // unreachable: n equals were counted from first on
+	panic("scoring: no candidate at the lowest logit") // unreachable: Add counted them
 }
 
 // sample draws a candidate with probability ∝ exp(−(logit − min) / ((max − min) · temperature)),
@@ -209,11 +208,6 @@ func leastLoaded(c []Candidate, rng *rand.Rand) int {
 	}
 	return 0
 }
-
-// Tie returns which of n > 1 equally good candidates, in worker order, Select takes: a uniform
-// draw from rng (nil: the runtime's source). A caller that selects its own way draws with Tie, so
-// that for the same source it takes the candidate Select would.
-func Tie(n int, rng *rand.Rand) int { return intn(rng, n) }
 
 func intn(rng *rand.Rand, n int) int {
 	if rng == nil {

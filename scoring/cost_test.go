@@ -169,3 +169,36 @@ func TestScoreSelectAllocs(t *testing.T) {
 		t.Fatalf("Choose allocates %v times", n)
 	}
 }
+
+// TestTieBreakDrawsOnlyOnTies: the rule draws from the random source only when candidates tie in
+// logit and tree, so that two paths applying it to the same workers stay in step on one source.
+func TestTieBreakDrawsOnlyOnTies(t *testing.T) {
+	src, twin := rand.NewPCG(5, 6), rand.NewPCG(5, 6)
+	rng := rand.New(src)
+	unique := []Candidate{{Logit: 3, Tree: 7}, {Logit: 3, Tree: 2}, {Logit: 1, Tree: 9}, {Logit: 1, Tree: 4}}
+	if got := Select(unique, 0, rng); got != 3 {
+		t.Fatalf("chose %d, want 3 (lowest logit, then smallest tree)", got)
+	}
+	if src.Uint64() != twin.Uint64() {
+		t.Fatal("a choice without a tie drew from the random source")
+	}
+	var tb TieBreak
+	for i, tree := range []int64{4, 2, 2, 9} {
+		tb.Add(i, tree)
+	}
+	if _, only := tb.Draw(rng); only {
+		t.Fatal("two candidates with the smallest tree: want a draw")
+	}
+	taken := -1
+	for i, tree := range []int64{4, 2, 2, 9} {
+		if tb.Take(tree) {
+			if taken >= 0 {
+				t.Fatalf("Take true for %d and %d", taken, i)
+			}
+			taken = i
+		}
+	}
+	if taken != 1 && taken != 2 {
+		t.Fatalf("took %d, want 1 or 2", taken)
+	}
+}
