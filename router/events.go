@@ -4,6 +4,7 @@ import (
 	"slices"
 	"strconv"
 
+	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/shard"
 	"github.com/kvrouterd/kvrouterd/wire"
 )
@@ -61,7 +62,7 @@ func (r *Router) ranksOf(id uint64) (*registration, []uint32) {
 
 // checkEvents checks a batch for a model of block size bs whose worker has ranks (ascending):
 // the checks that refuse it whole.
-func checkEvents(evs []shard.Event, bs int, ranks []uint32) error {
+func checkEvents(evs []kvevent.Event, bs int, ranks []uint32) error {
 	if len(evs) > MaxEventsPerBatch {
 		return fieldErr(ErrInvalid, "events", "%d events, at most %d per batch", len(evs), MaxEventsPerBatch)
 	}
@@ -74,15 +75,15 @@ func checkEvents(evs []shard.Event, bs int, ranks []uint32) error {
 }
 
 // checkEvent checks one event; with ranks nil, any rank passes.
-func checkEvent(ev *shard.Event, i, bs int, ranks []uint32) error {
+func checkEvent(ev *kvevent.Event, i, bs int, ranks []uint32) error {
 	if _, ok := slices.BinarySearch(ranks, ev.Rank); !ok && ranks != nil {
 		return fieldErr(ErrUnknownWorker, evField(i, "dp_rank"), "rank %d is not registered for this worker", ev.Rank)
 	}
-	if ev.Tier > shard.External {
+	if ev.Tier > kvevent.External {
 		return fieldErr(ErrInvalid, evField(i, "medium"), "unknown storage tier %d", ev.Tier)
 	}
 	switch ev.Kind {
-	case shard.Stored:
+	case kvevent.Stored:
 		if ev.BlockSize != 0 && ev.BlockSize != bs {
 			return fieldErr(ErrInvalid, evField(i, "block_size"), "%d disagrees with the model's block size %d", ev.BlockSize, bs)
 		}
@@ -90,17 +91,17 @@ func checkEvent(ev *shard.Event, i, bs int, ranks []uint32) error {
 			return fieldErr(ErrInvalid, evField(i, "block_hashes"), "a stored event needs at least one block")
 		}
 		// Copies held elsewhere than the device may come without tokens; they are skipped.
-		if ev.Tier == shard.Device && len(ev.Tokens) != len(ev.Hashes)*bs {
+		if ev.Tier == kvevent.Device && len(ev.Tokens) != len(ev.Hashes)*bs {
 			return fieldErr(ErrInvalid, evField(i, "token_ids"), "%d token ids for %d blocks of %d tokens", len(ev.Tokens), len(ev.Hashes), bs)
 		}
 		if ev.MM != nil && len(ev.MM) != len(ev.Hashes) {
 			return fieldErr(ErrInvalid, evField(i, "mm_hashes"), "%d entries for %d blocks", len(ev.MM), len(ev.Hashes))
 		}
-	case shard.Removed:
+	case kvevent.Removed:
 		if len(ev.Hashes) == 0 {
 			return fieldErr(ErrInvalid, evField(i, "block_hashes"), "a removed event needs at least one block")
 		}
-	case shard.Cleared:
+	case kvevent.Cleared:
 	default:
 		return fieldErr(ErrInvalid, evField(i, "kind"), "unknown event kind %d", ev.Kind)
 	}

@@ -4,7 +4,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/kvrouterd/kvrouterd/shard"
+	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/wire"
 )
 
@@ -16,7 +16,7 @@ import (
 // nothing and is returned as a *FieldError; stream anomalies (gaps, duplicates, unknown parents)
 // go to Config.Observer as they apply. Safe for concurrent use; events and their slices may be
 // reused once Ingest returns.
-func (r *Router) Ingest(worker uint64, model string, events []shard.Event) error {
+func (r *Router) Ingest(worker uint64, model string, events []kvevent.Event) error {
 	if len(events) > MaxEventsPerBatch { // before registering anything
 		return fieldErr(ErrInvalid, "events", "%d events, at most %d per batch", len(events), MaxEventsPerBatch)
 	}
@@ -26,7 +26,7 @@ func (r *Router) Ingest(worker uint64, model string, events []shard.Event) error
 	}
 	bs := 0
 	for i := range events {
-		if events[i].Kind == shard.Stored && events[i].BlockSize != 0 {
+		if events[i].Kind == kvevent.Stored && events[i].BlockSize != 0 {
 			bs = events[i].BlockSize
 			break
 		}
@@ -37,7 +37,7 @@ func (r *Router) Ingest(worker uint64, model string, events []shard.Event) error
 	ebs, settled := r.ingestBlockSize(worker, model, bs)
 	for i := range events {
 		ev := &events[i]
-		if settled && ev.Kind == shard.Stored && ev.BlockSize != 0 && ev.BlockSize != ebs {
+		if settled && ev.Kind == kvevent.Stored && ev.BlockSize != 0 && ev.BlockSize != ebs {
 			continue // the registration, or the check after it, refuses it naming the block size
 		}
 		if err := checkEvent(ev, i, ebs, nil); err != nil {
@@ -72,7 +72,7 @@ func (r *Router) Ingest(worker uint64, model string, events []shard.Event) error
 // ranksNamed returns the distinct ranks events name, refusing more than a worker may have
 // (wire.MaxSnapshotRanks). Linear in len(events): a batch usually names one rank, and one that
 // names many is looked up in a set.
-func ranksNamed(events []shard.Event) ([]uint32, error) {
+func ranksNamed(events []kvevent.Event) ([]uint32, error) {
 	const few = 16
 	var (
 		want []uint32

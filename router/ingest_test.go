@@ -6,12 +6,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvrouterd/kvrouterd/shard"
+	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/wire"
 )
 
-func stored(id uint64, rank uint32, bs int, toks []uint32, parent uint64, hashes ...uint64) shard.Event {
-	return shard.Event{Kind: shard.Stored, ID: id, Rank: rank, BlockSize: bs, Tokens: toks, Hashes: hashes, Parent: parent, HasParent: parent != 0}
+func stored(id uint64, rank uint32, bs int, toks []uint32, parent uint64, hashes ...uint64) kvevent.Event {
+	return kvevent.Event{Kind: kvevent.Stored, ID: id, Rank: rank, BlockSize: bs, Tokens: toks, Hashes: hashes, Parent: parent, HasParent: parent != 0}
 }
 
 // TestIngestDiscovers checks that a stream's first events register their worker and ranks, and
@@ -19,7 +19,7 @@ func stored(id uint64, rank uint32, bs int, toks []uint32, parent uint64, hashes
 func TestIngestDiscovers(t *testing.T) {
 	r := New(Config{Shards: 2, Logger: quiet()})
 	defer r.Close()
-	evs := []shard.Event{stored(1, 0, 4, seq(0, 8), 0, 11, 12), stored(1, 1, 4, seq(0, 4), 0, 21)}
+	evs := []kvevent.Event{stored(1, 0, 4, seq(0, 8), 0, 11, 12), stored(1, 1, 4, seq(0, 4), 0, 21)}
 	if err := r.Ingest(7, "m", evs); err != nil {
 		t.Fatal(err)
 	}
@@ -55,21 +55,21 @@ func TestIngestRefuses(t *testing.T) {
 	r := New(Config{Shards: 2, Logger: quiet()})
 	defer r.Close()
 	var fe *FieldError
-	if err := r.Ingest(1, "", []shard.Event{stored(1, 0, 4, seq(0, 4), 0, 1)}); !errors.As(err, &fe) || fe.Field != "worker_id" {
+	if err := r.Ingest(1, "", []kvevent.Event{stored(1, 0, 4, seq(0, 4), 0, 1)}); !errors.As(err, &fe) || fe.Field != "worker_id" {
 		t.Fatalf("unknown worker without a model: %v", err)
 	}
-	if err := r.Ingest(1, "m", []shard.Event{stored(1, 0, 4, seq(0, 4), 0, 1)}); err != nil {
+	if err := r.Ingest(1, "m", []kvevent.Event{stored(1, 0, 4, seq(0, 4), 0, 1)}); err != nil {
 		t.Fatal(err)
 	}
 	// A second good event, then one with the wrong token count in the same batch: neither applies.
-	bad := []shard.Event{stored(2, 0, 4, seq(4, 4), 1, 2), stored(3, 0, 4, seq(8, 3), 2, 3)}
+	bad := []kvevent.Event{stored(2, 0, 4, seq(4, 4), 1, 2), stored(3, 0, 4, seq(8, 3), 2, 3)}
 	if err := r.Ingest(1, "m", bad); !errors.As(err, &fe) || fe.Field != "events[1].token_ids" {
 		t.Fatalf("short tokens: %v", err)
 	}
 	if err := r.Ingest(1, "other", bad[:1]); !errors.Is(err, ErrConflict) {
 		t.Fatalf("another model: %v", err)
 	}
-	if err := r.Ingest(2, "m", []shard.Event{stored(1, 0, 8, seq(0, 8), 0, 1)}); !errors.As(err, &fe) || fe.Field != "block_size" {
+	if err := r.Ingest(2, "m", []kvevent.Event{stored(1, 0, 8, seq(0, 8), 0, 1)}); !errors.As(err, &fe) || fe.Field != "block_size" {
 		t.Fatalf("a new worker stating another block size: %v", err)
 	}
 	if err := r.Flush(); err != nil {
@@ -90,10 +90,10 @@ func TestDropSilent(t *testing.T) {
 	var now atomic.Int64
 	r := New(Config{Shards: 1, Logger: quiet(), Now: now.Load})
 	defer r.Close()
-	if err := r.Ingest(1, "m", []shard.Event{stored(1, 0, 4, seq(0, 4), 0, 1)}); err != nil {
+	if err := r.Ingest(1, "m", []kvevent.Event{stored(1, 0, 4, seq(0, 4), 0, 1)}); err != nil {
 		t.Fatal(err)
 	}
-	if err := r.Ingest(2, "m", []shard.Event{stored(1, 0, 4, seq(0, 4), 0, 1)}); err != nil {
+	if err := r.Ingest(2, "m", []kvevent.Event{stored(1, 0, 4, seq(0, 4), 0, 1)}); err != nil {
 		t.Fatal(err)
 	}
 	if err := r.Report(&LoadReport{Worker: 2, Model: "m", ActiveBlocks: 5, KVUsage: 0.5, MaxBatchedTokens: 8192}); err != nil {
@@ -114,7 +114,7 @@ func TestDropSilent(t *testing.T) {
 		t.Fatalf("workers %+v, want 1", ws)
 	}
 	// Its next event registers it again, with what it now stores.
-	if err := r.Ingest(2, "m", []shard.Event{stored(2, 0, 4, seq(100, 4), 0, 9)}); err != nil {
+	if err := r.Ingest(2, "m", []kvevent.Event{stored(2, 0, 4, seq(100, 4), 0, 9)}); err != nil {
 		t.Fatal(err)
 	}
 	if err := r.Flush(); err != nil {
@@ -140,7 +140,7 @@ func TestDropSilent(t *testing.T) {
 func TestIngestRefusedChangesNothing(t *testing.T) {
 	r := New(Config{Shards: 1, Logger: quiet()})
 	defer r.Close()
-	bad := []shard.Event{{Kind: shard.Stored, BlockSize: 48, Hashes: []uint64{1}, Tokens: make([]uint32, 4)}}
+	bad := []kvevent.Event{{Kind: kvevent.Stored, BlockSize: 48, Hashes: []uint64{1}, Tokens: make([]uint32, 4)}}
 	var fe *FieldError
 	if err := r.Ingest(7, "m", bad); !errors.As(err, &fe) || fe.Field != "events[0].token_ids" {
 		t.Fatalf("short tokens: %v", err)
@@ -148,7 +148,7 @@ func TestIngestRefusedChangesNothing(t *testing.T) {
 	if len(r.Workers()) != 0 || len(r.Models()) != 0 {
 		t.Fatalf("a refused batch registered %v, %v", r.Workers(), r.Models())
 	}
-	good := []shard.Event{{Kind: shard.Stored, BlockSize: 16, Hashes: []uint64{1}, Tokens: make([]uint32, 16)}}
+	good := []kvevent.Event{{Kind: kvevent.Stored, BlockSize: 16, Hashes: []uint64{1}, Tokens: make([]uint32, 16)}}
 	if err := r.Ingest(7, "m", good); err != nil {
 		t.Fatalf("the next, correct batch: %v", err)
 	}

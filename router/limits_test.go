@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvrouterd/kvrouterd/shard"
+	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/wire"
 )
 
@@ -82,16 +82,16 @@ func TestRegisterLimits(t *testing.T) {
 
 	// Workers discovered from their events or load reports.
 	before := len(r.Workers())
-	ev := func(rank uint32) shard.Event {
-		return shard.Event{Kind: shard.Stored, ID: 1, Rank: rank, BlockSize: 4, Hashes: []uint64{1}, Tokens: []uint32{1, 2, 3, 4}}
+	ev := func(rank uint32) kvevent.Event {
+		return kvevent.Event{Kind: kvevent.Stored, ID: 1, Rank: rank, BlockSize: 4, Hashes: []uint64{1}, Tokens: []uint32{1, 2, 3, 4}}
 	}
-	refused("Ingest, long model", r.Ingest(2, long, []shard.Event{ev(0)}), "model", ErrTooLong)
-	many := make([]shard.Event, wire.MaxSnapshotRanks+1)
+	refused("Ingest, long model", r.Ingest(2, long, []kvevent.Event{ev(0)}), "model", ErrTooLong)
+	many := make([]kvevent.Event, wire.MaxSnapshotRanks+1)
 	for i := range many {
 		many[i] = ev(uint32(i))
 	}
 	refused("Ingest, too many ranks", r.Ingest(2, "m", many), fmt.Sprintf("events[%d].dp_rank", wire.MaxSnapshotRanks), ErrTooLong)
-	refused("Ingest, a rank past the worker's limit", r.Ingest(1, at, []shard.Event{ev(1 << 31)}), "dp_ranks", ErrTooLong)
+	refused("Ingest, a rank past the worker's limit", r.Ingest(1, at, []kvevent.Event{ev(1 << 31)}), "dp_ranks", ErrTooLong)
 	refused("Report, long model", r.Report(&LoadReport{Worker: 3, Model: long}), "model", ErrTooLong)
 	refused("Report, a rank past the worker's limit", r.Report(&LoadReport{Worker: 1, Model: at, Rank: 1 << 31}), "dp_ranks", ErrTooLong)
 	if err := r.Flush(); err != nil {
@@ -166,15 +166,15 @@ func (g regGen) registration() Registration {
 }
 
 // events is a batch of stored blocks at block size 4 for ranks of worker, numbered from id.
-func (g regGen) events(id uint64) []shard.Event {
+func (g regGen) events(id uint64) []kvevent.Event {
 	rs := g.ranks()
 	if len(rs) == 0 {
 		rs = []uint32{0}
 	}
-	evs := make([]shard.Event, 0, len(rs))
+	evs := make([]kvevent.Event, 0, len(rs))
 	for i, rank := range rs {
 		h := uint64(g.r.IntN(5))
-		evs = append(evs, shard.Event{Kind: shard.Stored, ID: id + uint64(i), Rank: rank, BlockSize: 4,
+		evs = append(evs, kvevent.Event{Kind: kvevent.Stored, ID: id + uint64(i), Rank: rank, BlockSize: 4,
 			Hashes: []uint64{h, h + 1}, Tokens: []uint32{uint32(h), 1, 2, 3, uint32(h) + 1, 4, 5, 6}})
 	}
 	return evs

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/shard"
 	"github.com/kvrouterd/kvrouterd/wire"
 )
@@ -39,7 +40,7 @@ func fleet(tb testing.TB, n int) *Router {
 		for i := range hashes {
 			hashes[i] = uint64(i + 1)
 		}
-		b := &wire.EventBatch{Worker: id, Model: "m", Events: []shard.Event{{Kind: shard.Stored, ID: 1, Hashes: hashes, Tokens: toks}}}
+		b := &wire.EventBatch{Worker: id, Model: "m", Events: []kvevent.Event{{Kind: kvevent.Stored, ID: 1, Hashes: hashes, Tokens: toks}}}
 		oc, err := r.ApplyEvents(b, nil)
 		if err != nil || oc[0].Status != shard.OK {
 			tb.Fatalf("events: %v %v", oc, err)
@@ -166,9 +167,9 @@ func TestRegistryConflicts(t *testing.T) {
 	if ws := r.Workers(); len(ws) != 3 {
 		t.Fatalf("%d workers listed, want 3 ranks", len(ws))
 	}
-	_, err := r.ApplyEvents(&wire.EventBatch{Worker: 1, Events: []shard.Event{{Kind: shard.Cleared, Rank: 5}}}, nil)
+	_, err := r.ApplyEvents(&wire.EventBatch{Worker: 1, Events: []kvevent.Event{{Kind: kvevent.Cleared, Rank: 5}}}, nil)
 	f(err, ErrUnknownWorker, "events[0].dp_rank")
-	_, err = r.ApplyEvents(&wire.EventBatch{Worker: 1, Model: "b", Events: []shard.Event{{Kind: shard.Cleared}}}, nil)
+	_, err = r.ApplyEvents(&wire.EventBatch{Worker: 1, Model: "b", Events: []kvevent.Event{{Kind: kvevent.Cleared}}}, nil)
 	f(err, ErrConflict, "model")
 	// A request id booked twice is refused; after completion it can be reused.
 	if err := r.Register(Registration{ID: 2, Model: "a"}); err != nil {

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/shard"
 	"github.com/kvrouterd/kvrouterd/wire"
 )
@@ -77,8 +78,8 @@ func TestScoreKVMatchesGeneral(t *testing.T) {
 					fam = 0
 				}
 				event++
-				b := &wire.EventBatch{Worker: id, Model: "m", Events: []shard.Event{{
-					Kind: shard.Stored, ID: event, Rank: rank, Hashes: hashes, Tokens: prompt(fam, held),
+				b := &wire.EventBatch{Worker: id, Model: "m", Events: []kvevent.Event{{
+					Kind: kvevent.Stored, ID: event, Rank: rank, Hashes: hashes, Tokens: prompt(fam, held),
 				}}}
 				if oc, err := r.ApplyEvents(b, nil); err != nil || oc[0].Status != shard.OK {
 					t.Fatalf("events: %v %v", oc, err)

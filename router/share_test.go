@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/radix"
 	"github.com/kvrouterd/kvrouterd/shard"
 	"github.com/kvrouterd/kvrouterd/wire"
@@ -64,7 +65,7 @@ func sharedFleet(t testing.TB, cfg Config) *Router {
 			t.Fatal(err)
 		}
 	}
-	b := &wire.EventBatch{Worker: 1, Model: "m", Events: []shard.Event{{Kind: shard.Stored, ID: 1, Hashes: []uint64{1, 2, 3, 4}, Tokens: prompt(0)[:64]}}}
+	b := &wire.EventBatch{Worker: 1, Model: "m", Events: []kvevent.Event{{Kind: kvevent.Stored, ID: 1, Hashes: []uint64{1, 2, 3, 4}, Tokens: prompt(0)[:64]}}}
 	if oc, err := r.ApplyEvents(b, nil); err != nil || oc[0].Status != shard.OK {
 		t.Fatalf("events: %v %v", oc, err)
 	}

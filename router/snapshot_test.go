@@ -8,7 +8,7 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/kvrouterd/kvrouterd/shard"
+	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/wire"
 )
 
@@ -25,19 +25,19 @@ type eventGen struct {
 func (g *eventGen) batch(workers int) *wire.EventBatch {
 	w, rank := uint64(1+g.r.IntN(workers)), uint32(g.r.IntN(2))
 	k := [2]uint64{w, uint64(rank)}
-	ev := shard.Event{Rank: rank}
+	ev := kvevent.Event{Rank: rank}
 	switch x := g.r.IntN(100); {
 	case x < 3:
-		ev.Kind = shard.Cleared
+		ev.Kind = kvevent.Cleared
 		delete(g.held, [2]uint64{w, 0})
 		delete(g.held, [2]uint64{w, 1})
 	case x < 30 && len(g.held[k]) > 0:
 		h := g.held[k]
 		i := g.r.IntN(len(h))
-		ev.Kind, ev.Hashes = shard.Removed, []uint64{h[i]}
+		ev.Kind, ev.Hashes = kvevent.Removed, []uint64{h[i]}
 		g.held[k] = slices.Delete(h, i, i+1)
 	default:
-		ev.Kind = shard.Stored
+		ev.Kind = kvevent.Stored
 		depth := 1 + g.r.IntN(6)
 		path := 0
 		for range depth {
@@ -65,7 +65,7 @@ func (g *eventGen) batch(workers int) *wire.EventBatch {
 		g.next[k]++
 		ev.ID = g.next[k]
 	}
-	b := &wire.EventBatch{Worker: w, Model: "m", Events: []shard.Event{ev}}
+	b := &wire.EventBatch{Worker: w, Model: "m", Events: []kvevent.Event{ev}}
 	g.stream = append(g.stream, b)
 	return b
 }

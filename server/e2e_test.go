@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"github.com/kvrouterd/kvrouterd/client"
+	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/router"
-	"github.com/kvrouterd/kvrouterd/shard"
 	"github.com/kvrouterd/kvrouterd/wire"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/valyala/fasthttp"
@@ -109,8 +109,8 @@ func (h *harness) store(id, eventID, base uint64, parent uint64, toks []uint32) 
 	for i := range hashes {
 		hashes[i] = base + uint64(i)
 	}
-	ev := shard.Event{Kind: shard.Stored, ID: eventID, Hashes: hashes, Tokens: toks, BlockSize: 4, Parent: parent, HasParent: parent != 0}
-	res, err := h.c.Events(&wire.EventBatch{Worker: id, Model: "m", Events: []shard.Event{ev}})
+	ev := kvevent.Event{Kind: kvevent.Stored, ID: eventID, Hashes: hashes, Tokens: toks, BlockSize: 4, Parent: parent, HasParent: parent != 0}
+	res, err := h.c.Events(&wire.EventBatch{Worker: id, Model: "m", Events: []kvevent.Event{ev}})
 	if err != nil || res.OK != 1 {
 		h.t.Fatalf("events of worker %d: %+v, %v", id, res, err)
 	}
@@ -260,12 +260,12 @@ func TestBadInput(t *testing.T) {
 	isl := wire.AppendRouteRequest(nil, &wire.RouteRequest{RequestID: "x", Model: "m", Tokens: tokens(0, 8), ISL: 9})
 	unknownModel := wire.AppendRouteRequest(nil, &wire.RouteRequest{RequestID: "x", Model: "nope", Tokens: tokens(0, 8)})
 	pinned := wire.AppendRouteRequest(nil, &wire.RouteRequest{RequestID: "x", Model: "m", Tokens: tokens(0, 8), HasPinned: true, PinnedWorker: 99})
-	evBatch := func(ev shard.Event, worker uint64) []byte {
-		return wire.AppendEventBatch(nil, &wire.EventBatch{Worker: worker, Model: "m", Events: []shard.Event{ev}})
+	evBatch := func(ev kvevent.Event, worker uint64) []byte {
+		return wire.AppendEventBatch(nil, &wire.EventBatch{Worker: worker, Model: "m", Events: []kvevent.Event{ev}})
 	}
-	badBS := evBatch(shard.Event{Kind: shard.Stored, ID: 2, Hashes: []uint64{30}, Tokens: tokens(100, 8), BlockSize: 8}, 1)
-	badTokens := evBatch(shard.Event{Kind: shard.Stored, ID: 2, Hashes: []uint64{30, 31}, Tokens: tokens(100, 5)}, 1)
-	unknownWorker := evBatch(shard.Event{Kind: shard.Stored, ID: 1, Hashes: []uint64{30}, Tokens: tokens(100, 4)}, 99)
+	badBS := evBatch(kvevent.Event{Kind: kvevent.Stored, ID: 2, Hashes: []uint64{30}, Tokens: tokens(100, 8), BlockSize: 8}, 1)
+	badTokens := evBatch(kvevent.Event{Kind: kvevent.Stored, ID: 2, Hashes: []uint64{30, 31}, Tokens: tokens(100, 5)}, 1)
+	unknownWorker := evBatch(kvevent.Event{Kind: kvevent.Stored, ID: 1, Hashes: []uint64{30}, Tokens: tokens(100, 4)}, 99)
 	big := make([]byte, 65<<10)
 
 	bin := wire.ContentType

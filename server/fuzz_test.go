@@ -9,8 +9,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/router"
-	"github.com/kvrouterd/kvrouterd/shard"
 	"github.com/kvrouterd/kvrouterd/wire"
 	"github.com/valyala/fasthttp"
 )
@@ -40,8 +40,8 @@ func FuzzHandle(f *testing.F) {
 		f.Fatal(err)
 	}
 	toks := []uint32{1, 2, 3, 4, 5, 6, 7, 8}
-	if _, err := r.ApplyEvents(&wire.EventBatch{Worker: 1, Model: "m", Events: []shard.Event{
-		{Kind: shard.Stored, ID: 1, Hashes: []uint64{10, 11}, Tokens: toks}}}, nil); err != nil {
+	if _, err := r.ApplyEvents(&wire.EventBatch{Worker: 1, Model: "m", Events: []kvevent.Event{
+		{Kind: kvevent.Stored, ID: 1, Hashes: []uint64{10, 11}, Tokens: toks}}}, nil); err != nil {
 		f.Fatal(err)
 	}
 	if err := r.Route(&wire.RouteRequest{RequestID: "busy", Model: "m", Tokens: toks}, &wire.RouteResponse{}); err != nil {
@@ -49,9 +49,9 @@ func FuzzHandle(f *testing.F) {
 	}
 
 	route := wire.AppendRouteRequest(nil, &wire.RouteRequest{RequestID: "x", Model: "m", Tokens: toks, MaxCandidates: 1})
-	events := wire.AppendEventBatch(nil, &wire.EventBatch{Worker: 1, Model: "m", Events: []shard.Event{
-		{Kind: shard.Stored, ID: 2, Hashes: []uint64{12}, Parent: 11, HasParent: true, Tokens: []uint32{9, 10, 11, 12}},
-		{Kind: shard.Removed, ID: 3, Hashes: []uint64{10}}}})
+	events := wire.AppendEventBatch(nil, &wire.EventBatch{Worker: 1, Model: "m", Events: []kvevent.Event{
+		{Kind: kvevent.Stored, ID: 2, Hashes: []uint64{12}, Parent: 11, HasParent: true, Tokens: []uint32{9, 10, 11, 12}},
+		{Kind: kvevent.Removed, ID: 3, Hashes: []uint64{10}}}})
 	for _, seed := range []struct {
 		ep     byte
 		binary bool

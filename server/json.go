@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/scoring"
 	"github.com/kvrouterd/kvrouterd/shard"
 	"github.com/kvrouterd/kvrouterd/wire"
@@ -210,25 +211,25 @@ func decodeEventsJSON(body []byte, b *wire.EventBatch) error {
 	b.Worker, b.Model = *j.Worker, j.Model
 	b.Events = b.Events[:0]
 	for i, e := range j.Events {
-		ev := shard.Event{ID: e.EventID, Rank: e.Rank, Hashes: e.Hashes, Tokens: e.Tokens, BlockSize: e.BlockSize, LoRA: e.LoRA, MM: e.MM}
+		ev := kvevent.Event{ID: e.EventID, Rank: e.Rank, Hashes: e.Hashes, Tokens: e.Tokens, BlockSize: e.BlockSize, LoRA: e.LoRA, MM: e.MM}
 		field := func(f string) string { return "events[" + strconv.Itoa(i) + "]." + f }
 		switch e.Type {
 		case "stored", "BlockStored":
-			ev.Kind = shard.Stored
+			ev.Kind = kvevent.Stored
 		case "removed", "BlockRemoved":
-			ev.Kind = shard.Removed
+			ev.Kind = kvevent.Removed
 		case "cleared", "AllBlocksCleared":
-			ev.Kind = shard.Cleared
+			ev.Kind = kvevent.Cleared
 		default:
 			return &jsonError{field: field("type"), offset: -1, msg: fmt.Sprintf("%s: unknown event type %q (want stored, removed or cleared)", field("type"), e.Type)}
 		}
-		tier, ok := shard.ParseMedium(e.Medium)
+		tier, ok := kvevent.ParseMedium(e.Medium)
 		if !ok {
 			return &jsonError{field: field("medium"), offset: -1, msg: fmt.Sprintf("%s: unknown medium %q", field("medium"), e.Medium)}
 		}
 		ev.Tier = tier
 		if e.Parent != nil {
-			if ev.Kind != shard.Stored {
+			if ev.Kind != kvevent.Stored {
 				return &jsonError{field: field("parent_hash"), offset: -1, msg: field("parent_hash") + ": only stored events have a parent"}
 			}
 			ev.Parent, ev.HasParent = *e.Parent, true

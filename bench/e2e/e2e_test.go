@@ -8,8 +8,8 @@ import (
 	"github.com/kvrouterd/kvrouterd/bench/fleet"
 	"github.com/kvrouterd/kvrouterd/bench/sim"
 	"github.com/kvrouterd/kvrouterd/bench/trace"
+	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/scoring"
-	"github.com/kvrouterd/kvrouterd/shard"
 )
 
 // workload is a few seconds of shared-prefix traffic: sessions, system prompts, documents.
@@ -67,16 +67,16 @@ func TestDaemonIndexMatchesWorkers(t *testing.T) {
 	want := map[uint64]map[uint64]bool{}
 	cfg := fleetConfig()
 	cfg.Router = rem
-	cfg.OnEvents = func(_ time.Duration, w uint64, evs []shard.Event) {
+	cfg.OnEvents = func(_ time.Duration, w uint64, evs []kvevent.Event) {
 		if want[w] == nil {
 			want[w] = map[uint64]bool{}
 		}
 		for _, e := range evs {
 			for _, h := range e.Hashes {
 				switch e.Kind {
-				case shard.Stored:
+				case kvevent.Stored:
 					want[w][h] = true
-				case shard.Removed:
+				case kvevent.Removed:
 					delete(want[w], h)
 				default:
 					t.Errorf("worker %d published a %v event", w, e.Kind)

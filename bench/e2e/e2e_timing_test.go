@@ -6,9 +6,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/router"
 	"github.com/kvrouterd/kvrouterd/scoring"
-	"github.com/kvrouterd/kvrouterd/shard"
 	"github.com/kvrouterd/kvrouterd/wire"
 )
 
@@ -70,14 +70,14 @@ func BenchmarkRemoteEvents(b *testing.B) {
 	for i := range hashes {
 		hashes[i] = uint64(i + 1)
 	}
-	batch := wire.EventBatch{Worker: 1, Model: "sim", Events: make([]shard.Event, 1)}
+	batch := wire.EventBatch{Worker: 1, Model: "sim", Events: make([]kvevent.Event, 1)}
 	b.ReportAllocs()
 	b.ResetTimer()
 	// b.N rather than b.Loop: the timer must run through Drain.
 	for id := uint64(1); id <= uint64(b.N); id++ {
-		e := shard.Event{ID: id, Kind: shard.Removed, Hashes: hashes}
+		e := kvevent.Event{ID: id, Kind: kvevent.Removed, Hashes: hashes}
 		if id%2 == 1 {
-			e.Kind, e.Tokens, e.BlockSize = shard.Stored, tokens, 16
+			e.Kind, e.Tokens, e.BlockSize = kvevent.Stored, tokens, 16
 		}
 		batch.Events[0] = e
 		if err := rem.Events(&batch); err != nil {

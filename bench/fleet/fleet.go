@@ -24,9 +24,9 @@ import (
 
 	"github.com/kvrouterd/kvrouterd/bench/sim"
 	"github.com/kvrouterd/kvrouterd/bench/trace"
+	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/router"
 	"github.com/kvrouterd/kvrouterd/scoring"
-	"github.com/kvrouterd/kvrouterd/shard"
 	"github.com/kvrouterd/kvrouterd/wire"
 )
 
@@ -47,7 +47,7 @@ type Config struct {
 	// OnEvents, if set, sees every batch of KV events a worker published, at the simulated time
 	// the router got it (events is reused after the call returns): the trace's event stream,
 	// for replay into an index elsewhere.
-	OnEvents func(at time.Duration, worker uint64, events []shard.Event)
+	OnEvents func(at time.Duration, worker uint64, events []kvevent.Event)
 
 	// Router, if set, is driven instead of a router.Router of Run's own. Run registers the
 	// workers on it (ids 1 to Workers, model "sim", the workers' block size) and does not close

@@ -5,7 +5,7 @@ import (
 	"math/rand/v2"
 
 	"github.com/kvrouterd/kvrouterd/client"
-	"github.com/kvrouterd/kvrouterd/shard"
+	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/wire"
 )
 
@@ -87,8 +87,8 @@ func (w *workload) engineHash(p, b int) uint64 {
 // events are worker i's stored events: the prefix, then each family it holds chained onto the
 // prefix's last block. They are unnumbered (ID 0) so that a rerun against the same external
 // kvrouterd is not a stream of duplicate ids.
-func (w *workload) events(i int) []shard.Event {
-	evs := []shard.Event{w.stored(0, 0, w.prefix)}
+func (w *workload) events(i int) []kvevent.Event {
+	evs := []kvevent.Event{w.stored(0, 0, w.prefix)}
 	full, partial := w.holdings(i)
 	for _, p := range full {
 		evs = append(evs, w.stored(p, w.prefix, w.blocks))
@@ -100,9 +100,9 @@ func (w *workload) events(i int) []shard.Event {
 }
 
 // stored is the event storing blocks [from, to) of family p.
-func (w *workload) stored(p, from, to int) shard.Event {
-	ev := shard.Event{
-		Kind:      shard.Stored,
+func (w *workload) stored(p, from, to int) kvevent.Event {
+	ev := kvevent.Event{
+		Kind:      kvevent.Stored,
 		Hashes:    make([]uint64, 0, to-from),
 		Tokens:    w.families[p][from*w.bs : to*w.bs],
 		BlockSize: w.bs,

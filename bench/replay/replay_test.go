@@ -10,6 +10,7 @@ import (
 	"github.com/kvrouterd/kvrouterd/bench/fleet"
 	"github.com/kvrouterd/kvrouterd/bench/sim"
 	"github.com/kvrouterd/kvrouterd/bench/trace"
+	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/radix"
 	"github.com/kvrouterd/kvrouterd/scoring"
 	"github.com/kvrouterd/kvrouterd/shard"
@@ -26,7 +27,7 @@ func smallTrace() []trace.Request {
 	return trace.Synthetic(c)
 }
 
-func smallFleet(onEvents func(time.Duration, uint64, []shard.Event)) fleet.Config {
+func smallFleet(onEvents func(time.Duration, uint64, []kvevent.Event)) fleet.Config {
 	wc := sim.DefaultWorkerConfig()
 	wc.BlockSize, wc.Blocks = testBlockSize, 128
 	return fleet.Config{Workers: 8, Mode: scoring.KV, Worker: wc, Seed: 1, OnEvents: onEvents}
@@ -36,7 +37,7 @@ func smallFleet(onEvents func(time.Duration, uint64, []shard.Event)) fleet.Confi
 // fleet published them, with the hashing written out block by block.
 type model map[uint64]map[uint64]uint64
 
-func (m model) apply(worker uint64, evs []shard.Event) {
+func (m model) apply(worker uint64, evs []kvevent.Event) {
 	held := m[worker]
 	if held == nil {
 		held = make(map[uint64]uint64)
@@ -45,7 +46,7 @@ func (m model) apply(worker uint64, evs []shard.Event) {
 	var h radix.Hasher
 	for _, ev := range evs {
 		switch ev.Kind {
-		case shard.Stored:
+		case kvevent.Stored:
 			seq, ok := held[ev.Parent]
 			if ev.HasParent && !ok {
 				panic("model: unknown parent")
@@ -59,17 +60,17 @@ func (m model) apply(worker uint64, evs []shard.Event) {
 				}
 				held[eh] = seq
 			}
-		case shard.Removed:
+		case kvevent.Removed:
 			for _, eh := range ev.Hashes {
 				delete(held, eh)
 			}
-		case shard.Cleared:
+		case kvevent.Cleared:
 			clear(held)
 		}
 	}
 }
 
-func record(t *testing.T, reqs []trace.Request, onEvents func(time.Duration, uint64, []shard.Event)) *Stream {
+func record(t *testing.T, reqs []trace.Request, onEvents func(time.Duration, uint64, []kvevent.Event)) *Stream {
 	t.Helper()
 	s, err := Record(reqs, smallFleet(onEvents))
 	if err != nil {
@@ -83,7 +84,7 @@ func record(t *testing.T, reqs []trace.Request, onEvents func(time.Duration, uin
 func TestRecordReplay(t *testing.T) {
 	ref := make(model)
 	var stored, removed int64
-	s := record(t, smallTrace(), func(_ time.Duration, w uint64, evs []shard.Event) {
+	s := record(t, smallTrace(), func(_ time.Duration, w uint64, evs []kvevent.Event) {
 		if w == 3 {
 			// Tokens found in no prompt: the stream must copy them.
 			for _, ev := range evs {
@@ -95,9 +96,9 @@ func TestRecordReplay(t *testing.T) {
 		ref.apply(w, evs)
 		for _, ev := range evs {
 			switch ev.Kind {
-			case shard.Stored:
+			case kvevent.Stored:
 				stored += int64(len(ev.Hashes))
-			case shard.Removed:
+			case kvevent.Removed:
 				removed += int64(len(ev.Hashes))
 			}
 		}
@@ -177,7 +178,7 @@ func heldAfter(s *Stream, n int) int64 {
 		for _, e := range s.events[b.ev0:b.ev1] {
 			for _, h := range s.hashes[e.h0:e.h1] {
 				k := [2]uint64{uint64(b.worker), h}
-				if e.kind == shard.Stored {
+				if e.kind == kvevent.Stored {
 					held[k] = true
 				} else {
 					delete(held, k)
@@ -271,7 +272,7 @@ func TestRunErrors(t *testing.T) {
 
 func TestRecordUnsupported(t *testing.T) {
 	reqs := smallTrace()
-	cfg := smallFleet(func(_ time.Duration, _ uint64, evs []shard.Event) {
+	cfg := smallFleet(func(_ time.Duration, _ uint64, evs []kvevent.Event) {
 		for i := range evs {
 			evs[i].LoRA = "adapter" // what the stream would see from a LoRA-serving engine
 		}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/kvrouterd/kvrouterd/internal/memstat"
+	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/radix"
 	"github.com/kvrouterd/kvrouterd/shard"
 )
@@ -113,7 +114,7 @@ type run struct {
 	n      int // stream batches each group replays
 	ix     *radix.Index
 	set    *shard.Set
-	ev     shard.Event
+	ev     kvevent.Event
 	rng    *rand.Rand
 	lat    []time.Duration
 }
@@ -389,7 +390,7 @@ func (r *run) matchUnderWrites(res *Result, n int) error {
 	before := r.set.Stats()
 	start := time.Now()
 	go func() {
-		var rm, st shard.Event
+		var rm, st kvevent.Event
 		sent := 0.0
 		for k := 0; !stop.Load(); {
 			if res.WriteTarget > 0 {
@@ -404,7 +405,7 @@ func (r *run) matchUnderWrites(res *Result, n int) error {
 			e := cands[(k/r.groups+g*len(cands)/r.groups)%len(cands)]
 			w := uint64(g*s.workers) + uint64(e.worker)
 			s.fill(&st, e.event)
-			rm = shard.Event{Kind: shard.Removed, Hashes: st.Hashes}
+			rm = kvevent.Event{Kind: kvevent.Removed, Hashes: st.Hashes}
 			next[w-1]++
 			rm.ID = next[w-1]
 			next[w-1]++
@@ -468,7 +469,7 @@ func (s *Stream) churnable(n int) ([]churn, []uint64) {
 				last[b.worker-1] = e.id
 			}
 			switch e.kind {
-			case shard.Stored:
+			case kvevent.Stored:
 				for _, h := range s.hashes[e.h0:e.h1] {
 					if o, ok := own[h]; ok {
 						held[o]--
@@ -476,14 +477,14 @@ func (s *Stream) churnable(n int) ([]churn, []uint64) {
 					own[h] = i
 					held[i]++
 				}
-			case shard.Removed:
+			case kvevent.Removed:
 				for _, h := range s.hashes[e.h0:e.h1] {
 					if o, ok := own[h]; ok {
 						held[o]--
 						delete(own, h)
 					}
 				}
-			case shard.Cleared:
+			case kvevent.Cleared:
 				for _, o := range own {
 					held[o]--
 				}
@@ -496,7 +497,7 @@ func (s *Stream) churnable(n int) ([]churn, []uint64) {
 		own := owner[b.worker-1]
 		for i := b.ev0; i < b.ev1; i++ {
 			e := &s.events[i]
-			if e.kind != shard.Stored || int(held[i]) != e.h1-e.h0 {
+			if e.kind != kvevent.Stored || int(held[i]) != e.h1-e.h0 {
 				continue
 			}
 			if _, ok := own[e.parent]; e.hasParent && !ok {

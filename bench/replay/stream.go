@@ -9,8 +9,8 @@ import (
 
 	"github.com/kvrouterd/kvrouterd/bench/fleet"
 	"github.com/kvrouterd/kvrouterd/bench/trace"
+	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/radix"
-	"github.com/kvrouterd/kvrouterd/shard"
 )
 
 // ErrUnsupported is wrapped by Record's error for an event a Stream cannot hold.
@@ -56,11 +56,11 @@ type batch struct {
 	stored   int64 // stored blocks of batches [0, this one], cumulative
 }
 
-// event is a shard.Event of rank 0, device tier, base model: hashes[h0:h1] and, for a stored
+// event is a kvevent.Event of rank 0, device tier, base model: hashes[h0:h1] and, for a stored
 // event, (h1-h0)·blockSize tokens from t0 in the prompt of query src, or in s.tokens when src
 // is -1.
 type event struct {
-	kind      shard.Kind
+	kind      kvevent.Kind
 	hasParent bool
 	src       int32
 	id        uint64
@@ -93,7 +93,7 @@ func Record(reqs []trace.Request, cfg fleet.Config) (*Stream, error) {
 	defer func() { s.bySeq = nil }()
 	var bad error
 	user := cfg.OnEvents
-	cfg.OnEvents = func(at time.Duration, worker uint64, evs []shard.Event) {
+	cfg.OnEvents = func(at time.Duration, worker uint64, evs []kvevent.Event) {
 		if user != nil {
 			user(at, worker, evs)
 		}
@@ -113,7 +113,7 @@ func Record(reqs []trace.Request, cfg fleet.Config) (*Stream, error) {
 }
 
 // add appends a copy of one batch.
-func (s *Stream) add(at time.Duration, worker uint64, evs []shard.Event) error {
+func (s *Stream) add(at time.Duration, worker uint64, evs []kvevent.Event) error {
 	if worker < 1 || worker > uint64(s.workers) {
 		return fmt.Errorf("%w: worker %d of %d", ErrUnsupported, worker, s.workers)
 	}
@@ -124,10 +124,10 @@ func (s *Stream) add(at time.Duration, worker uint64, evs []shard.Event) error {
 	for i := range evs {
 		ev := &evs[i]
 		switch {
-		case ev.Rank != 0, ev.Tier != shard.Device, ev.LoRA != "", ev.MM != nil:
+		case ev.Rank != 0, ev.Tier != kvevent.Device, ev.LoRA != "", ev.MM != nil:
 			return fmt.Errorf("%w: worker %d event %d: rank %d, tier %v, lora %q, multimodal %t",
 				ErrUnsupported, worker, ev.ID, ev.Rank, ev.Tier, ev.LoRA, ev.MM != nil)
-		case ev.Kind == shard.Stored && (ev.BlockSize != 0 && ev.BlockSize != s.blockSize || len(ev.Tokens) != len(ev.Hashes)*s.blockSize):
+		case ev.Kind == kvevent.Stored && (ev.BlockSize != 0 && ev.BlockSize != s.blockSize || len(ev.Tokens) != len(ev.Hashes)*s.blockSize):
 			return fmt.Errorf("%w: worker %d event %d: %d tokens for %d blocks of %d (stated %d)",
 				ErrUnsupported, worker, ev.ID, len(ev.Tokens), len(ev.Hashes), s.blockSize, ev.BlockSize)
 		}
@@ -135,7 +135,7 @@ func (s *Stream) add(at time.Duration, worker uint64, evs []shard.Event) error {
 		s.hashes = append(s.hashes, ev.Hashes...)
 		e.h1 = len(s.hashes)
 		switch ev.Kind {
-		case shard.Stored:
+		case kvevent.Stored:
 			if e.src, e.t0 = s.find(ev); e.src < 0 {
 				e.t0 = len(s.tokens)
 				s.tokens = append(s.tokens, ev.Tokens...)
@@ -143,7 +143,7 @@ func (s *Stream) add(at time.Duration, worker uint64, evs []shard.Event) error {
 			}
 			b.stored += int64(len(ev.Hashes))
 			s.stored += int64(len(ev.Hashes))
-		case shard.Removed:
+		case kvevent.Removed:
 			s.removed += int64(len(ev.Hashes))
 		}
 		s.events = append(s.events, e)
@@ -180,7 +180,7 @@ func (s *Stream) addQueries(reqs []trace.Request) {
 // token offset, or -1. bench/sim names a block by the sequence hash of the prompt prefix it
 // ends, so the event's last engine hash names a request whose prompt holds the event's blocks
 // right before it; the tokens are compared all the same.
-func (s *Stream) find(ev *shard.Event) (int32, int) {
+func (s *Stream) find(ev *kvevent.Event) (int32, int) {
 	n := len(ev.Hashes)
 	last := ev.Hashes[n-1]
 	i, ok := slices.BinarySearchFunc(s.bySeq, last, func(r blockRef, seq uint64) int { return cmp.Compare(r.seq, seq) })
@@ -200,10 +200,10 @@ func (s *Stream) find(ev *shard.Event) (int32, int) {
 
 // fill sets ev to event i of the stream, its slices aliasing the stream's arenas (shard.Batch.Add
 // copies them).
-func (s *Stream) fill(ev *shard.Event, i int) {
+func (s *Stream) fill(ev *kvevent.Event, i int) {
 	e := &s.events[i]
-	*ev = shard.Event{Kind: e.kind, ID: e.id, Hashes: s.hashes[e.h0:e.h1:e.h1]}
-	if e.kind == shard.Stored {
+	*ev = kvevent.Event{Kind: e.kind, ID: e.id, Hashes: s.hashes[e.h0:e.h1:e.h1]}
+	if e.kind == kvevent.Stored {
 		ev.Parent, ev.HasParent, ev.BlockSize = e.parent, e.hasParent, s.blockSize
 		src := s.tokens
 		if e.src >= 0 {

@@ -4,8 +4,8 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/radix"
-	"github.com/kvrouterd/kvrouterd/shard"
 )
 
 var (
@@ -72,7 +72,7 @@ type Done struct {
 type StepOutput struct {
 	// Events are the KV events of the step, in order, IDs from 1 up per worker: the batch a real
 	// engine would publish after this step.
-	Events      []shard.Event
+	Events      []kvevent.Event
 	PrefillDone []Done // requests whose prefill finished in this step (first token at At)
 	Completed   []Done // requests that finished in this step
 
@@ -158,7 +158,7 @@ type Worker struct {
 // eventRec is an event of the step under way; its hashes and tokens are ranges of the output's
 // arenas, turned into slices once the arenas stop growing.
 type eventRec struct {
-	kind      shard.Kind
+	kind      kvevent.Kind
 	h0, h1    int
 	t0, t1    int
 	parent    uint64
@@ -333,8 +333,8 @@ func (w *Worker) Step(now int64, out *StepOutput) int64 {
 
 	for _, r := range w.recs {
 		w.nextID++
-		ev := shard.Event{Kind: r.kind, ID: w.nextID, Hashes: out.hashes[r.h0:r.h1:r.h1]}
-		if r.kind == shard.Stored {
+		ev := kvevent.Event{Kind: r.kind, ID: w.nextID, Hashes: out.hashes[r.h0:r.h1:r.h1]}
+		if r.kind == kvevent.Stored {
 			ev.Parent, ev.HasParent = r.parent, r.hasParent
 			ev.BlockSize = w.cfg.BlockSize
 			ev.Tokens = out.tokens[r.t0:r.t1:r.t1]
@@ -520,14 +520,14 @@ func (w *Worker) recordStored(hash, parent uint64, hasParent bool, tokens []uint
 	o := w.out
 	if n := len(w.recs); n > 0 && hasParent {
 		r := &w.recs[n-1]
-		if r.kind == shard.Stored && o.hashes[r.h1-1] == parent {
+		if r.kind == kvevent.Stored && o.hashes[r.h1-1] == parent {
 			o.hashes = append(o.hashes, hash)
 			o.tokens = append(o.tokens, tokens...)
 			r.h1, r.t1 = len(o.hashes), len(o.tokens)
 			return
 		}
 	}
-	r := eventRec{kind: shard.Stored, h0: len(o.hashes), t0: len(o.tokens), parent: parent, hasParent: hasParent}
+	r := eventRec{kind: kvevent.Stored, h0: len(o.hashes), t0: len(o.tokens), parent: parent, hasParent: hasParent}
 	o.hashes = append(o.hashes, hash)
 	o.tokens = append(o.tokens, tokens...)
 	r.h1, r.t1 = len(o.hashes), len(o.tokens)
@@ -538,12 +538,12 @@ func (w *Worker) recordStored(hash, parent uint64, hasParent bool, tokens []uint
 // it is a Removed event.
 func (w *Worker) recordRemoved(hash uint64) {
 	o := w.out
-	if n := len(w.recs); n > 0 && w.recs[n-1].kind == shard.Removed {
+	if n := len(w.recs); n > 0 && w.recs[n-1].kind == kvevent.Removed {
 		o.hashes = append(o.hashes, hash)
 		w.recs[n-1].h1 = len(o.hashes)
 		return
 	}
-	w.recs = append(w.recs, eventRec{kind: shard.Removed, h0: len(o.hashes), h1: len(o.hashes) + 1})
+	w.recs = append(w.recs, eventRec{kind: kvevent.Removed, h0: len(o.hashes), h1: len(o.hashes) + 1})
 	o.hashes = append(o.hashes, hash)
 }
 

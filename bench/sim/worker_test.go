@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/radix"
-	"github.com/kvrouterd/kvrouterd/shard"
 )
 
 func TestTiming(t *testing.T) {
@@ -111,7 +111,7 @@ func TestSingleRequestTiming(t *testing.T) {
 	}
 	// Six full prompt blocks were stored in one chained event; the tail stays private.
 	ev := outs[0].Events
-	if len(ev) != 1 || ev[0].Kind != shard.Stored || ev[0].ID != 1 || ev[0].HasParent ||
+	if len(ev) != 1 || ev[0].Kind != kvevent.Stored || ev[0].ID != 1 || ev[0].HasParent ||
 		!slices.Equal(ev[0].Hashes, seqHashes(toks(0, 100), 16)) || ev[0].BlockSize != 16 ||
 		!slices.Equal(ev[0].Tokens, toks(0, 96)) {
 		t.Errorf("events %+v", ev)
@@ -148,7 +148,7 @@ func TestEvictionLRUAndPrefixHits(t *testing.T) {
 	collect := func(outs []StepOutput) {
 		for _, o := range outs {
 			for _, ev := range o.Events {
-				if ev.Kind == shard.Removed {
+				if ev.Kind == kvevent.Removed {
 					removed = append(removed, ev.Hashes...)
 				}
 			}
@@ -177,8 +177,8 @@ func TestEvictionLRUAndPrefixHits(t *testing.T) {
 		t.Errorf("C Completed %+v", got)
 	}
 	ev := outs[0].Events
-	if len(ev) != 2 || ev[0].Kind != shard.Removed || !slices.Equal(ev[0].Hashes, []uint64{A[3], A[2]}) ||
-		ev[1].Kind != shard.Stored || !ev[1].HasParent || ev[1].Parent != A[1] ||
+	if len(ev) != 2 || ev[0].Kind != kvevent.Removed || !slices.Equal(ev[0].Hashes, []uint64{A[3], A[2]}) ||
+		ev[1].Kind != kvevent.Stored || !ev[1].HasParent || ev[1].Parent != A[1] ||
 		!slices.Equal(ev[1].Hashes, C[2:]) {
 		t.Errorf("C events %+v", ev)
 	}
@@ -339,7 +339,7 @@ func newModel(t *testing.T, bs int) *model {
 	return &model{t: t, bs: bs, parent: map[uint64]uint64{}, children: map[uint64]int{}}
 }
 
-func (m *model) apply(evs []shard.Event) {
+func (m *model) apply(evs []kvevent.Event) {
 	t := m.t
 	t.Helper()
 	for _, ev := range evs {
@@ -348,7 +348,7 @@ func (m *model) apply(evs []shard.Event) {
 			t.Fatalf("event id %d, want %d", ev.ID, m.nextID)
 		}
 		switch ev.Kind {
-		case shard.Stored:
+		case kvevent.Stored:
 			if ev.BlockSize != m.bs || len(ev.Tokens) != len(ev.Hashes)*m.bs || len(ev.Hashes) == 0 {
 				t.Fatalf("stored event %d: block size %d, %d tokens for %d blocks", ev.ID, ev.BlockSize, len(ev.Tokens), len(ev.Hashes))
 			}
@@ -374,7 +374,7 @@ func (m *model) apply(evs []shard.Event) {
 				m.parent[h] = p
 				p, hasP = h, true
 			}
-		case shard.Removed:
+		case kvevent.Removed:
 			for _, h := range ev.Hashes {
 				p, ok := m.parent[h]
 				if !ok {

@@ -20,9 +20,9 @@ import (
 	"github.com/go-zeromq/zmq4"
 	"github.com/kvrouterd/kvrouterd/client"
 	"github.com/kvrouterd/kvrouterd/ingest"
+	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/router"
 	"github.com/kvrouterd/kvrouterd/server"
-	"github.com/kvrouterd/kvrouterd/shard"
 	"github.com/kvrouterd/kvrouterd/wire"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -119,8 +119,8 @@ func TestDaemonOverTCP(t *testing.T) {
 		t.Fatal(err)
 	}
 	toks := []uint32{1, 2, 3, 4, 5, 6, 7, 8, 9}
-	res, err := c.Events(&wire.EventBatch{Worker: 2, Model: "m", Events: []shard.Event{
-		{Kind: shard.Stored, ID: 1, Hashes: []uint64{70, 71}, Tokens: toks[:8]},
+	res, err := c.Events(&wire.EventBatch{Worker: 2, Model: "m", Events: []kvevent.Event{
+		{Kind: kvevent.Stored, ID: 1, Hashes: []uint64{70, 71}, Tokens: toks[:8]},
 	}})
 	if err != nil || res.OK != 1 {
 		t.Fatalf("events: %+v %v", res, err)
@@ -152,7 +152,7 @@ func TestDaemonOverTCP(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eb := wire.EngineBatch{Events: []shard.Event{{Kind: shard.Stored, BlockSize: 4, Hashes: []uint64{5, 6}, Tokens: toks[:8]}}}
+	eb := wire.EngineBatch{Events: []kvevent.Event{{Kind: kvevent.Stored, BlockSize: 4, Hashes: []uint64{5, 6}, Tokens: toks[:8]}}}
 	if _, err := pub.Engine(context.Background(), "m", 3, -1, 0, wire.AppendEngineBatch(nil, &eb, wire.EngineForm{MapBatch: true, MapEvents: true})); err != nil {
 		t.Fatal(err)
 	}
@@ -192,7 +192,7 @@ func TestDaemonOverTCP(t *testing.T) {
 		t.Fatalf("/register: %v %v", hr, err)
 	}
 	hr.Body.Close()
-	zb := wire.EngineBatch{Events: []shard.Event{{Kind: shard.Stored, BlockSize: 4, Hashes: []uint64{9, 10}, Tokens: toks[:8]}}}
+	zb := wire.EngineBatch{Events: []kvevent.Event{{Kind: kvevent.Stored, BlockSize: 4, Hashes: []uint64{9, 10}, Tokens: toks[:8]}}}
 	payload := wire.AppendEngineBatch(nil, &zb, wire.EngineForm{})
 	seq0 := make([]byte, 8) // the first batch, sequence 0; repeats are duplicates until one lands
 	send := func(e zmq4.Socket, payload []byte) func() {
@@ -347,7 +347,7 @@ func TestDaemonExternalNATS(t *testing.T) {
 	// publish stores block b (chained) on worker w, retrying while the server is away or the
 	// stream does not exist yet (the daemon creates it).
 	publish := func(w, id uint64, hashes []uint64, tokens []uint32, parent uint64) {
-		b := &wire.EventBatch{Worker: w, Model: "m", Events: []shard.Event{{Kind: shard.Stored, ID: id, BlockSize: 4,
+		b := &wire.EventBatch{Worker: w, Model: "m", Events: []kvevent.Event{{Kind: kvevent.Stored, ID: id, BlockSize: 4,
 			Hashes: hashes, Tokens: tokens, Parent: parent, HasParent: parent != 0}}}
 		for {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
@@ -454,7 +454,7 @@ func TestDaemonStreamRepair(t *testing.T) {
 	// until the index has it.
 	store := func(w uint64) {
 		t.Helper()
-		b := &wire.EventBatch{Worker: w, Model: "m", Events: []shard.Event{{Kind: shard.Stored, ID: 1, BlockSize: 4, Hashes: []uint64{w}, Tokens: toks}}}
+		b := &wire.EventBatch{Worker: w, Model: "m", Events: []kvevent.Event{{Kind: kvevent.Stored, ID: 1, BlockSize: 4, Hashes: []uint64{w}, Tokens: toks}}}
 		until("the batch stored", func() bool { _, err := pub.Batch(ctx, b); return err == nil })
 		until("the batch in the index", func() bool { return cachedOn(c, toks, w) == 1 })
 	}

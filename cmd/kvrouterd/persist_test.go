@@ -21,9 +21,9 @@ import (
 
 	"github.com/kvrouterd/kvrouterd/client"
 	"github.com/kvrouterd/kvrouterd/ingest"
+	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/router"
 	"github.com/kvrouterd/kvrouterd/server"
-	"github.com/kvrouterd/kvrouterd/shard"
 	"github.com/kvrouterd/kvrouterd/wire"
 	natsserver "github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
@@ -40,20 +40,20 @@ type streamGen struct {
 
 func (g *streamGen) batch(workers int) *wire.EventBatch {
 	w := uint64(1 + g.r.IntN(workers))
-	var evs []shard.Event
+	var evs []kvevent.Event
 	for range 1 + g.r.IntN(4) {
-		ev := shard.Event{}
+		ev := kvevent.Event{}
 		switch x := g.r.IntN(100); {
 		case x < 2:
-			ev.Kind = shard.Cleared
+			ev.Kind = kvevent.Cleared
 			g.held[w] = nil
 		case x < 30 && len(g.held[w]) > 0:
 			h := g.held[w]
 			i := g.r.IntN(len(h))
-			ev.Kind, ev.Hashes = shard.Removed, []uint64{h[i]}
+			ev.Kind, ev.Hashes = kvevent.Removed, []uint64{h[i]}
 			g.held[w] = slices.Delete(h, i, i+1)
 		default:
-			ev.Kind, ev.BlockSize = shard.Stored, 4
+			ev.Kind, ev.BlockSize = kvevent.Stored, 4
 			path, depth := 0, 1+g.r.IntN(8)
 			for range depth {
 				path = path*4 + g.r.IntN(4) + 1

@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/kvrouterd/kvrouterd/ingest"
-	"github.com/kvrouterd/kvrouterd/shard"
+	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/wire"
 )
 
@@ -58,7 +58,7 @@ func TestDaemonRegistrationLimits(t *testing.T) {
 		t.Fatal(err)
 	}
 	toks := make([]uint32, 16)
-	eb := wire.EngineBatch{Events: []shard.Event{{Kind: shard.Stored, BlockSize: 16, Hashes: []uint64{5}, Tokens: toks}}}
+	eb := wire.EngineBatch{Events: []kvevent.Event{{Kind: kvevent.Stored, BlockSize: 16, Hashes: []uint64{5}, Tokens: toks}}}
 	payload := wire.AppendEngineBatch(nil, &eb, wire.EngineForm{MapBatch: true, MapEvents: true})
 	for _, m := range []struct {
 		model  string

@@ -10,6 +10,7 @@ import (
 	"maps"
 	"slices"
 
+	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/radix"
 	"github.com/kvrouterd/kvrouterd/shard"
 	"github.com/zeebo/xxh3"
@@ -167,7 +168,7 @@ func (f *Fleet) resident() int64 {
 }
 
 // Apply applies one event of worker id and returns the outcome the real Applier must produce.
-func (f *Fleet) Apply(id uint64, ev *shard.Event) shard.Outcome {
+func (f *Fleet) Apply(id uint64, ev *kvevent.Event) shard.Outcome {
 	o := shard.Outcome{Worker: id, Rank: ev.Rank, EventID: ev.ID, Kind: ev.Kind}
 	if f.workers[id] == nil {
 		f.workers[id] = map[uint32]*rank{}
@@ -189,10 +190,10 @@ func (f *Fleet) Apply(id uint64, ev *shard.Event) shard.Outcome {
 	}
 	w := radix.WorkerKey{ID: id, Rank: ev.Rank}
 	switch ev.Kind {
-	case shard.Stored:
+	case kvevent.Stored:
 		f.stored(w, r, ev, &o)
-	case shard.Removed:
-		if ev.Tier != shard.Device {
+	case kvevent.Removed:
+		if ev.Tier != kvevent.Device {
 			o.Status = shard.OtherTier
 			return o
 		}
@@ -210,7 +211,7 @@ func (f *Fleet) Apply(id uint64, ev *shard.Event) shard.Outcome {
 		if o.Skipped > 0 {
 			o.Status = shard.UnknownBlocks
 		}
-	case shard.Cleared:
+	case kvevent.Cleared:
 		o.Applied = f.clear(id)
 	default:
 		o.Status = shard.BadKind
@@ -218,8 +219,8 @@ func (f *Fleet) Apply(id uint64, ev *shard.Event) shard.Outcome {
 	return o
 }
 
-func (f *Fleet) stored(w radix.WorkerKey, r *rank, ev *shard.Event, o *shard.Outcome) {
-	if ev.Tier != shard.Device {
+func (f *Fleet) stored(w radix.WorkerKey, r *rank, ev *kvevent.Event, o *shard.Outcome) {
+	if ev.Tier != kvevent.Device {
 		o.Status = shard.OtherTier
 		return
 	}
