@@ -64,6 +64,7 @@ import (
 	"unsafe"
 
 	"github.com/kvrouterd/kvrouterd/internal/freelist"
+	"github.com/kvrouterd/kvrouterd/internal/panics"
 	"github.com/kvrouterd/kvrouterd/radix"
 	"github.com/kvrouterd/kvrouterd/router"
 	"github.com/nats-io/nats.go"
@@ -364,7 +365,7 @@ func (s *Sharer) Start(nc *nats.Conn, sink ShareSink) error {
 		defer func() {
 			if p := recover(); p != nil {
 				s.rejected[len(shareRejectReasons)-1].Add(1) // ShareRejectPanic
-				logPanic(s.log, "load sharing: panic recovered handling a message", p, "subject", m.Subject)
+				panics.Log(s.log, "load sharing: panic recovered handling a message", p, "subject", m.Subject)
 			}
 		}()
 		s.handle(m, sink)

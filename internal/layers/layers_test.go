@@ -22,6 +22,7 @@ var layer = map[string]int{
 	"internal/layers":   1,
 	"internal/lograte":  1,
 	"internal/memstat":  1,
+	"internal/panics":   1,
 	"internal/prefetch": 1,
 	"internal/u64map":   1,
 	"kvevent":           1,
