@@ -12,8 +12,8 @@ package ingest
 // # Subject
 //
 // Replica R publishes on <prefix>.active.<R> and every Sharer subscribes to <prefix>.active.*,
-// skipping its own subject before decoding (on a connection from ShareConn, without echo, its
-// own messages do not even come back). A replica id is 1 to 64 bytes of [A-Za-z0-9_-]: random
+// skipping its own subject before decoding (on a connection of its own without echo,
+// Stream.Dial with nats.NoEcho, its own messages do not even come back). A replica id is 1 to 64 bytes of [A-Za-z0-9_-]: random
 // per process unless configured. Two live processes must not share one: each would skip the
 // other's messages.
 //
@@ -398,23 +398,6 @@ func (s *Sharer) Close() {
 		}
 	}
 	s.closed = true
-}
-
-// ShareConn connects to the server of st for a Sharer, with ConnectOptions, kvrouterd's user on
-// the embedded server, opts (the credentials and TLS of an external server), and nats.NoEcho: on a connection of its own, this
-// replica's messages do not come back to it. On a shared connection they do, and are skipped.
-func ShareConn(st *Stream, log *slog.Logger, opts ...nats.Option) (*nats.Conn, error) {
-	o := append(ConnectOptions(log), st.auth...)
-	o = append(o, opts...)
-	o = append(o, nats.Name("kvrouterd-share"), nats.NoEcho())
-	if st.Server != nil {
-		o = append(o, nats.InProcessServer(st.Server))
-	}
-	nc, err := nats.Connect(st.URL, o...)
-	if err != nil {
-		return nil, fmt.Errorf("load sharing: nats %s: %w", st.URL, err)
-	}
-	return nc, nil
 }
 
 // Booked publishes a booking (router.LoadSharer).

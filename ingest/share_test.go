@@ -174,7 +174,7 @@ type replica struct {
 // shareConn is a connection of a Sharer's own (no echo).
 func shareConn(t testing.TB, url string) *nats.Conn {
 	t.Helper()
-	nc, err := ShareConn(&Stream{URL: url}, quietLog())
+	nc, err := (&Stream{URL: url, log: quietLog()}).Dial("kvrouterd-share", nats.NoEcho())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,7 +12,7 @@ import (
 
 // BenchmarkSharerBooked measures what sharing adds to a booking on the route path: encode the
 // booking and hand it to the NATS connection (over TCP to the embedded server, where this
-// connection has no echo, as ShareConn's).
+// connection has no echo, as the daemon's).
 func BenchmarkSharerBooked(b *testing.B) {
 	s := embedded(b)
 	for _, blocks := range []int{8, 128, 2048} {

@@ -152,11 +152,7 @@ func run(ctx context.Context, c config) error {
 	}
 	var shareConn *nats.Conn
 	if share != nil && stream != nil {
-		var opts []nats.Option
-		if c.NATSURL != "" {
-			opts = c.NATS.options()
-		}
-		if shareConn, err = ingest.ShareConn(stream, log, opts...); err == nil {
+		if shareConn, err = stream.Dial("kvrouterd-share", nats.NoEcho()); err == nil {
 			err = share.Start(shareConn, r)
 		}
 		if err != nil {
