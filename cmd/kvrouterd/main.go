@@ -22,6 +22,7 @@ import (
 	"github.com/kvrouterd/kvrouterd/approx"
 	"github.com/kvrouterd/kvrouterd/ingest"
 	"github.com/kvrouterd/kvrouterd/internal/lograte"
+	"github.com/kvrouterd/kvrouterd/replica"
 	"github.com/kvrouterd/kvrouterd/router"
 	"github.com/kvrouterd/kvrouterd/scoring"
 	"github.com/kvrouterd/kvrouterd/server"
@@ -75,10 +76,10 @@ func run(ctx context.Context, c config) error {
 	mode, _ := scoring.ParseMode(c.RouterMode)
 	watch := &engineWatcher{}
 	defer watch.close()
-	var share *ingest.Sharer
+	var share *replica.Sharer
 	if c.ShareLoad && !c.NoKVEvents {
 		var err error
-		if share, err = ingest.NewSharer(ingest.ShareConfig{Prefix: c.NATSPrefix, Replica: c.ReplicaID, Logger: log}); err != nil {
+		if share, err = replica.New(replica.Config{Prefix: c.NATSPrefix, Replica: c.ReplicaID, Logger: log}); err != nil {
 			return fmt.Errorf("--replica-id: %w", err)
 		}
 	}

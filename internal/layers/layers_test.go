@@ -39,6 +39,7 @@ var layer = map[string]int{
 	"client":            4,
 	"ingest":            4,
 	"internal/refmodel": 4, // models radix and shard for their tests, so it sits above them
+	"replica":           4,
 	"server":            4,
 
 	"cmd/kvrouterd": 5,
