@@ -1,30 +1,7 @@
 package replica
 
-// The load-share message.
-//
-// One operation per message, little-endian, every length checked; a message that decodes
-// re-encodes to the same bytes.
-//
-//	offset    size  field
-//	0         4     magic "KVRA"
-//	4         1     version (1)
-//	5         1     op: 1 booked, 2 prefill done, 3 completed
-//	6         1     R: replica id length, 1..64
-//	7         R     replica id
-//	7+R       2     L: request id length, 1..1024
-//	9+R       L     request id, as the replica's client gave it
-//	                -- op 1 (booked) only: --
-//	9+R+L     2     M: model name length, 1..1024
-//	11+R+L    M     model name; let o = 11+R+L+M
-//	o         8     worker id
-//	o+8       4     data-parallel rank
-//	o+12      8     prefill tokens: the request's uncached prompt tokens
-//	o+20      4     ttl: milliseconds until the booking expires unless completed, ≥ 1
-//	o+24      4     n: blocks booked, at most 4,194,304
-//	o+28      8n    the blocks' sequence hashes (router hashes, first block first)
-//
-// A booking of a 2,048-token prompt (128 blocks of 16) with a 36-byte request id, a 16-byte
-// replica id and a 30-byte model name is 1,145 bytes; a completion, 61.
+// The load-share message: one operation each, laid out, limited and checked as SPEC.md says
+// (sections 3 to 5), whose worked example the tests hold to Append and Decode.
 
 import (
 	"encoding/binary"
@@ -60,9 +37,9 @@ var magic = [4]byte{'K', 'V', 'R', 'A'}
 // ErrMsg is what every load-share decode error wraps.
 var ErrMsg = errors.New("replica: malformed load-share message")
 
-// Msg is one load-share message. After Decode its strings alias the decoded buffer
-// and Seqs reuses its own array: valid until the next decode into it. A value belongs to one
-// goroutine.
+// Msg is one load-share message (SPEC.md, section 3); a value belongs to one goroutine. After
+// Decode its strings alias the decoded buffer and Seqs reuses its own array: valid until the
+// next decode into it.
 type Msg struct {
 	Op      Op
 	Replica string

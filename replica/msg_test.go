@@ -22,7 +22,7 @@ func seeds() []*Msg {
 	}
 }
 
-// TestMsgLayout pins the byte layout the package documentation gives.
+// TestMsgLayout pins the byte layout SPEC.md gives, field by field.
 func TestMsgLayout(t *testing.T) {
 	m := &Msg{Op: OpBooked, Replica: "AB", ID: "r1", Model: "m", Worker: radix.WorkerKey{ID: 0x0102, Rank: 3},
 		Prefill: 0x40, TTL: 1000, Seqs: []uint64{0x1122334455667788}}
@@ -39,11 +39,11 @@ func TestMsgLayout(t *testing.T) {
 	if got := hex.EncodeToString(Append(nil, c)); got != "4b565241"+"01"+"03"+"02"+"4142"+"0200"+"7231" {
 		t.Fatalf("completed: %s", got)
 	}
-	// The size the package documentation quotes.
+	// The sizes SPEC.md quotes.
 	big := &Msg{Op: OpBooked, Replica: strings.Repeat("r", 16), ID: strings.Repeat("i", 36), Model: strings.Repeat("m", 30), TTL: 1, Seqs: make([]uint64, 128)}
 	done := &Msg{Op: OpCompleted, Replica: big.Replica, ID: big.ID}
 	if n, k := len(Append(nil, big)), len(Append(nil, done)); n != 1145 || k != 61 {
-		t.Fatalf("sizes %d and %d, documented 1145 and 61", n, k)
+		t.Fatalf("sizes %d and %d, SPEC.md says 1145 and 61", n, k)
 	}
 }
 

@@ -64,9 +64,9 @@ const (
 
 var rejectReasons = [...]string{RejectDecode, RejectModel, RejectWorker, RejectRequest, RejectConflict, RejectInvalid, RejectPanic}
 
-// Sharer shares this replica's active load with the other replicas over NATS: it is the
-// router.LoadSharer of this replica's router and, once started, applies the others' messages
-// to it. Its methods are safe for concurrent use. Booked, PrefillDone and Completed allocate
+// Sharer, whose methods are safe for concurrent use, shares this replica's active load with the
+// other replicas over NATS: it is the router.LoadSharer of this replica's router and, once
+// started, applies the others' messages to it. Booked, PrefillDone and Completed allocate
 // nothing once warm and do not wait for the network: core NATS copies the message into the
 // connection's buffer, which a NATS goroutine writes out (only a publish that fills the 32 KiB
 // buffer writes it itself; while disconnected, messages wait in the reconnect buffer and,
