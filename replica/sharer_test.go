@@ -127,7 +127,7 @@ func TestSharerReplicas(t *testing.T) {
 	// five and skipped its own; B, on a connection without echo, received only A's.
 	waitFor(t, "the counters", func() bool {
 		sa, sb := a.sh.Stats(), b.sh.Stats()
-		return sa.Received == 5 && sb.Received == 3
+		return sa.Received == 5 && sb.Received == 3 && handled(sa) == 5 && handled(sb) == 3
 	})
 	sa, sb := a.sh.Stats(), b.sh.Stats()
 	if sa.Published != 3 || sa.SkippedOwn != 3 || sa.Applied != 2 || sb.Published != 2 || sb.SkippedOwn != 0 || sb.Applied != 3 {
@@ -169,7 +169,7 @@ func TestSharerRejects(t *testing.T) {
 	m := booked("C", "m", 1, "big")
 	m.Prefill = 1 << 63
 	send("kvr.active.C", m) // refused by the router
-	waitFor(t, "every message", func() bool { return b.sh.Stats().Received == 9 })
+	waitFor(t, "every message", func() bool { st := b.sh.Stats(); return st.Received == 9 && handled(st) == 9 })
 	st := b.sh.Stats()
 	want := map[string]int64{RejectDecode: 2, RejectModel: 1, RejectWorker: 1, RejectRequest: 1, RejectConflict: 1, RejectInvalid: 1}
 	if st.SkippedOwn != 1 || st.Applied != 1 || !mapsEqual(st.Rejected, want) {
@@ -198,6 +198,17 @@ func TestSharerRejects(t *testing.T) {
 	if got["kvrouterd_share_received_total"] != 9 || got["kvrouterd_share_rejected_total/decode"] != 2 || got["kvrouterd_share_skipped_own_total"] != 1 {
 		t.Fatalf("metrics %v", got)
 	}
+}
+
+// handled is how many of the messages received a Sharer is done with: skipped, applied or
+// rejected. Received counts a message before it is applied, so waiting for Received alone can
+// read the other counters while the last message is still being applied.
+func handled(st Stats) int64 {
+	n := st.SkippedOwn + st.Applied
+	for _, k := range st.Rejected {
+		n += k
+	}
+	return n
 }
 
 func mapsEqual(a, b map[string]int64) bool {
