@@ -17,6 +17,7 @@ import (
 	"github.com/kvrouterd/kvrouterd/approx"
 	"github.com/kvrouterd/kvrouterd/ingest"
 	"github.com/kvrouterd/kvrouterd/internal/lograte"
+	"github.com/kvrouterd/kvrouterd/replica"
 	"github.com/kvrouterd/kvrouterd/router"
 	"github.com/kvrouterd/kvrouterd/scoring"
 	"github.com/kvrouterd/kvrouterd/server"
@@ -89,9 +90,9 @@ func Start(ctx context.Context, c Config, stderr io.Writer) (_ *Daemon, err erro
 	}
 	mode, _ := scoring.ParseMode(c.RouterMode)
 	watch := &engineWatcher{}
-	var share *ingest.Sharer
+	var share *replica.Sharer
 	if c.ShareLoad && !c.NoKVEvents {
-		if share, err = ingest.NewSharer(ingest.ShareConfig{Prefix: c.NATSPrefix, Replica: c.ReplicaID, Logger: log}); err != nil {
+		if share, err = replica.New(replica.Config{Prefix: c.NATSPrefix, Replica: c.ReplicaID, Logger: log}); err != nil {
 			return nil, fmt.Errorf("--replica-id: %w", err)
 		}
 	}
@@ -156,11 +157,8 @@ func Start(ctx context.Context, c Config, stderr io.Writer) (_ *Daemon, err erro
 		d.undo.push(d.st.Close) // stops taking events; the ones taken are in the shard queues
 	}
 	if share != nil && d.st != nil {
-		var opts []nats.Option
-		if c.NATSURL != "" {
-			opts = c.NATS.Options()
-		}
-		nc, err := ingest.ShareConn(d.st, log, opts...)
+		// A connection of its own, without echo: this replica's messages do not come back.
+		nc, err := d.st.Dial("kvrouterd-share", nats.NoEcho())
 		if err != nil {
 			return nil, fmt.Errorf("load sharing: %w", err)
 		}

@@ -82,7 +82,7 @@ func refused(t *testing.T, errs <-chan error, subject string, op func(ctx contex
 // ingest.Publisher and UserFile or with a plain client and the file's line in the URL, gets its
 // events and load reports into the index, but cannot purge or delete the stream, create a
 // consumer or publish on the load-sharing subjects; kvrouterd's own connections (the
-// consumer's, ShareConn's) work; a restart keeps the passwords.
+// consumer's, those Stream.Dial opens) work; a restart keeps the passwords.
 func TestEmbeddedAuth(t *testing.T) {
 	dir := t.TempDir()
 	r := router.New(router.Config{Shards: 1, Logger: quietLog()})
@@ -211,8 +211,8 @@ func TestEmbeddedAuth(t *testing.T) {
 		t.Fatalf("stream after the publisher's attempts: %+v, want its 2 messages", info.State)
 	}
 
-	// Load sharing on kvrouterd's user: ShareConn's connection publishes on the share subject.
-	sc, err := ShareConn(st, quietLog())
+	// Load sharing on kvrouterd's user: a connection from Dial publishes on the share subject.
+	sc, err := st.Dial("kvrouterd-share", nats.NoEcho())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -33,9 +33,9 @@
 // # Load sharing between replicas
 //
 // Replicas on one NATS tell each other of every request they book, finish prefilling and
-// complete (Sharer): plain NATS on <prefix>.active.<replica id>, one binary message per
-// operation (magic "KVRA"; layout in share.go), a replica skipping its own subject. A receiver
-// counts the others' requests in its workers' active load as its own (router.BookRemote).
+// complete, on plain NATS subjects <prefix>.active.<replica id>: package replica (its SPEC.md
+// has the messages). Its connection comes from Stream.Dial; the embedded server lets the
+// kvrouterd user, and not the publisher, use those subjects.
 //
 // # Who may connect to the embedded server
 //

@@ -32,6 +32,7 @@ import (
 
 	"github.com/go-zeromq/zmq4"
 
+	"github.com/kvrouterd/kvrouterd/internal/panics"
 	"github.com/kvrouterd/kvrouterd/shard"
 	"github.com/kvrouterd/kvrouterd/wire"
 )
@@ -297,7 +298,7 @@ var errPanic = errors.New("ingest: panic")
 // recovered counts and logs a panic recovered on rl's goroutine and returns it as an error.
 func (rl *rankLoop) recovered(p any) error {
 	rl.c[cPanics].Add(1)
-	logPanic(rl.log, "panic recovered while reading an engine's KV events; its connection is dialled again", p, "endpoint", rl.endpoint)
+	panics.Log(rl.log, "panic recovered while reading an engine's KV events; its connection is dialled again", p, "endpoint", rl.endpoint)
 	return fmt.Errorf("%w: %v", errPanic, p)
 }
 

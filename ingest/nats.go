@@ -15,6 +15,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvrouterd/kvrouterd/internal/panics"
 	"github.com/kvrouterd/kvrouterd/router"
 	"github.com/kvrouterd/kvrouterd/shard"
 	"github.com/kvrouterd/kvrouterd/wire"
@@ -513,7 +514,7 @@ var magic = []byte("KVRW")
 func (c *Consumer) recoverPanic(subject string) {
 	if p := recover(); p != nil {
 		c.rejected[len(rejectReasons)-1].Add(1) // RejectPanic
-		logPanic(c.log, "event stream: panic recovered handling a message", p, "subject", subject)
+		panics.Log(c.log, "event stream: panic recovered handling a message", p, "subject", subject)
 	}
 }
 

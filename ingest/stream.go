@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/url"
+	"slices"
 	"time"
 
 	natsserver "github.com/nats-io/nats-server/v2/server"
@@ -34,7 +35,8 @@ type Stream struct {
 	Conn        *nats.Conn
 	Consumer    *Consumer
 
-	auth []nats.Option // how kvrouterd's own connections authenticate (ShareConn)
+	dial []nats.Option // what Dial adds to ConnectOptions: StreamConfig.Options, the embedded user
+	log  *slog.Logger  // for the connections Dial opens
 }
 
 // ErrUnreachable is StartStream's error when none of an external server's URLs answered.
@@ -43,7 +45,7 @@ var ErrUnreachable = errors.New("no NATS server answered")
 // StartStream connects to cfg.URL, or starts the embedded server, and consumes the events into
 // sink. On error everything it started is stopped.
 func StartStream(ctx context.Context, sink Sink, cfg StreamConfig, log *slog.Logger) (_ *Stream, err error) {
-	st := &Stream{URL: cfg.URL}
+	st := &Stream{URL: cfg.URL, dial: cfg.Options, log: log}
 	defer func() {
 		if err != nil {
 			st.Close()
@@ -68,8 +70,9 @@ func StartStream(ctx context.Context, sink Sink, cfg StreamConfig, log *slog.Log
 				}
 			}
 			st.Credentials = e.Credentials
-			st.auth = []nats.Option{e.Credentials.Router.Option()}
-			opts = append(opts, st.auth...)
+			auth := e.Credentials.Router.Option()
+			st.dial = append(slices.Clip(st.dial), auth)
+			opts = append(opts, auth)
 		}
 		if st.Server, err = StartEmbedded(e); err != nil {
 			return nil, err
@@ -119,6 +122,29 @@ func (st *Stream) PublisherURL() string {
 	}
 	u.User = url.UserPassword(st.Credentials.Publisher.User, st.Credentials.Publisher.Password)
 	return u.String()
+}
+
+// Dial opens a connection of its own to the stream's server for another part of the daemon,
+// with the options that make the stream's connection work there: ConnectOptions (it
+// reconnects for ever), StreamConfig.Options (an external server's credentials and TLS),
+// kvrouterd's user on the embedded server; then opts, and name as the client name the server
+// shows. The caller closes it, before Close (which shuts an embedded server down).
+func (st *Stream) Dial(name string, opts ...nats.Option) (*nats.Conn, error) {
+	log := st.log
+	if log == nil {
+		log = slog.Default()
+	}
+	o := append(ConnectOptions(log), st.dial...)
+	o = append(o, opts...)
+	o = append(o, nats.Name(name))
+	if st.Server != nil {
+		o = append(o, nats.InProcessServer(st.Server))
+	}
+	nc, err := nats.Connect(st.URL, o...)
+	if err != nil {
+		return nil, fmt.Errorf("nats %s: %w", st.URL, err)
+	}
+	return nc, nil
 }
 
 // Close stops consuming, then closes the connection and the embedded server. Events already

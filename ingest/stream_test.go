@@ -2,6 +2,7 @@ package ingest
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -10,6 +11,7 @@ import (
 	"github.com/kvrouterd/kvrouterd/router"
 	"github.com/kvrouterd/kvrouterd/shard"
 	"github.com/kvrouterd/kvrouterd/wire"
+	natsserver "github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -148,5 +150,63 @@ func TestStreamLost(t *testing.T) {
 	healthy()
 	if st := st.Consumer.Stats(); st.Recreated != 2 {
 		t.Fatalf("recreated %d times, want 2", st.Recreated)
+	}
+}
+
+// TestStreamDial: a connection from Dial to an external server carries StreamConfig.Options
+// (here the server's only user, without which it is refused), the options given, and the
+// name, as the server reports it.
+func TestStreamDial(t *testing.T) {
+	s, err := natsserver.NewServer(&natsserver.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true,
+		JetStream: true, StoreDir: t.TempDir(), Username: "u", Password: "secret"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go s.Start()
+	if !s.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats-server did not start")
+	}
+	defer s.Shutdown()
+	r := router.New(router.Config{Shards: 1, Logger: quietLog()})
+	defer r.Close()
+	opts := []nats.Option{nats.UserInfo("u", "secret")}
+	st, err := StartStream(context.Background(), r, StreamConfig{URL: s.ClientURL(), Options: opts,
+		Consumer: ConsumerConfig{Memory: true}}, quietLog())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	nc, err := st.Dial("kvrouterd-dial-test", nats.NoEcho())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	if err := nc.FlushTimeout(10 * time.Second); err != nil {
+		t.Fatalf("the dialled connection: %v", err)
+	}
+	// NoEcho: its own message does not come back to it.
+	sub, err := nc.SubscribeSync("kvr.active.A")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Publish("kvr.active.A", []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := sub.NextMsg(50 * time.Millisecond); err == nil {
+		t.Fatalf("got its own message %q back", m.Data)
+	}
+	cz, err := s.Connz(&natsserver.ConnzOptions{Username: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, c := range cz.Conns {
+		names = append(names, c.Name+"/"+c.AuthorizedUser)
+	}
+	if !slices.Contains(names, "kvrouterd-dial-test/u") {
+		t.Fatalf("the server's clients %v, want kvrouterd-dial-test as user u", names)
 	}
 }

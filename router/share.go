@@ -29,7 +29,7 @@ import (
 // the id's 128-bit XXH3. A replica id holds neither byte, so the keys of distinct replicas'
 // requests differ too, and a replica's own ids are stored as they come.
 
-// LoadSharer tells the other router replicas of this one's bookings (see ingest.Sharer). The
+// LoadSharer tells the other router replicas of this one's bookings (see replica.Sharer). The
 // Router calls it from many goroutines at once, on the request path, after its own Tracker
 // changed: an implementation must be safe for concurrent use, should neither block nor
 // allocate, and must not keep the arguments past the call (the strings and slices alias

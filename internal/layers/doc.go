@@ -7,10 +7,13 @@
 //  1. internal/ helpers, and kvevent (the event vocabulary, importing nothing of the project).
 //  2. radix (the index), approx, scoring, snapshot, and wire (codecs: only kvevent and internal/).
 //  3. shard (event application), router (one request's path).
-//  4. ingest, server, client (on wire only), and the test-only reference model.
+//  4. ingest, replica (load sharing between replicas), server, client (on wire only), and the
+//     test-only reference model.
 //  5. daemon (the assembly of the parts, their start and stop order).
 //  6. cmd/kvrouterd (flags and environment; calls daemon).
 //  7. bench/ and everything under it, kept out of the daemon's dependency tree.
 //
-// A new package has no layer until it is added to the test's table; the test says so.
+// A new package has no layer until it is added to the test's table; the test says so. Only what
+// a package's own files import is checked, not its tests' imports: a test may reach across a
+// layer (replica's tests read ingest.DefaultPrefix), since no binary links it.
 package layers

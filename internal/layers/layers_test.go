@@ -22,6 +22,7 @@ var layer = map[string]int{
 	"internal/layers":   1,
 	"internal/lograte":  1,
 	"internal/memstat":  1,
+	"internal/panics":   1,
 	"internal/prefetch": 1,
 	"internal/u64map":   1,
 	"kvevent":           1,
@@ -38,6 +39,7 @@ var layer = map[string]int{
 	"client":            4,
 	"ingest":            4,
 	"internal/refmodel": 4, // models radix and shard for their tests, so it sits above them
+	"replica":           4,
 	"server":            4,
 
 	"daemon": 5,

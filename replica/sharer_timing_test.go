@@ -1,4 +1,4 @@
-package ingest
+package replica
 
 import (
 	"fmt"
@@ -12,23 +12,23 @@ import (
 
 // BenchmarkSharerBooked measures what sharing adds to a booking on the route path: encode the
 // booking and hand it to the NATS connection (over TCP to the embedded server, where this
-// connection has no echo, as ShareConn's).
+// connection has no echo, as the daemon's).
 func BenchmarkSharerBooked(b *testing.B) {
 	s := embedded(b)
 	for _, blocks := range []int{8, 128, 2048} {
 		b.Run(fmt.Sprintf("blocks=%d", blocks), func(b *testing.B) {
-			sh, err := NewSharer(ShareConfig{Replica: "A", Logger: quietLog()})
+			sh, err := New(Config{Replica: "A", Logger: quietLog()})
 			if err != nil {
 				b.Fatal(err)
 			}
-			if err := sh.Start(shareConn(b, s.ClientURL()), nopShareSink{}); err != nil {
+			if err := sh.Start(ownConn(b, s.ClientURL()), nopSink{}); err != nil {
 				b.Fatal(err)
 			}
 			defer sh.Close()
 			seqs := make([]uint64, blocks)
 			id := "0b5c1c6e-9a43-4a8e-8f6e-2f0d1e3c4b5a"
 			const model = "meta-llama/Llama-3.1-8B"
-			b.SetBytes(int64(len(AppendShare(nil, &ShareMsg{Op: ShareBooked, Replica: "A", ID: id, Model: model, Seqs: seqs}))))
+			b.SetBytes(int64(len(Append(nil, &Msg{Op: OpBooked, Replica: "A", ID: id, Model: model, Seqs: seqs}))))
 			b.ReportAllocs()
 			for b.Loop() {
 				sh.Booked(model, radix.WorkerKey{ID: 3}, id, seqs, 2048, 300*time.Second)
@@ -37,16 +37,16 @@ func BenchmarkSharerBooked(b *testing.B) {
 	}
 }
 
-func BenchmarkDecodeShare(b *testing.B) {
+func BenchmarkDecode(b *testing.B) {
 	for _, blocks := range []int{8, 128, 2048} {
 		b.Run(fmt.Sprintf("blocks=%d", blocks), func(b *testing.B) {
-			msg := AppendShare(nil, &ShareMsg{Op: ShareBooked, Replica: "9f3c2a7be1d04c55", ID: "0b5c1c6e-9a43-4a8e-8f6e-2f0d1e3c4b5a",
+			msg := Append(nil, &Msg{Op: OpBooked, Replica: "9f3c2a7be1d04c55", ID: "0b5c1c6e-9a43-4a8e-8f6e-2f0d1e3c4b5a",
 				Model: "meta-llama/Llama-3.1-8B", TTL: 300_000, Seqs: make([]uint64, blocks)})
-			var m ShareMsg
+			var m Msg
 			b.SetBytes(int64(len(msg)))
 			b.ReportAllocs()
 			for b.Loop() {
-				if err := DecodeShare(msg, &m); err != nil {
+				if err := Decode(msg, &m); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -65,7 +65,7 @@ func BenchmarkRouteShared(b *testing.B) {
 			cfg := router.Config{Shards: 1, Logger: quietLog()}
 			if share {
 				var err error
-				if sh, err = NewSharer(ShareConfig{Replica: "A", Logger: quietLog()}); err != nil {
+				if sh, err = New(Config{Replica: "A", Logger: quietLog()}); err != nil {
 					b.Fatal(err)
 				}
 				cfg.Share = sh
@@ -82,15 +82,15 @@ func BenchmarkRouteShared(b *testing.B) {
 				}
 			}
 			if share {
-				if err := sh.Start(shareConn(b, s.ClientURL()), r); err != nil {
+				if err := sh.Start(ownConn(b, s.ClientURL()), r); err != nil {
 					b.Fatal(err)
 				}
 				defer sh.Close()
-				osh, err := NewSharer(ShareConfig{Replica: "B", Logger: quietLog()})
+				osh, err := New(Config{Replica: "B", Logger: quietLog()})
 				if err != nil {
 					b.Fatal(err)
 				}
-				if err := osh.Start(shareConn(b, s.ClientURL()), other); err != nil {
+				if err := osh.Start(ownConn(b, s.ClientURL()), other); err != nil {
 					b.Fatal(err)
 				}
 				defer osh.Close()
