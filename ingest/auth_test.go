@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/router"
-	"github.com/kvrouterd/kvrouterd/shard"
 	"github.com/kvrouterd/kvrouterd/wire"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -127,8 +127,8 @@ func TestEmbeddedAuth(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b := &wire.EventBatch{Worker: 1, Model: "m", Events: []shard.Event{
-		{Kind: shard.Stored, ID: 1, BlockSize: 4, Hashes: []uint64{101, 102}, Tokens: toks(0, 8)},
+	b := &wire.EventBatch{Worker: 1, Model: "m", Events: []kvevent.Event{
+		{Kind: kvevent.Stored, ID: 1, BlockSize: 4, Hashes: []uint64{101, 102}, Tokens: toks(0, 8)},
 	}}
 	if _, err := pub.Batch(ctx, b); err != nil {
 		t.Fatal(err)
@@ -148,7 +148,7 @@ func TestEmbeddedAuth(t *testing.T) {
 	if _, err := js2.Stream(ctx, DefaultStream); err != nil {
 		t.Fatalf("the publisher reading the stream's info: %v", err)
 	}
-	eb := wire.EngineBatch{Events: []shard.Event{{Kind: shard.Stored, BlockSize: 4, Hashes: []uint64{5, 6}, Tokens: toks(0, 8)}}}
+	eb := wire.EngineBatch{Events: []kvevent.Event{{Kind: kvevent.Stored, BlockSize: 4, Hashes: []uint64{5, 6}, Tokens: toks(0, 8)}}}
 	ack, err := js2.Publish(ctx, EventSubject(DefaultPrefix, "m", 2), wire.AppendEngineBatch(nil, &eb, wire.EngineForm{}))
 	if err != nil {
 		t.Fatal(err)

@@ -8,7 +8,7 @@ import (
 	"math"
 	"sync/atomic"
 
-	"github.com/kvrouterd/kvrouterd/shard"
+	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/wire"
 )
 
@@ -86,7 +86,7 @@ func (b *Bridge) sendLocked(ctx context.Context, rl *rankLoop, seq uint64, paylo
 func (b *Bridge) clearLocked(ctx context.Context, rl *rankLoop) error {
 	ctx, cancel := context.WithTimeout(ctx, b.s.cfg.PublishTimeout)
 	defer cancel()
-	rl.clearEv[0] = shard.Event{Kind: shard.Cleared, Rank: rl.rank}
+	rl.clearEv[0] = kvevent.Event{Kind: kvevent.Cleared, Rank: rl.rank}
 	_, err := b.pub.Batch(ctx, &wire.EventBatch{Worker: b.s.src.Worker, Model: b.s.src.Model, Events: rl.clearEv[:]})
 	return err
 }

@@ -11,7 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/kvrouterd/kvrouterd/shard"
+	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/wire"
 )
 
@@ -147,7 +147,7 @@ func TestBridge(t *testing.T) {
 			if err := wire.DecodeEventBatch(m.Data(), &eb); err != nil {
 				t.Fatalf("message %d: not a kvrouterd batch: %v", i, err)
 			}
-			if eb.Worker != worker || eb.Model != model || len(eb.Events) != 1 || eb.Events[0].Kind != shard.Cleared || eb.Events[0].Rank != uint32(w.rank) {
+			if eb.Worker != worker || eb.Model != model || len(eb.Events) != 1 || eb.Events[0].Kind != kvevent.Cleared || eb.Events[0].Rank != uint32(w.rank) {
 				t.Errorf("message %d: %+v, want a clear of rank %d", i, eb, w.rank)
 			}
 			continue

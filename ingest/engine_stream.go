@@ -33,7 +33,7 @@ import (
 	"github.com/go-zeromq/zmq4"
 
 	"github.com/kvrouterd/kvrouterd/internal/panics"
-	"github.com/kvrouterd/kvrouterd/shard"
+	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/wire"
 )
 
@@ -164,7 +164,7 @@ type rankLoop struct {
 	// Owned by the goroutine.
 	tracker    seqTracker
 	batch      wire.EngineBatch // the Subscriber's decode buffer
-	clearEv    [1]shard.Event
+	clearEv    [1]kvevent.Event
 	gate       time.Time // warn is quiet until then
 	suppressed int       // warnings not logged since the last one
 

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/router"
 	"github.com/kvrouterd/kvrouterd/shard"
 	"github.com/kvrouterd/kvrouterd/wire"
@@ -94,12 +95,12 @@ func (g *streamGen) batch() *wire.EventBatch {
 	for range 1 + g.rng.IntN(3) {
 		g.ids[w]++
 		if h := g.held[w]; len(h) > 0 && g.rng.IntN(4) == 0 {
-			b.Events = append(b.Events, shard.Event{Kind: shard.Removed, ID: g.ids[w], Hashes: []uint64{h[len(h)-1]}})
+			b.Events = append(b.Events, kvevent.Event{Kind: kvevent.Removed, ID: g.ids[w], Hashes: []uint64{h[len(h)-1]}})
 			g.held[w] = h[:len(h)-1]
 			continue
 		}
 		f, n := g.rng.IntN(len(g.prompt)), 1+g.rng.IntN(12)
-		ev := shard.Event{Kind: shard.Stored, ID: g.ids[w], BlockSize: 4, Tokens: g.prompt[f][:4*n]}
+		ev := kvevent.Event{Kind: kvevent.Stored, ID: g.ids[w], BlockSize: 4, Tokens: g.prompt[f][:4*n]}
 		for range n {
 			ev.Hashes = append(ev.Hashes, g.next)
 			g.next++

@@ -16,8 +16,8 @@ import (
 	"time"
 
 	"github.com/kvrouterd/kvrouterd/internal/panics"
+	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/router"
-	"github.com/kvrouterd/kvrouterd/shard"
 	"github.com/kvrouterd/kvrouterd/wire"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
@@ -123,7 +123,7 @@ func (n *natsLogger) Tracef(format string, v ...any) {}
 
 // Sink is what the consumer feeds: router.Router.
 type Sink interface {
-	Ingest(worker uint64, model string, events []shard.Event) error
+	Ingest(worker uint64, model string, events []kvevent.Event) error
 	Report(*router.LoadReport) error
 }
 
@@ -545,7 +545,7 @@ func (c *Consumer) handle(gen uint64, m jetstream.Msg) {
 		return
 	}
 	data := m.Data()
-	var events []shard.Event
+	var events []kvevent.Event
 	if bytes.HasPrefix(data, magic) {
 		if err := wire.DecodeEventBatch(data, &c.batch); err != nil {
 			c.reject(RejectDecode, "event stream: bad event batch", "subject", m.Subject(), "err", err)

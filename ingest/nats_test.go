@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/router"
-	"github.com/kvrouterd/kvrouterd/shard"
 	"github.com/kvrouterd/kvrouterd/wire"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
@@ -84,15 +84,15 @@ func TestEmbeddedStream(t *testing.T) {
 	const model = "meta-llama/Llama-3.1-8B"
 
 	// Worker 1: kvrouterd's binary batch, numbered events, block size 4.
-	b := &wire.EventBatch{Worker: 1, Model: model, Events: []shard.Event{
-		{Kind: shard.Stored, ID: 1, BlockSize: 4, Hashes: []uint64{101, 102}, Tokens: toks(0, 8)},
+	b := &wire.EventBatch{Worker: 1, Model: model, Events: []kvevent.Event{
+		{Kind: kvevent.Stored, ID: 1, BlockSize: 4, Hashes: []uint64{101, 102}, Tokens: toks(0, 8)},
 	}}
 	if _, err := pub.Batch(ctx, b); err != nil {
 		t.Fatal(err)
 	}
 	// Worker 2: an engine's msgpack batch, rank from the header, hashes as negative int64.
-	eb := wire.EngineBatch{TS: 1.5, Events: []shard.Event{
-		{Kind: shard.Stored, BlockSize: 4, Hashes: []uint64{1 << 63, 1<<63 + 1, 1<<63 + 2}, Tokens: toks(0, 12)},
+	eb := wire.EngineBatch{TS: 1.5, Events: []kvevent.Event{
+		{Kind: kvevent.Stored, BlockSize: 4, Hashes: []uint64{1 << 63, 1<<63 + 1, 1<<63 + 2}, Tokens: toks(0, 12)},
 	}}
 	payload := wire.AppendEngineBatch(nil, &eb, wire.EngineForm{Hashes: wire.HashInt64})
 	seq, err := pub.Engine(ctx, model, 2, 1, 17, payload)
@@ -125,14 +125,14 @@ func TestEmbeddedStream(t *testing.T) {
 	if _, err := js.Publish(ctx, EventSubject("kvr", model, 3), wire.AppendEventBatch(nil, b)); err != nil {
 		t.Fatal(err)
 	}
-	short := &wire.EventBatch{Worker: 1, Model: model, Events: []shard.Event{
-		{Kind: shard.Stored, ID: 2, Parent: 102, HasParent: true, Hashes: []uint64{103}, Tokens: toks(8, 3)},
+	short := &wire.EventBatch{Worker: 1, Model: model, Events: []kvevent.Event{
+		{Kind: kvevent.Stored, ID: 2, Parent: 102, HasParent: true, Hashes: []uint64{103}, Tokens: toks(8, 3)},
 	}}
 	if _, err := pub.Batch(ctx, short); err != nil {
 		t.Fatal(err)
 	}
-	good := &wire.EventBatch{Worker: 1, Model: model, Events: []shard.Event{
-		{Kind: shard.Stored, ID: 2, Parent: 102, HasParent: true, Hashes: []uint64{103}, Tokens: toks(8, 4)},
+	good := &wire.EventBatch{Worker: 1, Model: model, Events: []kvevent.Event{
+		{Kind: kvevent.Stored, ID: 2, Parent: 102, HasParent: true, Hashes: []uint64{103}, Tokens: toks(8, 4)},
 	}}
 	if seq, err = pub.Batch(ctx, good); err != nil {
 		t.Fatal(err)
@@ -167,8 +167,8 @@ func TestConsumerStartSeq(t *testing.T) {
 	c0.Close()
 	var seqs []uint64
 	for i := range 4 {
-		b := &wire.EventBatch{Worker: uint64(i + 1), Model: "m", Events: []shard.Event{
-			{Kind: shard.Stored, ID: 1, BlockSize: 2, Hashes: []uint64{1}, Tokens: toks(0, 2)},
+		b := &wire.EventBatch{Worker: uint64(i + 1), Model: "m", Events: []kvevent.Event{
+			{Kind: kvevent.Stored, ID: 1, BlockSize: 2, Hashes: []uint64{1}, Tokens: toks(0, 2)},
 		}}
 		seq, err := pub.Batch(ctx, b)
 		if err != nil {
@@ -224,7 +224,7 @@ func TestConsumerSinkPanic(t *testing.T) {
 		err error
 	)
 	for w := uint64(1); w <= 2; w++ { // worker 1's batch panics
-		b := &wire.EventBatch{Worker: w, Model: "m", Events: []shard.Event{{Kind: shard.Cleared, ID: 1}}}
+		b := &wire.EventBatch{Worker: w, Model: "m", Events: []kvevent.Event{{Kind: kvevent.Cleared, ID: 1}}}
 		if seq, err = pub.Batch(ctx, b); err != nil {
 			t.Fatal(err)
 		}
@@ -243,7 +243,7 @@ func TestConsumerSinkPanic(t *testing.T) {
 
 type panicStreamSink struct{ reports atomic.Int64 }
 
-func (*panicStreamSink) Ingest(worker uint64, _ string, _ []shard.Event) error {
+func (*panicStreamSink) Ingest(worker uint64, _ string, _ []kvevent.Event) error {
 	if worker == 1 {
 		panic("sink failure")
 	}

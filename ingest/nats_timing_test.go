@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/router"
-	"github.com/kvrouterd/kvrouterd/shard"
 	"github.com/kvrouterd/kvrouterd/wire"
 )
 
@@ -25,12 +25,12 @@ func newIngestLoad(workers int) *ingestLoad {
 	for w := range workers {
 		var store, remove wire.EngineBatch
 		for e := range events {
-			ev := shard.Event{Kind: shard.Stored, BlockSize: bs, Tokens: toks((w/8)*1_000_000+e*perEvent*bs, perEvent*bs)}
+			ev := kvevent.Event{Kind: kvevent.Stored, BlockSize: bs, Tokens: toks((w/8)*1_000_000+e*perEvent*bs, perEvent*bs)}
 			for b := range perEvent {
 				ev.Hashes = append(ev.Hashes, uint64(w)<<32|uint64(e*perEvent+b+1))
 			}
 			store.Events = append(store.Events, ev)
-			remove.Events = append(remove.Events, shard.Event{Kind: shard.Removed, Hashes: ev.Hashes})
+			remove.Events = append(remove.Events, kvevent.Event{Kind: kvevent.Removed, Hashes: ev.Hashes})
 		}
 		l.payloads = append(l.payloads, [2][]byte{
 			wire.AppendEngineBatch(nil, &store, wire.EngineForm{}),

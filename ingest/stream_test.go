@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/router"
-	"github.com/kvrouterd/kvrouterd/shard"
 	"github.com/kvrouterd/kvrouterd/wire"
 	natsserver "github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
@@ -70,8 +70,8 @@ func TestStreamLost(t *testing.T) {
 	publish := func(w uint64) {
 		t.Helper()
 		id++
-		b := &wire.EventBatch{Worker: w, Model: "m", Events: []shard.Event{
-			{Kind: shard.Stored, ID: id, BlockSize: 4, Hashes: []uint64{100 + id}, Tokens: toks(0, 4)},
+		b := &wire.EventBatch{Worker: w, Model: "m", Events: []kvevent.Event{
+			{Kind: kvevent.Stored, ID: id, BlockSize: 4, Hashes: []uint64{100 + id}, Tokens: toks(0, 4)},
 		}}
 		waitFor(t, "the batch to be stored", func() bool {
 			_, err := pub.Batch(ctx, b)

@@ -7,18 +7,18 @@ import (
 	"errors"
 	"sync"
 
-	"github.com/kvrouterd/kvrouterd/shard"
+	"github.com/kvrouterd/kvrouterd/kvevent"
 )
 
 // events once it returns.
 type EventSink interface {
-	Ingest(worker uint64, model string, events []shard.Event) error
+	Ingest(worker uint64, model string, events []kvevent.Event) error
 }
 
 // Subscriber reads one engine's KV events straight from its ZMQ sockets and hands them to an
 // EventSink, in order per data-parallel rank, with the worker and model of its EngineSource.
 // Missed batches are fetched from the engine's replay socket when it has one; when they cannot
-// be, or the engine restarted, the worker is cleared (one shard.Cleared event) before the next
+// be, or the engine restarted, the worker is cleared (one kvevent.Cleared event) before the next
 // batch. Its methods are safe for concurrent use; the sink is called by one goroutine per
 // rank, never by two at once.
 type Subscriber struct {
@@ -109,6 +109,6 @@ func (sub *Subscriber) sendLocked(_ context.Context, rl *rankLoop, _ uint64, _ [
 }
 
 func (sub *Subscriber) clearLocked(_ context.Context, rl *rankLoop) error {
-	rl.clearEv[0] = shard.Event{Kind: shard.Cleared, Rank: rl.rank}
+	rl.clearEv[0] = kvevent.Event{Kind: kvevent.Cleared, Rank: rl.rank}
 	return sub.sink.Ingest(sub.s.src.Worker, sub.s.src.Model, rl.clearEv[:])
 }

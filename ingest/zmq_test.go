@@ -16,8 +16,8 @@ import (
 
 	"github.com/go-zeromq/zmq4"
 
+	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/router"
-	"github.com/kvrouterd/kvrouterd/shard"
 	"github.com/kvrouterd/kvrouterd/wire"
 )
 
@@ -274,11 +274,11 @@ type recSink struct {
 type sinkCall struct {
 	worker uint64
 	model  string
-	events []shard.Event
+	events []kvevent.Event
 }
 
-func (s *recSink) Ingest(worker uint64, model string, events []shard.Event) error {
-	cp := make([]shard.Event, len(events))
+func (s *recSink) Ingest(worker uint64, model string, events []kvevent.Event) error {
+	cp := make([]kvevent.Event, len(events))
 	for i, e := range events {
 		e.Hashes, e.Tokens, e.LoRA = slices.Clone(e.Hashes), slices.Clone(e.Tokens), strings.Clone(e.LoRA)
 		if e.MM != nil {
@@ -316,15 +316,15 @@ func (s *recSink) events() []string {
 func (s *recSink) count() int { return len(s.events()) }
 
 // evLine describes an event in one line; nil and empty slices read the same.
-func evLine(e shard.Event) string {
+func evLine(e kvevent.Event) string {
 	switch e.Kind {
-	case shard.Stored:
+	case kvevent.Stored:
 		parent := "-"
 		if e.HasParent {
 			parent = fmt.Sprint(e.Parent)
 		}
 		return fmt.Sprintf("stored r%d %v parent=%s hashes=%v bs=%d tokens=%v lora=%q mm=%v", e.Rank, e.Tier, parent, e.Hashes, e.BlockSize, e.Tokens, e.LoRA, e.MM)
-	case shard.Removed:
+	case kvevent.Removed:
 		return fmt.Sprintf("removed r%d %v hashes=%v", e.Rank, e.Tier, e.Hashes)
 	}
 	return fmt.Sprintf("%v r%d", e.Kind, e.Rank)
@@ -344,16 +344,18 @@ func blockTokens(hashes []uint64) []uint32 {
 	return t
 }
 
-func stored(parent uint64, hashes ...uint64) shard.Event {
-	return shard.Event{Kind: shard.Stored, Hashes: hashes, Parent: parent, HasParent: parent != 0, BlockSize: testBlock, Tokens: blockTokens(hashes)}
+func stored(parent uint64, hashes ...uint64) kvevent.Event {
+	return kvevent.Event{Kind: kvevent.Stored, Hashes: hashes, Parent: parent, HasParent: parent != 0, BlockSize: testBlock, Tokens: blockTokens(hashes)}
 }
 
-func removed(hashes ...uint64) shard.Event { return shard.Event{Kind: shard.Removed, Hashes: hashes} }
+func removed(hashes ...uint64) kvevent.Event {
+	return kvevent.Event{Kind: kvevent.Removed, Hashes: hashes}
+}
 
-func cleared(rank uint32) string { return evLine(shard.Event{Kind: shard.Cleared, Rank: rank}) }
+func cleared(rank uint32) string { return evLine(kvevent.Event{Kind: kvevent.Cleared, Rank: rank}) }
 
 // engineBatch is a batch of evs; rank < 0 leaves the batch without a rank.
-func engineBatch(rank int, evs ...shard.Event) *wire.EngineBatch {
+func engineBatch(rank int, evs ...kvevent.Event) *wire.EngineBatch {
 	b := &wire.EngineBatch{TS: 1700000000.5, Events: evs}
 	if rank >= 0 {
 		b.Rank, b.HasRank = uint32(rank), true
@@ -852,7 +854,7 @@ func TestSubscriberRouter(t *testing.T) {
 // nopSink takes events and keeps nothing.
 type nopSink struct{}
 
-func (nopSink) Ingest(uint64, string, []shard.Event) error { return nil }
+func (nopSink) Ingest(uint64, string, []kvevent.Event) error { return nil }
 
 // TestSubscriberAllocs: past zmq4, which allocates every frame it reads, handling a live
 // message allocates nothing.
@@ -862,7 +864,7 @@ func TestSubscriberAllocs(t *testing.T) {
 		t.Fatal(err)
 	}
 	rl := sub.s.ranks[0]
-	var evs []shard.Event
+	var evs []kvevent.Event
 	for i := range 8 {
 		evs = append(evs, stored(uint64(i*10), uint64(i*10+1), uint64(i*10+2)), removed(uint64(i)))
 	}

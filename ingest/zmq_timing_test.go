@@ -4,8 +4,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/router"
-	"github.com/kvrouterd/kvrouterd/shard"
 	"github.com/kvrouterd/kvrouterd/wire"
 )
 
@@ -38,7 +38,7 @@ func benchZMQIngest(b *testing.B, sink EventSink, flush func() error) {
 	stores := make([][]byte, distinct)
 	removes := make([][]byte, distinct)
 	for i := range distinct {
-		var st, rm []shard.Event
+		var st, rm []kvevent.Event
 		for e := range events {
 			hs := make([]uint64, blocks)
 			toks := make([]uint32, 0, blocks*bs)
@@ -48,8 +48,8 @@ func benchZMQIngest(b *testing.B, sink EventSink, flush func() error) {
 					toks = append(toks, uint32(hs[k])*bs+uint32(j))
 				}
 			}
-			st = append(st, shard.Event{Kind: shard.Stored, Hashes: hs, BlockSize: bs, Tokens: toks})
-			rm = append(rm, shard.Event{Kind: shard.Removed, Hashes: hs})
+			st = append(st, kvevent.Event{Kind: kvevent.Stored, Hashes: hs, BlockSize: bs, Tokens: toks})
+			rm = append(rm, kvevent.Event{Kind: kvevent.Removed, Hashes: hs})
 		}
 		stores[i] = wire.AppendEngineBatch(nil, engineBatch(-1, st...), wire.EngineForm{})
 		removes[i] = wire.AppendEngineBatch(nil, engineBatch(-1, rm...), wire.EngineForm{})

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/kvrouterd/kvrouterd/internal/hostile"
-	"github.com/kvrouterd/kvrouterd/shard"
+	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/wire"
 )
 
@@ -194,9 +194,9 @@ type panicSink struct {
 	panicOn int
 }
 
-func (s *panicSink) Ingest(worker uint64, model string, events []shard.Event) error {
+func (s *panicSink) Ingest(worker uint64, model string, events []kvevent.Event) error {
 	s.calls++
-	if s.calls == s.panicOn && events[0].Kind != shard.Cleared {
+	if s.calls == s.panicOn && events[0].Kind != kvevent.Cleared {
 		panic("sink failure")
 	}
 	return s.recSink.Ingest(worker, model, events)

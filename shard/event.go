@@ -9,7 +9,8 @@ import (
 )
 
 // The event vocabulary lives in package kvevent, at the bottom of the module, so that codecs can
-// speak it without linking the index; these names keep the package's callers unchanged.
+// speak it without linking the index. These short names are for this package's own code; other
+// packages name kvevent.
 type (
 	Kind  = kvevent.Kind
 	Tier  = kvevent.Tier
@@ -26,9 +27,6 @@ const (
 	Disk     = kvevent.Disk
 	External = kvevent.External
 )
-
-// ParseMedium maps an engine's storage medium name to a Tier, as kvevent.ParseMedium does.
-func ParseMedium(s string) (Tier, bool) { return kvevent.ParseMedium(s) }
 
 // Batch carries events of one worker of one model to its shard. Get one from Set.NewBatch, fill
 // it with Add, hand it to Set.Enqueue; the shard recycles it. One goroutine at a time, and none
