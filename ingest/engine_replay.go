@@ -14,7 +14,7 @@ import (
 )
 
 // recover hands on the batches between the rank's last one and seq from the replay socket; if
-// it cannot, it clears the worker.
+// it cannot, it clears the rank.
 func (rl *rankLoop) recover(ctx context.Context, seq uint64) {
 	from := rl.tracker.last + 1
 	reason := "no replay endpoint"
@@ -32,8 +32,8 @@ func (rl *rankLoop) recover(ctx context.Context, seq uint64) {
 		return
 	}
 	rl.c[cGapsUnrecovered].Add(1)
-	rl.log.Warn("engine batches lost; the worker's blocks are cleared", "first", rl.tracker.last+1, "last", seq-1, "reason", reason)
-	rl.s.clear(ctx, rl)
+	rl.log.Warn("engine batches lost; the rank's blocks are cleared", "first", rl.tracker.last+1, "last", seq-1, "reason", reason)
+	rl.clear(ctx)
 }
 
 // replayRange asks the rank's replay socket for the batches from the last one handed on up to

@@ -204,7 +204,7 @@ type EngineConfig struct {
 	// warn (slog.Default()).
 	Logger *slog.Logger
 	// ReplayTimeout bounds one replay request, connecting included (5 s). A replay that has not
-	// ended by then has failed: the worker is cleared.
+	// ended by then has failed: the rank is cleared.
 	ReplayTimeout time.Duration
 	// DialTimeout bounds one attempt to connect to an engine socket (5 s).
 	DialTimeout time.Duration

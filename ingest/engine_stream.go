@@ -12,13 +12,11 @@ package ingest
 // Order. The batches of one rank reach the output in the engine's sequence order, replayed ones
 // included: the rank's goroutine hands them on itself, one at a time. The ranks of one engine
 // share a mutex around the output, so that the worker's batches and clears reach it in a single
-// order, on which the rule below relies.
+// order.
 //
-// Clears. A cleared event clears every rank of the worker in the index, not only the rank that
-// sends it. After an engine restart all its ranks number from 0 again; a clear per rank would
-// wipe the batches the first rank delivered after its own clear. So a rank skips its clear when
-// a clear was handed on after its own last batch: that clear already removed everything the
-// rank had delivered before.
+// Clears. Each (worker, rank) is its own cache: a rank whose batches were lost for good (a gap
+// the replay cannot close, a batch the output lost, a panic mid-batch) or whose engine restarted
+// clears that rank alone, before its next batch. The worker's other ranks keep their blocks.
 
 import (
 	"context"
@@ -37,8 +35,8 @@ import (
 	"github.com/kvrouterd/kvrouterd/wire"
 )
 
-// errLost marks an output error after which the batch is gone for good: the worker must be
-// cleared before the next batch reaches the output.
+// errLost marks an output error after which the batch is gone for good: the rank must be
+// cleared before its next batch reaches the output.
 var errLost = errors.New("ingest: batch lost")
 
 // engineOutput is where an engineStream hands batches: a Subscriber's sink or a Bridge's
@@ -48,7 +46,7 @@ type engineOutput interface {
 	// it (and the output has counted why). Called only by rl's goroutine.
 	prepare(rl *rankLoop, seq uint64, payload []byte) bool
 	// sendLocked hands on the batch prepared last by rl. An error wrapping errLost means the
-	// batch is gone and the worker must be cleared before the next one. REQUIRES
+	// batch is gone and the rank must be cleared before its next one. REQUIRES
 	// engineStream.mu.
 	sendLocked(ctx context.Context, rl *rankLoop, seq uint64, payload []byte) error
 	// clearLocked hands on a cleared event of rl's rank. REQUIRES engineStream.mu.
@@ -65,9 +63,7 @@ type engineStream struct {
 	out   engineOutput
 	ranks []*rankLoop
 
-	mu     sync.Mutex // held around every call of out's ...Locked methods
-	clears uint64     // clears handed on so far; REQUIRES mu
-	owed   bool       // a clear must precede the next batch; REQUIRES mu
+	mu sync.Mutex // held around every call of out's ...Locked methods
 }
 
 func newEngineStream(src EngineSource, cfg EngineConfig, out engineOutput) (*engineStream, error) {
@@ -125,30 +121,24 @@ func (s *engineStream) stats() EngineStats {
 	return st
 }
 
-// clear clears the worker on behalf of rl, unless a clear handed on after rl's last batch
-// already did.
-func (s *engineStream) clear(ctx context.Context, rl *rankLoop) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.clears > rl.seenClears || s.owed {
-		return
-	}
-	s.owed = true
-	s.clearLocked(ctx, rl)
+// clear clears rl's rank now, or before its next batch if the output fails now.
+func (rl *rankLoop) clear(ctx context.Context) {
+	rl.owed = true
+	rl.s.mu.Lock()
+	defer rl.s.mu.Unlock()
+	rl.clearLocked(ctx)
 }
 
 // clearLocked hands on the clear owed; false if the output failed, in which case the clear
-// stays owed. REQUIRES s.mu.
-func (s *engineStream) clearLocked(ctx context.Context, rl *rankLoop) bool {
-	if err := s.out.clearLocked(ctx, rl); err != nil {
+// stays owed. REQUIRES engineStream.mu.
+func (rl *rankLoop) clearLocked(ctx context.Context) bool {
+	if err := rl.s.out.clearLocked(ctx, rl); err != nil {
 		if ctx.Err() == nil {
 			rl.warn("clear not delivered; it is retried before the next batch", "err", err)
 		}
 		return false
 	}
-	s.owed = false
-	s.clears++
-	rl.seenClears = s.clears
+	rl.owed = false
 	rl.c[cClears].Add(1)
 	return true
 }
@@ -168,7 +158,7 @@ type rankLoop struct {
 	gate       time.Time // warn is quiet until then
 	suppressed int       // warnings not logged since the last one
 
-	seenClears uint64 // engineStream.clears after this rank's last batch; REQUIRES engineStream.mu
+	owed bool // the rank must be cleared before its next batch
 
 	c         engineCounters
 	connected atomic.Bool
@@ -202,7 +192,7 @@ func (rl *rankLoop) run(ctx context.Context) {
 // session connects and handles the socket's messages until the connection fails. ok is false
 // once ctx is done before a connection was made; clean is true when the connection delivered
 // batches and then was lost, rather than refused by the guard. A panic while handling a message
-// ends the session only: it is logged and counted, and the worker is cleared before its next
+// ends the session only: it is logged and counted, and the rank is cleared before its next
 // batch, since the panic may have cut a batch short.
 func (rl *rankLoop) session(ctx context.Context) (ok, clean bool, err error) {
 	sock, lim := rl.connect(ctx)
@@ -220,9 +210,7 @@ func (rl *rankLoop) session(ctx context.Context) (ok, clean bool, err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			ok, clean, err = true, false, rl.recovered(p)
-			rl.s.mu.Lock()
-			rl.s.owed = true
-			rl.s.mu.Unlock()
+			rl.owed = true
 		}
 	}()
 	err = rl.receive(ctx, sock, lim)
@@ -330,7 +318,6 @@ func (rl *rankLoop) receive(ctx context.Context, sock zmq4.Socket, lim *zmtpLimi
 
 // handle handles one live message: [topic, seq, payload].
 func (rl *rankLoop) handle(ctx context.Context, frames [][]byte) {
-	s := rl.s
 	rl.c[cMessages].Add(1)
 	if len(frames) != 3 {
 		rl.dropMalformed(0, &wire.Error{Msg: "engine frames", Field: "frames", Offset: -1, Err: wire.ErrInvalid,
@@ -348,8 +335,8 @@ func (rl *rankLoop) handle(ctx context.Context, frames [][]byte) {
 		return
 	case seqRestart:
 		rl.c[cRestarts].Add(1)
-		rl.log.Warn("engine restarted (its batch sequence went back); the worker's blocks are cleared", "seq", seq, "last", rl.tracker.last)
-		s.clear(ctx, rl)
+		rl.log.Warn("engine restarted (its batch sequence went back); the rank's blocks are cleared", "seq", seq, "last", rl.tracker.last)
+		rl.clear(ctx)
 	case seqGap:
 		rl.c[cGaps].Add(1)
 		rl.recover(ctx, seq)
@@ -367,21 +354,20 @@ func (rl *rankLoop) deliver(ctx context.Context, seq uint64, payload []byte, rep
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.owed && !s.clearLocked(ctx, rl) {
+	if rl.owed && !rl.clearLocked(ctx) {
 		rl.c[cUndelivered].Add(1)
 		return
 	}
 	if err := s.out.sendLocked(ctx, rl, seq, payload); err != nil {
 		rl.c[cUndelivered].Add(1)
 		if errors.Is(err, errLost) {
-			s.owed = true
+			rl.owed = true
 		}
 		if ctx.Err() == nil {
 			rl.warn("engine batch not delivered", "seq", seq, "err", err)
 		}
 		return
 	}
-	rl.seenClears = s.clears
 	rl.c[cBatches].Add(1)
 	if replayed {
 		rl.c[cReplayed].Add(1)

@@ -18,8 +18,8 @@ type EventSink interface {
 // Subscriber reads one engine's KV events straight from its ZMQ sockets and hands them to an
 // EventSink, in order per data-parallel rank, with the worker and model of its EngineSource.
 // Missed batches are fetched from the engine's replay socket when it has one; when they cannot
-// be, or the engine restarted, the worker is cleared (one kvevent.Cleared event) before the next
-// batch. Its methods are safe for concurrent use; the sink is called by one goroutine per
+// be, or the engine restarted, that rank is cleared (one kvevent.Cleared event of the rank) before
+// its next batch. Its methods are safe for concurrent use; the sink is called by one goroutine per
 // rank, never by two at once.
 type Subscriber struct {
 	s    *engineStream

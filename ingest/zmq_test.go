@@ -605,7 +605,7 @@ func TestSubscriberReplay(t *testing.T) {
 }
 
 // TestSubscriberReplayFails: when the replay socket cannot close the gap (its buffer no longer
-// reaches back, it does not answer, or it is down), the worker is cleared before the message
+// reaches back, it does not answer, or it is down), the rank is cleared before the message
 // that revealed the gap.
 func TestSubscriberReplayFails(t *testing.T) {
 	for _, how := range []string{"forgotten", "silent", "down"} {
@@ -645,7 +645,7 @@ func TestSubscriberReplayFails(t *testing.T) {
 	}
 }
 
-// TestSubscriberGapNoReplay: without a replay socket a gap clears the worker.
+// TestSubscriberGapNoReplay: without a replay socket a gap clears the rank.
 func TestSubscriberGapNoReplay(t *testing.T) {
 	eng := newFakeEngine(t, fakeOpts{})
 	sink := &recSink{}
@@ -664,7 +664,7 @@ func TestSubscriberGapNoReplay(t *testing.T) {
 	}
 }
 
-// TestSubscriberRestart: the sequence going back to 0 on the same connection clears the worker.
+// TestSubscriberRestart: the sequence going back to 0 on the same connection clears the rank.
 func TestSubscriberRestart(t *testing.T) {
 	eng := newFakeEngine(t, fakeOpts{})
 	sink := &recSink{}
@@ -683,7 +683,7 @@ func TestSubscriberRestart(t *testing.T) {
 }
 
 // TestSubscriberReconnect: the engine goes away and comes back on the same port, numbering from
-// 0; the subscriber connects again by itself and clears the worker, even though it missed the
+// 0; the subscriber connects again by itself and clears the rank, even though it missed the
 // new engine's first batches.
 func TestSubscriberReconnect(t *testing.T) {
 	eng := newFakeEngine(t, fakeOpts{})
@@ -754,8 +754,9 @@ func TestSubscriberRanks(t *testing.T) {
 	}
 }
 
-// TestSubscriberRanksRestart: when both ranks of an engine restart, the worker is cleared once:
-// a second clear would remove what rank 0 delivered after the first.
+// TestSubscriberRanksRestart: when both ranks of an engine restart, each clears its own rank
+// before its next batch, and only its own: rank 1's clear leaves what rank 0 delivered after
+// its clear.
 func TestSubscriberRanksRestart(t *testing.T) {
 	eng := newFakeEngine(t, fakeOpts{ranks: 2})
 	sink := &recSink{}
@@ -776,12 +777,12 @@ func TestSubscriberRanksRestart(t *testing.T) {
 	r0.resetSeq()
 	r1.resetSeq()
 	step(r0, engineBatch(-1, stored(0, 3)), 0, cleared(0))
-	step(r1, engineBatch(-1, stored(0, 4)), 1) // no second clear
+	step(r1, engineBatch(-1, stored(0, 4)), 1, cleared(1))
 	step(r1, engineBatch(-1, stored(4, 5)), 1)
-	// Rank 1 delivered after the clear: a later gap on it clears again.
+	// A later gap on rank 1 (no replay socket) clears rank 1 again.
 	r1.drop(engineBatch(-1, stored(5, 6)))
 	step(r1, engineBatch(-1, stored(0, 7)), 1, cleared(1))
-	checkStats(t, sub.Stats(), map[string]int64{"restarts": 2, "unrecovered": 1, "clears": 2})
+	checkStats(t, sub.Stats(), map[string]int64{"restarts": 2, "unrecovered": 1, "clears": 3})
 }
 
 // TestSubscriberMalformed: malformed messages are counted and dropped; the stream goes on.
@@ -845,9 +846,13 @@ func TestSubscriberRouter(t *testing.T) {
 	r0.publish(engineBatch(-1, removed(3)), wire.EngineForm{})
 	match(5, map[uint32]uint32{0: 2, 1: 1})
 
+	// Rank 0's engine restarts: its blocks are cleared, rank 1's stay (each rank is its own
+	// cache), and rank 1 still chains onto its own earlier block.
 	r0.resetSeq()
 	r0.publish(engineBatch(-1, stored(0, 1)), wire.EngineForm{})
-	match(6, map[uint32]uint32{0: 1, 1: 0})
+	match(6, map[uint32]uint32{0: 1, 1: 1})
+	r1.publish(engineBatch(1, stored(1, 2)), wire.EngineForm{MapBatch: true, MapEvents: true})
+	match(7, map[uint32]uint32{0: 1, 1: 2})
 	checkStats(t, sub.Stats(), map[string]int64{"restarts": 1, "clears": 1, "undelivered": 0})
 }
 

@@ -130,8 +130,10 @@ func (a *Applier) apply(ix *radix.Index, id uint64, ev *Event, o *Outcome) {
 	case Removed:
 		a.removed(w, r, ev, o)
 	case Cleared:
+		// An engine clears its own cache: one (worker, rank). Another rank of the worker is
+		// another cache, whose blocks and chains stay.
 		a.c.clears.Add(1)
-		o.Applied = a.clear(w)
+		o.Applied = a.clearRank(w, r)
 	default:
 		o.Status = BadKind
 	}

@@ -35,7 +35,7 @@ func removed(id uint64, hashes ...uint64) *shard.Event {
 	return &shard.Event{Kind: shard.Removed, ID: id, Hashes: hashes}
 }
 
-// depths matches the prompt made of contents and returns worker id → depth (rank 0 only).
+// depths matches the prompt made of contents and returns each holder (worker, rank) → depth.
 func depths(t *testing.T, ix *radix.Index, contents ...uint32) map[radix.WorkerKey]int {
 	t.Helper()
 	var m radix.Match
@@ -115,8 +115,9 @@ func TestApplierEvents(t *testing.T) {
 	}
 }
 
-// Cleared on one rank clears every rank of the worker, and no other worker.
-func TestApplierClearAllRanks(t *testing.T) {
+// Cleared on one rank clears that rank alone: each (worker, rank) is its own cache. The other
+// ranks keep their blocks, cursors and chains, and no other worker changes.
+func TestApplierClearOneRank(t *testing.T) {
 	ix, _ := radix.New(radix.Config{BlockSize: bs})
 	a := shard.NewApplier(0, nil)
 	for _, rank := range []uint32{0, 1, 2} {
@@ -126,15 +127,22 @@ func TestApplierClearAllRanks(t *testing.T) {
 	}
 	a.Apply(ix, 6, stored(1, []uint64{1, 2}, 1, 2))
 	o := a.Apply(ix, 5, &shard.Event{Kind: shard.Cleared, ID: 2, Rank: 1})
-	if o.Status != shard.OK || o.Applied != 6 {
-		t.Fatalf("clear: %+v, want 6 blocks removed", o)
+	if o.Status != shard.OK || o.Applied != 2 {
+		t.Fatalf("clear: %+v, want rank 1's 2 blocks removed", o)
 	}
-	if got := depths(t, ix, 1, 2); !maps.Equal(got, map[radix.WorkerKey]int{{ID: 6}: 2}) {
-		t.Fatalf("after clear: %v", got)
+	want := map[radix.WorkerKey]int{{ID: 5, Rank: 0}: 2, {ID: 5, Rank: 2}: 2, {ID: 6}: 2}
+	if got := depths(t, ix, 1, 2); !maps.Equal(got, want) {
+		t.Fatalf("after clear: %v, want %v", got, want)
 	}
 	// Ranks 0 and 2 keep their own cursors (1); rank 1 moved to 2.
-	if a.Cursor(5, 0) != 1 || a.Cursor(5, 1) != 2 {
+	if a.Cursor(5, 0) != 1 || a.Cursor(5, 1) != 2 || a.Cursor(5, 2) != 1 {
 		t.Fatal("clear changed other ranks' cursors")
+	}
+	// Rank 2 still chains onto its own blocks: a store with rank 2's last block as parent applies.
+	ev := stored(2, []uint64{3}, 3)
+	ev.Rank, ev.HasParent, ev.Parent = 2, true, 2
+	if o := a.Apply(ix, 5, ev); o.Status != shard.OK || o.Applied != 1 {
+		t.Fatalf("rank 2's chained store after rank 1's clear: %+v", o)
 	}
 }
 

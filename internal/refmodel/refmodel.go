@@ -212,7 +212,7 @@ func (f *Fleet) Apply(id uint64, ev *kvevent.Event) shard.Outcome {
 			o.Status = shard.UnknownBlocks
 		}
 	case kvevent.Cleared:
-		o.Applied = f.clear(id)
+		o.Applied = f.clearRank(w, r)
 	default:
 		o.Status = shard.BadKind
 	}
@@ -284,15 +284,21 @@ func (f *Fleet) drop(w radix.WorkerKey, r *rank, seq uint64) bool {
 func (f *Fleet) clear(id uint64) int {
 	n := 0
 	for rk, r := range f.workers[id] {
-		w := radix.WorkerKey{ID: id, Rank: rk}
-		for _, seq := range r.engine {
-			if f.Index.Remove(seq, w) {
-				n++
-			}
-		}
-		r.engine = map[uint64]uint64{}
-		r.dup = map[uint64]int{}
+		n += f.clearRank(radix.WorkerKey{ID: id, Rank: rk}, r)
 	}
+	return n
+}
+
+// clearRank drops every block of rank r, worker w, and returns how many residencies went away.
+func (f *Fleet) clearRank(w radix.WorkerKey, r *rank) int {
+	n := 0
+	for _, seq := range r.engine {
+		if f.Index.Remove(seq, w) {
+			n++
+		}
+	}
+	r.engine = map[uint64]uint64{}
+	r.dup = map[uint64]int{}
 	return n
 }
 
