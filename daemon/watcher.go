@@ -2,8 +2,9 @@ package daemon
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
-	"slices"
 	"sync"
 
 	"github.com/kvrouterd/kvrouterd/ingest"
@@ -43,16 +44,21 @@ func (w *engineWatcher) engines() *ingest.Engines {
 	return w.e
 }
 
-func (w *engineWatcher) Registered(g router.Registration) error {
+// Registered subscribes to each rank's own sockets: ranks registered one at a time, each with
+// its endpoint, are each read from theirs.
+func (w *engineWatcher) Registered(worker uint64, model string, ranks []router.RankEndpoint) error {
 	e := w.engines()
 	if e == nil {
 		return nil // approximate mode: no events to read
 	}
-	src := ingest.EngineSource{Worker: g.ID, Model: g.Model, Endpoint: g.Endpoint, Replay: g.Replay, Ranks: 1}
-	if len(g.Ranks) > 0 {
-		src.FirstRank, src.Ranks = slices.Min(g.Ranks), len(g.Ranks)
+	var errs []error
+	for _, rk := range ranks {
+		src := ingest.EngineSource{Worker: worker, Model: model, Endpoint: rk.Endpoint, Replay: rk.Replay, FirstRank: rk.Rank, Ranks: 1}
+		if err := e.Add(src); err != nil {
+			errs = append(errs, fmt.Errorf("rank %d: %w", rk.Rank, err))
+		}
 	}
-	return e.Add(src)
+	return errors.Join(errs...)
 }
 
 func (w *engineWatcher) Unregistered(id uint64) {
@@ -63,22 +69,21 @@ func (w *engineWatcher) Unregistered(id uint64) {
 
 // resubscribe tells w of the engine endpoints of r's workers (restored from a snapshot).
 func resubscribe(r *router.Router, w *engineWatcher, log *slog.Logger) {
-	byID := map[uint64]*router.Registration{}
+	byID := map[uint64][]router.RankEndpoint{}
+	models := map[uint64]string{}
 	var ids []uint64
 	for _, wi := range r.Workers() {
 		if wi.Endpoint == "" {
 			continue
 		}
-		g := byID[wi.ID]
-		if g == nil {
-			g = &router.Registration{ID: wi.ID, Model: wi.Model, Endpoint: wi.Endpoint, Replay: wi.Replay}
-			byID[wi.ID] = g
+		if _, ok := byID[wi.ID]; !ok {
 			ids = append(ids, wi.ID)
+			models[wi.ID] = wi.Model
 		}
-		g.Ranks = append(g.Ranks, wi.Rank)
+		byID[wi.ID] = append(byID[wi.ID], router.RankEndpoint{Rank: wi.Rank, Endpoint: wi.Endpoint, Replay: wi.Replay})
 	}
 	for _, id := range ids {
-		if err := w.Registered(*byID[id]); err != nil {
+		if err := w.Registered(id, models[id], byID[id]); err != nil {
 			log.Warn("restored worker's event endpoint refused", "worker", id, "err", err)
 		}
 	}

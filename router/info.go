@@ -38,7 +38,7 @@ func (r *Router) Workers() []WorkerInfo {
 		for _, w := range reg.ranks {
 			out = append(out, WorkerInfo{
 				ID: w.key.ID, Rank: w.key.Rank, Model: reg.model.name, BlockSize: reg.model.blockSize,
-				Capacity: reg.capacity, MaxTokens: reg.maxTokens, Endpoint: reg.endpoint, Replay: reg.replay,
+				Capacity: reg.capacity, MaxTokens: reg.maxTokens, Endpoint: w.endpoint, Replay: w.replay,
 			})
 			rws = append(rws, w)
 		}

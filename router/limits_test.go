@@ -65,8 +65,10 @@ func TestRegisterLimits(t *testing.T) {
 
 	// At the limits: accepted, duplicates counted once.
 	at := strings.Repeat("y", wire.MaxString)
+	// An endpoint at the limit whose later ranks' ports (1000 + r) stay four digits long.
+	atEP := "tcp://" + strings.Repeat("h", wire.MaxString-len("tcp://:1000")) + ":1000"
 	dup := append(ranks(0, wire.MaxSnapshotRanks-4), ranks(0, 100)...)
-	if err := r.Register(Registration{ID: 1, Model: at, Endpoint: at, Replay: at, Ranks: dup, BlockSize: wire.MaxBlockSize}); err != nil {
+	if err := r.Register(Registration{ID: 1, Model: at, Endpoint: atEP, Replay: atEP, Ranks: dup, BlockSize: wire.MaxBlockSize}); err != nil {
 		t.Fatal(err)
 	}
 	mustSnapshot(t, r)
@@ -257,10 +259,13 @@ func TestSnapshotRestoreAcceptedProperty(t *testing.T) {
 }
 
 // watchLog records the registrations an EndpointWatcher is told of.
-type watchLog struct{ got []Registration }
+type watchLog struct{ got [][]RankEndpoint }
 
-func (w *watchLog) Registered(g Registration) error { w.got = append(w.got, g); return nil }
-func (w *watchLog) Unregistered(uint64)             {}
+func (w *watchLog) Registered(_ uint64, _ string, eps []RankEndpoint) error {
+	w.got = append(w.got, eps)
+	return nil
+}
+func (w *watchLog) Unregistered(uint64) {}
 
 // The endpoint watcher counts a worker's ranks: it is told each once.
 func TestRegisterTellsDistinctRanks(t *testing.T) {
@@ -270,8 +275,9 @@ func TestRegisterTellsDistinctRanks(t *testing.T) {
 	if err := r.Register(Registration{ID: 1, Model: "m", Endpoint: "tcp://e:5557", Ranks: []uint32{3, 2, 3, 2}}); err != nil {
 		t.Fatal(err)
 	}
-	if len(w.got) != 1 || !reflect.DeepEqual(w.got[0].Ranks, []uint32{2, 3}) {
-		t.Fatalf("the watcher was told %+v, want ranks [2 3] once", w.got)
+	want := []RankEndpoint{{Rank: 2, Endpoint: "tcp://e:5557"}, {Rank: 3, Endpoint: "tcp://e:5558"}}
+	if len(w.got) != 1 || !reflect.DeepEqual(w.got[0], want) {
+		t.Fatalf("the watcher was told %+v, want %+v once", w.got, want)
 	}
 }
 
@@ -288,7 +294,7 @@ func TestSnapshotLeavesOutWhatTheFormatCannotHold(t *testing.T) {
 	// Only state past the format's limits gets here (a worker's blocks over 2^32-1 bytes); an
 	// endpoint set behind Register's back stands in for it.
 	r.mu.Lock()
-	r.workers[2].endpoint = strings.Repeat("e", wire.MaxString+1)
+	r.workers[2].ranks[1].endpoint = strings.Repeat("e", wire.MaxString+1)
 	r.mu.Unlock()
 	var chunks [][]byte
 	st, err := r.Snapshot(0, func(c []byte) error { chunks = append(chunks, bytes.Clone(c)); return nil })

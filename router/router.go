@@ -173,6 +173,9 @@ type rankWorker struct {
 	slot radix.Slot
 	load *scoring.Load
 	reg  *registration
+	// Where the rank publishes its KV events, if it registered an endpoint. Changed only under
+	// Router.mu.
+	endpoint, replay string
 
 	report atomic.Pointer[LoadReport] // the last one, if the rank sends them
 }
@@ -185,8 +188,6 @@ type registration struct {
 	ranks     []*rankWorker // by rank, at most wire.MaxSnapshotRanks
 	capacity  int64         // KV capacity in blocks, 0 = unknown
 	maxTokens int64         // max batched tokens, 0 = unknown
-	endpoint  string
-	replay    string
 
 	received, applied atomic.Int64 // events
 
@@ -269,11 +270,12 @@ func (r *Router) ExpireRequests() int {
 
 func (r *Router) model(name string) *model { return (*r.models.Load())[name] }
 
-// EndpointWatcher learns of workers' KV-event endpoints. Registered is called after a
-// registration that names one (the worker is registered whatever it returns); Unregistered after
-// the worker left. Calls may come from many goroutines.
+// EndpointWatcher learns of workers' KV-event endpoints, each data-parallel rank's its own.
+// Registered is called after a registration that names one, with the endpoints of the ranks it
+// registered (the worker is registered whatever it returns); Unregistered after the worker left.
+// Calls may come from many goroutines.
 type EndpointWatcher interface {
-	Registered(Registration) error
+	Registered(worker uint64, model string, ranks []RankEndpoint) error
 	Unregistered(id uint64)
 }
 
@@ -285,8 +287,11 @@ type Registration struct {
 	Ranks     []uint32 // data-parallel ranks to add; empty means rank 0
 	Capacity  int64    // KV capacity in blocks, 0 = unknown
 	MaxTokens int64    // max batched tokens, 0 = unknown
-	Endpoint  string   // the engine's KV event endpoint, if any
-	Replay    string   // the engine's replay endpoint, if any
+	// Endpoint and Replay are the first rank's KV-event and replay sockets, if any; a later
+	// rank r ranks after it publishes on their port + r. A registration naming an endpoint sets
+	// its ranks' endpoints, and leaves the worker's other ranks' as they were.
+	Endpoint string
+	Replay   string
 }
 
 // Register adds a worker, or ranks to a registered one. A model is created by its first worker;
@@ -296,29 +301,32 @@ type Registration struct {
 // with more than wire.MaxSnapshotRanks ranks, is refused with a FieldError wrapping ErrTooLong.
 // A refused registration changes nothing. Its cost is linear in its ranks.
 func (r *Router) Register(g Registration) error {
-	ranks, err := r.register(g)
+	eps, err := r.register(g)
 	if err != nil {
 		return err
 	}
-	g.Ranks = ranks // the watcher counts them: distinct
-	if g.Endpoint != "" && r.cfg.Endpoints != nil {
-		if err := r.cfg.Endpoints.Registered(g); err != nil {
+	if len(eps) > 0 && r.cfg.Endpoints != nil {
+		if err := r.cfg.Endpoints.Registered(g.ID, g.Model, eps); err != nil {
 			return fieldErr(ErrInvalid, "endpoint", "the worker is registered but its event endpoint is refused: %v", err)
 		}
 	}
 	return nil
 }
 
-// register is Register without telling Config.Endpoints; it returns g's ranks, distinct and
-// ascending.
-func (r *Router) register(g Registration) ([]uint32, error) {
+// register is Register without telling Config.Endpoints; it returns the endpoints of g's ranks
+// (none if g names no endpoint).
+func (r *Router) register(g Registration) ([]RankEndpoint, error) {
 	ranks, err := g.check()
+	if err != nil {
+		return nil, err
+	}
+	eps, err := g.rankEndpoints(ranks)
 	if err != nil {
 		return nil, err
 	}
 	g.Ranks = ranks
 	r.mu.Lock()
-	added, err := r.registerLocked(g, true)
+	added, err := r.registerLocked(g, eps, true)
 	r.mu.Unlock()
 	if err != nil {
 		return nil, err
@@ -326,7 +334,7 @@ func (r *Router) register(g Registration) ([]uint32, error) {
 	if len(added) > 0 {
 		r.log.Info("worker registered", "worker", g.ID, "model", g.Model, "dp_ranks", rankList(added))
 	}
-	return ranks, nil
+	return eps, nil
 }
 
 // check checks g's fields against the API's and the snapshot format's limits, and returns its
@@ -377,11 +385,12 @@ func rankList(ranks []uint32) any {
 	return fmt.Sprintf("%d ranks from %d to %d", len(ranks), slices.Min(ranks), slices.Max(ranks))
 }
 
-// registerLocked is register once check passed: g.Ranks are distinct and not empty. It returns
-// the ranks it added. Every refusal comes before any change; publish false leaves the model's
-// worker list to the caller (a bulk restore publishes once). Its cost is linear in g's and the
-// worker's ranks (at most wire.MaxSnapshotRanks each), plus publishing. REQUIRES r.mu.
-func (r *Router) registerLocked(g Registration, publish bool) ([]uint32, error) {
+// registerLocked is register once check passed: g.Ranks are distinct, ascending and not empty,
+// and eps, if any, their endpoints in the same order. It returns the ranks it added. Every
+// refusal comes before any change; publish false leaves the model's worker list to the caller
+// (a bulk restore publishes once). Its cost is linear in g's and the worker's ranks (at most
+// wire.MaxSnapshotRanks each), plus publishing. REQUIRES r.mu.
+func (r *Router) registerLocked(g Registration, eps []RankEndpoint, publish bool) ([]uint32, error) {
 	m := r.model(g.Model)
 	if m != nil && g.BlockSize != 0 && g.BlockSize != m.blockSize {
 		return nil, fieldErr(ErrConflict, "block_size", "model %q has block size %d, not %d", g.Model, m.blockSize, g.BlockSize)
@@ -466,17 +475,20 @@ func (r *Router) registerLocked(g Registration, publish bool) ([]uint32, error) 
 	if g.MaxTokens != 0 {
 		reg.maxTokens = g.MaxTokens
 	}
-	if g.Endpoint != "" {
-		reg.endpoint = g.Endpoint
-	}
-	if g.Replay != "" {
-		reg.replay = g.Replay
-	}
 	reg.ranks = slices.Grow(reg.ranks, len(add))
 	for i, key := range keys {
 		reg.ranks = append(reg.ranks, &rankWorker{key: key, slot: slots[i], load: loads[i], reg: reg})
 	}
 	slices.SortFunc(reg.ranks, func(a, b *rankWorker) int { return cmp.Compare(a.key.Rank, b.key.Rank) })
+	// Each rank named keeps its own endpoints: registering ranks one at a time, each with its
+	// own, leaves every rank with its own.
+	for _, ep := range eps {
+		if i, ok := slices.BinarySearchFunc(reg.ranks, ep.Rank, func(w *rankWorker, rank uint32) int {
+			return cmp.Compare(w.key.Rank, rank)
+		}); ok {
+			reg.ranks[i].endpoint, reg.ranks[i].replay = ep.Endpoint, ep.Replay
+		}
+	}
 	if publish {
 		r.publishWorkerLocked(m, g.ID)
 	}

@@ -50,10 +50,11 @@ func (r *Router) Snapshot(chunkSize int, emit func(chunk []byte) error) (Snapsho
 	for _, reg := range r.workers {
 		w := wire.SnapshotWorker{
 			ID: reg.id, Model: reg.model.name, BlockSize: reg.model.blockSize, Capacity: reg.capacity,
-			MaxTokens: reg.maxTokens, Endpoint: reg.endpoint, Replay: reg.replay, Reports: reg.heartbeat.Load(),
+			MaxTokens: reg.maxTokens, Reports: reg.heartbeat.Load(),
 		}
 		for _, rw := range reg.ranks {
 			w.Ranks = append(w.Ranks, wire.SnapshotRank{Rank: rw.key.Rank})
+			w.Endpoints = append(w.Endpoints, wire.SnapshotEndpoint{Endpoint: rw.endpoint, Replay: rw.replay})
 		}
 		sw = append(sw, w)
 	}
@@ -97,7 +98,17 @@ func (r *Router) Snapshot(chunkSize int, emit func(chunk []byte) error) (Snapsho
 			pairs = sortPairs(&ranks[j], pairs)
 			residencies += int64(len(ranks[j].Seqs))
 		}
-		w.Ranks = ranks
+		// The shard lists the ranks in its own order: each keeps its registered endpoints.
+		eps := make([]wire.SnapshotEndpoint, len(ranks))
+		for j := range ranks {
+			for k, reg := range w.Ranks {
+				if reg.Rank == ranks[j].Rank {
+					eps[j] = w.Endpoints[k]
+					break
+				}
+			}
+		}
+		w.Ranks, w.Endpoints = ranks, eps
 		if err := w.Validate(); err != nil {
 			// Register keeps every field within the format, so only state past its limits
 			// (more than 2^32-1 bytes of blocks) gets here. Failing the whole snapshot would
@@ -255,8 +266,20 @@ func (r *Router) restoreWorker(w *wire.SnapshotWorker) (*model, error) {
 		return nil, fmt.Errorf("router: restore worker %d: %w", w.ID, err)
 	}
 	g.Ranks = ranks
+	// Each rank's own endpoints; a snapshot from before they were kept has the first rank's.
+	var eps []RankEndpoint
+	if len(w.Endpoints) == len(w.Ranks) && len(w.Endpoints) > 0 {
+		for i, e := range w.Endpoints {
+			if e.Endpoint != "" {
+				eps = append(eps, RankEndpoint{Rank: w.Ranks[i].Rank, Endpoint: strings.Clone(e.Endpoint), Replay: strings.Clone(e.Replay)})
+			}
+		}
+	} else if eps, err = g.rankEndpoints(ranks); err != nil {
+		r.log.Warn("restored worker's event endpoint refused", "worker", w.ID, "endpoint", g.Endpoint, "err", err)
+		eps = nil
+	}
 	r.mu.Lock()
-	_, err = r.registerLocked(g, false)
+	_, err = r.registerLocked(g, eps, false)
 	var m *model
 	if reg := r.workers[w.ID]; err == nil && reg != nil {
 		m = reg.model
@@ -269,9 +292,9 @@ func (r *Router) restoreWorker(w *wire.SnapshotWorker) (*model, error) {
 	if err != nil {
 		return nil, fmt.Errorf("router: restore worker %d: %w", w.ID, err)
 	}
-	if g.Endpoint != "" && r.cfg.Endpoints != nil {
-		if err := r.cfg.Endpoints.Registered(g); err != nil {
-			r.log.Warn("restored worker's event endpoint refused", "worker", w.ID, "endpoint", g.Endpoint, "err", err)
+	if len(eps) > 0 && r.cfg.Endpoints != nil {
+		if err := r.cfg.Endpoints.Registered(g.ID, g.Model, eps); err != nil {
+			r.log.Warn("restored worker's event endpoints refused", "worker", w.ID, "err", err)
 		}
 	}
 	var ierr error

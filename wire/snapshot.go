@@ -10,21 +10,33 @@ import (
 // SnapshotWorker is one worker's state in a snapshot (SPEC.md §11): its registration and, per
 // data-parallel rank, the event cursor and every block it holds as (sequence hash, engine hash)
 // pairs. A snapshot's content is a run of these messages. For one goroutine at a time:
-// decoding into it reuses its memory, and the decoded Model, Endpoint and Replay alias the
-// decoded buffer (valid while it is unchanged).
+// decoding into it reuses its memory, and the decoded strings alias the decoded buffer (valid
+// while it is unchanged).
 type SnapshotWorker struct {
 	ID        uint64
 	Model     string
 	BlockSize int
 	Capacity  int64 // KV capacity in blocks, 0 = unknown
 	MaxTokens int64 // max batched tokens, 0 = unknown
-	Endpoint  string
-	Replay    string
-	Reports   bool // the worker sends load reports (subject to the worker timeout)
-	Ranks     []SnapshotRank
+	// Endpoint and Replay are the worker's KV-event sockets as snapshots before per-rank
+	// endpoints held them: its first rank's, a later rank r ranks after it on their port + r.
+	// Writers leave them empty and fill Endpoints.
+	Endpoint string
+	Replay   string
+	Reports  bool // the worker sends load reports (subject to the worker timeout)
+	Ranks    []SnapshotRank
+	// Endpoints, if not empty, holds one entry per rank, in the order of Ranks: where each
+	// publishes its KV events (flags bit 1).
+	Endpoints []SnapshotEndpoint
 
 	u64s []uint64 // the arena the decoded ranks' Seqs and Engines point into
 	ns   []int    // blocks per decoded rank
+}
+
+// SnapshotEndpoint is where one data-parallel rank publishes its KV events: its PUB socket and its
+// replay socket, "" for none.
+type SnapshotEndpoint struct {
+	Endpoint, Replay string
 }
 
 // MaxSnapshotRanks is the most data-parallel ranks a SnapshotWorker may carry.
@@ -40,6 +52,8 @@ const (
 	snapWorkerFixed = 32 // id, block_size, flags, capacity, max_tokens
 	snapRankFixed   = 16 // rank, n_blocks, cursor
 	snapReports     = 1 << 0
+	snapEndpoints   = 1 << 1 // each rank carries its endpoints
+	snapFlags       = snapReports | snapEndpoints
 )
 
 var (
@@ -53,6 +67,16 @@ func (w *SnapshotWorker) Validate() error {
 	for _, f := range [...]struct{ name, v string }{{"model", w.Model}, {"endpoint", w.Endpoint}, {"replay", w.Replay}} {
 		if err := validStr(m, f.name, f.v); err != nil {
 			return err
+		}
+	}
+	if len(w.Endpoints) != 0 && len(w.Endpoints) != len(w.Ranks) {
+		return invalid(m, "endpoints", ErrInvalid, fmt.Sprintf("%d for %d ranks", len(w.Endpoints), len(w.Ranks)))
+	}
+	for i, e := range w.Endpoints {
+		for _, f := range [...]struct{ name, v string }{{"endpoint", e.Endpoint}, {"replay", e.Replay}} {
+			if err := validStr(m, fmt.Sprintf("ranks[%d].%s", i, f.name), f.v); err != nil {
+				return err
+			}
 		}
 	}
 	if len(w.Ranks) > MaxSnapshotRanks {
@@ -81,6 +105,9 @@ func (w *SnapshotWorker) size() int {
 	for i := range w.Ranks {
 		n += snapRankFixed + 16*len(w.Ranks[i].Seqs)
 	}
+	for _, e := range w.Endpoints {
+		n += strSize(e.Endpoint) + strSize(e.Replay)
+	}
 	return n
 }
 
@@ -96,6 +123,9 @@ func AppendSnapshotWorker(dst []byte, w *SnapshotWorker) []byte {
 	if w.Reports {
 		flags |= snapReports
 	}
+	if len(w.Endpoints) > 0 {
+		flags |= snapEndpoints
+	}
 	dst = le.AppendUint32(dst, flags)
 	dst = le.AppendUint64(dst, uint64(w.Capacity))
 	dst = le.AppendUint64(dst, uint64(w.MaxTokens))
@@ -108,6 +138,10 @@ func AppendSnapshotWorker(dst []byte, w *SnapshotWorker) []byte {
 		dst = le.AppendUint32(dst, r.Rank)
 		dst = appendCount(dst, len(r.Seqs))
 		dst = le.AppendUint64(dst, r.Cursor)
+		if len(w.Endpoints) > 0 {
+			dst = appendStr(dst, w.Endpoints[i].Endpoint)
+			dst = appendStr(dst, w.Endpoints[i].Replay)
+		}
 		dst = appendHashes(dst, r.Seqs)
 		dst = appendHashes(dst, r.Engines[:len(r.Seqs)])
 	}
@@ -130,8 +164,8 @@ func DecodeSnapshotWorker(b []byte, w *SnapshotWorker) error {
 		return d.errAt("block_size", base+8, ErrInvalid, "%d, want 1 to %d", bs, MaxBlockSize)
 	}
 	flags := le.Uint32(p[12:])
-	if flags&^snapReports != 0 {
-		return d.errAt("flags", base+12, ErrInvalid, "unknown bits %#x", flags&^snapReports)
+	if flags&^snapFlags != 0 {
+		return d.errAt("flags", base+12, ErrInvalid, "unknown bits %#x", flags&^snapFlags)
 	}
 	capacity, maxTokens := int64(le.Uint64(p[16:])), int64(le.Uint64(p[24:]))
 	if capacity < 0 || maxTokens < 0 {
@@ -165,6 +199,7 @@ func DecodeSnapshotWorker(b []byte, w *SnapshotWorker) error {
 		return d.errAt("n_ranks", start, ErrTooLong, "%d ranks, max %d", nr, MaxSnapshotRanks)
 	}
 	w.Ranks = slices.Grow(w.Ranks[:0], nr)[:nr]
+	w.Endpoints = w.Endpoints[:0]
 	w.u64s, w.ns = w.u64s[:0], w.ns[:0]
 	for i := range nr {
 		q, err := d.fixed(snapRankLayout[:], snapRankFixed)
@@ -176,6 +211,16 @@ func DecodeSnapshotWorker(b []byte, w *SnapshotWorker) error {
 			if w.Ranks[j].Rank == rank {
 				return d.errAt(fmt.Sprintf("ranks[%d].rank", i), d.off-snapRankFixed, ErrInvalid, "rank %d twice", rank)
 			}
+		}
+		if flags&snapEndpoints != 0 {
+			var e SnapshotEndpoint
+			if e.Endpoint, err = d.str(fmt.Sprintf("ranks[%d].endpoint", i)); err != nil {
+				return err
+			}
+			if e.Replay, err = d.str(fmt.Sprintf("ranks[%d].replay", i)); err != nil {
+				return err
+			}
+			w.Endpoints = append(w.Endpoints, e)
 		}
 		n, err := d.fits(fmt.Sprintf("ranks[%d].n_blocks", i), "blocks", le.Uint32(q[4:]), 16)
 		if err != nil {

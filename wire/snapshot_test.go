@@ -3,8 +3,10 @@ package wire_test
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -23,7 +25,7 @@ var goldenSnapshotWorker = wire.SnapshotWorker{
 func sameWorker(a, b *wire.SnapshotWorker) bool {
 	if a.ID != b.ID || a.Model != b.Model || a.BlockSize != b.BlockSize || a.Capacity != b.Capacity ||
 		a.MaxTokens != b.MaxTokens || a.Endpoint != b.Endpoint || a.Replay != b.Replay ||
-		a.Reports != b.Reports || len(a.Ranks) != len(b.Ranks) {
+		a.Reports != b.Reports || len(a.Ranks) != len(b.Ranks) || !slices.Equal(a.Endpoints, b.Endpoints) {
 		return false
 	}
 	for i := range a.Ranks {
@@ -59,10 +61,19 @@ func TestSnapshotWorkerGolden(t *testing.T) {
 func randSnapshotWorker(r *rand.Rand) *wire.SnapshotWorker {
 	w := &wire.SnapshotWorker{ID: r.Uint64(), Model: "model-" + strings.Repeat("x", r.IntN(20)), BlockSize: 1 + r.IntN(64),
 		Capacity: r.Int64N(1 << 40), MaxTokens: r.Int64N(1 << 20), Reports: r.IntN(2) == 0}
-	if r.IntN(2) == 0 {
+	switch r.IntN(3) {
+	case 0: // as snapshots before per-rank endpoints
 		w.Endpoint, w.Replay = "tcp://10.0.0.1:5557", "tcp://10.0.0.1:5558"
+	case 1:
+		w.Endpoints = []wire.SnapshotEndpoint{}
 	}
 	for rank := range r.IntN(4) {
+		if w.Endpoints != nil {
+			w.Endpoints = append(w.Endpoints, wire.SnapshotEndpoint{Endpoint: fmt.Sprintf("tcp://10.0.0.1:%d", 5557+rank)})
+			if rank%2 == 0 {
+				w.Endpoints[rank].Replay = fmt.Sprintf("tcp://10.0.0.1:%d", 6557+rank)
+			}
+		}
 		n := r.IntN(300)
 		sr := wire.SnapshotRank{Rank: uint32(rank * 3), Cursor: r.Uint64(), Seqs: make([]uint64, n), Engines: make([]uint64, n)}
 		for j := range n {
@@ -123,7 +134,7 @@ func TestSnapshotWorkerBad(t *testing.T) {
 		{"truncated in the ranks", golden[:len(golden)-20], "", wire.ErrTruncated},
 		{"wrong type", patch(6, 3), "type", wire.ErrType},
 		{"block size 0", patch(body+8, 0, 0, 0, 0), "block_size", wire.ErrInvalid},
-		{"unknown flag", patch(body+12, 3), "flags", wire.ErrInvalid},
+		{"unknown flag", patch(body+12, 5), "flags", wire.ErrInvalid},
 		{"negative capacity", patch(body+16, 0, 0, 0, 0, 0, 0, 0, 0x80), "capacity", wire.ErrInvalid},
 		{"empty model", emptyModel(golden), "model", wire.ErrInvalid},
 		{"rank twice", patch(len(golden)-16, 0), "ranks[1].rank", wire.ErrInvalid},
