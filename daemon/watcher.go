@@ -16,7 +16,10 @@ func engines(ctx context.Context, c Config, r *router.Router, log *slog.Logger) 
 	if c.NoKVEvents {
 		return nil
 	}
-	e := ingest.NewEngines(ctx, r, c.ZMQLimits.Apply(ingest.EngineConfig{Logger: log}))
+	// A subscription takes up each rank's stream after the last batch the index holds from it
+	// (restored from the snapshot): what the engine published meanwhile is replayed, or the
+	// rank cleared.
+	e := ingest.NewEngines(ctx, r, c.ZMQLimits.Apply(ingest.EngineConfig{Logger: log, Resume: r.Batch}))
 	for _, src := range c.ZMQ {
 		if err := e.Add(src); err != nil {
 			log.Error("engine source refused", "source", src.String(), "err", err)

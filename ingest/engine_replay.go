@@ -36,8 +36,34 @@ func (rl *rankLoop) recover(ctx context.Context, seq uint64) {
 	rl.clear(ctx)
 }
 
+// history hands on, before the first live batch seq, what the engine's replay buffer still holds
+// from before it: the cache the engine built before the rank was subscribed (registered late,
+// or kvrouterd started after the engine). Nothing was applied from the rank before, so a buffer
+// that holds nothing older loses nothing kvrouterd had; a buffer with a hole in it clears the
+// rank.
+func (rl *rankLoop) history(ctx context.Context, seq uint64) {
+	rl.c[cReplayRequests].Add(1)
+	err := rl.replayRange(ctx, seq)
+	switch {
+	case err == nil:
+		if rl.tracker.started {
+			rl.log.Info("engine history fetched from the replay socket", "first_live", seq, "last", rl.tracker.last)
+		}
+		return
+	case ctx.Err() != nil:
+		return
+	case !rl.tracker.started:
+		rl.warn("engine history not fetched; the rank starts from its live batches", "first_live", seq, "err", err)
+		return
+	}
+	rl.c[cGapsUnrecovered].Add(1)
+	rl.log.Warn("engine history has a hole; the rank's blocks are cleared", "last", rl.tracker.last, "first_live", seq, "err", err)
+	rl.clear(ctx)
+}
+
 // replayRange asks the rank's replay socket for the batches from the last one handed on up to
-// (not including) upto, and hands them on in order. The reply is read to its end marker even
+// (not including) upto, and hands them on in order; with none handed on yet (history), from
+// the oldest the buffer holds. The reply is read to its end marker even
 // when it cannot close the gap, so that zmq4 is left no message it would block on.
 func (rl *rankLoop) replayRange(ctx context.Context, upto uint64) error {
 	s := rl.s
@@ -50,7 +76,9 @@ func (rl *rankLoop) replayRange(ctx context.Context, upto uint64) error {
 		return fmt.Errorf("replay %s: %w", rl.replay, err)
 	}
 	var start [8]byte
-	binary.BigEndian.PutUint64(start[:], rl.tracker.last+1)
+	if rl.tracker.started {
+		binary.BigEndian.PutUint64(start[:], rl.tracker.last+1)
+	}
 	if err := d.SendMulti(zmq4.NewMsgFrom([]byte{}, start[:])); err != nil {
 		return fmt.Errorf("replay %s: request: %w", rl.replay, err)
 	}
@@ -80,8 +108,11 @@ func (rl *rankLoop) replayRange(ctx context.Context, upto uint64) error {
 			break
 		}
 		next := rl.tracker.last + 1
+		if !rl.tracker.started {
+			next = seq // history: the oldest batch the buffer holds starts the rank's stream
+		}
 		switch {
-		case hole != nil, seq < next, next == upto:
+		case hole != nil, seq < next, next == upto, seq >= upto:
 			// Handed on already, or the live stream's; or the gap cannot be closed anyway.
 		case seq > next:
 			hole = fmt.Errorf("the replay has batch %d where %d is missing", seq, next)
@@ -91,6 +122,9 @@ func (rl *rankLoop) replayRange(ctx context.Context, upto uint64) error {
 	}
 	if hole != nil {
 		return fmt.Errorf("replay %s: %w", rl.replay, hole)
+	}
+	if !rl.tracker.started {
+		return nil // history: the buffer holds nothing older than the live batch
 	}
 	if next := rl.tracker.last + 1; next != upto {
 		return fmt.Errorf("replay %s: it ended before batch %d", rl.replay, next)

@@ -71,5 +71,11 @@ func (t *seqTracker) accept(seq uint64) {
 	t.last, t.started, t.reconnected = seq, true, false
 }
 
+// resume sets the cursor to last, a batch handed on by an earlier subscription, as if the
+// connection had been lost since.
+func (t *seqTracker) resume(last uint64) {
+	t.last, t.started, t.reconnected = last, true, true
+}
+
 // disconnected notes that the connection was lost.
 func (t *seqTracker) disconnected() { t.reconnected = true }

@@ -221,6 +221,12 @@ type EngineConfig struct {
 	// connection's handshake, before the connection is dropped and dialled again (10 s).
 	// Between messages an engine may be silent for any time.
 	StallTimeout time.Duration
+	// Resume, if set, says where a new subscription takes up a rank's stream: the Event.Batch
+	// of the last batch the index holds from it (1 + its sequence), 0 for none. A rank resumed
+	// treats its first batch as if its connection had been lost after that one: batches
+	// missed in between are fetched from the replay socket, or the rank is cleared if they
+	// cannot be, and a sequence that went back means the engine restarted meanwhile.
+	Resume func(worker uint64, rank uint32) uint64
 }
 
 // DefaultStallTimeout is EngineConfig.StallTimeout's default.

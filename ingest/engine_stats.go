@@ -18,7 +18,7 @@ type EngineStats struct {
 	GapsUnrecovered int64 // gaps that cleared the worker instead
 	Restarts        int64 // engine restarts seen: the sequence went back
 	ReplayRequests  int64 // replay requests sent
-	Clears          int64 // cleared events handed on (restarts and unrecovered gaps, at most one per restart of all ranks)
+	Clears          int64 // cleared events handed on: a rank's restarts, unrecovered gaps and lost batches
 	Disconnects     int64 // connections lost; each is followed by attempts to connect again
 	Oversized       int64 // connections dropped for announcing a message over MaxMessageBytes
 	Stalled         int64 // connections dropped for stalling mid-message or mid-handshake

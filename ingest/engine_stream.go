@@ -77,6 +77,11 @@ func newEngineStream(src EngineSource, cfg EngineConfig, out engineOutput) (*eng
 	for r := range src.Ranks {
 		rank := src.FirstRank + uint32(r)
 		rl := &rankLoop{s: s, rank: rank, endpoint: rankEndpoint(src.Endpoint, r), log: s.log.With("rank", rank)}
+		if cfg.Resume != nil {
+			if next := cfg.Resume(src.Worker, rank); next > 0 {
+				rl.tracker.resume(next - 1)
+			}
+		}
 		if src.Replay != "" {
 			rl.replay = rankEndpoint(src.Replay, r)
 		}
@@ -330,6 +335,10 @@ func (rl *rankLoop) handle(ctx context.Context, frames [][]byte) {
 		return
 	}
 	switch v := rl.tracker.classify(seq); v {
+	case seqFirst:
+		if rl.replay != "" && seq > 0 {
+			rl.history(ctx, seq)
+		}
 	case seqDuplicate:
 		rl.c[cDuplicates].Add(1)
 		return

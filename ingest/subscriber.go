@@ -94,12 +94,15 @@ func (sub *Subscriber) prepare(rl *rankLoop, seq uint64, payload []byte) bool {
 	return true
 }
 
-func (sub *Subscriber) sendLocked(_ context.Context, rl *rankLoop, _ uint64, _ []byte) error {
+func (sub *Subscriber) sendLocked(_ context.Context, rl *rankLoop, seq uint64, _ []byte) error {
 	evs := rl.batch.Events
 	if len(evs) == 0 {
 		// Nothing to apply; an empty batch would also register the worker's rank 0, whatever
 		// the socket's rank.
 		return nil
+	}
+	for i := range evs {
+		evs[i].Batch = seq + 1 // the rank keeps the last one applied, to resume after a restart
 	}
 	if err := sub.sink.Ingest(sub.s.src.Worker, sub.s.src.Model, evs); err != nil {
 		return err

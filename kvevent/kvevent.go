@@ -90,6 +90,10 @@ type Event struct {
 	ID   uint64
 	Rank uint32 // data-parallel rank
 	Tier Tier
+	// Batch is 1 + the publisher's batch sequence of the batch the event came in, for events
+	// read straight from an engine's socket; 0 for none. The rank keeps the last one applied, so
+	// that a restart resumes the engine's stream after it.
+	Batch uint64
 
 	// Hashes are the engine's block hashes (Stored, Removed): opaque ids that later removals use.
 	Hashes []uint64
@@ -103,12 +107,13 @@ type Event struct {
 	MM        [][]uint64 // MM[i]: multimodal object hashes of block i; nil when none
 }
 
-// RankState is one (worker, rank)'s state as a snapshot holds it: the last event id applied and
-// every block, Seqs[i] being the sequence hash of the block the engine calls Engines[i]. A plain
-// value.
+// RankState is one (worker, rank)'s state as a snapshot holds it: the last event id applied, the
+// last engine batch applied (Event.Batch, 0 for none) and every block, Seqs[i] being the sequence
+// hash of the block the engine calls Engines[i]. A plain value.
 type RankState struct {
 	Rank    uint32
 	Cursor  uint64
+	Batch   uint64
 	Seqs    []uint64
 	Engines []uint64
 }

@@ -17,6 +17,10 @@ type WorkerInfo struct {
 	ActivePrefill  int64  `json:"active_prefill_tokens"`
 	ActiveRequests int64  `json:"active_requests"`
 	LastEventID    uint64 `json:"last_event_id"`
+	// LastBatch is the sequence of the last batch applied from the rank's engine socket, if
+	// HasBatch; a restarted daemon resumes the engine's stream after it.
+	LastBatch uint64 `json:"last_batch_seq,omitempty"`
+	HasBatch  bool   `json:"-"`
 	// EventLag is the number of events received for the worker and not applied yet.
 	EventLag  int64  `json:"event_lag"`
 	Capacity  int64  `json:"capacity_blocks,omitempty"`
@@ -66,6 +70,10 @@ func (r *Router) Workers() []WorkerInfo {
 		_ = r.set.Do(out[idx[0]].ID, func(a *shard.Applier) {
 			for _, i := range idx {
 				out[i].LastEventID = a.Cursor(out[i].ID, out[i].Rank)
+				if b := a.Batch(out[i].ID, out[i].Rank); b > 0 {
+					out[i].LastBatch = b - 1
+					out[i].HasBatch = true
+				}
 			}
 		})
 	}

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/kvrouterd/kvrouterd/kvevent"
+	"github.com/kvrouterd/kvrouterd/shard"
 	"github.com/kvrouterd/kvrouterd/wire"
 )
 
@@ -236,4 +237,16 @@ func (r *Router) Flush() error {
 		return ErrClosed
 	}
 	return nil
+}
+
+// Batch returns the Event.Batch of the last engine batch applied for (worker, rank), after
+// every event handed over before it: 1 + the batch's sequence on the rank's engine socket, 0
+// for none (or a closed router). A new subscription to the rank resumes the engine's stream
+// after it (ingest.EngineConfig.Resume).
+func (r *Router) Batch(worker uint64, rank uint32) uint64 {
+	var b uint64
+	if err := r.set.Do(worker, func(a *shard.Applier) { b = a.Batch(worker, rank) }); err != nil {
+		return 0
+	}
+	return b
 }

@@ -38,6 +38,7 @@ type rankState struct {
 	rank   uint32
 	slot   radix.Slot
 	last   uint64     // last event id applied; 0 = none yet
+	batch  uint64     // Event.Batch of the last engine batch applied; 0 = none yet
 	engine u64map.Map // engine hash → sequence hash
 	// dup counts, per sequence hash, the engine hashes beyond the first that map to it (the
 	// same content stored under two engine hashes, e.g. with different cache salts). A removal
@@ -123,6 +124,9 @@ func (a *Applier) apply(ix *radix.Index, id uint64, ev *Event, o *Outcome) {
 			}
 		}
 		r.last = ev.ID
+	}
+	if ev.Batch != 0 {
+		r.batch = ev.Batch
 	}
 	switch ev.Kind {
 	case Stored:
@@ -318,6 +322,16 @@ func (a *Applier) Cursor(id uint64, rank uint32) uint64 {
 	if w := a.workers[id]; w != nil {
 		if r := w.rank(rank); r != nil {
 			return r.last
+		}
+	}
+	return 0
+}
+
+// Batch returns the Event.Batch of the last engine batch applied for (worker, rank), 0 if none.
+func (a *Applier) Batch(id uint64, rank uint32) uint64 {
+	if w := a.workers[id]; w != nil {
+		if r := w.rank(rank); r != nil {
+			return r.batch
 		}
 	}
 	return 0

@@ -27,7 +27,7 @@ func (a *Applier) Export(id uint64, dst []RankState) []RankState {
 			rs = dst[:len(dst)+1][len(dst)]
 		}
 		n := r.engine.Len()
-		rs.Rank, rs.Cursor = r.rank, r.last
+		rs.Rank, rs.Cursor, rs.Batch = r.rank, r.last, r.batch
 		rs.Seqs, rs.Engines = slices.Grow(rs.Seqs[:0], n), slices.Grow(rs.Engines[:0], n)
 		r.engine.Each(func(eh, seq uint64) {
 			rs.Engines = append(rs.Engines, eh)
@@ -66,7 +66,7 @@ func (a *Applier) Import(ix *radix.Index, id uint64, ranks []RankState) (int, er
 		if err != nil {
 			return added, fmt.Errorf("shard: worker %d rank %d: %w", id, rs.Rank, err)
 		}
-		r := &rankState{rank: rs.Rank, slot: slot, last: rs.Cursor}
+		r := &rankState{rank: rs.Rank, slot: slot, last: rs.Cursor, batch: rs.Batch}
 		r.engine.Grow(len(rs.Engines))
 		w.ranks = append(w.ranks, r)
 		const ahead = 16

@@ -26,7 +26,8 @@ type SnapshotWorker struct {
 	Reports  bool // the worker sends load reports (subject to the worker timeout)
 	Ranks    []SnapshotRank
 	// Endpoints, if not empty, holds one entry per rank, in the order of Ranks: where each
-	// publishes its KV events (flags bit 1).
+	// publishes its KV events (flags bit 1, which also carries each rank's Batch; without it,
+	// Batch is written and read as 0).
 	Endpoints []SnapshotEndpoint
 
 	u64s []uint64 // the arena the decoded ranks' Seqs and Engines point into
@@ -52,13 +53,14 @@ const (
 	snapWorkerFixed = 32 // id, block_size, flags, capacity, max_tokens
 	snapRankFixed   = 16 // rank, n_blocks, cursor
 	snapReports     = 1 << 0
-	snapEndpoints   = 1 << 1 // each rank carries its endpoints
+	snapEndpoints   = 1 << 1 // each rank carries its endpoints and its last engine batch
 	snapFlags       = snapReports | snapEndpoints
 )
 
 var (
 	snapWorkerLayout = [...]field{{"id", 8}, {"block_size", 4}, {"flags", 4}, {"capacity", 8}, {"max_tokens", 8}}
 	snapRankLayout   = [...]field{{"rank", 4}, {"n_blocks", 4}, {"cursor", 8}}
+	snapBatchLayout  = [...]field{{"batch", 8}}
 )
 
 // Validate reports the first field of w the format cannot carry (Offset -1).
@@ -106,7 +108,7 @@ func (w *SnapshotWorker) size() int {
 		n += snapRankFixed + 16*len(w.Ranks[i].Seqs)
 	}
 	for _, e := range w.Endpoints {
-		n += strSize(e.Endpoint) + strSize(e.Replay)
+		n += strSize(e.Endpoint) + strSize(e.Replay) + 8
 	}
 	return n
 }
@@ -141,6 +143,7 @@ func AppendSnapshotWorker(dst []byte, w *SnapshotWorker) []byte {
 		if len(w.Endpoints) > 0 {
 			dst = appendStr(dst, w.Endpoints[i].Endpoint)
 			dst = appendStr(dst, w.Endpoints[i].Replay)
+			dst = le.AppendUint64(dst, r.Batch)
 		}
 		dst = appendHashes(dst, r.Seqs)
 		dst = appendHashes(dst, r.Engines[:len(r.Seqs)])
@@ -206,7 +209,7 @@ func DecodeSnapshotWorker(b []byte, w *SnapshotWorker) error {
 		if err != nil {
 			return err
 		}
-		rank := le.Uint32(q)
+		rank, batch := le.Uint32(q), uint64(0)
 		for j := range i {
 			if w.Ranks[j].Rank == rank {
 				return d.errAt(fmt.Sprintf("ranks[%d].rank", i), d.off-snapRankFixed, ErrInvalid, "rank %d twice", rank)
@@ -221,13 +224,18 @@ func DecodeSnapshotWorker(b []byte, w *SnapshotWorker) error {
 				return err
 			}
 			w.Endpoints = append(w.Endpoints, e)
+			b, err := d.fixed(snapBatchLayout[:], 8)
+			if err != nil {
+				return err
+			}
+			batch = le.Uint64(b)
 		}
 		n, err := d.fits(fmt.Sprintf("ranks[%d].n_blocks", i), "blocks", le.Uint32(q[4:]), 16)
 		if err != nil {
 			return err
 		}
 		w.u64s = appendU64s(w.u64s, d.take(16*n)) // its seqs, then its engine hashes
-		w.Ranks[i] = SnapshotRank{Rank: rank, Cursor: le.Uint64(q[8:])}
+		w.Ranks[i] = SnapshotRank{Rank: rank, Cursor: le.Uint64(q[8:]), Batch: batch}
 		w.ns = append(w.ns, n)
 	}
 	// Point the ranks into the arena now that it has stopped growing.

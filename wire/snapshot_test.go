@@ -30,7 +30,7 @@ func sameWorker(a, b *wire.SnapshotWorker) bool {
 	}
 	for i := range a.Ranks {
 		x, y := a.Ranks[i], b.Ranks[i]
-		if x.Rank != y.Rank || x.Cursor != y.Cursor || len(x.Seqs) != len(y.Seqs) ||
+		if x.Rank != y.Rank || x.Cursor != y.Cursor || x.Batch != y.Batch || len(x.Seqs) != len(y.Seqs) ||
 			len(x.Seqs) > 0 && (!reflect.DeepEqual(x.Seqs, y.Seqs) || !reflect.DeepEqual(x.Engines, y.Engines)) {
 			return false
 		}
@@ -78,6 +78,9 @@ func randSnapshotWorker(r *rand.Rand) *wire.SnapshotWorker {
 		sr := wire.SnapshotRank{Rank: uint32(rank * 3), Cursor: r.Uint64(), Seqs: make([]uint64, n), Engines: make([]uint64, n)}
 		for j := range n {
 			sr.Seqs[j], sr.Engines[j] = r.Uint64(), r.Uint64()
+		}
+		if w.Endpoints != nil {
+			sr.Batch = r.Uint64N(3) * r.Uint64() // the rank's last engine batch, 0 for none
 		}
 		w.Ranks = append(w.Ranks, sr)
 	}
