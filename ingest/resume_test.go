@@ -1,10 +1,18 @@
 package ingest
 
 import (
+	"bytes"
 	"errors"
+	"fmt"
+	"maps"
+	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 
+	"github.com/kvrouterd/kvrouterd/internal/refmodel"
+	"github.com/kvrouterd/kvrouterd/kvevent"
+	"github.com/kvrouterd/kvrouterd/radix"
 	"github.com/kvrouterd/kvrouterd/router"
 	"github.com/kvrouterd/kvrouterd/wire"
 )
@@ -31,7 +39,7 @@ func cachedDepth(t *testing.T, rt *router.Router, hashes ...uint64) uint32 {
 		t.Fatal(err)
 	}
 	var resp wire.RouteResponse
-	if err := rt.Match(&wire.RouteRequest{Model: "m", Tokens: blockTokens(hashes)}, &resp); errors.Is(err, router.ErrUnknownModel) {
+	if err := rt.Match(&wire.RouteRequest{Model: "m", Tokens: blockTokens(hashes)}, &resp); errors.Is(err, router.ErrUnknownModel) || errors.Is(err, router.ErrUnknownWorker) {
 		return 0 // nothing applied yet
 	} else if err != nil {
 		t.Fatal(err)
@@ -122,4 +130,136 @@ func TestSubscriberHistory(t *testing.T) {
 		t.Fatalf("block 2, removed in the history, still held: depth %d", got)
 	}
 	checkStats(t, sub.Stats(), map[string]int64{"gaps": 0, "clears": 0, "replays": 1})
+}
+
+// TestSubscriberResumeDifferential runs random streams of stores, removals and clears on the
+// two ranks of an engine, stopping kvrouterd at random points (its subscription closed, its
+// router snapshotted and restored into a new one, as a restart does) while the engine goes on
+// publishing, and compares every rank's blocks with the reference model after each restart and
+// at the end. Per-rank clears touch that rank alone; what the engine published during a
+// downtime is replayed into the restored index while the engine's bounded replay buffer still
+// holds it, and the rank is cleared when it no longer does, which the model then does too.
+// Zero mismatches.
+func TestSubscriberResumeDifferential(t *testing.T) {
+	for seed := range uint64(4) {
+		t.Run(fmt.Sprint(seed), func(t *testing.T) { resumeDifferential(t, seed) })
+	}
+}
+
+func resumeDifferential(t *testing.T, seed uint64) {
+	rng := rand.New(rand.NewPCG(seed, 77))
+	eng := newFakeEngine(t, fakeOpts{ranks: 2, replay: true})
+	ref := refmodel.NewFleet(testBlock, 0)
+	rt := router.New(router.Config{Shards: 2, Logger: zmqTestLog()})
+	defer func() { rt.Close() }()
+	start := func() *Subscriber {
+		sub := startSub(t, eng.source(9, "m"), rt, EngineConfig{Resume: rt.Batch})
+		for r, fr := range eng.ranks {
+			fr.probeNext(subReady(sub, r))
+		}
+		return sub
+	}
+	// The engine's replay buffer keeps the last bufLen batches of each rank.
+	bufLen := uint64(2 + rng.IntN(12))
+	keep := func(fr *fakeRank) {
+		fr.mu.Lock()
+		fr.forget = max(fr.next, bufLen) - bufLen
+		fr.mu.Unlock()
+	}
+	sub := start()
+	held := [2][]uint64{}   // engine hashes each rank holds, as the reference applies them
+	var stoppedAt [2]uint64 // each rank's next sequence when kvrouterd stopped
+	next := uint64(1)
+	up := true
+	check := func(when string) {
+		t.Helper()
+		// Every batch published so far has been handed on once the subscription's batch count
+		// covers the engine's sequences.
+		eventually(t, "the batches handed on", func() bool {
+			st := sub.Stats()
+			return st.Ranks[0].LastSeq+1 == eng.ranks[0].next && st.Ranks[1].LastSeq+1 == eng.ranks[1].next
+		})
+		if err := rt.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		got := map[uint32]map[uint64]bool{0: {}, 1: {}}
+		for _, d := range rt.DumpWorker(9, nil) {
+			got[d.Rank][d.Seq] = true
+		}
+		for rank := range uint32(2) {
+			want := ref.Index.BlocksOf(radix.WorkerKey{ID: 9, Rank: rank})
+			if !maps.Equal(got[rank], want) && !(len(got[rank]) == 0 && len(want) == 0) {
+				t.Fatalf("seed %d, %s: rank %d holds %d blocks, the model %d", seed, when, rank, len(got[rank]), len(want))
+			}
+		}
+	}
+	// restart starts the subscription again. A rank whose batches since the stop have left
+	// the engine's buffer cannot be caught up: it is cleared, in the model too.
+	restart := func() {
+		for r, fr := range eng.ranks {
+			if fr.next > stoppedAt[r] && fr.forget > stoppedAt[r] {
+				ref.Apply(9, &kvevent.Event{Kind: kvevent.Cleared, Rank: uint32(r)})
+				held[r] = nil
+			}
+		}
+		sub = start()
+		up = true
+	}
+	for step := range 240 {
+		rank := rng.IntN(2)
+		var ev kvevent.Event
+		switch p := rng.IntN(20); {
+		case p == 0:
+			ev = kvevent.Event{Kind: kvevent.Cleared}
+			held[rank] = nil
+		case p < 7 && len(held[rank]) > 0:
+			h := held[rank][rng.IntN(len(held[rank]))]
+			ev = removed(h)
+			held[rank] = slices.DeleteFunc(held[rank], func(x uint64) bool { return x == h })
+		default:
+			parent := uint64(0)
+			if len(held[rank]) > 0 && rng.IntN(2) == 0 {
+				parent = held[rank][rng.IntN(len(held[rank]))]
+			}
+			hs := []uint64{next, next + 1}
+			next += 2
+			ev = stored(parent, hs...)
+			held[rank] = append(held[rank], hs...)
+		}
+		ev.Rank = uint32(rank)
+		refEv := ev
+		ref.Apply(9, &refEv)
+		b := engineBatch(-1, ev)
+		if up {
+			eng.ranks[rank].publish(b, wire.EngineForm{MapBatch: rank == 1, MapEvents: rank == 1})
+		} else {
+			eng.ranks[rank].drop(b)
+		}
+		keep(eng.ranks[rank])
+		switch {
+		case up && rng.IntN(30) == 0: // kvrouterd stops; the engine goes on
+			check(fmt.Sprintf("step %d, before a stop", step))
+			sub.Close()
+			var chunks [][]byte
+			if _, err := rt.Snapshot(0, func(c []byte) error { chunks = append(chunks, bytes.Clone(c)); return nil }); err != nil {
+				t.Fatal(err)
+			}
+			rt.Close()
+			rt = router.New(router.Config{Shards: 2, Logger: zmqTestLog()})
+			if _, err := rt.Restore(len(chunks), func(i int, dst []byte) ([]byte, error) { return append(dst, chunks[i]...), nil }); err != nil {
+				t.Fatal(err)
+			}
+			for r, fr := range eng.ranks {
+				stoppedAt[r] = fr.next
+			}
+			up = false
+		case !up && rng.IntN(8) == 0: // kvrouterd back, from its snapshot
+			restart()
+			check(fmt.Sprintf("step %d, after a restart", step))
+		}
+	}
+	if !up {
+		restart()
+	}
+	check("the end")
 }
