@@ -27,6 +27,11 @@ type WorkerInfo struct {
 	MaxTokens int64  `json:"max_batched_tokens,omitempty"`
 	Endpoint  string `json:"endpoint,omitempty"`
 	Replay    string `json:"replay_endpoint,omitempty"`
+	// Problems says what is known to be wrong with the worker's configuration, such as an
+	// engine block size other than its model's: each a short line naming the setting.
+	Problems []string `json:"problems,omitempty"`
+	// BlockSizeRefused counts the worker's stored events refused for their block size.
+	BlockSizeRefused int64 `json:"-"`
 	// Report is the worker's last load report, if it sends them.
 	Report *LoadReport `json:"load_report,omitempty"`
 }
@@ -58,6 +63,8 @@ func (r *Router) Workers() []WorkerInfo {
 		x.ActiveRequests = w.load.Requests()
 		x.Report = w.report.Load()
 		x.EventLag = w.reg.received.Load() - w.reg.applied.Load()
+		x.Problems = w.reg.mis.problems(w.reg.model.blockSize)
+		x.BlockSizeRefused = w.reg.mis.blockSizeEvents.Load()
 	}
 	// Cursors live on the shards: one visit per shard, not per worker (metrics scrapes list
 	// every worker).

@@ -42,6 +42,7 @@ func (r *Router) Ingest(worker uint64, model string, events []kvevent.Event) err
 			continue // the registration, or the check after it, refuses it naming the block size
 		}
 		if err := checkEvent(ev, i, ebs, nil); err != nil {
+			r.noteRefused(worker, events, ebs)
 			return err
 		}
 	}
@@ -51,6 +52,7 @@ func (r *Router) Ingest(worker uint64, model string, events []kvevent.Event) err
 	}
 	m := reg.model
 	if err := checkEvents(events, m.blockSize, ranks); err != nil {
+		r.noteRefused(worker, events, m.blockSize)
 		return err
 	}
 	reg.lastSeen.Store(r.cfg.Now())

@@ -190,6 +190,7 @@ type registration struct {
 	maxTokens int64         // max batched tokens, 0 = unknown
 
 	received, applied atomic.Int64 // events
+	mis               misconfig
 
 	lastSeen  atomic.Int64 // Config.Now of the last event or load report
 	heartbeat atomic.Bool  // it sends load reports: subject to Config.WorkerTimeout

@@ -71,10 +71,12 @@ var (
 	descResidency = prometheus.NewDesc("kvrouterd_index_residencies", "(block, worker) pairs in a model's index.", []string{"model"}, nil)
 	descMembers   = prometheus.NewDesc("kvrouterd_workers_changes_total", "Workers registered from their own events or reports (discovered), removed after falling silent (timed_out), and left out of a snapshot whose format cannot hold them (snapshot_skipped).", []string{"kind"}, nil)
 	descWorker    = prometheus.NewDesc("kvrouterd_worker_load", "Per worker and dp rank: cached blocks, active blocks, active prefill tokens, active requests.", []string{"model", "worker", "dp_rank", "kind"}, nil)
+	descMisconfig = prometheus.NewDesc("kvrouterd_worker_misconfigured", "1 while a worker's configuration is known to disagree with the router's for its model (reason block_size: its engine publishes blocks of another size, so nothing it holds is ever matched).", []string{"model", "worker", "reason"}, nil)
+	descRefused   = prometheus.NewDesc("kvrouterd_worker_events_refused_total", "A worker's events refused because its configuration disagrees with its model's (reason block_size).", []string{"model", "worker", "reason"}, nil)
 )
 
 func (c *routerCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descEvents, descBlocks, descGaps, descQueue, descWaits, descRequests, descActive, descEntries, descResidency, descMembers, descWorker} {
+	for _, d := range []*prometheus.Desc{descEvents, descBlocks, descGaps, descQueue, descWaits, descRequests, descActive, descEntries, descResidency, descMembers, descWorker, descMisconfig, descRefused} {
 		ch <- d
 	}
 }
@@ -103,11 +105,24 @@ func (c *routerCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descEntries, prometheus.GaugeValue, float64(m.Blocks), m.Name)
 		ch <- prometheus.MustNewConstMetric(descResidency, prometheus.GaugeValue, float64(m.Residencies), m.Name)
 	}
+	misconfigSent := map[uint64]bool{}
 	for _, w := range c.r.Workers() {
 		id, rank := strconv.FormatUint(w.ID, 10), strconv.FormatUint(uint64(w.Rank), 10)
 		ch <- prometheus.MustNewConstMetric(descWorker, prometheus.GaugeValue, float64(w.CachedBlocks), w.Model, id, rank, "cached_blocks")
 		ch <- prometheus.MustNewConstMetric(descWorker, prometheus.GaugeValue, float64(w.ActiveBlocks), w.Model, id, rank, "active_blocks")
 		ch <- prometheus.MustNewConstMetric(descWorker, prometheus.GaugeValue, float64(w.ActivePrefill), w.Model, id, rank, "active_prefill_tokens")
 		ch <- prometheus.MustNewConstMetric(descWorker, prometheus.GaugeValue, float64(w.ActiveRequests), w.Model, id, rank, "active_requests")
+		if w.Rank == 0 || w.BlockSizeRefused > 0 && !misconfigSent[w.ID] {
+			// Once per worker: the block size is the model's, the same for every rank.
+			bad := 0.0
+			if w.BlockSizeRefused > 0 {
+				bad = 1
+				misconfigSent[w.ID] = true
+			}
+			if w.Rank == 0 || bad == 1 {
+				ch <- prometheus.MustNewConstMetric(descMisconfig, prometheus.GaugeValue, bad, w.Model, id, "block_size")
+				ch <- prometheus.MustNewConstMetric(descRefused, prometheus.CounterValue, float64(w.BlockSizeRefused), w.Model, id, "block_size")
+			}
+		}
 	}
 }
