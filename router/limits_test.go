@@ -191,7 +191,8 @@ func listing(t *testing.T, r *Router) string {
 	}
 	var b strings.Builder
 	for _, w := range r.Workers() {
-		w.Report, w.EventLag = nil, 0
+		// Live diagnostics, not persisted: a restarted router learns them again from the traffic.
+		w.Report, w.EventLag, w.Problems, w.BlockSizeRefused = nil, 0, nil, 0
 		fmt.Fprintf(&b, "%+v\n", w)
 	}
 	for _, m := range r.Models() {
