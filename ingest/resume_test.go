@@ -3,24 +3,16 @@ package ingest
 import (
 	"errors"
 	"testing"
-	"time"
 
+	"github.com/kvrouterd/kvrouterd/internal/enginetest"
 	"github.com/kvrouterd/kvrouterd/router"
 	"github.com/kvrouterd/kvrouterd/wire"
 )
 
 // probeNext publishes an empty batch under the rank's next sequence until ready: a new
-// subscription reached the PUB socket. Unlike probe, it may come after other batches.
-func (f *fakeRank) probeNext(ready func() bool) {
-	f.t.Helper()
-	payload := wire.AppendEngineBatch(nil, &wire.EngineBatch{TS: 1}, wire.EngineForm{})
-	seq := f.record(payload)
-	for deadline := time.Now().Add(20 * time.Second); !ready(); time.Sleep(2 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			f.t.Fatal("the subscriber never received the probe")
-		}
-		f.send([]byte(f.topic), be8(seq), payload)
-	}
+// subscription reached the PUB socket. Unlike Probe, it may come after other batches.
+func probeNext(r *enginetest.Rank, ready func() bool) {
+	r.PublishUntil(&wire.EngineBatch{TS: 1}, wire.EngineForm{}, ready)
 }
 
 // cachedDepth is how many leading blocks of the prompt made of hashes worker 9's rank 0 holds
@@ -64,25 +56,25 @@ func TestSubscriberResume(t *testing.T) {
 		{"engine restarted", true, true, 0, 0, map[string]int64{"restarts": 1, "clears": 1}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			eng := newFakeEngine(t, fakeOpts{replay: c.replay})
+			eng := enginetest.Start(t, enginetest.Options{Replay: c.replay})
 			rt := router.New(router.Config{Shards: 2, Logger: zmqTestLog()})
 			defer rt.Close()
 			cfg := EngineConfig{Resume: rt.Batch}
-			r := eng.ranks[0]
-			first := startSub(t, eng.source(9, "m"), rt, cfg)
-			r.probe(subReady(first, 0))
-			r.publish(engineBatch(-1, stored(0, 1, 2)), wire.EngineForm{})
+			r := eng.Rank(0)
+			first := startSub(t, source(t, eng, 9, "m"), rt, cfg)
+			r.Probe(subReady(first, 0))
+			r.Publish(engineBatch(-1, stored(0, 1, 2)), wire.EngineForm{})
 			eventually(t, "the store applied", func() bool { return cachedDepth(t, rt, 1, 2) == 2 })
 			first.Close()
 
-			second := func() *Subscriber { return startSub(t, eng.source(9, "m"), rt, cfg) }
+			second := func() *Subscriber { return startSub(t, source(t, eng, 9, "m"), rt, cfg) }
 			if c.restart {
 				// The engine restarted while no one listened (its cache empty again) and
 				// numbers its batches from 0: its first batch is one the index already
 				// holds a batch of.
-				r.resetSeq()
+				r.ResetSeq()
 				sub := second()
-				r.probe(subReady(sub, 0))
+				r.Probe(subReady(sub, 0))
 				eventually(t, "the restart noticed", func() bool { return sub.Stats().Clears == 1 })
 				if cachedDepth(t, rt, 1, 2) != 0 {
 					t.Fatal("the restarted engine's old blocks are still reported")
@@ -91,11 +83,11 @@ func TestSubscriberResume(t *testing.T) {
 				return
 			}
 			// While no one listens: block 2 goes, block 3 comes.
-			r.drop(engineBatch(-1, removed(2)))
-			r.drop(engineBatch(-1, stored(0, 3)))
+			r.Drop(engineBatch(-1, removed(2)), wire.EngineForm{})
+			r.Drop(engineBatch(-1, stored(0, 3)), wire.EngineForm{})
 
 			sub := second()
-			r.probeNext(subReady(sub, 0))
+			probeNext(r, subReady(sub, 0))
 			eventually(t, "the resumed rank settled", func() bool {
 				return cachedDepth(t, rt, 1, 2) == c.want1 && cachedDepth(t, rt, 3) == c.want3
 			})
@@ -108,15 +100,15 @@ func TestSubscriberResume(t *testing.T) {
 // late, or kvrouterd started after the engine) gets the batches the engine's replay buffer still
 // holds before the first live one.
 func TestSubscriberHistory(t *testing.T) {
-	eng := newFakeEngine(t, fakeOpts{replay: true})
+	eng := enginetest.Start(t, enginetest.Options{Replay: true})
 	rt := router.New(router.Config{Shards: 2, Logger: zmqTestLog()})
 	defer rt.Close()
-	r := eng.ranks[0]
-	r.drop(engineBatch(-1, stored(0, 1, 2)))
-	r.drop(engineBatch(-1, removed(2)))
-	r.drop(engineBatch(-1, stored(1, 4)))
-	sub := startSub(t, eng.source(9, "m"), rt, EngineConfig{Resume: rt.Batch})
-	r.probeNext(subReady(sub, 0))
+	r := eng.Rank(0)
+	r.Drop(engineBatch(-1, stored(0, 1, 2)), wire.EngineForm{})
+	r.Drop(engineBatch(-1, removed(2)), wire.EngineForm{})
+	r.Drop(engineBatch(-1, stored(1, 4)), wire.EngineForm{})
+	sub := startSub(t, source(t, eng, 9, "m"), rt, EngineConfig{Resume: rt.Batch})
+	probeNext(r, subReady(sub, 0))
 	eventually(t, "the history applied", func() bool { return cachedDepth(t, rt, 1, 4) == 2 })
 	if got := cachedDepth(t, rt, 1, 2); got != 1 {
 		t.Fatalf("block 2, removed in the history, still held: depth %d", got)
