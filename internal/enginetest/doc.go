@@ -38,7 +38,7 @@
 //	Form           batch                                  events      hashes   engine
 //	VLLMArray      [ts, events, data_parallel_rank]       positional  uint     vLLM up to v0.23, before vllm-project/vllm#42892
 //	VLLMMapEvents  [ts, events, data_parallel_rank]       tagged map  uint     vLLM after #42892 (captured from v0.26.0)
-//	VLLMMap        {ts, events, data_parallel_rank}       tagged map  uint     vLLM main: EventBatch lost array_like too
+//	VLLMMap        {ts, events, data_parallel_rank}       tagged map  uint     vLLM main (read at 0181ea31): EventBatch lost array_like too
 //	SGLang         [ts, events, attn_dp_rank]             positional  int64    SGLang
 //
 // vLLM's positional BlockStored is [tag, block_hashes, parent_block_hash, token_ids,
@@ -54,7 +54,10 @@
 // through parent_block_hash, with hashes the signed int64 of a SHA-256 chain (hash_str_to_int64)
 // and medium "GPU", and an AllBlocksCleared whenever the cache is reset: when it is built (at
 // start), on /flush_cache and on a weight update. Rank.Batch makes a batch of a rank's events
-// as both engines send them, with the rank set.
+// as both engines send them, with the rank set. SGLang is reported (llm-d/llm-d-router#2944) to
+// have moved its events to tagged maps inside the same array batch (sgl-project/sglang#37482),
+// as vLLM did; the SGLang source read here predates that, and the form would be
+// wire.EngineForm{MapEvents: true, Hashes: wire.HashInt64}.
 //
 // Where AppendEngineBatch differs from the engines' bytes, the decoder reads both the same:
 // SGLang's positional BlockStored stops after medium (its position 7 holds a metadata map only
