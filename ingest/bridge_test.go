@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/kvrouterd/kvrouterd/internal/enginetest"
 	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/wire"
 )
@@ -55,8 +56,8 @@ func TestBridge(t *testing.T) {
 		t.Fatal(err)
 	}
 	const model, worker = "meta-llama/Llama-3.1-8B", 12
-	eng := newFakeEngine(t, fakeOpts{ranks: 2, replay: true, topic: "kv"})
-	br, err := NewBridge(eng.source(worker, model), pub, EngineConfig{Logger: zmqTestLog()})
+	eng := enginetest.Start(t, enginetest.Options{Ranks: 2, Replay: true, Topic: "kv"})
+	br, err := NewBridge(source(t, eng, worker, model), pub, EngineConfig{Logger: zmqTestLog()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,9 +70,9 @@ func TestBridge(t *testing.T) {
 			t.Error(err)
 		}
 	}()
-	r0, r1 := eng.ranks[0], eng.ranks[1]
-	r0.probe(func() bool { return br.Stats().Ranks[0].Counters.Messages > 0 })
-	r1.probe(func() bool { return br.Stats().Ranks[1].Counters.Messages > 0 })
+	r0, r1 := eng.Rank(0), eng.Rank(1)
+	r0.Probe(func() bool { return br.Stats().Ranks[0].Counters.Messages > 0 })
+	r1.Probe(func() bool { return br.Stats().Ranks[1].Counters.Messages > 0 })
 	eventually(t, "the probes stored", func() bool { return br.Stats().Batches >= 2 })
 
 	// What the stream should hold after the probes, in order: a payload with its rank and
@@ -87,21 +88,17 @@ func TestBridge(t *testing.T) {
 		t.Helper()
 		eventually(t, "batches stored", func() bool { return br.Stats().Batches >= handed })
 	}
-	payloadOf := func(r *fakeRank, seq uint64) []byte {
-		r.mu.Lock()
-		defer r.mu.Unlock()
-		for _, b := range r.buf {
-			if b.seq == seq {
-				return b.payload
-			}
+	payloadOf := func(r *enginetest.Rank, seq uint64) []byte {
+		p, ok := r.Payload(seq)
+		if !ok {
+			t.Fatalf("rank %d has no batch %d", r.DPRank(), seq)
 		}
-		t.Fatalf("rank %d has no batch %d", r.rank, seq)
-		return nil
+		return p
 	}
-	step := func(r *fakeRank, b *wire.EngineBatch) {
+	step := func(r *enginetest.Rank, b *wire.EngineBatch) {
 		t.Helper()
-		seq := r.publish(b, wire.EngineForm{})
-		want = append(want, entry{payloadOf(r, seq), r.rank, seq})
+		seq := r.Publish(b, wire.EngineForm{})
+		want = append(want, entry{payloadOf(r, seq), r.DPRank(), seq})
 		handed++
 		wait()
 	}
@@ -109,13 +106,13 @@ func TestBridge(t *testing.T) {
 	step(r1, engineBatch(1, stored(0, 3)))
 
 	// Rank 0 loses batch 2; batch 3 brings it back from replay port + 0.
-	lost := r0.drop(engineBatch(-1, stored(2, 4)))
+	lost := r0.Drop(engineBatch(-1, stored(2, 4)), wire.EngineForm{})
 	want = append(want, entry{payloadOf(r0, lost), 0, lost})
 	handed++
 	step(r0, engineBatch(-1, removed(4)))
 
 	// Rank 1 restarts: a clear of the worker, then its new batches.
-	r1.resetSeq()
+	r1.ResetSeq()
 	want = append(want, entry{nil, 1, 0})
 	step(r1, engineBatch(-1, stored(0, 5)))
 	step(r1, engineBatch(-1, stored(5, 6)))

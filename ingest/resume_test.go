@@ -8,8 +8,8 @@ import (
 	"math/rand/v2"
 	"slices"
 	"testing"
-	"time"
 
+	"github.com/kvrouterd/kvrouterd/internal/enginetest"
 	"github.com/kvrouterd/kvrouterd/internal/refmodel"
 	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/radix"
@@ -18,17 +18,9 @@ import (
 )
 
 // probeNext publishes an empty batch under the rank's next sequence until ready: a new
-// subscription reached the PUB socket. Unlike probe, it may come after other batches.
-func (f *fakeRank) probeNext(ready func() bool) {
-	f.t.Helper()
-	payload := wire.AppendEngineBatch(nil, &wire.EngineBatch{TS: 1}, wire.EngineForm{})
-	seq := f.record(payload)
-	for deadline := time.Now().Add(20 * time.Second); !ready(); time.Sleep(2 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			f.t.Fatal("the subscriber never received the probe")
-		}
-		f.send([]byte(f.topic), be8(seq), payload)
-	}
+// subscription reached the PUB socket. Unlike Probe, it may come after other batches.
+func probeNext(r *enginetest.Rank, ready func() bool) {
+	r.PublishUntil(&wire.EngineBatch{TS: 1}, wire.EngineForm{}, ready)
 }
 
 // cachedDepth is how many leading blocks of the prompt made of hashes worker 9's rank 0 holds
@@ -72,25 +64,25 @@ func TestSubscriberResume(t *testing.T) {
 		{"engine restarted", true, true, 0, 0, map[string]int64{"restarts": 1, "clears": 1}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			eng := newFakeEngine(t, fakeOpts{replay: c.replay})
+			eng := enginetest.Start(t, enginetest.Options{Replay: c.replay})
 			rt := router.New(router.Config{Shards: 2, Logger: zmqTestLog()})
 			defer rt.Close()
 			cfg := EngineConfig{Resume: rt.Batch}
-			r := eng.ranks[0]
-			first := startSub(t, eng.source(9, "m"), rt, cfg)
-			r.probe(subReady(first, 0))
-			r.publish(engineBatch(-1, stored(0, 1, 2)), wire.EngineForm{})
+			r := eng.Rank(0)
+			first := startSub(t, source(t, eng, 9, "m"), rt, cfg)
+			r.Probe(subReady(first, 0))
+			r.Publish(engineBatch(-1, stored(0, 1, 2)), wire.EngineForm{})
 			eventually(t, "the store applied", func() bool { return cachedDepth(t, rt, 1, 2) == 2 })
 			first.Close()
 
-			second := func() *Subscriber { return startSub(t, eng.source(9, "m"), rt, cfg) }
+			second := func() *Subscriber { return startSub(t, source(t, eng, 9, "m"), rt, cfg) }
 			if c.restart {
 				// The engine restarted while no one listened (its cache empty again) and
 				// numbers its batches from 0: its first batch is one the index already
 				// holds a batch of.
-				r.resetSeq()
+				r.ResetSeq()
 				sub := second()
-				r.probe(subReady(sub, 0))
+				r.Probe(subReady(sub, 0))
 				eventually(t, "the restart noticed", func() bool { return sub.Stats().Clears == 1 })
 				if cachedDepth(t, rt, 1, 2) != 0 {
 					t.Fatal("the restarted engine's old blocks are still reported")
@@ -99,11 +91,11 @@ func TestSubscriberResume(t *testing.T) {
 				return
 			}
 			// While no one listens: block 2 goes, block 3 comes.
-			r.drop(engineBatch(-1, removed(2)))
-			r.drop(engineBatch(-1, stored(0, 3)))
+			r.Drop(engineBatch(-1, removed(2)), wire.EngineForm{})
+			r.Drop(engineBatch(-1, stored(0, 3)), wire.EngineForm{})
 
 			sub := second()
-			r.probeNext(subReady(sub, 0))
+			probeNext(r, subReady(sub, 0))
 			eventually(t, "the resumed rank settled", func() bool {
 				return cachedDepth(t, rt, 1, 2) == c.want1 && cachedDepth(t, rt, 3) == c.want3
 			})
@@ -116,15 +108,15 @@ func TestSubscriberResume(t *testing.T) {
 // late, or kvrouterd started after the engine) gets the batches the engine's replay buffer still
 // holds before the first live one.
 func TestSubscriberHistory(t *testing.T) {
-	eng := newFakeEngine(t, fakeOpts{replay: true})
+	eng := enginetest.Start(t, enginetest.Options{Replay: true})
 	rt := router.New(router.Config{Shards: 2, Logger: zmqTestLog()})
 	defer rt.Close()
-	r := eng.ranks[0]
-	r.drop(engineBatch(-1, stored(0, 1, 2)))
-	r.drop(engineBatch(-1, removed(2)))
-	r.drop(engineBatch(-1, stored(1, 4)))
-	sub := startSub(t, eng.source(9, "m"), rt, EngineConfig{Resume: rt.Batch})
-	r.probeNext(subReady(sub, 0))
+	r := eng.Rank(0)
+	r.Drop(engineBatch(-1, stored(0, 1, 2)), wire.EngineForm{})
+	r.Drop(engineBatch(-1, removed(2)), wire.EngineForm{})
+	r.Drop(engineBatch(-1, stored(1, 4)), wire.EngineForm{})
+	sub := startSub(t, source(t, eng, 9, "m"), rt, EngineConfig{Resume: rt.Batch})
+	probeNext(r, subReady(sub, 0))
 	eventually(t, "the history applied", func() bool { return cachedDepth(t, rt, 1, 4) == 2 })
 	if got := cachedDepth(t, rt, 1, 2); got != 1 {
 		t.Fatalf("block 2, removed in the history, still held: depth %d", got)
@@ -148,24 +140,21 @@ func TestSubscriberResumeDifferential(t *testing.T) {
 
 func resumeDifferential(t *testing.T, seed uint64) {
 	rng := rand.New(rand.NewPCG(seed, 77))
-	eng := newFakeEngine(t, fakeOpts{ranks: 2, replay: true})
+	eng := enginetest.Start(t, enginetest.Options{Ranks: 2, Replay: true})
 	ref := refmodel.NewFleet(testBlock, 0)
 	rt := router.New(router.Config{Shards: 2, Logger: zmqTestLog()})
 	defer func() { rt.Close() }()
 	start := func() *Subscriber {
-		sub := startSub(t, eng.source(9, "m"), rt, EngineConfig{Resume: rt.Batch})
-		for r, fr := range eng.ranks {
-			fr.probeNext(subReady(sub, r))
+		sub := startSub(t, source(t, eng, 9, "m"), rt, EngineConfig{Resume: rt.Batch})
+		for r := range eng.Ranks() {
+			fr := eng.Rank(r)
+			probeNext(fr, subReady(sub, r))
 		}
 		return sub
 	}
 	// The engine's replay buffer keeps the last bufLen batches of each rank.
 	bufLen := uint64(2 + rng.IntN(12))
-	keep := func(fr *fakeRank) {
-		fr.mu.Lock()
-		fr.forget = max(fr.next, bufLen) - bufLen
-		fr.mu.Unlock()
-	}
+	keep := func(fr *enginetest.Rank) { fr.Forget(max(fr.Next(), bufLen) - bufLen) }
 	sub := start()
 	held := [2][]uint64{}   // engine hashes each rank holds, as the reference applies them
 	var stoppedAt [2]uint64 // each rank's next sequence when kvrouterd stopped
@@ -177,7 +166,7 @@ func resumeDifferential(t *testing.T, seed uint64) {
 		// covers the engine's sequences.
 		eventually(t, "the batches handed on", func() bool {
 			st := sub.Stats()
-			return st.Ranks[0].LastSeq+1 == eng.ranks[0].next && st.Ranks[1].LastSeq+1 == eng.ranks[1].next
+			return st.Ranks[0].LastSeq+1 == eng.Rank(0).Next() && st.Ranks[1].LastSeq+1 == eng.Rank(1).Next()
 		})
 		if err := rt.Flush(); err != nil {
 			t.Fatal(err)
@@ -196,8 +185,9 @@ func resumeDifferential(t *testing.T, seed uint64) {
 	// restart starts the subscription again. A rank whose batches since the stop have left
 	// the engine's buffer cannot be caught up: it is cleared, in the model too.
 	restart := func() {
-		for r, fr := range eng.ranks {
-			if fr.next > stoppedAt[r] && fr.forget > stoppedAt[r] {
+		for r := range eng.Ranks() {
+			fr := eng.Rank(r)
+			if fr.Next() > stoppedAt[r] && max(fr.Next(), bufLen)-bufLen > stoppedAt[r] {
 				ref.Apply(9, &kvevent.Event{Kind: kvevent.Cleared, Rank: uint32(r)})
 				held[r] = nil
 			}
@@ -230,12 +220,13 @@ func resumeDifferential(t *testing.T, seed uint64) {
 		refEv := ev
 		ref.Apply(9, &refEv)
 		b := engineBatch(-1, ev)
+		form := wire.EngineForm{MapBatch: rank == 1, MapEvents: rank == 1}
 		if up {
-			eng.ranks[rank].publish(b, wire.EngineForm{MapBatch: rank == 1, MapEvents: rank == 1})
+			eng.Rank(rank).Publish(b, form)
 		} else {
-			eng.ranks[rank].drop(b)
+			eng.Rank(rank).Drop(b, form)
 		}
-		keep(eng.ranks[rank])
+		keep(eng.Rank(rank))
 		switch {
 		case up && rng.IntN(30) == 0: // kvrouterd stops; the engine goes on
 			check(fmt.Sprintf("step %d, before a stop", step))
@@ -249,8 +240,9 @@ func resumeDifferential(t *testing.T, seed uint64) {
 			if _, err := rt.Restore(len(chunks), func(i int, dst []byte) ([]byte, error) { return append(dst, chunks[i]...), nil }); err != nil {
 				t.Fatal(err)
 			}
-			for r, fr := range eng.ranks {
-				stoppedAt[r] = fr.next
+			for r := range eng.Ranks() {
+				fr := eng.Rank(r)
+				stoppedAt[r] = fr.Next()
 			}
 			up = false
 		case !up && rng.IntN(8) == 0: // kvrouterd back, from its snapshot

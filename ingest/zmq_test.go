@@ -14,18 +14,17 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-zeromq/zmq4"
-
+	"github.com/kvrouterd/kvrouterd/internal/enginetest"
 	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/router"
 	"github.com/kvrouterd/kvrouterd/wire"
 )
 
 // The tests below run real zmq4 sockets on 127.0.0.1: a fake engine's PUB and ROUTER sockets
-// and the Subscriber's SUB and DEALER ones. A SUB socket misses whatever is published before
-// its subscription reaches the PUB, so every test first has the fake engine repeat an empty
-// batch with sequence 0 until the subscriber has seen it (probe); from then on TCP delivers
-// everything in order and the tests are deterministic. They wait for conditions, never for
+// (internal/enginetest) and the Subscriber's SUB and DEALER ones. A SUB socket misses whatever
+// is published before its subscription reaches the PUB, so every test first has the fake engine
+// repeat an empty batch with sequence 0 until the subscriber has seen it (Probe); from then on
+// TCP delivers everything in order and the tests are deterministic. They wait for conditions, never for
 // time.
 
 func zmqTestLog() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
@@ -42,227 +41,15 @@ func eventually(t testing.TB, what string, cond func() bool) {
 
 func be8(v uint64) []byte { return binary.BigEndian.AppendUint64(nil, v) }
 
-// fakeEngine is a vLLM-like KV-event publisher: per data-parallel rank a PUB socket on
-// port + r and, optionally, a replay ROUTER socket on replay port + r that keeps every batch.
-type fakeEngine struct {
-	t                testing.TB
-	topic            string
-	ranks            []*fakeRank
-	port, replayPort int
-}
-
-type fakeRank struct {
-	t      testing.TB
-	rank   int
-	topic  string
-	pub    zmq4.Socket
-	router zmq4.Socket // nil without replay
-	served chan struct{}
-
-	next uint64 // sequence of the next batch; owned by the test goroutine
-
-	mu         sync.Mutex
-	buf        []fakeBatch // the replay buffer; REQUIRES mu
-	forget     uint64      // batches before it are no longer replayed; REQUIRES mu
-	replyTopic bool        // replies are [topic, seq, payload], not [seq, payload]; REQUIRES mu
-	silent     bool        // requests are read and never answered; REQUIRES mu
-}
-
-type fakeBatch struct {
-	seq     uint64
-	payload []byte
-}
-
-type fakeOpts struct {
-	ranks      int
-	replay     bool
-	replyTopic bool
-	topic      string
-}
-
-func newFakeEngine(t testing.TB, o fakeOpts) *fakeEngine {
+// source is the subscription to every rank of eng for worker and model, read from the --zmq
+// flag form the engine gives.
+func source(t testing.TB, eng *enginetest.Engine, worker uint64, model string) EngineSource {
 	t.Helper()
-	if o.ranks == 0 {
-		o.ranks = 1
-	}
-	e := &fakeEngine{t: t, topic: o.topic}
-	pubs, port := listenRun(t, o.ranks, func() zmq4.Socket { return zmq4.NewPub(context.Background()) })
-	e.port = port
-	var routers []zmq4.Socket
-	if o.replay {
-		routers, e.replayPort = listenRun(t, o.ranks, func() zmq4.Socket { return zmq4.NewRouter(context.Background()) })
-	}
-	for r := range o.ranks {
-		fr := &fakeRank{t: t, rank: r, topic: o.topic, pub: pubs[r], replyTopic: o.replyTopic}
-		if o.replay {
-			fr.router = routers[r]
-			fr.served = make(chan struct{})
-			go fr.serveReplay()
-		}
-		e.ranks = append(e.ranks, fr)
-	}
-	t.Cleanup(e.close)
-	return e
-}
-
-// listenRun binds n sockets made by mk to consecutive free ports of 127.0.0.1 and returns
-// them with the first port.
-func listenRun(t testing.TB, n int, mk func() zmq4.Socket) ([]zmq4.Socket, int) {
-	t.Helper()
-	for range 100 {
-		first := mk()
-		if err := first.Listen("tcp://127.0.0.1:0"); err != nil {
-			t.Fatal(err)
-		}
-		port := first.Addr().(*net.TCPAddr).Port
-		socks := []zmq4.Socket{first}
-		for r := 1; r < n; r++ {
-			s := mk()
-			if port+r > 65535 || s.Listen(fmt.Sprintf("tcp://127.0.0.1:%d", port+r)) != nil {
-				s.Close()
-				break
-			}
-			socks = append(socks, s)
-		}
-		if len(socks) == n {
-			return socks, port
-		}
-		for _, s := range socks {
-			s.Close()
-		}
-	}
-	t.Fatalf("found no %d consecutive free ports", n)
-	return nil, 0
-}
-
-func (e *fakeEngine) close() {
-	for _, r := range e.ranks {
-		r.close()
-	}
-}
-
-func (e *fakeEngine) source(worker uint64, model string) EngineSource {
-	src := EngineSource{Worker: worker, Model: model, Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", e.port), Ranks: len(e.ranks), Topic: e.topic}
-	if e.replayPort != 0 {
-		src.Replay = fmt.Sprintf("tcp://127.0.0.1:%d", e.replayPort)
+	src, err := ParseEngineSource(eng.ZMQFlag(worker, model))
+	if err != nil {
+		t.Fatal(err)
 	}
 	return src
-}
-
-func (f *fakeRank) close() {
-	f.pub.Close()
-	if f.router != nil {
-		f.router.Close()
-		<-f.served
-	}
-}
-
-// restart closes the PUB socket and binds a new one on the same port, numbering from 0 again,
-// as a restarted engine does; the replay buffer starts empty.
-func (f *fakeRank) restart() {
-	f.t.Helper()
-	addr := f.pub.Addr().String()
-	f.pub.Close()
-	f.pub = zmq4.NewPub(context.Background())
-	if err := f.pub.Listen("tcp://" + addr); err != nil {
-		f.t.Fatal(err)
-	}
-	f.resetSeq()
-}
-
-// resetSeq makes the next batch number 0 again on the same socket.
-func (f *fakeRank) resetSeq() {
-	f.next = 0
-	f.mu.Lock()
-	f.buf = nil
-	f.mu.Unlock()
-}
-
-func (f *fakeRank) send(frames ...[]byte) {
-	f.t.Helper()
-	if err := f.pub.SendMulti(zmq4.NewMsgFrom(frames...)); err != nil {
-		f.t.Fatal(err)
-	}
-}
-
-// record numbers a payload and keeps it for replay.
-func (f *fakeRank) record(payload []byte) uint64 {
-	seq := f.next
-	f.next++
-	f.mu.Lock()
-	f.buf = append(f.buf, fakeBatch{seq, payload})
-	f.mu.Unlock()
-	return seq
-}
-
-// publish publishes b in form fm and returns its sequence.
-func (f *fakeRank) publish(b *wire.EngineBatch, fm wire.EngineForm) uint64 {
-	f.t.Helper()
-	payload := wire.AppendEngineBatch(nil, b, fm)
-	seq := f.record(payload)
-	f.send([]byte(f.topic), be8(seq), payload)
-	return seq
-}
-
-// drop numbers b and keeps it for replay, but does not publish it: a message the PUB socket
-// dropped.
-func (f *fakeRank) drop(b *wire.EngineBatch) uint64 {
-	return f.record(wire.AppendEngineBatch(nil, b, wire.EngineForm{}))
-}
-
-// probe publishes an empty batch 0 until ready: the subscription has reached the PUB socket.
-func (f *fakeRank) probe(ready func() bool) {
-	f.t.Helper()
-	if f.next != 0 {
-		f.t.Fatal("probe after the first batch")
-	}
-	payload := wire.AppendEngineBatch(nil, &wire.EngineBatch{TS: 1}, wire.EngineForm{})
-	seq := f.record(payload)
-	for deadline := time.Now().Add(20 * time.Second); !ready(); time.Sleep(2 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			f.t.Fatal("the subscriber never received the probe")
-		}
-		f.send([]byte(f.topic), be8(seq), payload)
-	}
-}
-
-// serveReplay answers replay requests as vLLM does: every kept batch from the requested
-// sequence on, then the end marker.
-func (f *fakeRank) serveReplay() {
-	defer close(f.served)
-	for {
-		msg, err := f.router.Recv()
-		if err != nil {
-			return // closed
-		}
-		if len(msg.Frames) != 3 || len(msg.Frames[2]) != 8 {
-			continue
-		}
-		id, start := msg.Frames[0], binary.BigEndian.Uint64(msg.Frames[2])
-		f.mu.Lock()
-		var out []fakeBatch
-		for _, b := range f.buf {
-			if b.seq >= start && b.seq >= f.forget {
-				out = append(out, b)
-			}
-		}
-		silent, topic := f.silent, f.replyTopic
-		f.mu.Unlock()
-		if silent {
-			continue
-		}
-		reply := func(seq []byte, payload []byte) {
-			frames := [][]byte{id, {}}
-			if topic {
-				frames = append(frames, []byte(f.topic))
-			}
-			_ = f.router.SendMulti(zmq4.NewMsgFrom(append(frames, seq, payload)...))
-		}
-		for _, b := range out {
-			reply(be8(b.seq), b.payload)
-		}
-		reply(be8(wire.EngineSeqEnd), []byte{})
-	}
 }
 
 // recSink records what a Subscriber hands it.
@@ -542,18 +329,18 @@ func FuzzParseEngineSource(f *testing.F) {
 // TestSubscriberFlow: stored and removed events, in every form an engine writes, reach the
 // sink in order with the worker, model, rank, hashes and tokens.
 func TestSubscriberFlow(t *testing.T) {
-	eng := newFakeEngine(t, fakeOpts{topic: "kv@0"})
+	eng := enginetest.Start(t, enginetest.Options{Topic: "kv@0"})
 	sink := &recSink{}
-	sub := startSub(t, eng.source(7, "llama"), sink, EngineConfig{})
-	r := eng.ranks[0]
-	r.probe(subReady(sub, 0))
+	sub := startSub(t, source(t, eng, 7, "llama"), sink, EngineConfig{})
+	r := eng.Rank(0)
+	r.Probe(subReady(sub, 0))
 
 	b1 := engineBatch(-1, stored(0, 11, 12), stored(12, 13, 14))
 	b2 := engineBatch(-1, removed(14))
 	b3 := engineBatch(0, stored(0, 1<<63+5), removed(11, 12))
-	r.publish(b1, wire.EngineForm{})
-	r.publish(b2, wire.EngineForm{MapBatch: true, MapEvents: true})
-	r.publish(b3, wire.EngineForm{MapEvents: true, Hashes: wire.HashBytes32})
+	r.Publish(b1, wire.EngineForm{})
+	r.Publish(b2, wire.EngineForm{MapBatch: true, MapEvents: true})
+	r.Publish(b3, wire.EngineForm{MapEvents: true, Hashes: wire.HashBytes32})
 
 	want := slices.Concat(lines(0, b1), lines(0, b2), lines(0, b3))
 	waitEvents(t, sink, want)
@@ -577,22 +364,22 @@ func TestSubscriberFlow(t *testing.T) {
 func TestSubscriberReplay(t *testing.T) {
 	for _, topic := range []bool{false, true} {
 		t.Run(fmt.Sprintf("replyTopic=%v", topic), func(t *testing.T) {
-			eng := newFakeEngine(t, fakeOpts{replay: true, replyTopic: topic, topic: "kv"})
+			eng := enginetest.Start(t, enginetest.Options{Replay: true, ReplyTopic: topic, Topic: "kv"})
 			sink := &recSink{}
-			sub := startSub(t, eng.source(3, "m"), sink, EngineConfig{})
-			r := eng.ranks[0]
-			r.probe(subReady(sub, 0))
+			sub := startSub(t, source(t, eng, 3, "m"), sink, EngineConfig{})
+			r := eng.Rank(0)
+			r.Probe(subReady(sub, 0))
 
 			var bs []*wire.EngineBatch
 			for i := range 6 {
 				bs = append(bs, engineBatch(-1, stored(0, uint64(100+i))))
 			}
-			r.publish(bs[0], wire.EngineForm{}) // 1
-			r.drop(bs[1])                       // 2
-			r.drop(bs[2])                       // 3
-			r.drop(bs[3])                       // 4
-			r.publish(bs[4], wire.EngineForm{}) // 5: reveals the gap
-			r.publish(bs[5], wire.EngineForm{}) // 6
+			r.Publish(bs[0], wire.EngineForm{}) // 1
+			r.Drop(bs[1], wire.EngineForm{})    // 2
+			r.Drop(bs[2], wire.EngineForm{})    // 3
+			r.Drop(bs[3], wire.EngineForm{})    // 4
+			r.Publish(bs[4], wire.EngineForm{}) // 5: reveals the gap
+			r.Publish(bs[5], wire.EngineForm{}) // 6
 
 			var want []string
 			for _, b := range bs {
@@ -610,18 +397,14 @@ func TestSubscriberReplay(t *testing.T) {
 func TestSubscriberReplayFails(t *testing.T) {
 	for _, how := range []string{"forgotten", "silent", "down"} {
 		t.Run(how, func(t *testing.T) {
-			eng := newFakeEngine(t, fakeOpts{replay: true})
-			src := eng.source(3, "m")
-			r := eng.ranks[0]
+			eng := enginetest.Start(t, enginetest.Options{Replay: true})
+			src := source(t, eng, 3, "m")
+			r := eng.Rank(0)
 			switch how {
 			case "forgotten":
-				r.mu.Lock()
-				r.forget = 3 // batch 2 has left the buffer
-				r.mu.Unlock()
+				r.Forget(3) // batch 2 has left the buffer
 			case "silent":
-				r.mu.Lock()
-				r.silent = true
-				r.mu.Unlock()
+				r.Silence()
 			case "down":
 				l, err := net.Listen("tcp", "127.0.0.1:0")
 				if err != nil {
@@ -632,13 +415,13 @@ func TestSubscriberReplayFails(t *testing.T) {
 			}
 			sink := &recSink{}
 			sub := startSub(t, src, sink, EngineConfig{ReplayTimeout: 200 * time.Millisecond})
-			r.probe(subReady(sub, 0))
+			r.Probe(subReady(sub, 0))
 
 			b1, b2, b3, b4 := engineBatch(-1, stored(0, 1)), engineBatch(-1, stored(0, 2)), engineBatch(-1, stored(0, 3)), engineBatch(-1, stored(0, 4))
-			r.publish(b1, wire.EngineForm{})
-			r.drop(b2)
-			r.drop(b3)
-			r.publish(b4, wire.EngineForm{})
+			r.Publish(b1, wire.EngineForm{})
+			r.Drop(b2, wire.EngineForm{})
+			r.Drop(b3, wire.EngineForm{})
+			r.Publish(b4, wire.EngineForm{})
 			waitEvents(t, sink, slices.Concat(lines(0, b1), []string{cleared(0)}, lines(0, b4)))
 			checkStats(t, sub.Stats(), map[string]int64{"gaps": 1, "recovered": 0, "unrecovered": 1, "replays": 1, "replayed": 0, "clears": 1})
 		})
@@ -647,16 +430,16 @@ func TestSubscriberReplayFails(t *testing.T) {
 
 // TestSubscriberGapNoReplay: without a replay socket a gap clears the rank.
 func TestSubscriberGapNoReplay(t *testing.T) {
-	eng := newFakeEngine(t, fakeOpts{})
+	eng := enginetest.Start(t, enginetest.Options{})
 	sink := &recSink{}
-	sub := startSub(t, eng.source(3, "m"), sink, EngineConfig{})
-	r := eng.ranks[0]
-	r.probe(subReady(sub, 0))
+	sub := startSub(t, source(t, eng, 3, "m"), sink, EngineConfig{})
+	r := eng.Rank(0)
+	r.Probe(subReady(sub, 0))
 
 	b1, b2, b3 := engineBatch(-1, stored(0, 1)), engineBatch(-1, stored(0, 2)), engineBatch(-1, stored(0, 3))
-	r.publish(b1, wire.EngineForm{})
-	r.drop(b2)
-	r.publish(b3, wire.EngineForm{})
+	r.Publish(b1, wire.EngineForm{})
+	r.Drop(b2, wire.EngineForm{})
+	r.Publish(b3, wire.EngineForm{})
 	waitEvents(t, sink, slices.Concat(lines(0, b1), []string{cleared(0)}, lines(0, b3)))
 	checkStats(t, sub.Stats(), map[string]int64{"gaps": 1, "unrecovered": 1, "replays": 0, "clears": 1, "restarts": 0})
 	if got := sub.Stats().Ranks[0].LastSeq; got != 3 {
@@ -666,18 +449,18 @@ func TestSubscriberGapNoReplay(t *testing.T) {
 
 // TestSubscriberRestart: the sequence going back to 0 on the same connection clears the rank.
 func TestSubscriberRestart(t *testing.T) {
-	eng := newFakeEngine(t, fakeOpts{})
+	eng := enginetest.Start(t, enginetest.Options{})
 	sink := &recSink{}
-	sub := startSub(t, eng.source(3, "m"), sink, EngineConfig{})
-	r := eng.ranks[0]
-	r.probe(subReady(sub, 0))
+	sub := startSub(t, source(t, eng, 3, "m"), sink, EngineConfig{})
+	r := eng.Rank(0)
+	r.Probe(subReady(sub, 0))
 
 	b1, b2, b3, b4 := engineBatch(-1, stored(0, 1)), engineBatch(-1, stored(1, 2)), engineBatch(-1, stored(0, 3)), engineBatch(-1, stored(3, 4))
-	r.publish(b1, wire.EngineForm{})
-	r.publish(b2, wire.EngineForm{})
-	r.resetSeq()
-	r.publish(b3, wire.EngineForm{}) // 0
-	r.publish(b4, wire.EngineForm{}) // 1
+	r.Publish(b1, wire.EngineForm{})
+	r.Publish(b2, wire.EngineForm{})
+	r.ResetSeq()
+	r.Publish(b3, wire.EngineForm{}) // 0
+	r.Publish(b4, wire.EngineForm{}) // 1
 	waitEvents(t, sink, slices.Concat(lines(0, b1), lines(0, b2), []string{cleared(0)}, lines(0, b3), lines(0, b4)))
 	checkStats(t, sub.Stats(), map[string]int64{"restarts": 1, "clears": 1, "gaps": 0})
 }
@@ -686,26 +469,26 @@ func TestSubscriberRestart(t *testing.T) {
 // 0; the subscriber connects again by itself and clears the rank, even though it missed the
 // new engine's first batches.
 func TestSubscriberReconnect(t *testing.T) {
-	eng := newFakeEngine(t, fakeOpts{})
+	eng := enginetest.Start(t, enginetest.Options{})
 	sink := &recSink{}
-	sub := startSub(t, eng.source(3, "m"), sink, EngineConfig{})
-	r := eng.ranks[0]
-	r.probe(subReady(sub, 0))
+	sub := startSub(t, source(t, eng, 3, "m"), sink, EngineConfig{})
+	r := eng.Rank(0)
+	r.Probe(subReady(sub, 0))
 
 	b1, b2, b3 := engineBatch(-1, stored(0, 1)), engineBatch(-1, stored(1, 2)), engineBatch(-1, stored(0, 3))
-	r.publish(b1, wire.EngineForm{})
-	r.publish(b2, wire.EngineForm{})
+	r.Publish(b1, wire.EngineForm{})
+	r.Publish(b2, wire.EngineForm{})
 	waitEvents(t, sink, slices.Concat(lines(0, b1), lines(0, b2)))
 
-	r.restart()
+	r.Restart()
 	// Lost to the reconnect: batches 0 and 1 of the new engine.
-	r.drop(engineBatch(-1))
-	r.drop(engineBatch(-1))
+	r.Drop(engineBatch(-1), wire.EngineForm{})
+	r.Drop(engineBatch(-1), wire.EngineForm{})
 	// Batch 2 of the new engine, repeated until the subscriber is back: it goes back from 2.
 	payload := wire.AppendEngineBatch(nil, b3, wire.EngineForm{})
-	seq := r.record(payload)
+	seq := r.Record(payload)
 	for sub.Stats().Restarts == 0 {
-		r.send(nil, be8(seq), payload)
+		r.Send(nil, be8(seq), payload)
 		time.Sleep(2 * time.Millisecond)
 	}
 	waitEvents(t, sink, slices.Concat(lines(0, b1), lines(0, b2), []string{cleared(0)}, lines(0, b3)))
@@ -720,17 +503,17 @@ func TestSubscriberReconnect(t *testing.T) {
 // rank takes its socket's, one that states a rank keeps it; a gap on rank 1 is filled from
 // replay port + 1.
 func TestSubscriberRanks(t *testing.T) {
-	eng := newFakeEngine(t, fakeOpts{ranks: 2, replay: true})
+	eng := enginetest.Start(t, enginetest.Options{Ranks: 2, Replay: true})
 	sink := &recSink{}
-	sub := startSub(t, eng.source(9, "m"), sink, EngineConfig{})
-	r0, r1 := eng.ranks[0], eng.ranks[1]
-	r0.probe(subReady(sub, 0))
-	r1.probe(subReady(sub, 1))
+	sub := startSub(t, source(t, eng, 9, "m"), sink, EngineConfig{})
+	r0, r1 := eng.Rank(0), eng.Rank(1)
+	r0.Probe(subReady(sub, 0))
+	r1.Probe(subReady(sub, 1))
 
 	var want []string
-	step := func(r *fakeRank, b *wire.EngineBatch, rank uint32, fm wire.EngineForm) {
+	step := func(r *enginetest.Rank, b *wire.EngineBatch, rank uint32, fm wire.EngineForm) {
 		t.Helper()
-		r.publish(b, fm)
+		r.Publish(b, fm)
 		want = append(want, lines(rank, b)...)
 		waitEvents(t, sink, want)
 	}
@@ -741,9 +524,9 @@ func TestSubscriberRanks(t *testing.T) {
 	step(r0, engineBatch(0, removed(2)), 0, wire.EngineForm{})
 
 	missed := engineBatch(-1, stored(4, 5))
-	r1.drop(missed)
+	r1.Drop(missed, wire.EngineForm{})
 	last := engineBatch(1, stored(5, 6))
-	r1.publish(last, wire.EngineForm{})
+	r1.Publish(last, wire.EngineForm{})
 	want = slices.Concat(want, lines(1, missed), lines(1, last))
 	waitEvents(t, sink, want)
 
@@ -758,49 +541,49 @@ func TestSubscriberRanks(t *testing.T) {
 // before its next batch, and only its own: rank 1's clear leaves what rank 0 delivered after
 // its clear.
 func TestSubscriberRanksRestart(t *testing.T) {
-	eng := newFakeEngine(t, fakeOpts{ranks: 2})
+	eng := enginetest.Start(t, enginetest.Options{Ranks: 2})
 	sink := &recSink{}
-	sub := startSub(t, eng.source(9, "m"), sink, EngineConfig{})
-	r0, r1 := eng.ranks[0], eng.ranks[1]
-	r0.probe(subReady(sub, 0))
-	r1.probe(subReady(sub, 1))
+	sub := startSub(t, source(t, eng, 9, "m"), sink, EngineConfig{})
+	r0, r1 := eng.Rank(0), eng.Rank(1)
+	r0.Probe(subReady(sub, 0))
+	r1.Probe(subReady(sub, 1))
 
 	var want []string
-	step := func(r *fakeRank, b *wire.EngineBatch, rank uint32, extra ...string) {
+	step := func(r *enginetest.Rank, b *wire.EngineBatch, rank uint32, extra ...string) {
 		t.Helper()
-		r.publish(b, wire.EngineForm{})
+		r.Publish(b, wire.EngineForm{})
 		want = slices.Concat(want, extra, lines(rank, b))
 		waitEvents(t, sink, want)
 	}
 	step(r0, engineBatch(-1, stored(0, 1)), 0)
 	step(r1, engineBatch(-1, stored(0, 2)), 1)
-	r0.resetSeq()
-	r1.resetSeq()
+	r0.ResetSeq()
+	r1.ResetSeq()
 	step(r0, engineBatch(-1, stored(0, 3)), 0, cleared(0))
 	step(r1, engineBatch(-1, stored(0, 4)), 1, cleared(1))
 	step(r1, engineBatch(-1, stored(4, 5)), 1)
 	// A later gap on rank 1 (no replay socket) clears rank 1 again.
-	r1.drop(engineBatch(-1, stored(5, 6)))
+	r1.Drop(engineBatch(-1, stored(5, 6)), wire.EngineForm{})
 	step(r1, engineBatch(-1, stored(0, 7)), 1, cleared(1))
 	checkStats(t, sub.Stats(), map[string]int64{"restarts": 2, "unrecovered": 1, "clears": 3})
 }
 
 // TestSubscriberMalformed: malformed messages are counted and dropped; the stream goes on.
 func TestSubscriberMalformed(t *testing.T) {
-	eng := newFakeEngine(t, fakeOpts{})
+	eng := enginetest.Start(t, enginetest.Options{})
 	sink := &recSink{}
-	sub := startSub(t, eng.source(3, "m"), sink, EngineConfig{})
-	r := eng.ranks[0]
-	r.probe(subReady(sub, 0))
+	sub := startSub(t, source(t, eng, 3, "m"), sink, EngineConfig{})
+	r := eng.Rank(0)
+	r.Probe(subReady(sub, 0))
 
 	b1, b3 := engineBatch(-1, stored(0, 1)), engineBatch(-1, stored(1, 2))
-	r.publish(b1, wire.EngineForm{})
-	bad := r.record([]byte{0x93, 0xcb}) // [ts, ...: the payload ends inside ts
-	r.send(nil, be8(bad), []byte{0x93, 0xcb})
-	r.send(nil, be8(bad+1))                                // two frames
-	r.send(nil, []byte{0, 0, 0, 0, 0, 0, 3}, []byte{0x90}) // a 7-byte sequence
-	r.send(nil, be8(bad+1), []byte{0x92, 0xc3, 0x90}, nil) // four frames
-	r.publish(b3, wire.EngineForm{})                       // bad + 1: no gap
+	r.Publish(b1, wire.EngineForm{})
+	bad := r.Record([]byte{0x93, 0xcb}) // [ts, ...: the payload ends inside ts
+	r.Send(nil, be8(bad), []byte{0x93, 0xcb})
+	r.Send(nil, be8(bad+1))                                // two frames
+	r.Send(nil, []byte{0, 0, 0, 0, 0, 0, 3}, []byte{0x90}) // a 7-byte sequence
+	r.Send(nil, be8(bad+1), []byte{0x92, 0xc3, 0x90}, nil) // four frames
+	r.Publish(b3, wire.EngineForm{})                       // bad + 1: no gap
 	waitEvents(t, sink, slices.Concat(lines(0, b1), lines(0, b3)))
 	checkStats(t, sub.Stats(), map[string]int64{"decode": 4, "gaps": 0, "clears": 0, "batches": 3})
 }
@@ -809,11 +592,11 @@ func TestSubscriberMalformed(t *testing.T) {
 func TestSubscriberRouter(t *testing.T) {
 	rt := router.New(router.Config{Shards: 2, Logger: zmqTestLog()})
 	defer rt.Close()
-	eng := newFakeEngine(t, fakeOpts{ranks: 2})
-	sub := startSub(t, eng.source(42, "llama"), rt, EngineConfig{})
-	r0, r1 := eng.ranks[0], eng.ranks[1]
-	r0.probe(subReady(sub, 0))
-	r1.probe(subReady(sub, 1))
+	eng := enginetest.Start(t, enginetest.Options{Ranks: 2})
+	sub := startSub(t, source(t, eng, 42, "llama"), rt, EngineConfig{})
+	r0, r1 := eng.Rank(0), eng.Rank(1)
+	r0.Probe(subReady(sub, 0))
+	r1.Probe(subReady(sub, 1))
 
 	prompt := blockTokens([]uint64{1, 2, 3, 4})
 	match := func(batches int64, want map[uint32]uint32) {
@@ -839,19 +622,19 @@ func TestSubscriberRouter(t *testing.T) {
 			}
 		}
 	}
-	r0.publish(engineBatch(-1, stored(0, 1, 2), stored(2, 3)), wire.EngineForm{})
-	r1.publish(engineBatch(1, stored(0, 1)), wire.EngineForm{MapBatch: true, MapEvents: true})
+	r0.Publish(engineBatch(-1, stored(0, 1, 2), stored(2, 3)), wire.EngineForm{})
+	r1.Publish(engineBatch(1, stored(0, 1)), wire.EngineForm{MapBatch: true, MapEvents: true})
 	match(4, map[uint32]uint32{0: 3, 1: 1})
 
-	r0.publish(engineBatch(-1, removed(3)), wire.EngineForm{})
+	r0.Publish(engineBatch(-1, removed(3)), wire.EngineForm{})
 	match(5, map[uint32]uint32{0: 2, 1: 1})
 
 	// Rank 0's engine restarts: its blocks are cleared, rank 1's stay (each rank is its own
 	// cache), and rank 1 still chains onto its own earlier block.
-	r0.resetSeq()
-	r0.publish(engineBatch(-1, stored(0, 1)), wire.EngineForm{})
+	r0.ResetSeq()
+	r0.Publish(engineBatch(-1, stored(0, 1)), wire.EngineForm{})
 	match(6, map[uint32]uint32{0: 1, 1: 1})
-	r1.publish(engineBatch(1, stored(1, 2)), wire.EngineForm{MapBatch: true, MapEvents: true})
+	r1.Publish(engineBatch(1, stored(1, 2)), wire.EngineForm{MapBatch: true, MapEvents: true})
 	match(7, map[uint32]uint32{0: 1, 1: 2})
 	checkStats(t, sub.Stats(), map[string]int64{"restarts": 1, "clears": 1, "undelivered": 0})
 }

@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvrouterd/kvrouterd/internal/enginetest"
 	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/router"
 	"github.com/kvrouterd/kvrouterd/wire"
@@ -57,10 +58,10 @@ func benchZMQIngest(b *testing.B, sink EventSink, flush func() error) {
 	b.SetBytes(int64(len(stores[0])))
 	b.ReportAllocs()
 
-	eng := newFakeEngine(b, fakeOpts{})
-	sub := startSub(b, eng.source(1, "bench"), sink, EngineConfig{})
-	r := eng.ranks[0]
-	r.probe(subReady(sub, 0))
+	eng := enginetest.Start(b, enginetest.Options{})
+	sub := startSub(b, source(b, eng, 1, "bench"), sink, EngineConfig{})
+	r := eng.Rank(0)
+	r.Probe(subReady(sub, 0))
 	handed := func() int64 { return sub.s.ranks[0].c[cBatches].Load() }
 	base := handed()
 
@@ -72,7 +73,7 @@ func benchZMQIngest(b *testing.B, sink EventSink, flush func() error) {
 		for sent-(handed()-base) >= window {
 			time.Sleep(20 * time.Microsecond)
 		}
-		r.send(nil, be8(seq), p)
+		r.Send(nil, be8(seq), p)
 		seq++
 		sent++
 	}

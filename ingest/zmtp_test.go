@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvrouterd/kvrouterd/internal/enginetest"
 	"github.com/kvrouterd/kvrouterd/internal/hostile"
 	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/wire"
@@ -170,20 +171,20 @@ func TestHostileZMQ(t *testing.T) {
 // connection is dialled again and the worker cleared before its next batch, since the batch the
 // panic cut short may be half applied.
 func TestHostileZMQPanicInSink(t *testing.T) {
-	eng := newFakeEngine(t, fakeOpts{})
+	eng := enginetest.Start(t, enginetest.Options{})
 	sink := &panicSink{panicOn: 2}
-	sub := startSub(t, eng.source(4, "m"), sink, EngineConfig{RedialMax: 50 * time.Millisecond})
-	r := eng.ranks[0]
-	r.probe(subReady(sub, 0))
+	sub := startSub(t, source(t, eng, 4, "m"), sink, EngineConfig{RedialMax: 50 * time.Millisecond})
+	r := eng.Rank(0)
+	r.Probe(subReady(sub, 0))
 	b1, b2, b3 := engineBatch(-1, stored(0, 1)), engineBatch(-1, stored(1, 2)), engineBatch(-1, stored(2, 3))
-	r.publish(b1, wire.EngineForm{})
-	r.publish(b2, wire.EngineForm{}) // panics in the sink
+	r.Publish(b1, wire.EngineForm{})
+	r.Publish(b2, wire.EngineForm{}) // panics in the sink
 	eventually(t, "the panic", func() bool { return sub.Stats().Panics == 1 })
 	// Batch 3, repeated until the new connection has it (the repeats are duplicates).
 	payload := wire.AppendEngineBatch(nil, b3, wire.EngineForm{})
-	seq := r.record(payload)
+	seq := r.Record(payload)
 	for before := sub.Stats().Batches; sub.Stats().Batches == before; time.Sleep(2 * time.Millisecond) {
-		r.send(nil, be8(seq), payload)
+		r.Send(nil, be8(seq), payload)
 	}
 	waitEvents(t, &sink.recSink, slices.Concat(lines(0, b1), []string{cleared(0)}, lines(0, b3)))
 }

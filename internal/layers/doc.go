@@ -6,7 +6,8 @@
 //
 //  1. internal/ helpers, and kvevent (the event vocabulary, importing nothing of the project).
 //  2. radix (the index), approx, scoring, snapshot, and wire (codecs: only kvevent and internal/).
-//  3. shard (event application), router (one request's path).
+//  3. shard (event application), router (one request's path), and the test-only fake engine
+//     (internal/enginetest), which writes its payloads with wire.
 //  4. ingest, replica (load sharing between replicas), server, client (on wire only), and the
 //     test-only reference model.
 //  5. daemon (the assembly of the parts, their start and stop order).
