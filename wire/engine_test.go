@@ -323,7 +323,7 @@ func TestEngineForms(t *testing.T) {
 	// Media in any case and spelling kvevent.ParseMedium knows.
 	for medium, tier := range map[string]kvevent.Tier{"GPU": kvevent.Device, "gpu": kvevent.Device, "": kvevent.Device,
 		"CPU": kvevent.Host, "CPU_PINNED": kvevent.Host, "CPU_TIER1": kvevent.Host, "CPU_TIER2": kvevent.Disk, "DISK": kvevent.Disk,
-		"NVME": kvevent.Disk, "EXTERNAL": kvevent.External, "REMOTE": kvevent.External, "shared": kvevent.External} {
+		"NVME": kvevent.Disk, "STORAGE": kvevent.Disk, "EXTERNAL": kvevent.External, "REMOTE": kvevent.External, "shared": kvevent.External} {
 		f("medium "+medium, batch(1, mp(nil).arr(3).str("BlockRemoved").arr(0).str(medium)),
 			wire.EngineBatch{TS: 1.5, HasRank: true, Events: []kvevent.Event{{Kind: kvevent.Removed, Tier: tier}}})
 	}
