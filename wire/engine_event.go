@@ -121,6 +121,7 @@ type evState struct {
 	mainSpec bool   // ... and one of the main attention kinds
 	nExtra   int    // entries of extra_keys
 	extraAt  []byte // where extra_keys starts, for the count check
+	medium   []byte // a medium ParseMedium does not know, decoded as the device tier; nil if none
 }
 
 // filtered reports whether the event belongs to a KV-cache group the index does not track:
@@ -155,6 +156,11 @@ func (d *engineDecoder) event(out *EngineBatch, b []byte) ([]byte, error) {
 		out.Filtered++
 	default:
 		out.Events = append(out.Events, e)
+		if st.medium != nil {
+			if out.UnknownMedium++; out.UnknownMedium == 1 {
+				out.UnknownMediumName = alias(st.medium)
+			}
+		}
 	}
 	return r, nil
 }
@@ -325,7 +331,7 @@ func (d *engineDecoder) field(out *EngineBatch, e *kvevent.Event, st *evState, f
 		}
 		tier, ok := kvevent.ParseMedium(alias(s))
 		if !ok {
-			return nil, d.errAt(b, name, -1, -1, ErrInvalid, "unknown storage medium %q", s)
+			tier, st.medium = kvevent.Device, s
 		}
 		e.Tier = tier
 		return r, nil

@@ -113,7 +113,8 @@ var engineGoldens = []engineGolden{
 // held).
 func sameEngine(a, b *wire.EngineBatch) bool {
 	return math.Float64bits(a.TS) == math.Float64bits(b.TS) && a.Rank == b.Rank && a.HasRank == b.HasRank &&
-		a.Skipped == b.Skipped && a.Filtered == b.Filtered && len(a.Events) == len(b.Events) &&
+		a.Skipped == b.Skipped && a.Filtered == b.Filtered &&
+		a.UnknownMedium == b.UnknownMedium && a.UnknownMediumName == b.UnknownMediumName && len(a.Events) == len(b.Events) &&
 		(len(a.Events) == 0 || reflect.DeepEqual(a.Events, b.Events))
 }
 
@@ -140,7 +141,7 @@ func TestEngineGolden(t *testing.T) {
 			}
 			// Every form carries what was decoded.
 			want := got
-			want.Skipped, want.Filtered = 0, 0
+			want.Skipped, want.Filtered, want.UnknownMedium, want.UnknownMediumName = 0, 0, 0, ""
 			for _, f := range allForms {
 				var again wire.EngineBatch
 				if err := again.Decode(wire.AppendEngineBatch(nil, &got, f)); err != nil || !sameEngine(&again, &want) {
@@ -327,6 +328,27 @@ func TestEngineForms(t *testing.T) {
 		f("medium "+medium, batch(1, mp(nil).arr(3).str("BlockRemoved").arr(0).str(medium)),
 			wire.EngineBatch{TS: 1.5, HasRank: true, Events: []kvevent.Event{{Kind: kvevent.Removed, Tier: tier}}})
 	}
+	// A medium it does not know is the device tier, as Dynamo reads it, counted with the first
+	// such name; the batch's other events stand. A filtered event is not counted.
+	f("unknown media", batch(4, mp(nil).arr(3).str("BlockRemoved").arr(1).u(1).str("TPU").
+		stored(7).arr(1).u(2).nil().arr(1).u(5).u(1).nil().str("HBM3").
+		arr(3).str("BlockRemoved").arr(1).u(3).str("CPU").
+		arr(4).str("BlockRemoved").arr(1).u(4).str("NPU").u(1)),
+		wire.EngineBatch{TS: 1.5, HasRank: true, Filtered: 1, UnknownMedium: 2, UnknownMediumName: "TPU", Events: []kvevent.Event{
+			{Kind: kvevent.Removed, Hashes: []uint64{1}},
+			{Kind: kvevent.Stored, Hashes: []uint64{2}, Tokens: []uint32{5}, BlockSize: 1},
+			{Kind: kvevent.Removed, Tier: kvevent.Host, Hashes: []uint64{3}}}})
+	var b wire.EngineBatch // the count and the name are the last payload's
+	for _, c := range []struct {
+		medium string
+		n      int
+		name   string
+	}{{"TPU", 1, "TPU"}, {"GPU", 0, ""}} {
+		if err := b.Decode(batch(1, mp(nil).arr(3).str("BlockRemoved").arr(0).str(c.medium))); err != nil ||
+			b.UnknownMedium != c.n || b.UnknownMediumName != c.name {
+			t.Fatalf("medium %s: %v, unknown media %d %q; want %d %q", c.medium, err, b.UnknownMedium, b.UnknownMediumName, c.n, c.name)
+		}
+	}
 }
 
 // TestEngineLoRAAliasesPayload documents that LoRA names share the payload's memory.
@@ -374,7 +396,6 @@ func TestEngineErrors(t *testing.T) {
 	f("tokens nil", set(28, 0xc0, 0xc0), wire.ErrInvalid, "events[0].token_ids", 28)
 	f("negative block size", set(33, 0xff), wire.ErrInvalid, "events[0].block_size", 33)
 	f("block size over 2^32-1", set(33, 0xcf, 1, 0, 0, 0, 0, 0, 0, 0), wire.ErrInvalid, "events[0].block_size", 33)
-	f("unknown medium", set(36, 'T'), wire.ErrInvalid, "events[0].medium", 35)
 	f("medium an int", set(35, 0x01, 0xc0, 0xc0, 0xc0), wire.ErrInvalid, "events[0].medium", 35)
 	f("lora_name an int", set(39, 0x05), wire.ErrInvalid, "events[0].lora_name", 39)
 	f("negative rank", set(40, 0xff), wire.ErrInvalid, "data_parallel_rank", 40)
@@ -400,7 +421,7 @@ func TestEngineErrors(t *testing.T) {
 
 	rm := func(n int) mp { return mp(nil).arr(n).str("BlockRemoved") }
 	f("removal without hashes", batch(1, rm(1)), wire.ErrInvalid, "events[0].block_hashes", 11)
-	f("later event", batch(2, append(rm(2).arr(0), rm(3).arr(1).u(1).str("TPU")...)), wire.ErrInvalid, "events[1].medium", -2)
+	f("later event", batch(2, append(rm(2).arr(0), rm(3).arr(1).u(1).u(7)...)), wire.ErrInvalid, "events[1].medium", -2)
 	f("map event without type", batch(1, mp(nil).mapn(1).str("block_hashes").arr(0)), wire.ErrInvalid, "events[0].type", 11)
 	f("map event type an int", batch(1, mp(nil).mapn(1).str("type").u(1)), wire.ErrInvalid, "events[0].type", -2)
 	f("map event key an int", batch(1, mp(nil).mapn(1).u(1).u(1)), wire.ErrInvalid, "events[0]", 12)
