@@ -103,6 +103,11 @@ var engineGoldens = []engineGolden{
 			Tokens: []uint32{12}, BlockSize: 1}),
 		{Kind: kvevent.Removed, Rank: 1, Tier: kvevent.Host, Hashes: []uint64{0x9c3b1f0e2a475501}},
 	}}, nil},
+	{"sglang_eagle.hex", wire.EngineBatch{TS: 1747000002.5, HasRank: true, Events: []kvevent.Event{
+		stored(kvevent.Event{Hashes: []uint64{0xc4e0f1d5b8aafe9d}, Tokens: []uint32{128000, 791}, BlockSize: 2}),
+		stored(kvevent.Event{Hashes: []uint64{0x317a2c09e45b6610}, Parent: 0xc4e0f1d5b8aafe9d, HasParent: true,
+			Tokens: []uint32{4062, 14198}, BlockSize: 2}),
+	}}, nil},
 	{"hybrid_groups.hex", wire.EngineBatch{TS: 1.5, HasRank: true, Filtered: 2, Events: []kvevent.Event{
 		stored(kvevent.Event{Hashes: []uint64{0x11}, Tokens: []uint32{1, 2}, BlockSize: 2}),
 		{Kind: kvevent.Removed, Hashes: []uint64{0x22}},
@@ -392,7 +397,8 @@ func TestEngineErrors(t *testing.T) {
 	f("negative token int8", set(31, 0xd0, 0x80), wire.ErrInvalid, "events[0].token_ids[2]", 31)
 	f("token over 2^32-1", set(30, 0xcf, 0, 0, 0, 1, 0, 0, 0, 0), wire.ErrInvalid, "events[0].token_ids[1]", 30)
 	f("token a float", set(29, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0), wire.ErrInvalid, "events[0].token_ids[0]", 29)
-	f("token pairs (EAGLE)", set(29, 0x92, 1, 2), wire.ErrInvalid, "events[0].token_ids[0]", 29)
+	f("a token among pairs (EAGLE)", set(29, 0x92, 1, 2), wire.ErrInvalid, "events[0].token_ids[1]", 32)
+	f("a pair among tokens", set(30, 0x92, 2, 3), wire.ErrInvalid, "events[0].token_ids[1]", 30)
 	f("tokens nil", set(28, 0xc0, 0xc0), wire.ErrInvalid, "events[0].token_ids", 28)
 	f("negative block size", set(33, 0xff), wire.ErrInvalid, "events[0].block_size", 33)
 	f("block size over 2^32-1", set(33, 0xcf, 1, 0, 0, 0, 0, 0, 0, 0), wire.ErrInvalid, "events[0].block_size", 33)
@@ -418,6 +424,23 @@ func TestEngineErrors(t *testing.T) {
 	f("count larger than the payload", set(28, 0xdc, 0xff, 0xff), wire.ErrTruncated, "events[0].token_ids", 28)
 	f("events count larger than the payload", set(10, 0xdd, 0xff, 0xff, 0xff, 0xff), wire.ErrTruncated, "events", 10)
 	f("ts cut", golden[:5], wire.ErrTruncated, "ts", 1)
+
+	// EAGLE pairs (sglang_eagle.hex): 35 token_ids, 36 pair 0 (37 first, 42 second), 45 pair 1
+	// (46, 49).
+	eagle := readHex(t, "engine/sglang_eagle.hex")
+	setE := func(off int, b ...byte) []byte {
+		p := bytes.Clone(eagle)
+		return append(p[:off:off], append(b, p[off+1:]...)...)
+	}
+	f("pairs that do not overlap", setE(48, 0x18), wire.ErrInvalid, "events[0].token_ids[1][0]", 46)
+	f("a pair of three", setE(36, 0x93, 0x07), wire.ErrInvalid, "events[0].token_ids[0]", 36)
+	f("a pair of one", setE(45, 0x91), wire.ErrInvalid, "events[0].token_ids[1]", 45)
+	f("a pair in an array16", setE(36, 0xdc, 0x00, 0x02), nil, "", 0)
+	f("a pair a map", setE(45, 0x82), wire.ErrInvalid, "events[0].token_ids[1]", 45)
+	f("a pair's token negative", setE(42, 0xff), wire.ErrInvalid, "events[0].token_ids[0][1]", 42)
+	f("a pair's token a str", setE(37, 0xa0), wire.ErrInvalid, "events[0].token_ids[0][0]", 37)
+	f("a pair's token over 2^32-1", setE(42, 0xcf, 0, 0, 0, 1, 0, 0, 0, 0), wire.ErrInvalid, "events[0].token_ids[0][1]", 42)
+	f("pairs cut", eagle[:40], wire.ErrTruncated, "events[0].token_ids[0][0]", 37)
 
 	rm := func(n int) mp { return mp(nil).arr(n).str("BlockRemoved") }
 	f("removal without hashes", batch(1, rm(1)), wire.ErrInvalid, "events[0].block_hashes", 11)
