@@ -8,6 +8,8 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/tinylib/msgp/msgp"
+
 	"github.com/kvrouterd/kvrouterd/internal/refmodel"
 	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/radix"
@@ -69,6 +71,36 @@ func engineSeeds() []*wire.EngineBatch {
 	}
 }
 
+// sglangEagle is what an SGLang worker running EAGLE publishes once it caches tokens 1…9 at page
+// size streamBS: the tokens' pairs (token i, token i+1), two pages of them, one BlockStored each,
+// chained by signed hashes, token_ids the page's pairs (wire/SPEC.md §10.4).
+func sglangEagle() []byte {
+	b := msgp.AppendArrayHeader(nil, 3)
+	b = msgp.AppendFloat64(b, 6)
+	b = msgp.AppendArrayHeader(b, 2)
+	for p := range 2 {
+		b = msgp.AppendArrayHeader(b, 7)
+		b = msgp.AppendString(b, "BlockStored")
+		b = msgp.AppendArrayHeader(b, 1)
+		b = msgp.AppendInt64(b, -100-int64(p))
+		if p == 0 {
+			b = msgp.AppendNil(b)
+		} else {
+			b = msgp.AppendInt64(b, -100)
+		}
+		b = msgp.AppendArrayHeader(b, streamBS)
+		for i := p*streamBS + 1; i <= (p+1)*streamBS; i++ {
+			b = msgp.AppendArrayHeader(b, 2)
+			b = msgp.AppendInt(b, i)
+			b = msgp.AppendInt(b, i+1)
+		}
+		b = msgp.AppendInt(b, streamBS)
+		b = msgp.AppendNil(b)
+		b = msgp.AppendString(b, "GPU")
+	}
+	return msgp.AppendInt(b, 0)
+}
+
 // FuzzEngineIngest hands pairs of engine payloads (msgpack, every form vLLM and SGLang use) to
 // the path the ZMQ Subscriber and the NATS consumer take: wire.EngineBatch.Decode, the socket's
 // rank for a batch that states none, router.Ingest. A payload the decoder refuses gets a
@@ -86,6 +118,7 @@ func FuzzEngineIngest(f *testing.F) {
 	}
 	f.Add(wire.AppendEngineBatch(nil, seeds[0], forms[0]), []byte{0x93, 0xcb}, uint8(0)) // truncated
 	f.Add([]byte{}, wire.AppendEngineBatch(nil, seeds[2], forms[1]), uint8(3))
+	f.Add(sglangEagle(), wire.AppendEngineBatch(nil, seeds[1], forms[0]), uint8(0))
 	f.Fuzz(func(t *testing.T, p1, p2 []byte, sockRank uint8) {
 		var obs observed
 		r := router.New(router.Config{BlockSize: streamBS, Shards: 2, Observer: &obs, Logger: quiet()})

@@ -24,6 +24,7 @@ type EngineStats struct {
 	Stalled         int64 // connections dropped for stalling mid-message or mid-handshake
 	ProtocolErrors  int64 // connections dropped for breaking ZMTP framing
 	Panics          int64 // panics recovered while handling the engine's messages
+	UnknownMedium   int64 // events handed to the sink whose medium was unknown, applied as the device tier (Subscriber only)
 	Ranks           []RankStats
 }
 
@@ -58,6 +59,7 @@ const (
 	cStalled
 	cProtocolErrors
 	cPanics
+	cUnknownMedium
 	nCounters
 )
 
@@ -101,5 +103,6 @@ func (v *countValues) stats() EngineStats {
 		Stalled:         v[cStalled],
 		ProtocolErrors:  v[cProtocolErrors],
 		Panics:          v[cPanics],
+		UnknownMedium:   v[cUnknownMedium],
 	}
 }

@@ -23,6 +23,8 @@ var (
 		append(zmqLabels, "outcome"), nil)
 	descZMQRestarts = prometheus.NewDesc("kvrouterd_zmq_restarts_total", "Engine restarts seen (the batch sequence went back).", zmqLabels, nil)
 	descZMQLastSeq  = prometheus.NewDesc("kvrouterd_zmq_last_sequence", "Sequence of the last engine batch handed on.", zmqLabels, nil)
+	descEngMedium   = prometheus.NewDesc("kvrouterd_engine_unknown_medium_total",
+		"Engine events whose storage medium kvrouterd does not know, applied as the device tier.", zmqLabels, nil)
 )
 
 // Collector returns the subscriptions' metrics per worker and data-parallel rank, read at
@@ -33,7 +35,7 @@ type enginesCollector struct{ e *Engines }
 
 func (enginesCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range [...]*prometheus.Desc{descZMQConn, descZMQMsgs, descZMQBatches, descZMQDropped, descZMQRefused,
-		descZMQDisc, descZMQGaps, descZMQRestarts, descZMQLastSeq} {
+		descZMQDisc, descZMQGaps, descZMQRestarts, descZMQLastSeq, descEngMedium} {
 		ch <- d
 	}
 }
@@ -66,6 +68,7 @@ func (ec enginesCollector) Collect(ch chan<- prometheus.Metric) {
 			counter(descZMQGaps, c.GapsRecovered, "recovered")
 			counter(descZMQGaps, c.GapsUnrecovered, "cleared")
 			counter(descZMQRestarts, c.Restarts)
+			counter(descEngMedium, c.UnknownMedium)
 		}
 	}
 }

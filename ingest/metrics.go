@@ -12,6 +12,8 @@ var (
 	descRecreate = prometheus.NewDesc("kvrouterd_stream_recreated_total", "Times the event stream was found deleted and created again.", nil, nil)
 	descRestored = prometheus.NewDesc("kvrouterd_stream_config_restored_total", "Times the event stream's subjects, retention, storage or seal were found changed and set back.", nil, nil)
 	descReports  = prometheus.NewDesc("kvrouterd_load_reports_total", "Worker load reports recorded.", nil, nil)
+	descMedium   = prometheus.NewDesc("kvrouterd_stream_unknown_medium_total",
+		"Engine events from the stream whose storage medium kvrouterd does not know, applied as the device tier.", nil, nil)
 )
 
 // Collector returns the consumer's metrics, read at scrape time.
@@ -40,4 +42,5 @@ func (cc consumerCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descRecreate, prometheus.CounterValue, float64(st.Recreated))
 	ch <- prometheus.MustNewConstMetric(descRestored, prometheus.CounterValue, float64(st.Restored))
 	ch <- prometheus.MustNewConstMetric(descReports, prometheus.CounterValue, float64(st.Reports))
+	ch <- prometheus.MustNewConstMetric(descMedium, prometheus.CounterValue, float64(st.UnknownMedium))
 }

@@ -168,6 +168,9 @@ type Stats struct {
 	Gaps      int64  // stream sequences skipped: dropped by retention before they were read, or lost with a deleted stream
 	Recreated int64  // times the stream was found missing and created again
 	Restored  int64  // times the stream's configuration was found changed and set back
+	// UnknownMedium counts the engine events handed to the sink whose medium was unknown,
+	// applied as the device tier.
+	UnknownMedium int64
 	// Connected: connected to NATS, and the stream is there as configured (Health is nil).
 	Connected bool
 }
@@ -223,6 +226,7 @@ type Consumer struct {
 	batch  wire.EventBatch
 
 	messages, events, reports, gaps, recreated, restored atomic.Int64
+	unknownMedium                                        atomic.Int64
 	lastSeq                                              atomic.Uint64
 	rejected                                             [len(rejectReasons)]atomic.Int64
 }
@@ -546,6 +550,7 @@ func (c *Consumer) handle(gen uint64, m jetstream.Msg) {
 	}
 	data := m.Data()
 	var events []kvevent.Event
+	unknownMedium := 0
 	if bytes.HasPrefix(data, magic) {
 		if err := wire.DecodeEventBatch(data, &c.batch); err != nil {
 			c.reject(RejectDecode, "event stream: bad event batch", "subject", m.Subject(), "err", err)
@@ -562,7 +567,7 @@ func (c *Consumer) handle(gen uint64, m jetstream.Msg) {
 			c.reject(RejectDecode, "event stream: bad engine batch", "subject", m.Subject(), "err", err)
 			return
 		}
-		events = c.engine.Events
+		events, unknownMedium = c.engine.Events, c.engine.UnknownMedium
 		if h := m.Headers().Get(HeaderRank); h != "" && !c.engine.HasRank {
 			r, err := strconv.ParseUint(h, 10, 32)
 			if err != nil {
@@ -582,6 +587,11 @@ func (c *Consumer) handle(gen uint64, m jetstream.Msg) {
 		return
 	}
 	c.events.Add(int64(len(events)))
+	if unknownMedium > 0 {
+		c.unknownMedium.Add(int64(unknownMedium))
+		c.log.Warn("event stream: engine events of an unknown storage medium applied as the device tier",
+			"medium", strings.Clone(c.engine.UnknownMediumName), "worker", worker, "model", model, "events", unknownMedium)
+	}
 }
 
 func (c *Consumer) handleReport(m *nats.Msg) {
@@ -624,7 +634,7 @@ func (c *Consumer) Stats() Stats {
 	st := Stats{
 		Messages: c.messages.Load(), Events: c.events.Load(), Reports: c.reports.Load(),
 		LastSeq: c.lastSeq.Load(), Gaps: c.gaps.Load(), Connected: c.Health() == nil,
-		Recreated: c.recreated.Load(), Restored: c.restored.Load(),
+		Recreated: c.recreated.Load(), Restored: c.restored.Load(), UnknownMedium: c.unknownMedium.Load(),
 		Rejected: make(map[string]int64, len(rejectReasons)),
 	}
 	for i, r := range rejectReasons {

@@ -5,6 +5,7 @@ package ingest
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 
 	"github.com/kvrouterd/kvrouterd/kvevent"
@@ -108,6 +109,11 @@ func (sub *Subscriber) sendLocked(_ context.Context, rl *rankLoop, seq uint64, _
 		return err
 	}
 	rl.c[cEvents].Add(int64(len(evs)))
+	if n := rl.batch.UnknownMedium; n > 0 {
+		rl.c[cUnknownMedium].Add(int64(n))
+		rl.warn("engine events of an unknown storage medium applied as the device tier",
+			"medium", strings.Clone(rl.batch.UnknownMediumName), "events", n)
+	}
 	return nil
 }
 

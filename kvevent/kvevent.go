@@ -73,7 +73,7 @@ func ParseMedium(s string) (Tier, bool) {
 		return Device, true
 	case "CPU", "CPU_PINNED", "CPU_TIER1", "HOST", "HOST_PINNED":
 		return Host, true
-	case "CPU_TIER2", "DISK", "NVME":
+	case "CPU_TIER2", "DISK", "NVME", "STORAGE":
 		return Disk, true
 	case "EXTERNAL", "NETWORK", "REMOTE", "SHARED":
 		return External, true

@@ -50,6 +50,13 @@ type EngineBatch struct {
 	// are the same as the full-attention blocks', so a removal there would remove the wrong
 	// block from the index.
 	Filtered int
+	// UnknownMedium counts the events of Events whose medium is a string ParseMedium does not
+	// know. They are decoded as the device tier, as Dynamo does, rather than refusing the batch
+	// and the device events in it; counted, because a block kept in a tier of a new name then
+	// counts as cached on the device. UnknownMediumName is the first such medium; it aliases
+	// the payload.
+	UnknownMedium     int
+	UnknownMediumName string
 
 	// Arenas the events' slices point into. A slice taken before an arena grew keeps the old
 	// backing array, which still holds its data.
@@ -67,6 +74,7 @@ func (b *EngineBatch) Decode(payload []byte) error {
 	clear(b.Events) // let go of the strings of the previous payload
 	b.Events = b.Events[:0]
 	b.TS, b.Rank, b.HasRank, b.Skipped, b.Filtered = 0, 0, false, 0, 0
+	b.UnknownMedium, b.UnknownMediumName = 0, ""
 	b.hashes, b.tokens, b.mmData = b.hashes[:0], b.tokens[:0], b.mmData[:0]
 	clear(b.mm)
 	b.mm = b.mm[:0]

@@ -37,10 +37,12 @@ const (
 // data_parallel_rank only if b.HasRank; stored events with lora_id nil, medium ("GPU", "CPU",
 // "DISK", "EXTERNAL"), lora_name (nil for "") and, when MM is not nil, extra_keys holding
 // one (identifier, 0) pair per multimodal hash, the identifier being the hash in 16 hex digits
-// and 48 zeros. Each event's Rank and ID, and b's Skipped and Filtered, are not written.
+// and 48 zeros. Each event's Rank and ID, and b's counts (Skipped, Filtered, UnknownMedium),
+// are not written.
 //
 // Values the format cannot carry are written so that Decode rejects them (a negative block
-// size, an unknown tier) or skips them (an unknown kind becomes an unknown type tag).
+// size, an unknown tier as an int medium) or skips them (an unknown kind becomes an unknown
+// type tag).
 func AppendEngineBatch(dst []byte, b *EngineBatch, f EngineForm) []byte {
 	n := uint32(2)
 	if b.HasRank {
@@ -170,7 +172,8 @@ func appendMedium(dst []byte, t kvevent.Tier) []byte {
 	case kvevent.External:
 		return msgp.AppendString(dst, "EXTERNAL")
 	}
-	return msgp.AppendString(dst, t.String()) // "tier(n)", which Decode rejects
+	// An int, which Decode rejects: a str it does not know would be read back as the device.
+	return msgp.AppendUint8(dst, uint8(t))
 }
 
 func appendEngineHashes(dst []byte, hs []uint64, f HashForm) []byte {

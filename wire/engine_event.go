@@ -121,6 +121,7 @@ type evState struct {
 	mainSpec bool   // ... and one of the main attention kinds
 	nExtra   int    // entries of extra_keys
 	extraAt  []byte // where extra_keys starts, for the count check
+	medium   []byte // a medium ParseMedium does not know, decoded as the device tier; nil if none
 }
 
 // filtered reports whether the event belongs to a KV-cache group the index does not track:
@@ -155,6 +156,11 @@ func (d *engineDecoder) event(out *EngineBatch, b []byte) ([]byte, error) {
 		out.Filtered++
 	default:
 		out.Events = append(out.Events, e)
+		if st.medium != nil {
+			if out.UnknownMedium++; out.UnknownMedium == 1 {
+				out.UnknownMediumName = alias(st.medium)
+			}
+		}
 	}
 	return r, nil
 }
@@ -325,7 +331,7 @@ func (d *engineDecoder) field(out *EngineBatch, e *kvevent.Event, st *evState, f
 		}
 		tier, ok := kvevent.ParseMedium(alias(s))
 		if !ok {
-			return nil, d.errAt(b, name, -1, -1, ErrInvalid, "unknown storage medium %q", s)
+			tier, st.medium = kvevent.Device, s
 		}
 		e.Tier = tier
 		return r, nil
@@ -468,7 +474,8 @@ func beTail(v []byte) uint64 {
 	return h
 }
 
-// tokens reads token_ids into the token arena.
+// tokens reads token_ids into the token arena: token ids, or SGLang's EAGLE pairs if the first
+// element is an array.
 func (d *engineDecoder) tokens(out *EngineBatch, b []byte) ([]uint32, []byte, error) {
 	const name = "token_ids"
 	n, r, err := d.array(b, name)
@@ -477,6 +484,9 @@ func (d *engineDecoder) tokens(out *EngineBatch, b []byte) ([]uint32, []byte, er
 	}
 	if n == 0 {
 		return nil, r, nil
+	}
+	if c := r[0]; c&0xf0 == 0x90 || c == 0xdc || c == 0xdd { // an array: d.array left r non-empty
+		return d.bigramTokens(out, r, n)
 	}
 	start := len(out.tokens)
 	out.tokens = slices.Grow(out.tokens, int(n))
@@ -493,7 +503,7 @@ func (d *engineDecoder) tokens(out *EngineBatch, b []byte) ([]uint32, []byte, er
 		case len(r) >= 5 && r[0] == 0xce:
 			t, r = binary.BigEndian.Uint32(r[1:]), r[5:]
 		default:
-			if t, r, err = d.token(r, j); err != nil {
+			if t, r, err = d.token(r, j, -1); err != nil {
 				return nil, nil, err
 			}
 		}
@@ -502,18 +512,105 @@ func (d *engineDecoder) tokens(out *EngineBatch, b []byte) ([]uint32, []byte, er
 	return out.tokens[start:len(out.tokens):len(out.tokens)], r, nil
 }
 
-// token reads a token id in any other integer encoding (signed ones, uint64), or fails.
-func (d *engineDecoder) token(b []byte, j int) (uint32, []byte, error) {
+// bigramTokens reads the n elements of token_ids that SGLang writes under EAGLE speculative
+// decoding: its radix cache then keys KV slot i by the pair (token i, token i+1), and a page's
+// BlockStored holds the page's pairs, each overlapping the next by one token. The tokens whose
+// KV the page holds are the pairs' first elements, which are what the events get; the second
+// element of the last pair, the token after the page, is checked against nothing and dropped
+// (SPEC.md §10.4).
+func (d *engineDecoder) bigramTokens(out *EngineBatch, b []byte, n uint32) ([]uint32, []byte, error) {
+	start := len(out.tokens)
+	out.tokens = slices.Grow(out.tokens, int(n))
+	r := b
+	var next uint32 // the second token of pair j-1, which pair j must start with
+	for j := range int(n) {
+		var first, second uint32
+		var firstAt []byte
+		// fixarray(2), as msgspec writes a tuple of two, of ints in the encodings of ids below
+		// 2^32, inline: pairs are most of such a payload. Anything else the slow way.
+		ok := false
+		if len(r) > 0 && r[0] == 0x92 {
+			q := r[1:]
+			switch {
+			case len(q) > 0 && q[0] < 0x80:
+				first, q, ok = uint32(q[0]), q[1:], true
+			case len(q) >= 3 && q[0] == 0xcd:
+				first, q, ok = uint32(q[1])<<8|uint32(q[2]), q[3:], true
+			case len(q) >= 5 && q[0] == 0xce:
+				first, q, ok = binary.BigEndian.Uint32(q[1:]), q[5:], true
+			case len(q) >= 2 && q[0] == 0xcc:
+				first, q, ok = uint32(q[1]), q[2:], true
+			}
+			if ok {
+				switch {
+				case len(q) > 0 && q[0] < 0x80:
+					second, q = uint32(q[0]), q[1:]
+				case len(q) >= 3 && q[0] == 0xcd:
+					second, q = uint32(q[1])<<8|uint32(q[2]), q[3:]
+				case len(q) >= 5 && q[0] == 0xce:
+					second, q = binary.BigEndian.Uint32(q[1:]), q[5:]
+				case len(q) >= 2 && q[0] == 0xcc:
+					second, q = uint32(q[1]), q[2:]
+				default:
+					ok = false
+				}
+			}
+			if ok {
+				firstAt, r = r[1:], q
+			}
+		}
+		if !ok {
+			var err error
+			if first, second, firstAt, r, err = d.pair(r, j); err != nil {
+				return nil, nil, err
+			}
+		}
+		if j > 0 && first != next {
+			return nil, nil, d.errAt(firstAt, "token_ids", j, 0, ErrInvalid,
+				"%d, want %d, the second token of the pair before: EAGLE pairs overlap by one token", first, next)
+		}
+		next = second
+		out.tokens = append(out.tokens, first)
+	}
+	return out.tokens[start:len(out.tokens):len(out.tokens)], r, nil
+}
+
+// pair reads token pair j in any encoding, or fails; firstAt is where its first token starts.
+func (d *engineDecoder) pair(b []byte, j int) (first, second uint32, firstAt, r []byte, err error) {
+	const want = "a token pair (EAGLE bigram): an array of 2 token ids"
+	if msgp.NextType(b) != msgp.ArrayType {
+		return 0, 0, nil, nil, d.bad(b, "token_ids", j, -1, want, nil)
+	}
+	m, r, err := msgp.ReadArrayHeaderBytes(b)
+	if err != nil {
+		return 0, 0, nil, nil, d.bad(b, "token_ids", j, -1, want, err)
+	}
+	if m != 2 {
+		return 0, 0, nil, nil, d.errAt(b, "token_ids", j, -1, ErrInvalid, "array of %d elements, want %s", m, want)
+	}
+	firstAt = r
+	if first, r, err = d.token(r, j, 0); err != nil {
+		return 0, 0, nil, nil, err
+	}
+	if second, r, err = d.token(r, j, 1); err != nil {
+		return 0, 0, nil, nil, err
+	}
+	return first, second, firstAt, r, nil
+}
+
+// token reads token id j (element k of pair j, if k ≥ 0) in any integer encoding, or fails;
+// callers read the common encodings inline.
+func (d *engineDecoder) token(b []byte, j, k int) (uint32, []byte, error) {
 	const want = "a token id from 0 to 2^32-1"
 	if t := msgp.NextType(b); t != msgp.IntType && t != msgp.UintType {
-		return 0, nil, d.bad(b, "token_ids", j, -1, want, nil)
+		return 0, nil, d.bad(b, "token_ids", j, k, want, nil)
 	}
 	v, r, err := msgp.ReadUint64Bytes(b)
 	if err != nil {
-		return 0, nil, d.bad(b, "token_ids", j, -1, want, err)
+		return 0, nil, d.bad(b, "token_ids", j, k, want, err)
 	}
 	if v > math.MaxUint32 {
-		return 0, nil, d.errAt(b, "token_ids", j, -1, ErrInvalid, "%d, want %s", v, want)
+		return 0, nil, d.errAt(b, "token_ids", j, k, ErrInvalid, "%d, want %s", v, want)
 	}
 	return uint32(v), r, nil
 }

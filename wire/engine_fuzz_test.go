@@ -40,7 +40,7 @@ func FuzzDecodeEngineBatch(f *testing.F) {
 			return
 		}
 		want := fresh
-		want.Skipped, want.Filtered = 0, 0
+		want.Skipped, want.Filtered, want.UnknownMedium, want.UnknownMediumName = 0, 0, 0, ""
 		for _, form := range allForms {
 			enc := wire.AppendEngineBatch(nil, &fresh, form)
 			var again wire.EngineBatch

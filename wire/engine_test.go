@@ -103,6 +103,11 @@ var engineGoldens = []engineGolden{
 			Tokens: []uint32{12}, BlockSize: 1}),
 		{Kind: kvevent.Removed, Rank: 1, Tier: kvevent.Host, Hashes: []uint64{0x9c3b1f0e2a475501}},
 	}}, nil},
+	{"sglang_eagle.hex", wire.EngineBatch{TS: 1747000002.5, HasRank: true, Events: []kvevent.Event{
+		stored(kvevent.Event{Hashes: []uint64{0xc4e0f1d5b8aafe9d}, Tokens: []uint32{128000, 791}, BlockSize: 2}),
+		stored(kvevent.Event{Hashes: []uint64{0x317a2c09e45b6610}, Parent: 0xc4e0f1d5b8aafe9d, HasParent: true,
+			Tokens: []uint32{4062, 14198}, BlockSize: 2}),
+	}}, nil},
 	{"hybrid_groups.hex", wire.EngineBatch{TS: 1.5, HasRank: true, Filtered: 2, Events: []kvevent.Event{
 		stored(kvevent.Event{Hashes: []uint64{0x11}, Tokens: []uint32{1, 2}, BlockSize: 2}),
 		{Kind: kvevent.Removed, Hashes: []uint64{0x22}},
@@ -113,7 +118,8 @@ var engineGoldens = []engineGolden{
 // held).
 func sameEngine(a, b *wire.EngineBatch) bool {
 	return math.Float64bits(a.TS) == math.Float64bits(b.TS) && a.Rank == b.Rank && a.HasRank == b.HasRank &&
-		a.Skipped == b.Skipped && a.Filtered == b.Filtered && len(a.Events) == len(b.Events) &&
+		a.Skipped == b.Skipped && a.Filtered == b.Filtered &&
+		a.UnknownMedium == b.UnknownMedium && a.UnknownMediumName == b.UnknownMediumName && len(a.Events) == len(b.Events) &&
 		(len(a.Events) == 0 || reflect.DeepEqual(a.Events, b.Events))
 }
 
@@ -140,7 +146,7 @@ func TestEngineGolden(t *testing.T) {
 			}
 			// Every form carries what was decoded.
 			want := got
-			want.Skipped, want.Filtered = 0, 0
+			want.Skipped, want.Filtered, want.UnknownMedium, want.UnknownMediumName = 0, 0, 0, ""
 			for _, f := range allForms {
 				var again wire.EngineBatch
 				if err := again.Decode(wire.AppendEngineBatch(nil, &got, f)); err != nil || !sameEngine(&again, &want) {
@@ -323,9 +329,30 @@ func TestEngineForms(t *testing.T) {
 	// Media in any case and spelling kvevent.ParseMedium knows.
 	for medium, tier := range map[string]kvevent.Tier{"GPU": kvevent.Device, "gpu": kvevent.Device, "": kvevent.Device,
 		"CPU": kvevent.Host, "CPU_PINNED": kvevent.Host, "CPU_TIER1": kvevent.Host, "CPU_TIER2": kvevent.Disk, "DISK": kvevent.Disk,
-		"NVME": kvevent.Disk, "EXTERNAL": kvevent.External, "REMOTE": kvevent.External, "shared": kvevent.External} {
+		"NVME": kvevent.Disk, "STORAGE": kvevent.Disk, "EXTERNAL": kvevent.External, "REMOTE": kvevent.External, "shared": kvevent.External} {
 		f("medium "+medium, batch(1, mp(nil).arr(3).str("BlockRemoved").arr(0).str(medium)),
 			wire.EngineBatch{TS: 1.5, HasRank: true, Events: []kvevent.Event{{Kind: kvevent.Removed, Tier: tier}}})
+	}
+	// A medium it does not know is the device tier, as Dynamo reads it, counted with the first
+	// such name; the batch's other events stand. A filtered event is not counted.
+	f("unknown media", batch(4, mp(nil).arr(3).str("BlockRemoved").arr(1).u(1).str("TPU").
+		stored(7).arr(1).u(2).nil().arr(1).u(5).u(1).nil().str("HBM3").
+		arr(3).str("BlockRemoved").arr(1).u(3).str("CPU").
+		arr(4).str("BlockRemoved").arr(1).u(4).str("NPU").u(1)),
+		wire.EngineBatch{TS: 1.5, HasRank: true, Filtered: 1, UnknownMedium: 2, UnknownMediumName: "TPU", Events: []kvevent.Event{
+			{Kind: kvevent.Removed, Hashes: []uint64{1}},
+			{Kind: kvevent.Stored, Hashes: []uint64{2}, Tokens: []uint32{5}, BlockSize: 1},
+			{Kind: kvevent.Removed, Tier: kvevent.Host, Hashes: []uint64{3}}}})
+	var b wire.EngineBatch // the count and the name are the last payload's
+	for _, c := range []struct {
+		medium string
+		n      int
+		name   string
+	}{{"TPU", 1, "TPU"}, {"GPU", 0, ""}} {
+		if err := b.Decode(batch(1, mp(nil).arr(3).str("BlockRemoved").arr(0).str(c.medium))); err != nil ||
+			b.UnknownMedium != c.n || b.UnknownMediumName != c.name {
+			t.Fatalf("medium %s: %v, unknown media %d %q; want %d %q", c.medium, err, b.UnknownMedium, b.UnknownMediumName, c.n, c.name)
+		}
 	}
 }
 
@@ -370,11 +397,11 @@ func TestEngineErrors(t *testing.T) {
 	f("negative token int8", set(31, 0xd0, 0x80), wire.ErrInvalid, "events[0].token_ids[2]", 31)
 	f("token over 2^32-1", set(30, 0xcf, 0, 0, 0, 1, 0, 0, 0, 0), wire.ErrInvalid, "events[0].token_ids[1]", 30)
 	f("token a float", set(29, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0), wire.ErrInvalid, "events[0].token_ids[0]", 29)
-	f("token pairs (EAGLE)", set(29, 0x92, 1, 2), wire.ErrInvalid, "events[0].token_ids[0]", 29)
+	f("a token among pairs (EAGLE)", set(29, 0x92, 1, 2), wire.ErrInvalid, "events[0].token_ids[1]", 32)
+	f("a pair among tokens", set(30, 0x92, 2, 3), wire.ErrInvalid, "events[0].token_ids[1]", 30)
 	f("tokens nil", set(28, 0xc0, 0xc0), wire.ErrInvalid, "events[0].token_ids", 28)
 	f("negative block size", set(33, 0xff), wire.ErrInvalid, "events[0].block_size", 33)
 	f("block size over 2^32-1", set(33, 0xcf, 1, 0, 0, 0, 0, 0, 0, 0), wire.ErrInvalid, "events[0].block_size", 33)
-	f("unknown medium", set(36, 'T'), wire.ErrInvalid, "events[0].medium", 35)
 	f("medium an int", set(35, 0x01, 0xc0, 0xc0, 0xc0), wire.ErrInvalid, "events[0].medium", 35)
 	f("lora_name an int", set(39, 0x05), wire.ErrInvalid, "events[0].lora_name", 39)
 	f("negative rank", set(40, 0xff), wire.ErrInvalid, "data_parallel_rank", 40)
@@ -398,9 +425,26 @@ func TestEngineErrors(t *testing.T) {
 	f("events count larger than the payload", set(10, 0xdd, 0xff, 0xff, 0xff, 0xff), wire.ErrTruncated, "events", 10)
 	f("ts cut", golden[:5], wire.ErrTruncated, "ts", 1)
 
+	// EAGLE pairs (sglang_eagle.hex): 35 token_ids, 36 pair 0 (37 first, 42 second), 45 pair 1
+	// (46, 49).
+	eagle := readHex(t, "engine/sglang_eagle.hex")
+	setE := func(off int, b ...byte) []byte {
+		p := bytes.Clone(eagle)
+		return append(p[:off:off], append(b, p[off+1:]...)...)
+	}
+	f("pairs that do not overlap", setE(48, 0x18), wire.ErrInvalid, "events[0].token_ids[1][0]", 46)
+	f("a pair of three", setE(36, 0x93, 0x07), wire.ErrInvalid, "events[0].token_ids[0]", 36)
+	f("a pair of one", setE(45, 0x91), wire.ErrInvalid, "events[0].token_ids[1]", 45)
+	f("a pair in an array16", setE(36, 0xdc, 0x00, 0x02), nil, "", 0)
+	f("a pair a map", setE(45, 0x82), wire.ErrInvalid, "events[0].token_ids[1]", 45)
+	f("a pair's token negative", setE(42, 0xff), wire.ErrInvalid, "events[0].token_ids[0][1]", 42)
+	f("a pair's token a str", setE(37, 0xa0), wire.ErrInvalid, "events[0].token_ids[0][0]", 37)
+	f("a pair's token over 2^32-1", setE(42, 0xcf, 0, 0, 0, 1, 0, 0, 0, 0), wire.ErrInvalid, "events[0].token_ids[0][1]", 42)
+	f("pairs cut", eagle[:40], wire.ErrTruncated, "events[0].token_ids[0][0]", 37)
+
 	rm := func(n int) mp { return mp(nil).arr(n).str("BlockRemoved") }
 	f("removal without hashes", batch(1, rm(1)), wire.ErrInvalid, "events[0].block_hashes", 11)
-	f("later event", batch(2, append(rm(2).arr(0), rm(3).arr(1).u(1).str("TPU")...)), wire.ErrInvalid, "events[1].medium", -2)
+	f("later event", batch(2, append(rm(2).arr(0), rm(3).arr(1).u(1).u(7)...)), wire.ErrInvalid, "events[1].medium", -2)
 	f("map event without type", batch(1, mp(nil).mapn(1).str("block_hashes").arr(0)), wire.ErrInvalid, "events[0].type", 11)
 	f("map event type an int", batch(1, mp(nil).mapn(1).str("type").u(1)), wire.ErrInvalid, "events[0].type", -2)
 	f("map event key an int", batch(1, mp(nil).mapn(1).u(1).u(1)), wire.ErrInvalid, "events[0]", 12)

@@ -5,6 +5,8 @@ import (
 	"math/rand/v2"
 	"testing"
 
+	"github.com/tinylib/msgp/msgp"
+
 	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/wire"
 )
@@ -62,6 +64,62 @@ func BenchmarkDecodeEngineBatch(b *testing.B) {
 			b.ReportMetric(float64(nblocks)*float64(b.N)/b.Elapsed().Seconds(), "blocks/s")
 		})
 	}
+	// The same blocks as SGLang publishes them under EAGLE: token ids as overlapping pairs.
+	b.Run(fmt.Sprintf("sglang-eagle/events=%d", events), func(b *testing.B) {
+		payload := appendEaglePayload(nil, batch)
+		var out wire.EngineBatch
+		if err := out.Decode(payload); err != nil {
+			b.Fatal(err)
+		}
+		b.SetBytes(int64(len(payload)))
+		b.ReportAllocs()
+		for b.Loop() {
+			if err := out.Decode(payload); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.ReportMetric(float64(nblocks)*float64(b.N)/b.Elapsed().Seconds(), "blocks/s")
+	})
+}
+
+// appendEaglePayload writes batch's stored events as SGLang does under EAGLE (SPEC.md §10.4):
+// [ts, events, attn_dp_rank], each event positional with its tokens as pairs (token i,
+// token i+1), the last pair's second token the first of the next event, hashes as int64.
+func appendEaglePayload(dst []byte, batch *wire.EngineBatch) []byte {
+	dst = msgp.AppendArrayHeader(dst, 3)
+	dst = msgp.AppendFloat64(dst, batch.TS)
+	dst = msgp.AppendArrayHeader(dst, uint32(len(batch.Events)))
+	for i, e := range batch.Events {
+		dst = msgp.AppendArrayHeader(dst, 7)
+		dst = msgp.AppendString(dst, "BlockStored")
+		dst = msgp.AppendArrayHeader(dst, uint32(len(e.Hashes)))
+		for _, h := range e.Hashes {
+			dst = msgp.AppendInt64(dst, int64(h))
+		}
+		if e.HasParent {
+			dst = msgp.AppendInt64(dst, int64(e.Parent))
+		} else {
+			dst = msgp.AppendNil(dst)
+		}
+		after := uint32(0)
+		if i+1 < len(batch.Events) {
+			after = batch.Events[i+1].Tokens[0]
+		}
+		dst = msgp.AppendArrayHeader(dst, uint32(len(e.Tokens)))
+		for j, t := range e.Tokens {
+			next := after
+			if j+1 < len(e.Tokens) {
+				next = e.Tokens[j+1]
+			}
+			dst = msgp.AppendArrayHeader(dst, 2)
+			dst = msgp.AppendUint32(dst, t)
+			dst = msgp.AppendUint32(dst, next)
+		}
+		dst = msgp.AppendInt(dst, e.BlockSize)
+		dst = msgp.AppendNil(dst)
+		dst = msgp.AppendString(dst, "GPU")
+	}
+	return msgp.AppendInt(dst, 0)
 }
 
 // BenchmarkAppendEngineBatch encodes the same batch, as a fake publisher would.

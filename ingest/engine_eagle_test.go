@@ -1,0 +1,109 @@
+package ingest
+
+import (
+	"testing"
+
+	"github.com/tinylib/msgp/msgp"
+
+	"github.com/kvrouterd/kvrouterd/kvevent"
+	"github.com/kvrouterd/kvrouterd/router"
+	"github.com/kvrouterd/kvrouterd/wire"
+)
+
+// sglangEagleBatch is the batch an SGLang worker running EAGLE publishes once its radix cache
+// holds tokens, built as SGLang builds it: the key is the tokens' pairs (token i, token i+1)
+// (convert_to_bigram_key), cut to whole pages; the new node's pages become one BlockStored each
+// (_record_store_event), the first a root, each later one chained to the page before by its
+// signed int64 hash, holding the page's pairs as token_ids, block_size the page size, lora_id
+// nil, medium "GPU"; msgspec writes the array-like structs and the batch [ts, events,
+// attn_dp_rank] with every field.
+func sglangEagleBatch(tokens []uint32, pageSize int, hash0 int64) []byte {
+	pages := (len(tokens) - 1) / pageSize
+	b := msgp.AppendArrayHeader(nil, 3)
+	b = msgp.AppendFloat64(b, 1747000003.5)
+	b = msgp.AppendArrayHeader(b, uint32(pages))
+	for p := range pages {
+		b = msgp.AppendArrayHeader(b, 7)
+		b = msgp.AppendString(b, "BlockStored")
+		b = msgp.AppendArrayHeader(b, 1)
+		b = msgp.AppendInt64(b, hash0-int64(p))
+		if p == 0 {
+			b = msgp.AppendNil(b)
+		} else {
+			b = msgp.AppendInt64(b, hash0-int64(p-1))
+		}
+		b = msgp.AppendArrayHeader(b, uint32(pageSize))
+		for i := p * pageSize; i < (p+1)*pageSize; i++ {
+			b = msgp.AppendArrayHeader(b, 2)
+			b = msgp.AppendUint32(b, tokens[i])
+			b = msgp.AppendUint32(b, tokens[i+1])
+		}
+		b = msgp.AppendInt(b, pageSize)
+		b = msgp.AppendNil(b)
+		b = msgp.AppendString(b, "GPU")
+	}
+	return msgp.AppendInt(b, 0)
+}
+
+// TestSubscriberEAGLE: the blocks an SGLang worker running EAGLE publishes, token ids as pairs,
+// give it the cache credit for a request of the same tokens, through the ZMQ subscription into a
+// router; at page size 4, against a worker holding the first block only, and at SGLang's
+// default page size 1.
+func TestSubscriberEAGLE(t *testing.T) {
+	rt := router.New(router.Config{Shards: 2, Logger: zmqTestLog()})
+	defer rt.Close()
+	prompt := []uint32{128000, 791, 4062, 14198, 39935, 35308, 927, 279, 16053, 5679, 13, 578, 3290}
+
+	for _, c := range []struct {
+		model      string
+		pageSize   int
+		eagle      uint64 // the EAGLE worker
+		plain      uint64 // a worker publishing plain token ids, the first block only; 0: none
+		wantCached uint32
+	}{
+		{"eagle-p4", 4, 42, 43, 3}, // 13 tokens: 12 pairs, 3 pages
+		{"eagle-p1", 1, 44, 0, 12}, // 12 pairs, 12 pages; the last token is the prompt's last
+	} {
+		t.Run(c.model, func(t *testing.T) {
+			eng := newFakeEngine(t, fakeOpts{})
+			sub := startSub(t, eng.source(c.eagle, c.model), rt, EngineConfig{})
+			eng.ranks[0].probe(subReady(sub, 0))
+			payload := sglangEagleBatch(prompt, c.pageSize, -0x3b1f0e2a47550163)
+			seq := eng.ranks[0].record(payload)
+			eng.ranks[0].send(nil, be8(seq), payload)
+			want := int64(2) // the probe, then the batch
+			if c.plain != 0 {
+				plain := newFakeEngine(t, fakeOpts{})
+				psub := startSub(t, plain.source(c.plain, c.model), rt, EngineConfig{})
+				plain.ranks[0].probe(subReady(psub, 0))
+				plain.ranks[0].publish(engineBatch(-1, kvevent.Event{Kind: kvevent.Stored, BlockSize: c.pageSize,
+					Hashes: []uint64{7}, Tokens: prompt[:c.pageSize]}), wire.EngineForm{})
+				eventually(t, "the plain worker's batch", func() bool { return psub.Stats().Batches >= 2 })
+			}
+			eventually(t, "the EAGLE worker's batch", func() bool { st := sub.Stats(); return st.Batches+st.DecodeErrors >= want })
+			if st := sub.Stats(); st.DecodeErrors != 0 {
+				t.Fatalf("%d decode errors: the pairs were refused", st.DecodeErrors)
+			}
+			if err := rt.Flush(); err != nil {
+				t.Fatal(err)
+			}
+
+			var resp wire.RouteResponse
+			req := wire.RouteRequest{RequestID: "req-" + c.model, Model: c.model, Tokens: prompt}
+			if err := rt.Route(&req, &resp); err != nil {
+				t.Fatal(err)
+			}
+			cached := map[uint64]uint32{}
+			for _, cand := range resp.Candidates {
+				cached[cand.Worker] = cand.CachedBlocks
+			}
+			if resp.Worker != c.eagle || cached[c.eagle] != c.wantCached {
+				t.Fatalf("routed to %d, cached blocks by worker %v; want %d with %d", resp.Worker, cached, c.eagle, c.wantCached)
+			}
+			// The same tokens hash alike however they were published.
+			if c.plain != 0 && cached[c.plain] != 1 {
+				t.Fatalf("plain worker %d: %d cached blocks, want 1", c.plain, cached[c.plain])
+			}
+		})
+	}
+}

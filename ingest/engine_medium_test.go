@@ -1,0 +1,129 @@
+package ingest
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/kvrouterd/kvrouterd/kvevent"
+	"github.com/kvrouterd/kvrouterd/router"
+	"github.com/kvrouterd/kvrouterd/wire"
+)
+
+// logBuffer is a log destination the rank goroutines may write while the test reads it.
+type logBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// withMedium encodes b in vLLM's array form with every "GPU" medium renamed medium, a name of
+// three letters.
+func withMedium(b *wire.EngineBatch, medium string) []byte {
+	return bytes.ReplaceAll(wire.AppendEngineBatch(nil, b, wire.EngineForm{}), []byte("\xa3GPU"), append([]byte{0xa3}, medium...))
+}
+
+// TestEngineUnknownMedium: an engine event of a medium kvrouterd does not know reaches the sink
+// as the device tier with the rest of its batch; it is counted per worker and rank, exported,
+// and logged with the medium and the worker.
+func TestEngineUnknownMedium(t *testing.T) {
+	eng := newFakeEngine(t, fakeOpts{})
+	sink := &recSink{}
+	var logs logBuffer
+	es := NewEngines(context.Background(), sink, EngineConfig{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	t.Cleanup(es.Close)
+	if err := es.Add(eng.source(5, "m")); err != nil {
+		t.Fatal(err)
+	}
+	r := eng.ranks[0]
+	r.probe(func() bool {
+		for _, st := range es.Stats() {
+			return st.Messages > 0
+		}
+		return false
+	})
+
+	b := engineBatch(-1, stored(0, 11), removed(11), kvevent.Event{Kind: kvevent.Removed, Tier: kvevent.Host, Hashes: []uint64{12}})
+	payload := withMedium(b, "TPU")
+	seq := r.record(payload)
+	r.send(nil, be8(seq), payload)
+	waitEvents(t, sink, lines(0, b))
+
+	for _, st := range es.Stats() {
+		if st.UnknownMedium != 2 || st.Ranks[0].Counters.UnknownMedium != 2 || st.DecodeErrors != 0 {
+			t.Errorf("unknown media %d (rank 0: %d), decode errors %d; want 2, 2, 0", st.UnknownMedium, st.Ranks[0].Counters.UnknownMedium, st.DecodeErrors)
+		}
+	}
+	want := `
+# HELP kvrouterd_engine_unknown_medium_total Engine events whose storage medium kvrouterd does not know, applied as the device tier.
+# TYPE kvrouterd_engine_unknown_medium_total counter
+kvrouterd_engine_unknown_medium_total{dp_rank="0",model="m",worker="5"} 2
+`
+	if err := testutil.CollectAndCompare(es.Collector(), strings.NewReader(want), "kvrouterd_engine_unknown_medium_total"); err != nil {
+		t.Error(err)
+	}
+	if l := logs.String(); !strings.Contains(l, "unknown storage medium") || !strings.Contains(l, "medium=TPU") || !strings.Contains(l, "worker=5") {
+		t.Errorf("log %q: want a warning naming the medium and the worker", l)
+	}
+}
+
+// TestConsumerUnknownMedium: the same through the event stream, where a bridge puts engine
+// batches as they are: applied as the device tier, counted, exported, logged.
+func TestConsumerUnknownMedium(t *testing.T) {
+	r := router.New(router.Config{Shards: 2, Logger: quietLog()})
+	defer r.Close()
+	s := embedded(t)
+	var logs logBuffer
+	cons, err := NewConsumer(context.Background(), connect(t, s.ClientURL()), r,
+		ConsumerConfig{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cons.Close)
+	pub, err := NewPublisher(connect(t, s.ClientURL()), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	eb := wire.EngineBatch{TS: 1.5, Events: []kvevent.Event{
+		{Kind: kvevent.Stored, BlockSize: 4, Hashes: []uint64{1, 2}, Tokens: toks(0, 8)},
+	}}
+	seq, err := pub.Engine(context.Background(), "m", 2, 1, 17, withMedium(&eb, "HBM"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the batch", func() bool { return cons.LastSeq() == seq })
+	if got := cached(t, r, "m", toks(0, 8)); got[2<<8|1] != 2 {
+		t.Fatalf("cached blocks by worker<<8|rank: %v; want worker 2 rank 1: 2, on the device", got)
+	}
+	if st := cons.Stats(); st.UnknownMedium != 1 || st.Rejected[RejectDecode] != 0 {
+		t.Errorf("unknown media %d, decode rejections %d; want 1, 0", st.UnknownMedium, st.Rejected[RejectDecode])
+	}
+	want := `
+# HELP kvrouterd_stream_unknown_medium_total Engine events from the stream whose storage medium kvrouterd does not know, applied as the device tier.
+# TYPE kvrouterd_stream_unknown_medium_total counter
+kvrouterd_stream_unknown_medium_total 1
+`
+	if err := testutil.CollectAndCompare(cons.Collector(), strings.NewReader(want), "kvrouterd_stream_unknown_medium_total"); err != nil {
+		t.Error(err)
+	}
+	if l := logs.String(); !strings.Contains(l, "medium=HBM") || !strings.Contains(l, "worker=2") {
+		t.Errorf("log %q: want a warning naming the medium and the worker", l)
+	}
+}
