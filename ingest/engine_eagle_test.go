@@ -5,6 +5,7 @@ import (
 
 	"github.com/tinylib/msgp/msgp"
 
+	"github.com/kvrouterd/kvrouterd/internal/enginetest"
 	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/router"
 	"github.com/kvrouterd/kvrouterd/wire"
@@ -65,18 +66,18 @@ func TestSubscriberEAGLE(t *testing.T) {
 		{"eagle-p1", 1, 44, 0, 12}, // 12 pairs, 12 pages; the last token is the prompt's last
 	} {
 		t.Run(c.model, func(t *testing.T) {
-			eng := newFakeEngine(t, fakeOpts{})
-			sub := startSub(t, eng.source(c.eagle, c.model), rt, EngineConfig{})
-			eng.ranks[0].probe(subReady(sub, 0))
+			eng := enginetest.Start(t, enginetest.Options{})
+			sub := startSub(t, source(t, eng, c.eagle, c.model), rt, EngineConfig{})
+			eng.Rank(0).Probe(subReady(sub, 0))
 			payload := sglangEagleBatch(prompt, c.pageSize, -0x3b1f0e2a47550163)
-			seq := eng.ranks[0].record(payload)
-			eng.ranks[0].send(nil, be8(seq), payload)
+			seq := eng.Rank(0).Record(payload)
+			eng.Rank(0).Send(nil, enginetest.SeqFrame(seq), payload)
 			want := int64(2) // the probe, then the batch
 			if c.plain != 0 {
-				plain := newFakeEngine(t, fakeOpts{})
-				psub := startSub(t, plain.source(c.plain, c.model), rt, EngineConfig{})
-				plain.ranks[0].probe(subReady(psub, 0))
-				plain.ranks[0].publish(engineBatch(-1, kvevent.Event{Kind: kvevent.Stored, BlockSize: c.pageSize,
+				plain := enginetest.Start(t, enginetest.Options{})
+				psub := startSub(t, source(t, plain, c.plain, c.model), rt, EngineConfig{})
+				plain.Rank(0).Probe(subReady(psub, 0))
+				plain.Rank(0).Publish(engineBatch(-1, kvevent.Event{Kind: kvevent.Stored, BlockSize: c.pageSize,
 					Hashes: []uint64{7}, Tokens: prompt[:c.pageSize]}), wire.EngineForm{})
 				eventually(t, "the plain worker's batch", func() bool { return psub.Stats().Batches >= 2 })
 			}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/kvrouterd/kvrouterd/internal/enginetest"
 	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/router"
 	"github.com/kvrouterd/kvrouterd/wire"
@@ -43,16 +44,16 @@ func withMedium(b *wire.EngineBatch, medium string) []byte {
 // as the device tier with the rest of its batch; it is counted per worker and rank, exported,
 // and logged with the medium and the worker.
 func TestEngineUnknownMedium(t *testing.T) {
-	eng := newFakeEngine(t, fakeOpts{})
+	eng := enginetest.Start(t, enginetest.Options{})
 	sink := &recSink{}
 	var logs logBuffer
 	es := NewEngines(context.Background(), sink, EngineConfig{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	t.Cleanup(es.Close)
-	if err := es.Add(eng.source(5, "m")); err != nil {
+	if err := es.Add(source(t, eng, 5, "m")); err != nil {
 		t.Fatal(err)
 	}
-	r := eng.ranks[0]
-	r.probe(func() bool {
+	r := eng.Rank(0)
+	r.Probe(func() bool {
 		for _, st := range es.Stats() {
 			return st.Messages > 0
 		}
@@ -61,8 +62,8 @@ func TestEngineUnknownMedium(t *testing.T) {
 
 	b := engineBatch(-1, stored(0, 11), removed(11), kvevent.Event{Kind: kvevent.Removed, Tier: kvevent.Host, Hashes: []uint64{12}})
 	payload := withMedium(b, "TPU")
-	seq := r.record(payload)
-	r.send(nil, be8(seq), payload)
+	seq := r.Record(payload)
+	r.Send(nil, enginetest.SeqFrame(seq), payload)
 	waitEvents(t, sink, lines(0, b))
 
 	for _, st := range es.Stats() {
