@@ -16,7 +16,7 @@ func engines(ctx context.Context, c Config, r *router.Router, log *slog.Logger) 
 	if c.NoKVEvents {
 		return nil
 	}
-	e := ingest.NewEngines(ctx, r, c.ZMQLimits.Apply(ingest.EngineConfig{Logger: log}))
+	e := ingest.NewEngines(ctx, r, c.ZMQLimits.Apply(ingest.EngineConfig{Logger: log, StaleAfter: c.ZMQStaleAfter}))
 	for _, src := range c.ZMQ {
 		if err := e.Add(src); err != nil {
 			log.Error("engine source refused", "source", src.String(), "err", err)
