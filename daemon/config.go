@@ -55,6 +55,7 @@ type Config struct {
 	ClearOnGap    bool
 	ZMQ           []ingest.EngineSource
 	ZMQLimits     ZMQLimits
+	ZMQStaleAfter time.Duration
 
 	// Replicas.
 	ShareLoad bool
@@ -111,6 +112,7 @@ func Defaults() Config {
 		ApproxMaxBlocks:    1 << 20,
 		ApproxPruneTarget:  0.8,
 		ZMQLimits:          DefaultZMQLimits(),
+		ZMQStaleAfter:      ingest.DefaultStaleAfter,
 	}
 }
 
@@ -150,6 +152,7 @@ func (c *Config) Flags(fs *flag.FlagSet) {
 	fs.Uint64Var(&c.NATSStartSeq, "nats-start-seq", c.NATSStartSeq, "first stream sequence to apply; 0 = the oldest retained")
 	fs.Var(&SourceList{P: &c.ZMQ}, "zmq", "subscribe to an engine's ZMQ KV events: worker=ID,model=NAME,endpoint=tcp://host:port[,replay=tcp://host:port][,ranks=N][,rank=R][,topic=T]; repeat the flag, or separate sources with ';'")
 	c.ZMQLimits.Flags(fs)
+	fs.DurationVar(&c.ZMQStaleAfter, "zmq-stale-after", c.ZMQStaleAfter, "report an engine's connected ZMQ rank stale, not active, in /workers and /metrics once it has sent no batch for this long (an idle engine publishes nothing: a hint to look, not a failure)")
 	fs.BoolVar(&c.ShareLoad, "share-load", c.ShareLoad, "tell the other replicas on the same NATS of every request this one routes, and count theirs in the load (off in approximate mode)")
 	fs.StringVar(&c.ReplicaID, "replica-id", c.ReplicaID, "this replica's name in load sharing, unique among live replicas (1-64 of A-Z a-z 0-9 _ -); empty: random")
 	fs.BoolVar(&c.NoSnapshots, "no-snapshots", c.NoSnapshots, "keep no snapshots in --data-dir/snapshots: a restart rebuilds the index from the whole event stream")
@@ -196,6 +199,8 @@ func (c *Config) Check() error {
 		return fmt.Errorf("--nats-stream %q: want a name without spaces, dots, * or >", c.NATSStream)
 	case c.ApproxTTL <= 0 || c.ApproxMaxBlocks < 1 || !(c.ApproxPruneTarget > 0 && c.ApproxPruneTarget <= 1):
 		return fmt.Errorf("--approx-ttl, --approx-max-blocks, --approx-prune-target: want a positive duration, a positive count, a fraction in (0, 1]")
+	case c.ZMQStaleAfter <= 0:
+		return fmt.Errorf("--zmq-stale-after %v: want a positive duration", c.ZMQStaleAfter)
 	case c.WorkerTimeout < 0:
 		return fmt.Errorf("--worker-timeout %v: want 0 (never) or a positive duration", c.WorkerTimeout)
 	case c.SnapshotInterval < 0 || c.SnapshotKeep < 1 || c.SnapshotKeep > 1000:

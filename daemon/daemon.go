@@ -113,6 +113,7 @@ func Start(ctx context.Context, c Config, stderr io.Writer) (_ *Daemon, err erro
 			ClearOnGap:      c.ClearOnGap,
 			Approximate:     c.approx(),
 			Endpoints:       watch,
+			Sources:         watch,
 			Logger:          log,
 		}
 		if share != nil {

@@ -56,7 +56,11 @@ func (b *Bridge) Run(ctx context.Context) error {
 }
 
 // Stats returns the Bridge's counters (Events stays 0: payloads are not decoded).
-func (b *Bridge) Stats() EngineStats { return b.s.stats() }
+func (b *Bridge) Stats() EngineStats {
+	st := b.s.stats()
+	b.s.health(st.Ranks)
+	return st
+}
 
 // RunBridge runs a Bridge from src to pub with the default configuration and log as its
 // logger, until ctx is done. It fails at once if src is not valid.

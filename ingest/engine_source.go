@@ -211,6 +211,9 @@ type EngineConfig struct {
 	// RedialMax caps the wait between attempts to connect, which starts at 50 ms and doubles
 	// (2 s).
 	RedialMax time.Duration
+	// StaleAfter is how long a connected rank may hand on no batch before it is reported stale
+	// rather than active (60 s). Engines publish nothing while idle: stale is a hint to look.
+	StaleAfter time.Duration
 	// PublishTimeout bounds one publish to JetStream, acknowledgement included (Bridge; 5 s).
 	PublishTimeout time.Duration
 	// MaxMessageBytes bounds one message from an engine, its frames together (32 MiB), and
@@ -259,5 +262,8 @@ func (c *EngineConfig) defaults() {
 	}
 	if c.StallTimeout <= 0 {
 		c.StallTimeout = DefaultStallTimeout
+	}
+	if c.StaleAfter <= 0 {
+		c.StaleAfter = DefaultStaleAfter
 	}
 }

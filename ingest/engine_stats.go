@@ -2,7 +2,12 @@ package ingest
 
 // The counters of an engine subscription, per data-parallel rank, and their sums.
 
-import "sync/atomic"
+import (
+	"sync/atomic"
+	"time"
+
+	"github.com/kvrouterd/kvrouterd/router"
+)
 
 // EngineStats are the counters of a Subscriber or a Bridge; a plain value.
 type EngineStats struct {
@@ -33,6 +38,10 @@ type RankStats struct {
 	Rank      uint32
 	Connected bool
 	LastSeq   uint64 // sequence of the last batch handed on (0 before the first)
+	// State is the rank's state (router.StateConnecting, StateActive or StateStale), and
+	// LastBatch the time its last batch was handed on (zero before the first).
+	State     router.SourceState
+	LastBatch time.Time
 	// Counters are the rank's share of EngineStats' counters (its Ranks is nil).
 	Counters EngineStats
 }

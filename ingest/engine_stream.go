@@ -168,6 +168,7 @@ type rankLoop struct {
 	c         engineCounters
 	connected atomic.Bool
 	lastSeq   atomic.Uint64
+	health    rankHealth
 }
 
 func (rl *rankLoop) run(ctx context.Context) {
@@ -209,6 +210,7 @@ func (rl *rankLoop) session(ctx context.Context) (ok, clean bool, err error) {
 	// connection can overtake the news of the old one's loss. A fresh socket per session keeps
 	// the order: everything received from here on is after the loss.
 	defer sock.Close()
+	rl.health.connecting()
 	rl.connected.Store(true)
 	defer rl.connected.Store(false)
 	before := rl.c[cBatches].Load()
@@ -378,6 +380,7 @@ func (rl *rankLoop) deliver(ctx context.Context, seq uint64, payload []byte, rep
 		return
 	}
 	rl.c[cBatches].Add(1)
+	rl.health.batch()
 	if replayed {
 		rl.c[cReplayed].Add(1)
 	}

@@ -17,6 +17,8 @@ type Engines struct {
 	mu     sync.Mutex
 	subs   map[engineKey]*Subscriber
 	closed bool
+
+	ranks sync.Map // rankKey → *rankLoop of subs, for RankState; changed under mu
 }
 
 // engineKey identifies a source: a worker's ranks from FirstRank on.
@@ -49,6 +51,7 @@ func (e *Engines) Add(src EngineSource) error {
 		}
 		old.Close()
 		delete(e.subs, k)
+		e.unindexLocked(old)
 	}
 	sub, err := NewSubscriber(src, e.sink, e.cfg)
 	if err != nil {
@@ -58,6 +61,7 @@ func (e *Engines) Add(src EngineSource) error {
 		return err
 	}
 	e.subs[k] = sub
+	e.indexLocked(sub)
 	e.log.Info("subscribed to an engine's KV events", "source", src.String())
 	return nil
 }
@@ -70,6 +74,7 @@ func (e *Engines) Remove(worker uint64) {
 		if k.worker == worker {
 			sub.Close()
 			delete(e.subs, k)
+			e.unindexLocked(sub)
 			e.log.Info("unsubscribed from an engine's KV events", "source", sub.Source().String())
 		}
 	}
@@ -103,5 +108,6 @@ func (e *Engines) Close() {
 	for k, sub := range e.subs {
 		sub.Close()
 		delete(e.subs, k)
+		e.unindexLocked(sub)
 	}
 }

@@ -2,6 +2,7 @@ package ingest
 
 import (
 	"strconv"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -38,9 +39,11 @@ func (enginesCollector) Describe(ch chan<- *prometheus.Desc) {
 		descZMQDisc, descZMQGaps, descZMQRestarts, descZMQLastSeq, descEngMedium} {
 		ch <- d
 	}
+	describeHealth(ch)
 }
 
 func (ec enginesCollector) Collect(ch chan<- prometheus.Metric) {
+	now := time.Now()
 	for src, st := range ec.e.sources() {
 		worker := strconv.FormatUint(src.Worker, 10)
 		for _, r := range st.Ranks {
@@ -55,6 +58,7 @@ func (ec enginesCollector) Collect(ch chan<- prometheus.Metric) {
 			}
 			ch <- prometheus.MustNewConstMetric(descZMQConn, prometheus.GaugeValue, connected, l...)
 			ch <- prometheus.MustNewConstMetric(descZMQLastSeq, prometheus.GaugeValue, float64(r.LastSeq), l...)
+			collectHealth(ch, l, &r, now)
 			counter(descZMQMsgs, c.Messages)
 			counter(descZMQBatches, c.Batches)
 			counter(descZMQDropped, c.DecodeErrors, "decode")

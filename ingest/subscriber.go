@@ -74,7 +74,11 @@ func (sub *Subscriber) Close() {
 }
 
 // Stats returns the Subscriber's counters.
-func (sub *Subscriber) Stats() EngineStats { return sub.s.stats() }
+func (sub *Subscriber) Stats() EngineStats {
+	st := sub.s.stats()
+	sub.s.health(st.Ranks)
+	return st
+}
 
 // Source returns what the Subscriber reads.
 func (sub *Subscriber) Source() EngineSource { return sub.s.src }

@@ -3,6 +3,7 @@ package router
 import (
 	"slices"
 	"strconv"
+	"time"
 
 	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/shard"
@@ -41,6 +42,9 @@ func (r *Router) ApplyEvents(b *wire.EventBatch, dst []shard.Outcome) ([]shard.O
 		return dst, ErrClosed
 	}
 	reg.applied.Add(int64(len(b.Events)))
+	if len(b.Events) > 0 {
+		reg.lastEvent.Store(time.Now().UnixNano())
+	}
 	return dst, nil
 }
 

@@ -2,6 +2,7 @@ package router
 
 import (
 	"slices"
+	"time"
 
 	"github.com/kvrouterd/kvrouterd/shard"
 )
@@ -34,6 +35,13 @@ type WorkerInfo struct {
 	BlockSizeRefused int64 `json:"-"`
 	// Report is the worker's last load report, if it sends them.
 	Report *LoadReport `json:"load_report,omitempty"`
+	// State says where the rank's events come from and whether they flow (see SourceState);
+	// empty in approximate mode, which reads no events.
+	State SourceState `json:"state,omitempty"`
+	// LastEventAt is when the rank's last event batch arrived: from the rank's own socket when
+	// the daemon subscribes to it, else the last batch of any of the worker's ranks. Zero
+	// (omitted) before the first.
+	LastEventAt time.Time `json:"last_event_at,omitzero"`
 }
 
 // Workers lists the registered workers, by model, id and rank.
@@ -57,6 +65,7 @@ func (r *Router) Workers() []WorkerInfo {
 	// registrations. A worker unregistered meanwhile is listed with what they read.
 	for i := range out {
 		x, w := &out[i], rws[i]
+		r.sourceState(x, w.reg)
 		x.CachedBlocks = w.reg.model.ix.Blocks(w.slot)
 		x.ActiveBlocks = w.load.ActiveBlocks()
 		x.ActivePrefill = w.load.ActivePrefill()

@@ -69,6 +69,7 @@ func (r *Router) Ingest(worker uint64, model string, events []kvevent.Event) err
 		reg.received.Add(-int64(len(events)))
 		return ErrClosed
 	}
+	reg.lastEvent.Store(time.Now().UnixNano())
 	return nil
 }
 

@@ -8,6 +8,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/wire"
@@ -183,7 +184,7 @@ func (g regGen) events(id uint64) []kvevent.Event {
 }
 
 // listing is what a router lists and dumps of its workers and models: what a snapshot must
-// carry. Load reports and active load are not persisted.
+// carry. Load reports, active load and when the last events arrived are not persisted.
 func listing(t *testing.T, r *Router) string {
 	t.Helper()
 	if err := r.Flush(); err != nil {
@@ -192,7 +193,7 @@ func listing(t *testing.T, r *Router) string {
 	var b strings.Builder
 	for _, w := range r.Workers() {
 		// Live diagnostics, not persisted: a restarted router learns them again from the traffic.
-		w.Report, w.EventLag, w.Problems, w.BlockSizeRefused = nil, 0, nil, 0
+		w.Report, w.EventLag, w.Problems, w.BlockSizeRefused, w.LastEventAt = nil, 0, nil, 0, time.Time{}
 		fmt.Fprintf(&b, "%+v\n", w)
 	}
 	for _, m := range r.Models() {

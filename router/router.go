@@ -42,6 +42,9 @@ type Config struct {
 	// Endpoints, if set, learns of the KV-event endpoints workers register with, and of
 	// their leaving: the daemon subscribes to them.
 	Endpoints EndpointWatcher
+	// Sources, if set, says the state of the ranks whose events the daemon reads from their own
+	// sockets, for listings; without it every rank's events come through Ingest or ApplyEvents.
+	Sources SourceStates
 	// WorkerTimeout unregisters a worker that sends load reports once it has been silent this
 	// long (see DropSilent); 0 never does.
 	WorkerTimeout time.Duration
@@ -193,6 +196,7 @@ type registration struct {
 	mis               misconfig
 
 	lastSeen  atomic.Int64 // Config.Now of the last event or load report
+	lastEvent atomic.Int64 // wall clock of the last event batch taken, in Unix nanoseconds (0: none)
 	heartbeat atomic.Bool  // it sends load reports: subject to Config.WorkerTimeout
 }
 

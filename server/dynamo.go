@@ -122,26 +122,32 @@ func (s *Server) dynamo(ctx *fasthttp.RequestCtx, path string) {
 		s.writeJSON(ctx, map[string]string{"status": "ok"})
 	case "/workers":
 		type entry struct {
-			Instance  uint64            `json:"instance_id"`
-			Source    string            `json:"source"`
-			Status    string            `json:"status"`
-			Endpoints map[string]string `json:"endpoints"`
-			Model     string            `json:"model_name"`
-			BlockSize int               `json:"block_size"`
+			Instance  uint64                  `json:"instance_id"`
+			Source    string                  `json:"source"`
+			Status    string                  `json:"status"`
+			Endpoints map[string]string       `json:"endpoints"`
+			Model     string                  `json:"model_name"`
+			BlockSize int                     `json:"block_size"`
+			Listeners map[string]*dynListener `json:"listeners"`
 		}
 		out := []*entry{}
 		byID := map[uint64]*entry{}
 		for _, w := range s.r.Workers() {
 			e := byID[w.ID]
 			if e == nil {
-				e = &entry{Instance: w.ID, Source: "http", Status: "active", Endpoints: map[string]string{}, Model: w.Model, BlockSize: w.BlockSize}
+				e = &entry{Instance: w.ID, Source: "http", Status: dynActive, Endpoints: map[string]string{}, Model: w.Model, BlockSize: w.BlockSize,
+					Listeners: map[string]*dynListener{}}
 				byID[w.ID] = e
 				out = append(out, e)
 			}
 			if w.Endpoint != "" {
 				e.Source = "zmq"
 			}
-			e.Endpoints[strconv.FormatUint(uint64(w.Rank), 10)] = w.Endpoint
+			rank := strconv.FormatUint(uint64(w.Rank), 10)
+			e.Endpoints[rank] = w.Endpoint
+			l := newDynListener(&w)
+			e.Listeners[rank] = l
+			e.Status = dynWorse(e.Status, l.Status)
 		}
 		s.writeJSON(ctx, out)
 	case "/query", "/query_by_hash":

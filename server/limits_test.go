@@ -93,7 +93,11 @@ func sameAfterRestore(t *testing.T, r *router.Router) {
 	if _, err := to.Restore(len(chunks), func(i int, dst []byte) ([]byte, error) { return append(dst, chunks[i]...), nil }); err != nil {
 		t.Fatal(err)
 	}
-	if a, b := r.Workers(), to.Workers(); !reflect.DeepEqual(a, b) {
+	a, b := r.Workers(), to.Workers()
+	for i := range a { // when the last events arrived is not part of a snapshot
+		a[i].LastEventAt = time.Time{}
+	}
+	if !reflect.DeepEqual(a, b) {
 		t.Fatalf("restored workers differ:\n%+v\n%+v", a, b)
 	}
 	if a, b := r.Models(), to.Models(); !reflect.DeepEqual(a, b) {

@@ -68,6 +68,7 @@ func TestConfigEnvAndFlags(t *testing.T) {
 	f([]string{"--http-max-conns", "0"}, nil, "--http-max-conns")
 	f(nil, map[string]string{"KVR_HTTP_MAX_CONNS_PER_IP": "-1"}, "--http-max-conns-per-ip")
 	f([]string{"--http-idle-timeout", "0s"}, nil, "--http-idle-timeout")
+	f(nil, map[string]string{"KVR_ZMQ_STALE_AFTER": "0s"}, "--zmq-stale-after")
 	hc, err := parseConfig([]string{"--http-max-conns", "500"}, env(map[string]string{
 		"KVR_HTTP_MAX_CONNS": "100", "KVR_HTTP_MAX_CONNS_PER_IP": "50", "KVR_HTTP_IDLE_TIMEOUT": "10s"}), io.Discard)
 	if err != nil || hc.HTTPMaxConns != 500 || hc.HTTPMaxConnsPerIP != 50 || hc.HTTPIdleTimeout != 10*time.Second {
@@ -82,6 +83,12 @@ func TestConfigEnvAndFlags(t *testing.T) {
 	z, err := parseConfig(nil, env(map[string]string{"KVR_ZMQ": "worker=1,model=m,endpoint=tcp://h:5557;worker=2,model=m,endpoint=tcp://h:6557,ranks=2"}), io.Discard)
 	if err != nil || len(z.ZMQ) != 2 || z.ZMQ[1].Ranks != 2 {
 		t.Fatalf("KVR_ZMQ with two sources: %+v %v", z.ZMQ, err)
+	}
+	if d.ZMQStaleAfter != time.Minute {
+		t.Fatalf("--zmq-stale-after defaults to %v, want 1m", d.ZMQStaleAfter)
+	}
+	if st, err := parseConfig(nil, env(map[string]string{"KVR_ZMQ_STALE_AFTER": "500ms"}), io.Discard); err != nil || st.ZMQStaleAfter != 500*time.Millisecond {
+		t.Fatalf("KVR_ZMQ_STALE_AFTER=500ms: %v %v", st.ZMQStaleAfter, err)
 	}
 	if _, err := parseBridgeConfig(nil, env(nil), io.Discard); err == nil || !strings.Contains(err.Error(), "--zmq") {
 		t.Fatalf("bridge without --zmq: %v", err)
