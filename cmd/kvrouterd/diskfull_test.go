@@ -48,7 +48,7 @@ func smallLog(t *testing.T, d *proc, limit int) {
 	}
 }
 
-// exited waits (bounded) for d to exit and returns its error.
+// exited waits, at most 30 s, for d to exit (told to stop, or failing) and returns how it did.
 func exited(t *testing.T, d *proc) error {
 	t.Helper()
 	done := make(chan error, 1)
@@ -59,7 +59,7 @@ func exited(t *testing.T, d *proc) error {
 	case <-time.After(30 * time.Second):
 		d.cmd.Process.Kill()
 		<-done
-		t.Fatalf("still running 30 s after start on a full disk:\n%.4000s", d.log())
+		t.Fatalf("still running after 30 s, when it should have exited:\n%.4000s", d.log())
 		return nil
 	}
 }

@@ -101,7 +101,7 @@ func TestStreamRetentionGap(t *testing.T) {
 	if err := d.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	if err := waitExit(d); err != nil {
+	if err := exited(t, d); err != nil {
 		t.Fatalf("exit: %v\n%s", err, d.log())
 	}
 	if l := d.log(); !strings.Contains(l, `msg="snapshot written"`) || !strings.Contains(l, fmt.Sprintf("stream_seq=%d ", snapSeq)) {
@@ -177,20 +177,6 @@ func TestStreamRetentionGap(t *testing.T) {
 		t.Fatalf("/readyz %d %q after the gap was rebuilt", code, body)
 	}
 	t.Logf("snapshot of sequence %d; the stream kept %d to %d", snapSeq, first, down[len(down)-1].seq)
-}
-
-// waitExit waits, at most 30 s, for d to exit, and returns how it did.
-func waitExit(d *proc) error {
-	done := make(chan error, 1)
-	go func() { done <- d.cmd.Wait() }()
-	select {
-	case err := <-done:
-		return err
-	case <-time.After(30 * time.Second):
-		d.cmd.Process.Kill()
-		<-done
-		return fmt.Errorf("still running 30 s after SIGTERM")
-	}
 }
 
 // hasLine reports whether one line of log contains every one of parts.
