@@ -7,7 +7,7 @@ BENCHCOUNT ?= 6
 BENCHSTAT  := golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9c6c9d4da
 OUT        := bench/out
 
-.PHONY: build run test vet bench bench-quick micro load load-1cpu fuzz clean
+.PHONY: build run test vet bench bench-quick micro micro-ab load load-1cpu fuzz clean
 
 build:
 	$(GO) build ./...
@@ -48,6 +48,13 @@ micro:
 	$(GO) run $(BENCHSTAT) $(OUT)/micro.txt | tee $(OUT)/micro-medians.txt
 	$(GO) test -run '^$$' -bench 'NATSIngest|ZMQIngest' -benchtime 3000x -count $(BENCHCOUNT) ./ingest/ | tee $(OUT)/ingest.txt
 	$(GO) run $(BENCHSTAT) $(OUT)/ingest.txt | tee $(OUT)/ingest-medians.txt
+
+# The hot paths (match, apply, route) of BASE against the working tree, the two builds run
+# alternately ROUNDS times, compared with benchstat: bench/out/ab/ab.txt. About 9 minutes.
+BASE   ?= main
+ROUNDS ?= 6
+micro-ab:
+	BENCHSTAT=$(BENCHSTAT) sh bench/micro-ab.sh $(BASE) $(ROUNDS)
 
 # HTTP route throughput and latency against a no-op fasthttp handler, 8 and 1,000 workers
 # (about three minutes; client and server share the machine).
