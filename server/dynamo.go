@@ -129,6 +129,9 @@ func (s *Server) dynamo(ctx *fasthttp.RequestCtx, path string) {
 			Model     string                  `json:"model_name"`
 			BlockSize int                     `json:"block_size"`
 			Listeners map[string]*dynListener `json:"listeners"`
+			// Problems: what is known to be wrong with the worker's configuration (kvrouterd's
+			// own field; Dynamo's clients ignore it).
+			Problems []string `json:"problems,omitempty"`
 		}
 		out := []*entry{}
 		byID := map[uint64]*entry{}
@@ -136,7 +139,7 @@ func (s *Server) dynamo(ctx *fasthttp.RequestCtx, path string) {
 			e := byID[w.ID]
 			if e == nil {
 				e = &entry{Instance: w.ID, Source: "http", Status: dynActive, Endpoints: map[string]string{}, Model: w.Model, BlockSize: w.BlockSize,
-					Listeners: map[string]*dynListener{}}
+					Listeners: map[string]*dynListener{}, Problems: w.Problems}
 				byID[w.ID] = e
 				out = append(out, e)
 			}

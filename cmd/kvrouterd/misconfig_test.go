@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -98,6 +99,16 @@ func TestDaemonWrongBlockSize(t *testing.T) {
 		}
 		if !found {
 			t.Fatalf("%s: worker %d not in /v1/workers", c.engine, c.worker)
+		}
+		// Dynamo's /workers lists it too, in a field Dynamo's clients ignore.
+		hr, err = http.Get("http://" + d.addr + "/workers")
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(hr.Body)
+		hr.Body.Close()
+		if !strings.Contains(string(body), fmt.Sprintf(`"instance_id":%d`, c.worker)) || !strings.Contains(string(body), c.problem) {
+			t.Fatalf("%s: /workers does not name the problem: %s", c.engine, body)
 		}
 		if !strings.Contains(d.log(), "worker misconfigured") || !strings.Contains(d.log(), "start the engine with a block size of 16") {
 			t.Fatalf("%s: no log line naming the setting:\n%s", c.engine, d.log())
