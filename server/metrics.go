@@ -112,17 +112,14 @@ func (c *routerCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descWorker, prometheus.GaugeValue, float64(w.ActiveBlocks), w.Model, id, rank, "active_blocks")
 		ch <- prometheus.MustNewConstMetric(descWorker, prometheus.GaugeValue, float64(w.ActivePrefill), w.Model, id, rank, "active_prefill_tokens")
 		ch <- prometheus.MustNewConstMetric(descWorker, prometheus.GaugeValue, float64(w.ActiveRequests), w.Model, id, rank, "active_requests")
-		if w.Rank == 0 || w.BlockSizeRefused > 0 && !misconfigSent[w.ID] {
-			// Once per worker: the block size is the model's, the same for every rank.
+		if !misconfigSent[w.ID] { // once per worker: the block size is its model's, every rank's
+			misconfigSent[w.ID] = true
 			bad := 0.0
 			if w.BlockSizeRefused > 0 {
 				bad = 1
-				misconfigSent[w.ID] = true
 			}
-			if w.Rank == 0 || bad == 1 {
-				ch <- prometheus.MustNewConstMetric(descMisconfig, prometheus.GaugeValue, bad, w.Model, id, "block_size")
-				ch <- prometheus.MustNewConstMetric(descRefused, prometheus.CounterValue, float64(w.BlockSizeRefused), w.Model, id, "block_size")
-			}
+			ch <- prometheus.MustNewConstMetric(descMisconfig, prometheus.GaugeValue, bad, w.Model, id, "block_size")
+			ch <- prometheus.MustNewConstMetric(descRefused, prometheus.CounterValue, float64(w.BlockSizeRefused), w.Model, id, "block_size")
 		}
 	}
 }
