@@ -355,11 +355,13 @@ func (rl *rankLoop) handle(ctx context.Context, frames [][]byte) {
 	rl.deliver(ctx, seq, frames[2], false)
 }
 
-// deliver moves the cursor to seq and hands the batch on.
+// deliver moves the cursor to seq and hands the batch on. The sequence that Stats reports moves
+// once the batch is with the sink (or given up), so that a reader who sees it can flush the
+// sink and find the batch applied.
 func (rl *rankLoop) deliver(ctx context.Context, seq uint64, payload []byte, replayed bool) {
 	s := rl.s
 	rl.tracker.accept(seq)
-	rl.lastSeq.Store(seq)
+	defer rl.lastSeq.Store(seq)
 	if !s.out.prepare(rl, seq, payload) {
 		return
 	}
