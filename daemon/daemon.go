@@ -193,6 +193,11 @@ func Start(ctx context.Context, c Config, stderr io.Writer) (_ *Daemon, err erro
 		scfg.Ready = append(scfg.Ready, server.ReadyCheck{Name: "catching up", Check: cu.ready},
 			server.ReadyCheck{Name: "stream", Check: d.st.Health})
 		background.Go(func() { cu.watch(bgCtx, d.r, log) })
+		// Registrations and events posted over HTTP go through the stream, so that every
+		// replica makes them; each is answered once this replica has.
+		if scfg.Changes, err = ingest.NewJournal(d.st.Consumer, d.st.Conn, d.r, 0); err != nil {
+			return nil, err
+		}
 	}
 	d.srv = server.New(d.r, scfg)
 	maxConns, perIP := d.srv.ConnLimits()

@@ -12,7 +12,9 @@ var (
 	descRecreate = prometheus.NewDesc("kvrouterd_stream_recreated_total", "Times the event stream was found deleted and created again.", nil, nil)
 	descRestored = prometheus.NewDesc("kvrouterd_stream_config_restored_total", "Times the event stream's subjects, retention, storage or seal were found changed and set back.", nil, nil)
 	descReports  = prometheus.NewDesc("kvrouterd_load_reports_total", "Worker load reports recorded.", nil, nil)
-	descMedium   = prometheus.NewDesc("kvrouterd_stream_unknown_medium_total",
+	descChanges  = prometheus.NewDesc("kvrouterd_stream_changes_total",
+		"Changes asked for over HTTP (registrations, their removal, event batches) applied from the event stream, from any replica.", nil, nil)
+	descMedium = prometheus.NewDesc("kvrouterd_stream_unknown_medium_total",
 		"Engine events from the stream whose storage medium kvrouterd does not know, applied as the device tier.", nil, nil)
 )
 
@@ -43,4 +45,5 @@ func (cc consumerCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descRestored, prometheus.CounterValue, float64(st.Restored))
 	ch <- prometheus.MustNewConstMetric(descReports, prometheus.CounterValue, float64(st.Reports))
 	ch <- prometheus.MustNewConstMetric(descMedium, prometheus.CounterValue, float64(st.UnknownMedium))
+	ch <- prometheus.MustNewConstMetric(descChanges, prometheus.CounterValue, float64(st.Changes))
 }

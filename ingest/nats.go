@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"slices"
 	"strconv"
@@ -18,6 +19,7 @@ import (
 	"github.com/kvrouterd/kvrouterd/internal/panics"
 	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/router"
+	"github.com/kvrouterd/kvrouterd/shard"
 	"github.com/kvrouterd/kvrouterd/wire"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
@@ -171,6 +173,9 @@ type Stats struct {
 	// UnknownMedium counts the engine events handed to the sink whose medium was unknown,
 	// applied as the device tier.
 	UnknownMedium int64
+	// Changes counts the API changes (registrations, their removal, event batches) a Journal
+	// published, applied from the stream; refused ones count in Rejected["invalid"].
+	Changes int64
 	// Connected: connected to NATS, and the stream is there as configured (Health is nil).
 	Connected bool
 }
@@ -179,7 +184,7 @@ type Stats struct {
 const (
 	RejectSubject = "subject" // not <prefix>.events.<model>.<worker>, or disagreeing with the payload
 	RejectDecode  = "decode"  // a payload that is neither format, or malformed
-	RejectInvalid = "invalid" // a batch the router refused (block size, token count, model, ...)
+	RejectInvalid = "invalid" // a batch or change the router refused (block size, token count, model, ...)
 	RejectReport  = "report"  // a malformed load report
 	RejectPanic   = "panic"   // handling it panicked (recovered)
 )
@@ -224,6 +229,13 @@ type Consumer struct {
 	gen    uint64     // consumers of an older generation read a lost stream: ignored
 	engine wire.EngineBatch
 	batch  wire.EventBatch
+	oc     []shard.Outcome // outcomes of a change nobody here waits on
+
+	// origin names this consumer's Journal in the changes it publishes; waiting holds the
+	// ones it waits on.
+	origin  string
+	waiting waiters
+	changes atomic.Int64
 
 	messages, events, reports, gaps, recreated, restored atomic.Int64
 	unknownMedium                                        atomic.Int64
@@ -249,7 +261,7 @@ func NewConsumer(ctx context.Context, nc *nats.Conn, sink Sink, cfg ConsumerConf
 	if cfg.CheckInterval <= 0 {
 		cfg.CheckInterval = time.Second
 	}
-	c := &Consumer{cfg: cfg, nc: nc, sink: sink, log: cfg.Logger,
+	c := &Consumer{cfg: cfg, nc: nc, sink: sink, log: cfg.Logger, origin: strconv.FormatUint(rand.Uint64(), 36),
 		poke: make(chan struct{}, 1), stop: make(chan struct{}), watched: make(chan struct{})}
 	js, err := jetstream.New(nc)
 	if err != nil {
@@ -548,6 +560,10 @@ func (c *Consumer) handle(gen uint64, m jetstream.Msg) {
 		c.reject(RejectSubject, "event stream: bad subject", "subject", m.Subject(), "err", err)
 		return
 	}
+	if op := m.Headers().Get(HeaderOp); op != "" {
+		c.handleOp(op, model, worker, m)
+		return
+	}
 	data := m.Data()
 	var events []kvevent.Event
 	unknownMedium := 0
@@ -635,6 +651,7 @@ func (c *Consumer) Stats() Stats {
 		Messages: c.messages.Load(), Events: c.events.Load(), Reports: c.reports.Load(),
 		LastSeq: c.lastSeq.Load(), Gaps: c.gaps.Load(), Connected: c.Health() == nil,
 		Recreated: c.recreated.Load(), Restored: c.restored.Load(), UnknownMedium: c.unknownMedium.Load(),
+		Changes:  c.changes.Load(),
 		Rejected: make(map[string]int64, len(rejectReasons)),
 	}
 	for i, r := range rejectReasons {

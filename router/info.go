@@ -240,6 +240,16 @@ func (r *Router) ModelWorkers(model string) []uint64 {
 	return ids
 }
 
+// WorkerModel is the model worker id is registered for; false if it is not registered.
+func (r *Router) WorkerModel(id uint64) (string, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if reg := r.workers[id]; reg != nil {
+		return reg.model.name, true
+	}
+	return "", false
+}
+
 // HasRank reports whether worker id is registered with data-parallel rank rank.
 func (r *Router) HasRank(id uint64, rank uint32) bool {
 	r.mu.Lock()

@@ -106,6 +106,9 @@ var (
 	// ErrTooLong: a field over a limit of the persistent formats (a string over
 	// wire.MaxString bytes, more than wire.MaxSnapshotRanks ranks for one worker).
 	ErrTooLong = errors.New("router: over a limit of the snapshot format")
+	// ErrUnavailable: a change that could not be made now, for a reason outside the request
+	// (the event stream it must go through is unreachable, or slow to deliver it); retry.
+	ErrUnavailable = errors.New("router: unavailable")
 )
 
 // FieldError is an invalid-input error naming the field at fault.
@@ -299,6 +302,18 @@ type Registration struct {
 	Replay   string
 }
 
+// Changer makes the changes the HTTP API is asked for: registrations, their removal, and event
+// batches from clients. A Router makes them at once; ingest.Journal sends them through the event
+// stream, so that every replica makes them in the stream's order. Implementations are safe for
+// concurrent use.
+type Changer interface {
+	Register(Registration) error
+	Unregister(id uint64) error
+	ApplyEvents(b *wire.EventBatch, dst []shard.Outcome) ([]shard.Outcome, error)
+}
+
+var _ Changer = (*Router)(nil)
+
 // Register adds a worker, or ranks to a registered one. A model is created by its first worker;
 // a later worker stating another block size is refused, as is a worker id moving to another
 // model. Every field is held to the limits of the snapshot format (wire.SnapshotWorker), so that
@@ -340,6 +355,18 @@ func (r *Router) register(g Registration) ([]RankEndpoint, error) {
 		r.log.Info("worker registered", "worker", g.ID, "model", g.Model, "dp_ranks", rankList(added))
 	}
 	return eps, nil
+}
+
+// Checked checks g on its own, as Register does before it looks at what is registered, and
+// returns g with its ranks distinct and ascending: a registration Checked refuses, Register
+// refuses with the same error whatever the router holds. Its cost is linear in g's ranks.
+func (g Registration) Checked() (Registration, error) {
+	ranks, err := g.check()
+	if err == nil {
+		_, err = g.rankEndpoints(ranks)
+	}
+	g.Ranks = ranks
+	return g, err
 }
 
 // check checks g's fields against the API's and the snapshot format's limits, and returns its

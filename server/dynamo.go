@@ -94,7 +94,7 @@ func (s *Server) dynamo(ctx *fasthttp.RequestCtx, path string) {
 				fmt.Sprintf("model_name@tenant_id is %d bytes, at most %d", len(key), wire.MaxString))
 			return
 		}
-		err := s.r.Register(router.Registration{
+		err := s.ch.Register(router.Registration{
 			ID: *j.Instance, Model: key, BlockSize: j.BlockSize,
 			Ranks: []uint32{j.Rank}, Endpoint: j.Endpoint, Replay: j.Replay,
 		})
@@ -115,7 +115,7 @@ func (s *Server) dynamo(ctx *fasthttp.RequestCtx, path string) {
 			return
 		}
 		// Ranks leave with their instance: kvrouterd removes the whole instance.
-		if err := s.r.Unregister(*j.Instance); err != nil {
+		if err := s.ch.Unregister(*j.Instance); err != nil {
 			s.fail(ctx, epDynamo, err)
 			return
 		}

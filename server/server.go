@@ -54,6 +54,10 @@ type Config struct {
 	// header takes more than one system call: fasthttp's 4 KiB would split every 2,048-token
 	// request and every answer of more than about 100 candidates in two.
 	ReadBufferSize, WriteBufferSize int
+	// Changes makes the registrations, their removals and the event batches the API is asked
+	// for (the Router itself). The daemon gives an ingest.Journal, which sends them through the
+	// event stream so that every replica makes them.
+	Changes router.Changer
 }
 
 // ReadyCheck is one condition of readiness. Check returns nil while it holds, otherwise why the
@@ -121,6 +125,7 @@ func HTTPServer(h fasthttp.RequestHandler, cfg Config) *fasthttp.Server {
 // Server serves the HTTP API of one Router. Safe for concurrent use.
 type Server struct {
 	r       *router.Router
+	ch      router.Changer // cfg.Changes, or r
 	cfg     Config
 	log     *slog.Logger
 	m       *metrics
@@ -150,7 +155,10 @@ func New(r *router.Router, cfg Config) *Server {
 		cfg.Logger.Warn(fmt.Sprintf("the connection limit leaves the daemon's other files fewer than %d of the open-file limit: "+
 			"out of files, HTTP accepts close idle connections or wait", fileReserve), "max_conns", cfg.MaxConns, "open_file_limit", files)
 	}
-	s := &Server{r: r, cfg: cfg, log: cfg.Logger}
+	s := &Server{r: r, ch: cfg.Changes, cfg: cfg, log: cfg.Logger}
+	if s.ch == nil {
+		s.ch = r
+	}
 	s.m = newMetrics(cfg.Registry, r)
 	s.metrics = metricsHandler(cfg.Registry)
 	s.bufs = freelist.New[buffers](4 * runtime.GOMAXPROCS(0))
@@ -392,6 +400,8 @@ func (s *Server) fail(ctx *fasthttp.RequestCtx, ep endpoint, err error) {
 		reason = "too_long" // 400, as wire.ErrTooLong
 	case errors.Is(err, router.ErrClosed):
 		status, reason = fasthttp.StatusServiceUnavailable, "closed"
+	case errors.Is(err, router.ErrUnavailable):
+		status, reason = fasthttp.StatusServiceUnavailable, "unavailable"
 	}
 	field := ""
 	var fe *router.FieldError
@@ -477,7 +487,7 @@ func (s *Server) events(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	var err error
-	b.oc, err = s.r.ApplyEvents(&b.ev, b.oc[:0])
+	b.oc, err = s.ch.ApplyEvents(&b.ev, b.oc[:0])
 	if err != nil {
 		s.fail(ctx, epEvents, err)
 		return

@@ -33,7 +33,7 @@ func (s *Server) registerWorker(ctx *fasthttp.RequestCtx) {
 		s.reject(ctx, epWorkers, fasthttp.StatusBadRequest, "invalid", "worker_id", -1, "worker_id is required")
 		return
 	}
-	err := s.r.Register(router.Registration{
+	err := s.ch.Register(router.Registration{
 		ID: *j.Worker, Model: j.Model, BlockSize: j.BlockSize, Ranks: j.Ranks,
 		Capacity: j.Capacity, MaxTokens: j.MaxTokens, Endpoint: j.Endpoint, Replay: j.Replay,
 	})
@@ -51,7 +51,7 @@ func (s *Server) unregisterWorker(ctx *fasthttp.RequestCtx, idText []byte) {
 		s.reject(ctx, epWorkers, fasthttp.StatusBadRequest, "invalid", "worker_id", -1, fmt.Sprintf("%q is not a worker id", idText))
 		return
 	}
-	if err := s.r.Unregister(id); err != nil {
+	if err := s.ch.Unregister(id); err != nil {
 		s.fail(ctx, epWorkers, err)
 		return
 	}

@@ -424,6 +424,77 @@ func TestReplicas(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor("b never saw a's completion", func() bool { return active(b, resp.Worker) == 0 })
+
+	// Registrations, events and removals posted to one replica reach the other through the
+	// stream, and each is answered once the replica asked has made it.
+	call := func(d *proc, method, path, body string, want int) string {
+		t.Helper()
+		req, err := http.NewRequest(method, "http://"+d.addr+path, strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Content-Type", "application/json")
+		hr, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer hr.Body.Close()
+		got, _ := io.ReadAll(hr.Body)
+		if hr.StatusCode != want {
+			t.Fatalf("%s %s on %s: %d %s, want %d", method, path, d.addr, hr.StatusCode, got, want)
+		}
+		return string(got)
+	}
+	ranks := func(d *proc, worker uint64) []uint32 {
+		body, err := httpGet(d.addr)("/v1/workers")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ws struct {
+			Workers []router.WorkerInfo `json:"workers"`
+		}
+		if err := json.Unmarshal(body, &ws); err != nil {
+			t.Fatal(err)
+		}
+		var rs []uint32
+		for _, w := range ws.Workers {
+			if w.ID == worker {
+				rs = append(rs, w.Rank)
+			}
+		}
+		return rs
+	}
+	call(a, "POST", "/v1/workers", `{"worker_id": 900, "model": "m2", "block_size": 4, "dp_ranks": [0, 1]}`, 201)
+	if got := ranks(a, 900); !slices.Equal(got, []uint32{0, 1}) {
+		t.Fatalf("a lists worker 900's ranks %v when its registration was answered", got)
+	}
+	call(b, "POST", "/register", `{"instance_id": 901, "model_name": "m2", "block_size": 4, "dp_rank": 2}`, 201)
+	waitFor("b never listed a's registration", func() bool { return slices.Equal(ranks(b, 900), []uint32{0, 1}) })
+	waitFor("a never listed b's registration", func() bool { return slices.Equal(ranks(a, 901), []uint32{2}) })
+	out := call(a, "POST", "/v1/events", `{"worker_id": 901, "events": [
+		{"type": "stored", "event_id": 1, "dp_rank": 2, "block_hashes": [7001, 7002], "token_ids": [1,2,3,4,5,6,7,8], "block_size": 4}]}`, 200)
+	if !strings.Contains(out, `"applied":2`) {
+		t.Fatalf("the events' outcomes: %s, want 2 blocks applied", out)
+	}
+	dump := func(d *proc) string {
+		body, err := httpGet(d.addr)("/dump")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(body)
+	}
+	if !strings.Contains(dump(a), "901") {
+		t.Fatalf("a's /dump, once the events were answered, has no blocks of worker 901:\n%.2000s", dump(a))
+	}
+	waitFor("b's /dump never became a's", func() bool { return dump(a) == dump(b) })
+	call(b, "DELETE", "/v1/workers/900", "", 204)
+	waitFor("a still lists worker 900 after b removed it", func() bool { return len(ranks(a, 900)) == 0 })
+	if len(ranks(b, 900)) != 0 {
+		t.Fatal("b lists worker 900 after its removal was answered")
+	}
+	if wa, wb := scrape(a.addr), scrape(b.addr); metricValue(t, wa, "kvrouterd_stream_changes_total") != 4 || metricValue(t, wb, "kvrouterd_stream_changes_total") != 4 {
+		t.Fatal("kvrouterd_stream_changes_total is not 4 on both replicas")
+	}
 }
 
 // TestDaemonCorruptSnapshots damages the snapshot store of a stopped daemon — every table file
