@@ -33,6 +33,11 @@ type WorkerInfo struct {
 	Problems []string `json:"problems,omitempty"`
 	// BlockSizeRefused counts the worker's stored events refused for their block size.
 	BlockSizeRefused int64 `json:"-"`
+	// Unmatched counts the sampled requests that found other workers' blocks of the model and
+	// none of this one's since it last had a hit, while it held many blocks; ZeroHits is true
+	// once they are enough to list it as misconfigured (Config.ZeroHits).
+	Unmatched int64 `json:"-"`
+	ZeroHits  bool  `json:"-"`
 	// Report is the worker's last load report, if it sends them.
 	Report *LoadReport `json:"load_report,omitempty"`
 	// State says where the rank's events come from and whether they flow (see SourceState);
@@ -74,6 +79,7 @@ func (r *Router) Workers() []WorkerInfo {
 		x.EventLag = w.reg.received.Load() - w.reg.applied.Load()
 		x.Problems = w.reg.mis.problems(w.reg.model.blockSize)
 		x.BlockSizeRefused = w.reg.mis.blockSizeEvents.Load()
+		x.Unmatched, x.ZeroHits = w.reg.mis.unmatched.Load(), w.reg.mis.zeroHits.Load()
 	}
 	// Cursors live on the shards: one visit per shard, not per worker (metrics scrapes list
 	// every worker).

@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"math"
+	"math/rand/v2"
 	"slices"
 	"strings"
 
@@ -171,6 +172,9 @@ func (r *Router) route(req *wire.RouteRequest, resp *wire.RouteResponse, book bo
 	p.Blocks = len(s.seqs)
 	m.ix.Match(s.seqs, &s.m)
 	list := m.list.Load()
+	if len(s.m.Slots) > 0 && rand.Uint32()&uint32(r.cfg.HitSample-1) == 0 {
+		noteHits(m, list, s.m.Slots)
+	}
 	limit := int(req.MaxCandidates)
 	if limit == 0 {
 		limit = r.cfg.MaxCandidates

@@ -71,6 +71,14 @@ type Config struct {
 	Rand *rand.Rand
 	// Now is the clock for request expiry, in nanoseconds (a monotonic clock by default).
 	Now func() int64
+	// HitSample: one routed or matched request in HitSample (a power of two, 64) notes which
+	// workers hold some of its blocks, for the zero-hit check (misconfig.go); 1 notes every
+	// one. ZeroHits (500) is how many sampled requests that found blocks on other workers of
+	// its model a worker holding at least ZeroHitBlocks (64) blocks may go without one of its
+	// own before it is listed as misconfigured.
+	HitSample     int
+	ZeroHits      int64
+	ZeroHitBlocks int64
 }
 
 func (c *Config) defaults() {
@@ -88,6 +96,15 @@ func (c *Config) defaults() {
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
+	}
+	if c.HitSample <= 0 || c.HitSample&(c.HitSample-1) != 0 {
+		c.HitSample = 64
+	}
+	if c.ZeroHits <= 0 {
+		c.ZeroHits = 500
+	}
+	if c.ZeroHitBlocks <= 0 {
+		c.ZeroHitBlocks = 64
 	}
 	if c.Now == nil {
 		start := time.Now()
@@ -159,6 +176,11 @@ type model struct {
 	blockSize int
 	list      atomic.Pointer[workerList]
 	regs      map[uint64]*registration // its workers; REQUIRES Router.mu
+
+	// sampledHits counts the sampled requests that found blocks on some worker;
+	// seenSampledHits is its value at the last zero-hit check (the check's own).
+	sampledHits     atomic.Int64
+	seenSampledHits int64
 }
 
 // workerList is a model's registered (worker, rank) pairs, immutable once published.
@@ -255,6 +277,7 @@ func (r *Router) expireLoop() {
 			return
 		case <-t.C:
 			r.ExpireRequests()
+			r.checkHits()
 			if r.approx != nil {
 				r.expireApprox()
 			}

@@ -34,8 +34,18 @@ type harness struct {
 
 func newHarness(t *testing.T) *harness {
 	t.Helper()
+	return newHarnessWith(t, nil)
+}
+
+// newHarnessWith is newHarness with the router's configuration changed by cfg, if not nil.
+func newHarnessWith(t *testing.T, cfg func(*router.Config)) *harness {
+	t.Helper()
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	r := router.New(router.Config{BlockSize: 4, Shards: 2, TrackPrefill: true, Logger: quiet})
+	rc := router.Config{BlockSize: 4, Shards: 2, TrackPrefill: true, Logger: quiet}
+	if cfg != nil {
+		cfg(&rc)
+	}
+	r := router.New(rc)
 	s := New(r, Config{MaxBodyBytes: 64 << 10, Logger: quiet})
 	ln := fasthttputil.NewInmemoryListener()
 	go func() { _ = s.Serve(ln) }()

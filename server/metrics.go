@@ -71,12 +71,13 @@ var (
 	descResidency = prometheus.NewDesc("kvrouterd_index_residencies", "(block, worker) pairs in a model's index.", []string{"model"}, nil)
 	descMembers   = prometheus.NewDesc("kvrouterd_workers_changes_total", "Workers registered from their own events or reports (discovered), removed after falling silent (timed_out), and left out of a snapshot whose format cannot hold them (snapshot_skipped).", []string{"kind"}, nil)
 	descWorker    = prometheus.NewDesc("kvrouterd_worker_load", "Per worker and dp rank: cached blocks, active blocks, active prefill tokens, active requests.", []string{"model", "worker", "dp_rank", "kind"}, nil)
-	descMisconfig = prometheus.NewDesc("kvrouterd_worker_misconfigured", "1 while a worker's configuration is known to disagree with the router's for its model (reason block_size: its engine publishes blocks of another size, so nothing it holds is ever matched).", []string{"model", "worker", "reason"}, nil)
+	descMisconfig = prometheus.NewDesc("kvrouterd_worker_misconfigured", "1 while a worker's configuration is known to disagree with the router's for its model (reason block_size: its engine publishes blocks of another size; zero_hits: requests find other workers' cached blocks but never its own), so nothing it holds is matched.", []string{"model", "worker", "reason"}, nil)
+	descUnmatched = prometheus.NewDesc("kvrouterd_worker_unmatched_requests", "Sampled requests that found other workers' cached blocks of the model and none of this worker's since its last hit, while it held many blocks.", []string{"model", "worker"}, nil)
 	descRefused   = prometheus.NewDesc("kvrouterd_worker_events_refused_total", "A worker's events refused because its configuration disagrees with its model's (reason block_size).", []string{"model", "worker", "reason"}, nil)
 )
 
 func (c *routerCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descEvents, descBlocks, descGaps, descQueue, descWaits, descRequests, descActive, descEntries, descResidency, descMembers, descWorker, descMisconfig, descRefused} {
+	for _, d := range []*prometheus.Desc{descEvents, descBlocks, descGaps, descQueue, descWaits, descRequests, descActive, descEntries, descResidency, descMembers, descWorker, descMisconfig, descRefused, descUnmatched} {
 		ch <- d
 	}
 }
@@ -120,6 +121,12 @@ func (c *routerCollector) Collect(ch chan<- prometheus.Metric) {
 			}
 			ch <- prometheus.MustNewConstMetric(descMisconfig, prometheus.GaugeValue, bad, w.Model, id, "block_size")
 			ch <- prometheus.MustNewConstMetric(descRefused, prometheus.CounterValue, float64(w.BlockSizeRefused), w.Model, id, "block_size")
+			zero := 0.0
+			if w.ZeroHits {
+				zero = 1
+			}
+			ch <- prometheus.MustNewConstMetric(descMisconfig, prometheus.GaugeValue, zero, w.Model, id, "zero_hits")
+			ch <- prometheus.MustNewConstMetric(descUnmatched, prometheus.GaugeValue, float64(w.Unmatched), w.Model, id)
 		}
 	}
 }
