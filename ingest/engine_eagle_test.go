@@ -3,48 +3,11 @@ package ingest
 import (
 	"testing"
 
-	"github.com/tinylib/msgp/msgp"
-
 	"github.com/kvrouterd/kvrouterd/internal/enginetest"
 	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/router"
 	"github.com/kvrouterd/kvrouterd/wire"
 )
-
-// sglangEagleBatch is the batch an SGLang worker running EAGLE publishes once its radix cache
-// holds tokens, built as SGLang builds it: the key is the tokens' pairs (token i, token i+1)
-// (convert_to_bigram_key), cut to whole pages; the new node's pages become one BlockStored each
-// (_record_store_event), the first a root, each later one chained to the page before by its
-// signed int64 hash, holding the page's pairs as token_ids, block_size the page size, lora_id
-// nil, medium "GPU"; msgspec writes the array-like structs and the batch [ts, events,
-// attn_dp_rank] with every field.
-func sglangEagleBatch(tokens []uint32, pageSize int, hash0 int64) []byte {
-	pages := (len(tokens) - 1) / pageSize
-	b := msgp.AppendArrayHeader(nil, 3)
-	b = msgp.AppendFloat64(b, 1747000003.5)
-	b = msgp.AppendArrayHeader(b, uint32(pages))
-	for p := range pages {
-		b = msgp.AppendArrayHeader(b, 7)
-		b = msgp.AppendString(b, "BlockStored")
-		b = msgp.AppendArrayHeader(b, 1)
-		b = msgp.AppendInt64(b, hash0-int64(p))
-		if p == 0 {
-			b = msgp.AppendNil(b)
-		} else {
-			b = msgp.AppendInt64(b, hash0-int64(p-1))
-		}
-		b = msgp.AppendArrayHeader(b, uint32(pageSize))
-		for i := p * pageSize; i < (p+1)*pageSize; i++ {
-			b = msgp.AppendArrayHeader(b, 2)
-			b = msgp.AppendUint32(b, tokens[i])
-			b = msgp.AppendUint32(b, tokens[i+1])
-		}
-		b = msgp.AppendInt(b, pageSize)
-		b = msgp.AppendNil(b)
-		b = msgp.AppendString(b, "GPU")
-	}
-	return msgp.AppendInt(b, 0)
-}
 
 // TestSubscriberEAGLE: the blocks an SGLang worker running EAGLE publishes, token ids as pairs,
 // give it the cache credit for a request of the same tokens, through the ZMQ subscription into a
@@ -69,7 +32,7 @@ func TestSubscriberEAGLE(t *testing.T) {
 			eng := enginetest.Start(t, enginetest.Options{})
 			sub := startSub(t, source(t, eng, c.eagle, c.model), rt, EngineConfig{})
 			eng.Rank(0).Probe(subReady(sub, 0))
-			payload := sglangEagleBatch(prompt, c.pageSize, -0x3b1f0e2a47550163)
+			payload := enginetest.SGLangEAGLE(prompt, c.pageSize, -0x3b1f0e2a47550163)
 			seq := eng.Rank(0).Record(payload)
 			eng.Rank(0).Send(nil, enginetest.SeqFrame(seq), payload)
 			want := int64(2) // the probe, then the batch

@@ -34,12 +34,6 @@ func (l *logBuffer) String() string {
 	return l.b.String()
 }
 
-// withMedium encodes b in vLLM's array form with every "GPU" medium renamed medium, a name of
-// three letters.
-func withMedium(b *wire.EngineBatch, medium string) []byte {
-	return bytes.ReplaceAll(wire.AppendEngineBatch(nil, b, wire.EngineForm{}), []byte("\xa3GPU"), append([]byte{0xa3}, medium...))
-}
-
 // TestEngineUnknownMedium: an engine event of a medium kvrouterd does not know reaches the sink
 // as the device tier with the rest of its batch; it is counted per worker and rank, exported,
 // and logged with the medium and the worker.
@@ -61,7 +55,7 @@ func TestEngineUnknownMedium(t *testing.T) {
 	})
 
 	b := engineBatch(-1, stored(0, 11), removed(11), kvevent.Event{Kind: kvevent.Removed, Tier: kvevent.Host, Hashes: []uint64{12}})
-	payload := withMedium(b, "TPU")
+	payload := enginetest.WithMedium(b, "TPU")
 	seq := r.Record(payload)
 	r.Send(nil, enginetest.SeqFrame(seq), payload)
 	waitEvents(t, sink, lines(0, b))
@@ -105,7 +99,7 @@ func TestConsumerUnknownMedium(t *testing.T) {
 	eb := wire.EngineBatch{TS: 1.5, Events: []kvevent.Event{
 		{Kind: kvevent.Stored, BlockSize: 4, Hashes: []uint64{1, 2}, Tokens: toks(0, 8)},
 	}}
-	seq, err := pub.Engine(context.Background(), "m", 2, 1, 17, withMedium(&eb, "HBM"))
+	seq, err := pub.Engine(context.Background(), "m", 2, 1, 17, enginetest.WithMedium(&eb, "HBM"))
 	if err != nil {
 		t.Fatal(err)
 	}
