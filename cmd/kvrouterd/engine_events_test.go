@@ -40,6 +40,26 @@ func TestDaemonEngineEvents(t *testing.T) {
 			return v == fmt.Sprint(n)
 		}
 	}
+	// probe makes r's first batch, once the daemon's subscription to worker of model reads it.
+	probe := func(r *enginetest.Rank, model string, worker uint64) {
+		t.Helper()
+		name := fmt.Sprintf(`kvrouterd_zmq_messages_total{dp_rank="0",model=%q,worker="%d"}`, model, worker)
+		r.Probe(func() bool {
+			v, _ := sampleText(scrape(d.addr), name)
+			return v != "" && v != "0"
+		})
+	}
+	// await waits until worker holds n blocks of model.
+	await := func(model string, worker uint64, n int, what string) {
+		t.Helper()
+		deadline := time.Now().Add(20 * time.Second)
+		for !cachedIs(model, worker, n)() {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s never listed:\n%s", what, d.log())
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
 	toks := func(from, n int) []uint32 {
 		out := make([]uint32, n)
 		for i := range out {
@@ -66,19 +86,10 @@ func TestDaemonEngineEvents(t *testing.T) {
 		eng := enginetest.Start(t, enginetest.Options{})
 		r := eng.Rank(0)
 		register(r, 20, "e", 4)
-		r.Probe(func() bool {
-			v, _ := sampleText(scrape(d.addr), `kvrouterd_zmq_messages_total{dp_rank="0",model="e",worker="20"}`)
-			return v != "" && v != "0"
-		})
+		probe(r, "e", 20)
 		payload := enginetest.SGLangEAGLE(prompt, 4, -0x3b1f0e2a47550163)
 		r.Send(nil, enginetest.SeqFrame(r.Record(payload)), payload)
-		deadline := time.Now().Add(20 * time.Second)
-		for !cachedIs("e", 20, 3)() {
-			if time.Now().After(deadline) {
-				t.Fatalf("the EAGLE worker's 3 blocks never listed:\n%s", d.log())
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+		await("e", 20, 3, "the EAGLE worker's 3 blocks")
 		var resp wire.RouteResponse
 		c := client.New(client.Config{Addr: d.addr, Timeout: 5 * time.Second})
 		if err := c.Route(&wire.RouteRequest{RequestID: "eagle-1", Model: "e", Tokens: prompt}, &resp); err != nil {
@@ -93,22 +104,13 @@ func TestDaemonEngineEvents(t *testing.T) {
 		eng := enginetest.Start(t, enginetest.Options{})
 		r := eng.Rank(0)
 		register(r, 30, "u", 4)
-		r.Probe(func() bool {
-			v, _ := sampleText(scrape(d.addr), `kvrouterd_zmq_messages_total{dp_rank="0",model="u",worker="30"}`)
-			return v != "" && v != "0"
-		})
+		probe(r, "u", 30)
 		payload := enginetest.WithMedium(r.Batch(
 			kvevent.Event{Kind: kvevent.Stored, BlockSize: 4, Hashes: []uint64{1, 2}, Tokens: toks(500, 8)},
 		), "TPU")
 		r.Send([]byte(""), enginetest.SeqFrame(r.Record(payload)), payload)
 		counted := `kvrouterd_engine_unknown_medium_total{dp_rank="0",model="u",worker="30"}`
-		deadline := time.Now().Add(20 * time.Second)
-		for !cachedIs("u", 30, 2)() {
-			if time.Now().After(deadline) {
-				t.Fatalf("the blocks of an unknown medium never listed as the device's:\n%s", d.log())
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+		await("u", 30, 2, "the blocks of an unknown medium, as the device's,")
 		if v := metricValue(t, scrape(d.addr), counted); v != 1 {
 			t.Fatalf("%s = %v, want 1", counted, v)
 		}

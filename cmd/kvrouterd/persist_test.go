@@ -383,7 +383,9 @@ func TestReplicas(t *testing.T) {
 	waitState(t, b, want)
 
 	// A request routed by a counts in b's view of the chosen worker's load.
-	active := func(d *proc, worker uint64) int64 {
+	// listed is d's /v1/workers.
+	listed := func(d *proc) []router.WorkerInfo {
+		t.Helper()
 		body, err := httpGet(d.addr)("/v1/workers")
 		if err != nil {
 			t.Fatal(err)
@@ -394,7 +396,10 @@ func TestReplicas(t *testing.T) {
 		if err := json.Unmarshal(body, &ws); err != nil {
 			t.Fatal(err)
 		}
-		for _, w := range ws.Workers {
+		return ws.Workers
+	}
+	active := func(d *proc, worker uint64) int64 {
+		for _, w := range listed(d) {
 			if w.ID == worker {
 				return w.ActiveBlocks
 			}
@@ -446,18 +451,8 @@ func TestReplicas(t *testing.T) {
 		return string(got)
 	}
 	ranks := func(d *proc, worker uint64) []uint32 {
-		body, err := httpGet(d.addr)("/v1/workers")
-		if err != nil {
-			t.Fatal(err)
-		}
-		var ws struct {
-			Workers []router.WorkerInfo `json:"workers"`
-		}
-		if err := json.Unmarshal(body, &ws); err != nil {
-			t.Fatal(err)
-		}
 		var rs []uint32
-		for _, w := range ws.Workers {
+		for _, w := range listed(d) {
 			if w.ID == worker {
 				rs = append(rs, w.Rank)
 			}
