@@ -20,6 +20,18 @@ func LoRASeed(name string) uint64 {
 	return BaseSeed + xxh3.HashString(name)
 }
 
+// Seed returns the seed for blocks computed under the named LoRA adapter and cache salt, as
+// Dynamo computes it: LoRASeed(lora) plus, for a salt that is not empty, the XXH3-64 of the
+// salt with seed 1, wrapping. The salt changes every block's local hash alike; the chain of
+// sequence hashes keeps BaseSeed.
+func Seed(lora, salt string) uint64 {
+	s := LoRASeed(lora)
+	if salt != "" {
+		s += xxh3.HashStringSeed(salt, 1)
+	}
+	return s
+}
+
 // SeqHash chains one local block hash onto the sequence hash of its parent:
 // XXH3-64 with BaseSeed over LE64(parent) ‖ LE64(local). The first block of a chain has no parent
 // and its sequence hash is its local hash.

@@ -47,6 +47,56 @@ func TestHashGolden(t *testing.T) {
 	}
 }
 
+// Dynamo's cache salt (lib/kv-hashing salt.rs, compute_salt_hash): the salt's XXH3-64 with seed
+// 1 is added to the LoRA seed. The vectors were computed apart from this package, with Python's
+// xxhash, by that rule; "test data" and the base vectors above are Dynamo's own.
+func TestSeedGolden(t *testing.T) {
+	if got := xxh3.HashStringSeed("tenant-a", 1); got != 1948188790972762749 {
+		t.Fatalf(`XXH3-64("tenant-a", seed 1) = %d`, got)
+	}
+	var h radix.Hasher
+	for _, c := range []struct {
+		lora, salt string
+		want       uint64 // the local hash of tokens 0..3, block size 4
+	}{
+		{"", "", 9143094415614847814},
+		{"", "tenant-a", 17009624042690211646},
+		{"", "tenant-b", 370894731093104760},
+		{"tenant-a", "", 582854293518545300}, // a LoRA name is not a salt of the same text
+		{"adapter-a", "", 6665157333201000639},
+		{"adapter-a", "tenant-a", 8269515957840517240},
+	} {
+		if got := h.AppendLocal(nil, iota32(4), 4, radix.Seed(c.lora, c.salt)); len(got) != 1 || got[0] != c.want {
+			t.Errorf("lora %q, salt %q: %v, want [%d]", c.lora, c.salt, got, c.want)
+		}
+	}
+	toks := []uint32{1, 2, 3, 4, 5, 6, 7, 8}
+	for _, c := range []struct {
+		lora, salt      string
+		seed            uint64
+		wantLocal, want []uint64
+	}{
+		{"", "", 1337, []uint64{14643705804678351452, 16777012769546811212}, []uint64{14643705804678351452, 4945711292740353085}},
+		{"lora_7", "", 3865872906902550615, []uint64{6090315765804930700, 3193399369686574168}, []uint64{6090315765804930700, 15860345950305936478}},
+		{"", "tenant-a", 1948188790972764086, []uint64{5738685477468498325, 11202231085456067787}, []uint64{5738685477468498325, 1076233986426276607}},
+		{"lora_7", "tenant-a", 5814061697875313364, []uint64{6743904198711443130, 10155839060712525520}, []uint64{6743904198711443130, 12484148186234572482}},
+	} {
+		seed := radix.Seed(c.lora, c.salt)
+		if seed != c.seed {
+			t.Errorf("lora %q, salt %q: seed %d, want %d", c.lora, c.salt, seed, c.seed)
+		}
+		if got := h.AppendLocal(nil, toks, 4, seed); !slices.Equal(got, c.wantLocal) {
+			t.Errorf("lora %q, salt %q: local %v, want %v", c.lora, c.salt, got, c.wantLocal)
+		}
+		if got := h.AppendSequence(nil, toks, 4, seed); !slices.Equal(got, c.want) {
+			t.Errorf("lora %q, salt %q: sequence %v, want %v", c.lora, c.salt, got, c.want)
+		}
+	}
+	if radix.Seed("x", "") != radix.LoRASeed("x") {
+		t.Error("an empty salt must change nothing")
+	}
+}
+
 func TestHashOnlyFullBlocks(t *testing.T) {
 	var h radix.Hasher
 	full := h.AppendSequence(nil, iota32(8), 4, radix.BaseSeed)
