@@ -56,12 +56,25 @@ func (w *engineWatcher) Registered(worker uint64, model string, ranks []router.R
 	}
 	var errs []error
 	for _, rk := range ranks {
-		src := ingest.EngineSource{Worker: worker, Model: model, Endpoint: rk.Endpoint, Replay: rk.Replay, FirstRank: rk.Rank, Ranks: 1}
-		if err := e.Add(src); err != nil {
+		if err := e.Add(engineSource(worker, model, rk)); err != nil {
 			errs = append(errs, fmt.Errorf("rank %d: %w", rk.Rank, err))
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// Check refuses endpoints no subscription can read: the error of the first rank refused.
+func (w *engineWatcher) Check(worker uint64, model string, ranks []router.RankEndpoint) error {
+	for _, rk := range ranks {
+		if err := engineSource(worker, model, rk).Validate(); err != nil {
+			return fmt.Errorf("rank %d: %w", rk.Rank, err)
+		}
+	}
+	return nil
+}
+
+func engineSource(worker uint64, model string, rk router.RankEndpoint) ingest.EngineSource {
+	return ingest.EngineSource{Worker: worker, Model: model, Endpoint: rk.Endpoint, Replay: rk.Replay, FirstRank: rk.Rank, Ranks: 1}
 }
 
 func (w *engineWatcher) Unregistered(id uint64) {

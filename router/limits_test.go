@@ -260,14 +260,19 @@ func TestSnapshotRestoreAcceptedProperty(t *testing.T) {
 	}
 }
 
-// watchLog records the registrations an EndpointWatcher is told of.
-type watchLog struct{ got [][]RankEndpoint }
+// watchLog records the registrations an EndpointWatcher is told of; refuse, if set, is what
+// Check answers.
+type watchLog struct {
+	got    [][]RankEndpoint
+	refuse error
+}
 
 func (w *watchLog) Registered(_ uint64, _ string, eps []RankEndpoint) error {
 	w.got = append(w.got, eps)
 	return nil
 }
-func (w *watchLog) Unregistered(uint64) {}
+func (w *watchLog) Unregistered(uint64)                        {}
+func (w *watchLog) Check(uint64, string, []RankEndpoint) error { return w.refuse }
 
 // The endpoint watcher counts a worker's ranks: it is told each once.
 func TestRegisterTellsDistinctRanks(t *testing.T) {
@@ -310,5 +315,25 @@ func TestSnapshotLeavesOutWhatTheFormatCannotHold(t *testing.T) {
 	}
 	if ids := restart.ModelWorkers("m"); !reflect.DeepEqual(ids, []uint64{1, 3}) {
 		t.Fatalf("restored workers %v, want [1 3]", ids)
+	}
+}
+
+// A registration whose endpoint the watcher refuses is refused whole: nothing is registered,
+// the watcher is told of nothing, and the error names the endpoint.
+func TestRegisterRefusedEndpointLeavesNothing(t *testing.T) {
+	w := &watchLog{refuse: errors.New("no such host")}
+	r := New(Config{Logger: quiet(), Endpoints: w})
+	defer r.Close()
+	err := r.Register(Registration{ID: 1, Model: "m", Ranks: []uint32{0, 1}, Endpoint: "tcp://h:5557"})
+	var fe *FieldError
+	if !errors.As(err, &fe) || fe.Field != "endpoint" || !strings.Contains(err.Error(), "no such host") {
+		t.Fatalf("Register: %v, want a refusal naming endpoint", err)
+	}
+	if ws, ms := r.Workers(), r.Models(); len(ws) != 0 || len(ms) != 0 || len(w.got) != 0 {
+		t.Fatalf("a refused registration left workers %v, models %v, told the watcher %v", ws, ms, w.got)
+	}
+	w.refuse = nil
+	if err := r.Register(Registration{ID: 1, Model: "m", Endpoint: "tcp://h:5557"}); err != nil || len(r.Workers()) != 1 {
+		t.Fatalf("the same registration once the endpoint is taken: %v, %d workers", err, len(r.Workers()))
 	}
 }

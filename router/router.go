@@ -302,10 +302,13 @@ func (r *Router) ExpireRequests() int {
 func (r *Router) model(name string) *model { return (*r.models.Load())[name] }
 
 // EndpointWatcher learns of workers' KV-event endpoints, each data-parallel rank's its own.
-// Registered is called after a registration that names one, with the endpoints of the ranks it
+// Check is called before a registration that names one, Registered after it, with the endpoints of the ranks it
 // registered (the worker is registered whatever it returns); Unregistered after the worker left.
 // Calls may come from many goroutines.
 type EndpointWatcher interface {
+	// Check says whether Registered would take these endpoints; a registration whose
+	// endpoints it refuses is refused whole, and leaves nothing registered.
+	Check(worker uint64, model string, ranks []RankEndpoint) error
 	Registered(worker uint64, model string, ranks []RankEndpoint) error
 	Unregistered(id uint64)
 }
@@ -366,6 +369,11 @@ func (r *Router) register(g Registration) ([]RankEndpoint, error) {
 	eps, err := g.rankEndpoints(ranks)
 	if err != nil {
 		return nil, err
+	}
+	if len(eps) > 0 && r.cfg.Endpoints != nil {
+		if err := r.cfg.Endpoints.Check(g.ID, g.Model, eps); err != nil {
+			return nil, fieldErr(ErrInvalid, "endpoint", "%v", err)
+		}
 	}
 	g.Ranks = ranks
 	r.mu.Lock()
