@@ -7,8 +7,11 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"reflect"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/scoring"
@@ -21,6 +24,8 @@ type jsonError struct {
 	field  string
 	offset int
 	msg    string
+	// typed: the body is JSON, but a field has the wrong type (Dynamo's endpoints answer 422).
+	typed bool
 }
 
 func (e *jsonError) Error() string { return e.msg }
@@ -28,11 +33,18 @@ func (e *jsonError) Error() string { return e.msg }
 // decodeJSON decodes body into v strictly: unknown fields and trailing data are errors, and the
 // error names the field and byte offset where it can.
 func decodeJSON(body []byte, v any) error {
+	return decodeJSONAs(body, v, true)
+}
+
+// decodeJSONAs is decodeJSON, with unknown fields errors only if strict.
+func decodeJSONAs(body []byte, v any, strict bool) error {
 	if len(bytes.TrimSpace(body)) == 0 {
 		return &jsonError{field: "body", offset: 0, msg: "empty body: want a JSON object"}
 	}
 	d := json.NewDecoder(bytes.NewReader(body))
-	d.DisallowUnknownFields()
+	if strict {
+		d.DisallowUnknownFields()
+	}
 	err := d.Decode(v)
 	if err == nil {
 		if _, err2 := d.Token(); err2 != io.EOF {
@@ -49,7 +61,7 @@ func decodeJSON(body []byte, v any) error {
 		// The body itself is not an object (a number, an array, a string).
 		return &jsonError{field: "body", offset: int(te.Offset), msg: fmt.Sprintf("the body is a JSON %s, not an object", te.Value)}
 	case errors.As(err, &te):
-		return &jsonError{field: te.Field, offset: int(te.Offset), msg: fmt.Sprintf("field %q: %s is not a valid %s", te.Field, te.Value, te.Type)}
+		return &jsonError{field: te.Field, offset: int(te.Offset), msg: fmt.Sprintf("field %q: %s is not a valid %s", te.Field, te.Value, te.Type), typed: true}
 	case errors.Is(err, io.ErrUnexpectedEOF):
 		return &jsonError{field: "body", offset: len(body), msg: "truncated JSON"}
 	}
@@ -60,6 +72,56 @@ func decodeJSON(body []byte, v any) error {
 		msg = "unknown field " + f
 	}
 	return &jsonError{field: field, offset: int(d.InputOffset()), msg: msg}
+}
+
+// decodeLenient decodes body, a JSON object, into v, a pointer to a struct, ignoring fields v
+// does not have, as Dynamo's serde structs do. It returns the object's keys that v has no field
+// for; present says which keys of v's fields the object has (by their JSON names).
+func decodeLenient(body []byte, v any) (unknown []string, present func(name string) bool, err error) {
+	if err := decodeJSONAs(body, v, false); err != nil {
+		return nil, nil, err
+	}
+	var keys map[string]json.RawMessage
+	if err := json.Unmarshal(body, &keys); err != nil {
+		return nil, nil, &jsonError{field: "body", offset: 0, msg: err.Error()}
+	}
+	known := jsonFields(reflect.TypeOf(v).Elem())
+	for k := range keys {
+		if !known[strings.ToLower(k)] {
+			unknown = append(unknown, k)
+		}
+	}
+	slices.Sort(unknown)
+	return unknown, func(name string) bool {
+		for k := range keys {
+			if strings.EqualFold(k, name) { // encoding/json matches names so
+				return true
+			}
+		}
+		return false
+	}, nil
+}
+
+// jsonFieldsCache maps a struct type to its fields' JSON names, lower-cased.
+var jsonFieldsCache sync.Map
+
+func jsonFields(t reflect.Type) map[string]bool {
+	if m, ok := jsonFieldsCache.Load(t); ok {
+		return m.(map[string]bool)
+	}
+	m := map[string]bool{}
+	for f := range t.Fields() {
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		if name == "-" {
+			continue
+		}
+		if name == "" {
+			name = f.Name
+		}
+		m[strings.ToLower(name)] = true
+	}
+	jsonFieldsCache.Store(t, m)
+	return m
 }
 
 type workerRef struct {

@@ -129,7 +129,7 @@ func TestRegisterOverLimitsRefused(t *testing.T) {
 	f("/v1/workers", `{"worker_id":1,"model":"m","dp_ranks":[4294967296]}`, "dp_ranks") // not a u32
 	f("/register", `{"instance_id":2,"model_name":"`+long+`","block_size":4}`, "model_name")
 	half := strings.Repeat("h", wire.MaxString/2)
-	f("/register", `{"instance_id":2,"model_name":"`+half+`","tenant_id":"`+half+`","block_size":4}`, "tenant_id")
+	f("/register", `{"instance_id":2,"model_name":"`+half+`","routing_group":"`+half+`","block_size":4}`, "routing_group")
 	f("/register", `{"instance_id":2,"model_name":"m","endpoint":"`+long+`","block_size":4}`, "endpoint")
 	f("/register", `{"instance_id":2,"model_name":"m","replay_endpoint":"`+long+`","block_size":4}`, "replay_endpoint")
 	if ws := r.Workers(); len(ws) != 0 {
@@ -145,8 +145,8 @@ func TestRegisterOverLimitsRefused(t *testing.T) {
 	if code, msg := post("/v1/workers", `{"worker_id":4,"model":"m","endpoint":"`+at+`","replay_endpoint":"`+at+`","capacity_blocks":9223372036854775807}`); code != 201 {
 		t.Fatalf("strings at the limit: %d %s", code, msg)
 	}
-	if code, msg := post("/register", `{"instance_id":5,"model_name":"`+half+`","tenant_id":"`+half[:len(half)-1]+`","block_size":4,"dp_rank":4294967295}`); code != 201 {
-		t.Fatalf("model@tenant at the limit: %d %s", code, msg)
+	if code, msg := post("/register", `{"instance_id":5,"model_name":"`+half+`","routing_group":"`+half[:len(half)-1]+`","block_size":4,"dp_rank":4294967295}`); code != 201 {
+		t.Fatalf("model@routing_group at the limit: %d %s", code, msg)
 	}
 	sameAfterRestore(t, r)
 }
@@ -231,12 +231,20 @@ func TestDynamoRegisterSurvivesSnapshot(t *testing.T) {
 		}
 		return prefix + strconv.Itoa(rnd.IntN(3))
 	}
+	// endpoint makes a host a ZMQ endpoint (none for none), of up to wire.MaxString+4 bytes.
+	endpoint := func(host string) string {
+		if host == "" {
+			return ""
+		}
+		e := "tcp://" + host + ":5557"
+		return e[:min(len(e), wire.MaxString+rnd.IntN(5))] // cut, it is no endpoint: refused
+	}
 	accepted := 0
 	for range 400 {
 		body := map[string]any{
-			"instance_id": rnd.IntN(40), "model_name": str("model"), "tenant_id": str("tenant"),
+			"instance_id": rnd.IntN(40), "model_name": str("model"), "routing_group": str("group"),
 			"block_size": []int{4, 4, 16, 0, wire.MaxBlockSize, wire.MaxBlockSize + 1}[rnd.IntN(6)],
-			"endpoint":   str("tcp://e"), "replay_endpoint": str("tcp://r"),
+			"endpoint":   endpoint(str("e")), "replay_endpoint": endpoint(str("r")),
 			"dp_rank": []uint32{0, 1, uint32(rnd.IntN(wire.MaxSnapshotRanks * 2)), rnd.Uint32()}[rnd.IntN(4)],
 		}
 		if body["model_name"] == "" {
@@ -244,7 +252,7 @@ func TestDynamoRegisterSurvivesSnapshot(t *testing.T) {
 		}
 		if rnd.IntN(6) == 0 {
 			body["model_name"] = strings.Repeat("m", wire.MaxString/2)
-			body["tenant_id"] = strings.Repeat("t", wire.MaxString/2-2+rnd.IntN(4))
+			body["routing_group"] = strings.Repeat("t", wire.MaxString/2-2+rnd.IntN(4))
 		}
 		b, err := json.Marshal(body)
 		if err != nil {

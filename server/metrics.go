@@ -34,6 +34,8 @@ type metrics struct {
 	reg      *prometheus.Registry
 	latency  [numEndpoints]prometheus.Observer
 	rejected *prometheus.CounterVec
+	// unknownFields counts the fields of Dynamo's bodies that kvrouterd ignores, by path.
+	unknownFields *prometheus.CounterVec
 }
 
 func newMetrics(reg *prometheus.Registry, r *router.Router) *metrics {
@@ -50,7 +52,11 @@ func newMetrics(reg *prometheus.Registry, r *router.Router) *metrics {
 		Name: "kvrouterd_http_rejected_total",
 		Help: "Requests refused as malformed or inconsistent, by endpoint and reason.",
 	}, []string{"endpoint", "reason"})
-	reg.MustRegister(lat, m.rejected, &routerCollector{r: r},
+	m.unknownFields = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kvrouterd_dynamo_unknown_fields_total",
+		Help: "Fields of requests to Dynamo's endpoints that kvrouterd does not know and ignores, by path.",
+	}, []string{"path"})
+	reg.MustRegister(lat, m.rejected, m.unknownFields, &routerCollector{r: r},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

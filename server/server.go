@@ -10,10 +10,12 @@ import (
 	"net"
 	"runtime"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/kvrouterd/kvrouterd/internal/freelist"
+	"github.com/kvrouterd/kvrouterd/radix"
 	"github.com/kvrouterd/kvrouterd/router"
 	"github.com/kvrouterd/kvrouterd/shard"
 	"github.com/kvrouterd/kvrouterd/snapshot"
@@ -134,6 +136,10 @@ type Server struct {
 	conns   *conns
 	bufs    *freelist.List[buffers]
 	metrics fasthttp.RequestHandler
+
+	// The unknown fields of Dynamo's bodies logged so far ("path name"), and how many.
+	unknownSeen  sync.Map
+	unknownCount atomic.Int64
 }
 
 // buffers is one request's reusable decode and encode state.
@@ -143,6 +149,7 @@ type buffers struct {
 	ev   wire.EventBatch
 	out  []byte // the events answer (a route answer is encoded into the response's own body)
 	oc   []shard.Outcome
+	h    radix.Hasher // Dynamo's /query hashes its tokens here
 }
 
 // New returns a Server for r.

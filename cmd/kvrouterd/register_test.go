@@ -46,7 +46,7 @@ func TestDaemonRegistrationLimits(t *testing.T) {
 		{"/v1/workers", `{"worker_id":9,"model":"` + long + `"}`, "model"},
 		{"/v1/workers", `{"worker_id":9,"model":"m","endpoint":"` + long + `"}`, "endpoint"},
 		{"/v1/workers", `{"worker_id":9,"model":"m","replay_endpoint":"` + long + `"}`, "replay_endpoint"},
-		{"/register", `{"instance_id":9,"model_name":"` + half + `","tenant_id":"` + half + `","block_size":16}`, "tenant_id"},
+		{"/register", `{"instance_id":9,"model_name":"` + half + `","routing_group":"` + half + `","block_size":16}`, "routing_group"},
 	} {
 		if code, msg := post(c.path, c.body); code != 400 || !strings.Contains(msg, `"field":"`+c.field+`"`) {
 			t.Fatalf("POST %s %.80s: %d %.300s, want 400 naming %q", c.path, c.body, code, msg, c.field)
@@ -98,7 +98,7 @@ func TestDaemonRegistrationLimits(t *testing.T) {
 	if code, msg := post("/v1/workers", ranks(1, wire.MaxSnapshotRanks)); code != 201 {
 		t.Fatalf("%d ranks: %d %s", wire.MaxSnapshotRanks, code, msg)
 	}
-	if code, msg := post("/register", `{"instance_id":2,"model_name":"m","tenant_id":"t","block_size":16,"dp_rank":3}`); code != 201 {
+	if code, msg := post("/register", `{"instance_id":2,"model_name":"m","routing_group":"t","block_size":16,"dp_rank":3}`); code != 201 {
 		t.Fatalf("/register: %d %s", code, msg)
 	}
 

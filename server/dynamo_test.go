@@ -1,0 +1,125 @@
+package server
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/kvrouterd/kvrouterd/kvevent"
+	"github.com/kvrouterd/kvrouterd/wire"
+)
+
+// TestDynamoCompat sends Dynamo's indexer endpoints the bodies today's Dynamo clients send
+// (lib/kv-router services/indexer server.rs; tests/router helper.py): fields kvrouterd does not
+// know are ignored and counted, routing groups isolate indexes while the legacy tenant_id is
+// ignored, cache_salt salts /query's hashes and is refused by /query_by_hash, answers carry
+// Dynamo's fields, and refusals have Dynamo's statuses and messages and leave nothing behind.
+func TestDynamoCompat(t *testing.T) {
+	h := newHarness(t)
+	want := func(what string, code int, body string, wantCode int, wantBody string) {
+		t.Helper()
+		if code != wantCode || !strings.Contains(body, wantBody) {
+			t.Fatalf("%s: %d %s, want %d with %s", what, code, body, wantCode, wantBody)
+		}
+	}
+	post := func(path, body string) (int, string) { return h.post(path, "application/json", []byte(body)) }
+
+	// Registrations with every field Dynamo's clients send, and one it does not know.
+	code, body := post("/register", `{"instance_id":1,"endpoint":"tcp://w1:5557","model_name":"m","block_size":4,"dp_rank":0,
+		"routing_group":"a","tenant_id":"ignored","replay_endpoint":null,"additional_salt":null,"additionalsalt":"s","future_field":{"x":1}}`)
+	want("register in group a", code, body, 201, `{"status":"ok"}`)
+	code, body = post("/register", `{"instance_id":2,"endpoint":"tcp://w2:5557","model_name":"m","block_size":4,"routing_group":"b"}`)
+	want("register in group b", code, body, 201, `"ok"`)
+	_, page := h.get("/metrics")
+	if !strings.Contains(page, `kvrouterd_dynamo_unknown_fields_total{path="/register"} 1`+"\n") {
+		t.Fatal("the unknown field of /register is not counted once")
+	}
+
+	// Refusals: Dynamo's statuses and messages, and no worker left behind.
+	for _, c := range []struct {
+		body, msg string
+		code      int
+	}{
+		{`{"instance_id":3,"endpoint":"tcp://w3","model_name":"m","block_size":4}`, "invalid ZMQ endpoint `tcp://w3`: missing TCP port", 400},
+		{`{"instance_id":3,"endpoint":"w3:5557","model_name":"m","block_size":4}`, "invalid ZMQ endpoint `w3:5557`: missing scheme", 400},
+		{`{"instance_id":3,"endpoint":"udp://w3:1","model_name":"m","block_size":4}`, "invalid ZMQ endpoint `udp://w3:1`: unsupported scheme `udp`", 400},
+		{`{"instance_id":3,"endpoint":"tcp://w3:99999","model_name":"m","block_size":4}`, "invalid TCP port: number too large to fit in target type", 400},
+		{`{"instance_id":3,"endpoint":"tcp://w3:1","replay_endpoint":"tcp://:2","model_name":"m","block_size":4}`, "invalid replay endpoint `tcp://:2`: invalid ZMQ endpoint `tcp://:2`: missing TCP host", 400},
+		{`{"instance_id":3,"endpoint":"tcp://w3:1","model_name":"m"}`, "missing field `block_size`", 422},
+		{`{"instance_id":"3","endpoint":"tcp://w3:1","model_name":"m","block_size":4}`, `"field":"instance_id"`, 422},
+		{`{"instance_id":1,"endpoint":"tcp://w1:5558","model_name":"m","block_size":4,"routing_group":"b","dp_rank":1}`, "instance 1 is already registered for model=m routing_group=a", 409},
+		{`{"instance_id":1,"endpoint":"tcp://w1:5557","model_name":"m","block_size":4,"routing_group":"a"}`, "instance 1 dp_rank 0 already registered", 409},
+		{`{"instance_id":3,"endpoint":"tcp://w3:1","model_name":"m","block_size":16,"routing_group":"a"}`, "block_size mismatch for model=m routing_group=a: existing=4, requested=16", 409},
+	} {
+		code, body := post("/register", c.body)
+		want("/register "+c.body, code, body, c.code, c.msg)
+	}
+	if ws := h.r.Workers(); len(ws) != 2 {
+		t.Fatalf("refused registrations left workers: %+v", ws)
+	}
+
+	// Each group's index holds its own worker's blocks.
+	store := func(worker uint64, toks []uint32) {
+		t.Helper()
+		ev := kvevent.Event{Kind: kvevent.Stored, ID: 1, Hashes: []uint64{worker*10 + 1, worker*10 + 2}, Tokens: toks, BlockSize: 4}
+		if res, err := h.c.Events(&wire.EventBatch{Worker: worker, Events: []kvevent.Event{ev}}); err != nil || res.OK != 1 {
+			t.Fatalf("events of worker %d: %+v %v", worker, res, err)
+		}
+	}
+	prompt := `[1,2,3,4,5,6,7,8]`
+	store(1, []uint32{1, 2, 3, 4, 5, 6, 7, 8})
+	store(2, []uint32{1, 2, 3, 4, 5, 6, 7, 8})
+	code, body = post("/query", `{"model_name":"m","routing_group":"a","token_ids":`+prompt+`,"lora_name":null,"cache_salt":null}`)
+	want("query group a", code, body, 200, `"instances":{"1":{"longest_matched":8,"gpu":8,"dp":{"0":8},"cpu":8,"disk":8}},"scores":{"1":{"0":8}}`)
+	code, body = post("/query", `{"model_name":"m","routing_group":"b","token_ids":`+prompt+`,"cache_salt":""}`)
+	want("query group b, an empty salt", code, body, 200, `"scores":{"2":{"0":8}}`)
+	code, body = post("/query", `{"model_name":"m","tenant_id":"a","token_ids":`+prompt+`}`)
+	want("the legacy tenant_id names no group", code, body, 404, `no indexer for model=m routing_group=default`)
+	code, body = post("/query", `{"model_name":"m","routing_group":"a","token_ids":`+prompt+`,"cache_salt":"tenant-a"}`)
+	want("a salted query of unsalted blocks", code, body, 200, `"scores":{}`)
+
+	// /query_by_hash: Dynamo's local block hashes (signed 64-bit); no cache_salt.
+	code, body = post("/query_by_hash", `{"model_name":"m","routing_group":"a","block_hashes":[-3803038269031200164,-1669731304162740404],"cache_salt":null}`)
+	want("query_by_hash", code, body, 200, `"scores":{"1":{"0":8}}`)
+	code, body = post("/query_by_hash", `{"model_name":"m","routing_group":"a","block_hashes":[1],"cache_salt":""}`)
+	want("query_by_hash with a salt", code, body, 400, "cache_salt is not accepted by /query_by_hash; block_hashes must already include the intended cache salt")
+
+	// /workers: routing_group in each entry, and the filters.
+	workers := func(query string) []map[string]any {
+		t.Helper()
+		code, body := h.get("/workers" + query)
+		if code != 200 {
+			t.Fatalf("/workers%s: %d %s", query, code, body)
+		}
+		var out []map[string]any
+		if err := json.Unmarshal([]byte(body), &out); err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	if ws := workers("?routing_group=b"); len(ws) != 1 || ws[0]["instance_id"] != 2.0 || ws[0]["routing_group"] != "b" || ws[0]["model_name"] != "m" {
+		t.Fatalf("/workers?routing_group=b: %v", ws)
+	}
+	if ws := workers("?model_name=m&tenant_id=zzz"); len(ws) != 2 {
+		t.Fatalf("/workers?model_name=m&tenant_id=zzz: %v, want both", ws)
+	}
+	if ws := workers("?model_name=other"); len(ws) != 0 {
+		t.Fatalf("/workers?model_name=other: %v, want []", ws)
+	}
+
+	// /unregister: Dynamo's 404s; a routing_group removes from that group only.
+	for _, c := range []struct{ body, msg string }{
+		{`{"instance_id":9,"model_name":"m"}`, "instance 9 not found"},
+		{`{"instance_id":1,"model_name":"other"}`, "instance 1 is registered for model=m routing_group=a"},
+		{`{"instance_id":1,"model_name":"m","routing_group":"b"}`, "instance 1 is registered for model=m routing_group=a"},
+		{`{"instance_id":1,"model_name":"m","routing_group":"a","dp_rank":5}`, "instance 1 dp_rank 5 not found"},
+	} {
+		code, body := post("/unregister", c.body)
+		want("/unregister "+c.body, code, body, 404, c.msg)
+	}
+	code, body = post("/unregister", `{"instance_id":1,"model_name":"m","tenant_id":"x","dp_rank":0}`)
+	want("/unregister", code, body, 200, `{"status":"ok"}`)
+	if ws := workers(""); len(ws) != 1 || ws[0]["instance_id"] != 2.0 {
+		t.Fatalf("/workers after unregistering 1: %v", ws)
+	}
+}
