@@ -125,7 +125,7 @@ func (c *Config) Flags(fs *flag.FlagSet) {
 	fs.StringVar(&c.RouterMode, "router-mode", c.RouterMode, "routing mode: kv, round_robin, random, least_loaded or direct")
 	fs.Float64Var(&c.OverlapScoreWeight, "overlap-score-weight", c.OverlapScoreWeight, "weight of prefill cost against decode load in the kv cost")
 	fs.Float64Var(&c.RouterTemperature, "router-temperature", c.RouterTemperature, "softmax temperature of worker selection; 0 picks the cheapest")
-	fs.BoolVar(&c.TrackPrefillTokens, "track-prefill-tokens", c.TrackPrefillTokens, "count workers' active prefill tokens in the cost")
+	fs.BoolVar(&c.TrackPrefillTokens, "track-prefill-tokens", c.TrackPrefillTokens, "charge and book each request's uncached prompt tokens as prefill; false routes on decode load alone, as Dynamo's decode stage")
 	fs.DurationVar(&c.RequestExpiry, "request-expiry", c.RequestExpiry, "free routed requests not completed after this long")
 	fs.IntVar(&c.MaxCandidates, "max-candidates", c.MaxCandidates, "candidates in a route or match answer when the request does not say: the chosen worker, then the lowest costs; 0 = every worker")
 	fs.Int64Var(&c.MaxBlocks, "max-blocks", c.MaxBlocks, "bound on (block, worker) residencies over all models; 0 = none")

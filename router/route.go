@@ -200,6 +200,9 @@ func (r *Router) route(req *wire.RouteRequest, resp *wire.RouteResponse, book bo
 	if book {
 		w := list.ws[pos]
 		prefill := int64(p.ISL) - int64(cached)*int64(bs)
+		if !p.TrackPrefill {
+			prefill = 0 // not tracked: not booked either (Dynamo's track_prefill_tokens=false)
+		}
 		if err := r.tracker.Book(req.RequestID, w.load, s.seqs, prefill, r.cfg.Now()+int64(r.cfg.RequestExpiry)); err != nil {
 			if err == scoring.ErrDuplicateRequest {
 				return fieldErr(ErrConflict, "request_id", "request %q is already active", req.RequestID)

@@ -31,7 +31,8 @@ type Config struct {
 	NoOverlapWeight bool
 	// Temperature of the softmax selection; 0 picks the cheapest worker.
 	Temperature float64
-	// TrackPrefill counts the workers' active prefill tokens in the cost.
+	// TrackPrefill charges and books each request's uncached tokens as prefill (see
+	// scoring.Params.TrackPrefill).
 	TrackPrefill bool
 	// MaxCandidates caps the candidates of an answer when the request does not say (0: all).
 	MaxCandidates int

@@ -232,3 +232,27 @@ func TestRequestExpiry(t *testing.T) {
 		t.Fatalf("completing an expired request: %v", err)
 	}
 }
+
+// With prefill tracking off (Dynamo's track_prefill_tokens=false), a routed request's own
+// uncached tokens are neither charged nor booked: the worker it goes to shows its blocks
+// active and no prefill; with tracking on, its 8 uncached tokens are booked.
+func TestRouteUntrackedPrefillNotBooked(t *testing.T) {
+	for _, track := range []bool{false, true} {
+		r := New(Config{BlockSize: 4, Shards: 1, TrackPrefill: track, Logger: quiet()})
+		if err := r.Register(Registration{ID: 1, Model: "m"}); err != nil {
+			t.Fatal(err)
+		}
+		var resp wire.RouteResponse
+		if err := r.Route(&wire.RouteRequest{RequestID: "a", Model: "m", Tokens: []uint32{1, 2, 3, 4, 5, 6, 7, 8}}, &resp); err != nil {
+			t.Fatal(err)
+		}
+		wantPrefill := int64(0)
+		if track {
+			wantPrefill = 8
+		}
+		if w := r.Workers()[0]; w.ActiveBlocks != 2 || w.ActivePrefill != wantPrefill {
+			t.Errorf("tracking %v: %d active blocks, %d prefill tokens; want 2 and %d", track, w.ActiveBlocks, w.ActivePrefill, wantPrefill)
+		}
+		r.Close()
+	}
+}

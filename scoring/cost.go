@@ -46,7 +46,9 @@ type Params struct {
 	Blocks      int // full blocks of the prompt (ISL / BlockSize, or the hashes given)
 	Weight      float64
 	Temperature float64
-	// TrackPrefill counts the workers' active prefill tokens in the cost.
+	// TrackPrefill charges the request's own uncached tokens as prefill (and the router books
+	// them); off, they are neither charged nor booked, as in Dynamo, so that routing sees only
+	// the workers' load (a decode stage's routing). A worker's active prefill counts either way.
 	TrackPrefill bool
 }
 
@@ -86,9 +88,9 @@ func Score(c []Candidate, p *Params) {
 // are Score's to the bit.
 func (p *Params) Cost(cached, shared int32, activeBlocks, activePrefill int64) (prefill, decode int64, logit float64) {
 	bs := int64(p.BlockSize)
-	prefill = max(int64(p.ISL)-int64(cached)*bs, 0)
+	prefill = activePrefill
 	if p.TrackPrefill {
-		prefill += activePrefill
+		prefill += max(int64(p.ISL)-int64(cached)*bs, 0)
 	}
 	decode = activeBlocks + int64(p.Blocks) - int64(shared)
 	return prefill, decode, p.Weight*float64(prefill)/float64(bs) + float64(decode)

@@ -29,9 +29,13 @@ func TestScoreDynamoCost(t *testing.T) {
 	// 3: 4 tokens = 0.25; decode 20 + 0 = 20 (its six full blocks are active already).
 	f(c[2], 4, 20, 0.25+20)
 
+	// Without prefill tracking the request's own 36 uncached tokens are not charged (Dynamo's
+	// track_prefill_tokens=false): 1 counts only its active 32; 2 and 3 nothing.
 	p.Weight, p.TrackPrefill = 2, false
 	Score(c, p)
-	f(c[0], 36, 16, 2*36.0/16+16)
+	f(c[0], 32, 16, 2*32.0/16+16)
+	f(c[1], 0, 6, 6)
+	f(c[2], 0, 20, 20)
 }
 
 func TestSelectTemperatureZero(t *testing.T) {
@@ -107,9 +111,11 @@ func TestChooseModes(t *testing.T) {
 			t.Fatalf("%v: chose %d (%v), want %d", m, got, err, want)
 		}
 	}
-	// kv: logits 1: 0+11 = 11; 2: 2+3 = 5; 3: 2+4 = 6 (prefill tokens not tracked).
-	f(KV, 1)
-	p.TrackPrefill = true // 2: (8+8)/4 + 3 = 7 > 6
+	// kv, the request's tokens not tracked: logits 1: 0+11 = 11; 2: its active 8/4 + 3 = 5;
+	// 3: 0+4 = 4.
+	f(KV, 2)
+	p.TrackPrefill = true // 1: 0+11; 2: (8+8)/4 + 3 = 7; 3: 8/4 + 4 = 6
+
 	f(KV, 2)
 	f(LeastLoaded, 1) // 3, 1 and 2 requests
 	f(Direct, 0)
