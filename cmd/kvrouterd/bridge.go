@@ -39,7 +39,7 @@ func parseBridgeConfig(args []string, env func(string) (string, bool), out io.Wr
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error")
 	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "text or json")
 	if err := parseFlags(fs, args, env, out, "kvrouterd bridge: forward an engine's ZMQ KV events into kvrouterd's NATS JetStream stream.\n\n"+
-		"Usage: kvrouterd bridge --zmq worker=7,model=llama,endpoint=tcp://127.0.0.1:5557 --nats-url nats://router:4222"); err != nil {
+		"Usage: kvrouterd bridge --zmq worker=7,model=llama,endpoint=tcp://127.0.0.1:5557 --nats-url nats://router:4222", nil); err != nil {
 		return c, err
 	}
 	switch {

@@ -24,8 +24,14 @@ func parseConfig(args []string, env func(string) (string, bool), out io.Writer) 
 	fs := flag.NewFlagSet("kvrouterd", flag.ContinueOnError)
 	fs.SetOutput(out)
 	c.Flags(fs)
+	dynEnvs := defineDynamoFlags(fs)
+	if err := dynamoEnv(fs, env); err != nil {
+		return c, err
+	}
 	if err := parseFlags(fs, args, env, out, "kvrouterd: a KV-cache-aware router for LLM inference workers.\n\n"+
-		"Usage: kvrouterd [flags]\n       kvrouterd bridge [flags]   (kvrouterd bridge --help)"); err != nil {
+		"Usage: kvrouterd [flags]\n       kvrouterd bridge [flags]   (kvrouterd bridge --help)\n\n"+
+		"Dynamo's router flags and DYN_ variables are accepted for the kvrouterd flags that mean the same;\n"+
+		"kvrouterd's own (KVR_) variables win over Dynamo's, and flags over both.", dynEnvs); err != nil {
 		return c, err
 	}
 	return c, c.Check()
@@ -35,18 +41,38 @@ func parseConfig(args []string, env func(string) (string, bool), out io.Writer) 
 // and refuses positional arguments. --help prints title and every flag with its variable.
 // A bad flag is one line that names it (and the flag probably meant), not the whole usage: the
 // usage is for --help.
-func parseFlags(fs *flag.FlagSet, args []string, env func(string) (string, bool), out io.Writer, title string) error {
+//
+// dynEnvs lists Dynamo's variables by flag name: a flag in it that is an alias of another (its
+// value is no value of its own) has no KVR_ variable.
+func parseFlags(fs *flag.FlagSet, args []string, env func(string) (string, bool), out io.Writer, title string, dynEnvs map[string][]string) error {
+	alias := func(f *flag.Flag) bool { _, ok := f.Value.(aliasValue); return ok }
 	usage := func() {
 		fmt.Fprintf(out, "%s\n\nEvery flag can also be set by an environment variable, %s plus its\n"+
 			"name in upper case with underscores (e.g. KVR_SHARDS=32); flags win.\n\n", title, envPrefix)
 		fs.VisitAll(func(f *flag.Flag) {
-			fmt.Fprintf(out, "  --%s (env %s, default %q)\n    \t%s\n", f.Name, envName(f.Name), f.DefValue, f.Usage)
+			var envs []string
+			if !alias(f) {
+				envs = append(envs, envName(f.Name))
+			}
+			envs = append(envs, dynEnvs[f.Name]...)
+			vars := "no variable"
+			if len(envs) > 0 {
+				vars = "env " + strings.Join(envs, ", ")
+			}
+			if alias(f) {
+				fmt.Fprintf(out, "  --%s (%s)\n    \t%s\n", f.Name, vars, f.Usage)
+				return
+			}
+			fmt.Fprintf(out, "  --%s (%s, default %q)\n    \t%s\n", f.Name, vars, f.DefValue, f.Usage)
 		})
 	}
 	fs.Usage = func() {}
 	fs.SetOutput(io.Discard)
 	var err error
 	fs.VisitAll(func(f *flag.Flag) {
+		if alias(f) {
+			return
+		}
 		if v, ok := env(envName(f.Name)); ok && err == nil {
 			if e := f.Value.Set(v); e != nil {
 				err = fmt.Errorf("%s=%q: %v", envName(f.Name), v, e)

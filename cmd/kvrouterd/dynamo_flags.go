@@ -1,0 +1,126 @@
+package main
+
+// Dynamo's router flags and DYN_ variables, accepted for kvrouterd's own where they mean the same.
+
+import (
+	"flag"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// dynFlag is one of Dynamo's router settings that a kvrouterd flag means: its flag name (empty
+// when kvrouterd's flag has the same name), the kvrouterd flag it sets, its environment
+// variable, and how its value reads as the target's: the opposite boolean, or seconds.
+type dynFlag struct {
+	name, target, env string
+	negate, seconds   bool
+}
+
+// dynamoFlags are Dynamo's names (components/src/dynamo/router and the frontend's router
+// arguments, kv_router_args.py) for the settings kvrouterd has. Settings kvrouterd does not
+// have are not accepted: a command line that needs them says so at start.
+var dynamoFlags = []dynFlag{
+	{name: "", target: "router-mode", env: "DYN_ROUTER_MODE"},
+	{name: "kv-cache-block-size", target: "block-size", env: "DYN_KV_CACHE_BLOCK_SIZE"},
+	{name: "router-block-size", target: "block-size", env: "DYN_ROUTER_BLOCK_SIZE"},
+	{name: "", target: "router-temperature", env: "DYN_ROUTER_TEMPERATURE"},
+	{name: "router-kv-overlap-score-weight", target: "overlap-score-weight", env: "DYN_ROUTER_KV_OVERLAP_SCORE_WEIGHT"},
+	{name: "kv-overlap-score-weight", target: "overlap-score-weight", env: "DYN_OVERLAP_SCORE_WEIGHT"},
+	{name: "router-track-prefill-tokens", target: "track-prefill-tokens", env: "DYN_ROUTER_TRACK_PREFILL_TOKENS"},
+	{name: "no-router-track-prefill-tokens", target: "track-prefill-tokens", negate: true},
+	{name: "router-kv-events", target: "no-kv-events", negate: true, env: "DYN_ROUTER_USE_KV_EVENTS"},
+	{name: "no-router-kv-events", target: "no-kv-events"},
+	{name: "kv-events", target: "no-kv-events", negate: true},
+	{name: "router-replica-sync", target: "share-load", env: "DYN_ROUTER_REPLICA_SYNC"},
+	{name: "no-router-replica-sync", target: "share-load", negate: true},
+	{name: "router-ttl-secs", target: "approx-ttl", seconds: true, env: "DYN_ROUTER_TTL_SECS"},
+}
+
+// aliasValue is a Dynamo flag's value: setting it sets its target's.
+type aliasValue struct {
+	d      dynFlag
+	target flag.Value
+}
+
+func (a aliasValue) String() string { return "" }
+
+func (a aliasValue) IsBoolFlag() bool {
+	b, ok := a.target.(interface{ IsBoolFlag() bool })
+	return ok && b.IsBoolFlag()
+}
+
+func (a aliasValue) Set(v string) error {
+	switch {
+	case a.IsBoolFlag() && a.d.negate:
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return err
+		}
+		v = strconv.FormatBool(!b)
+	case a.d.seconds:
+		s, err := strconv.ParseFloat(v, 64)
+		if err != nil || !(s > 0) || s > 1e9 {
+			return fmt.Errorf("%q: want a number of seconds > 0", v)
+		}
+		v = time.Duration(s * float64(time.Second)).String()
+	}
+	return a.target.Set(v)
+}
+
+// defineDynamoFlags defines Dynamo's flag names on fs, whose kvrouterd flags are defined, and
+// returns the flags' Dynamo variables by flag name, for the usage.
+func defineDynamoFlags(fs *flag.FlagSet) map[string][]string {
+	envs := map[string][]string{}
+	for _, d := range dynamoFlags {
+		t := fs.Lookup(d.target)
+		if t == nil {
+			panic("kvrouterd: Dynamo flag for a flag not defined: " + d.target)
+		}
+		name := d.target
+		if d.name != "" {
+			name = d.name
+			fs.Var(aliasValue{d, t.Value}, d.name, "Dynamo's name for --"+d.target+dynNote(d))
+		}
+		if d.env != "" {
+			envs[name] = append(envs[name], d.env)
+		}
+	}
+	return envs
+}
+
+func dynNote(d dynFlag) string {
+	switch {
+	case d.negate:
+		return " (the opposite)"
+	case d.seconds:
+		return " (in seconds)"
+	}
+	return ""
+}
+
+// dynamoEnv sets fs's flags from Dynamo's variables in env, before kvrouterd's own (KVR_) and
+// the flags, which win. A boolean variable is true for true, 1, yes or on (any case) and false
+// otherwise, as Dynamo reads it.
+func dynamoEnv(fs *flag.FlagSet, env func(string) (string, bool)) error {
+	for _, d := range dynamoFlags {
+		v, ok := env(d.env)
+		if d.env == "" || !ok {
+			continue
+		}
+		a := aliasValue{d, fs.Lookup(d.target).Value}
+		if a.IsBoolFlag() {
+			switch strings.ToLower(strings.TrimSpace(v)) {
+			case "true", "1", "yes", "on":
+				v = "true"
+			default:
+				v = "false"
+			}
+		}
+		if err := a.Set(v); err != nil {
+			return fmt.Errorf("%s=%q: %v", d.env, v, err)
+		}
+	}
+	return nil
+}
