@@ -215,6 +215,7 @@ func (r *Router) route(req *wire.RouteRequest, resp *wire.RouteResponse, book bo
 		if r.approx != nil {
 			r.recordApprox(m, w, s.seqs)
 		}
+		resp.Cached = uint32(cached)
 		r.routed.Add(1)
 	} else {
 		r.matched.Add(1)
@@ -365,6 +366,7 @@ func fillHeader(resp *wire.RouteResponse, req *wire.RouteRequest, p *scoring.Par
 	resp.Blocks = uint32(p.Blocks)
 	resp.ISL = uint32(p.ISL)
 	resp.Candidates = resp.Candidates[:0]
+	resp.Cached = 0
 }
 
 func appendCandidate(dst []wire.Candidate, c *scoring.Candidate) []wire.Candidate {

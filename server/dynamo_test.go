@@ -2,6 +2,7 @@ package server
 
 import (
 	"encoding/json"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -121,5 +122,40 @@ func TestDynamoCompat(t *testing.T) {
 	want("/unregister", code, body, 200, `{"status":"ok"}`)
 	if ws := workers(""); len(ws) != 1 || ws[0]["instance_id"] != 2.0 {
 		t.Fatalf("/workers after unregistering 1: %v", ws)
+	}
+}
+
+// TestDynamoMetrics: what Dynamo's dashboards read is exported under Dynamo's names, worked by
+// hand for one routed request: 12 tokens in 3 blocks of 4, 2 of them cached on worker 1, which
+// is chosen (cost 4/4 + 3 against worker 2's 12/4 + 3).
+func TestDynamoMetrics(t *testing.T) {
+	h := newHarness(t)
+	for _, id := range []uint64{1, 2} {
+		if code, body := h.post("/v1/workers", "application/json", []byte(`{"worker_id":`+strconv.FormatUint(id, 10)+`,"model":"m"}`)); code != 201 {
+			t.Fatalf("register %d: %d %s", id, code, body)
+		}
+	}
+	h.store(1, 1, 10, 0, tokens(0, 8))
+	if resp := h.route("a", tokens(0, 12), 0); resp.Worker != 1 {
+		t.Fatalf("routed to %d, want 1", resp.Worker)
+	}
+	h.route("b", tokens(500, 3), 0) // shorter than a block: no hit rate, its tokens counted
+	_, page := h.get("/metrics")
+	for _, want := range []string{
+		"dynamo_component_router_requests_total 2",
+		"dynamo_component_router_kv_hit_rate_count 1",
+		"dynamo_component_router_kv_hit_rate_sum 0.6666666666666666",
+		`dynamo_component_router_kv_hit_rate_bucket{le="0.65"} 0`,
+		`dynamo_component_router_kv_hit_rate_bucket{le="0.7000000000000001"} 1`,
+		"dynamo_component_router_input_sequence_tokens_count 2",
+		"dynamo_component_router_input_sequence_tokens_sum 15",
+		"dynamo_router_overhead_total_ms_count 2",
+		`dynamo_frontend_worker_active_decode_blocks{dp_rank="0",worker_id="1",worker_type="decode"} 3`,
+		`dynamo_frontend_worker_active_prefill_tokens{dp_rank="0",worker_id="1",worker_type="decode"} 4`,
+		`dynamo_component_router_worker_registered{dp_rank="0",router_worker_id="2",worker_type="decode"} 1`,
+	} {
+		if !strings.Contains(page, want+"\n") {
+			t.Errorf("/metrics has no line %s", want)
+		}
 	}
 }

@@ -36,6 +36,7 @@ type metrics struct {
 	rejected *prometheus.CounterVec
 	// unknownFields counts the fields of Dynamo's bodies that kvrouterd ignores, by path.
 	unknownFields *prometheus.CounterVec
+	dyn           *dynamoMetrics
 }
 
 func newMetrics(reg *prometheus.Registry, r *router.Router) *metrics {
@@ -56,6 +57,7 @@ func newMetrics(reg *prometheus.Registry, r *router.Router) *metrics {
 		Name: "kvrouterd_dynamo_unknown_fields_total",
 		Help: "Fields of requests to Dynamo's endpoints that kvrouterd does not know and ignores, by path.",
 	}, []string{"path"})
+	m.dyn = newDynamoMetrics(reg, r)
 	reg.MustRegister(lat, m.rejected, m.unknownFields, &routerCollector{r: r},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m

@@ -256,7 +256,7 @@ func (s *Server) transportError(ctx *fasthttp.RequestCtx, err error) {
 // Handle serves one request; it is the fasthttp handler (tests may call it directly).
 func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
 	start := time.Now()
-	ep := s.dispatch(ctx)
+	ep := s.dispatch(ctx, start)
 	s.m.latency[ep].Observe(time.Since(start).Seconds())
 }
 
@@ -275,17 +275,17 @@ var (
 	binaryType = []byte(ContentType)
 )
 
-func (s *Server) dispatch(ctx *fasthttp.RequestCtx) endpoint {
+func (s *Server) dispatch(ctx *fasthttp.RequestCtx, start time.Time) endpoint {
 	path, method := ctx.Path(), ctx.Method()
 	switch {
 	case bytes.Equal(path, pRoute):
 		if s.method(ctx, epRoute, method, mPost) {
-			s.route(ctx, true)
+			s.route(ctx, true, start)
 		}
 		return epRoute
 	case bytes.Equal(path, pMatch):
 		if s.method(ctx, epMatch, method, mPost) {
-			s.route(ctx, false)
+			s.route(ctx, false, start)
 		}
 		return epMatch
 	case bytes.HasPrefix(path, pRequests):
@@ -418,7 +418,9 @@ func (s *Server) fail(ctx *fasthttp.RequestCtx, ep endpoint, err error) {
 	s.reject(ctx, ep, status, reason, field, -1, err.Error())
 }
 
-func (s *Server) route(ctx *fasthttp.RequestCtx, book bool) {
+// route answers /v1/route (book) or /v1/match; start is when the request began, for the
+// routing-overhead metric.
+func (s *Server) route(ctx *fasthttp.RequestCtx, book bool, start time.Time) {
 	ep := epMatch
 	if book {
 		ep = epRoute
@@ -460,6 +462,9 @@ func (s *Server) route(ctx *fasthttp.RequestCtx, book bool) {
 		ctx.SetContentTypeBytes(binaryType)
 	} else {
 		ctx.SetContentType("application/json")
+	}
+	if book {
+		s.m.dyn.routed(b.resp.Blocks, b.resp.Cached, b.resp.ISL, time.Since(start).Seconds())
 	}
 }
 

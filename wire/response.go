@@ -63,6 +63,9 @@ type RouteResponse struct {
 	Blocks     uint32 // full blocks of the prompt that were hashed
 	ISL        uint32
 	Candidates []Candidate
+	// Cached is, with Chosen, the chosen worker's cached blocks, for the router's caller (its
+	// metrics): the format does not carry it, and a decoded answer has 0.
+	Cached uint32
 }
 
 // Validate reports the first field of r that the format cannot carry as it is, as an *Error

@@ -1,0 +1,80 @@
+package server
+
+// Dynamo's metric names for what kvrouterd measures too, so that a Dynamo dashboard shows data.
+
+import (
+	"strconv"
+
+	"github.com/kvrouterd/kvrouterd/router"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// dynamoMetrics are the per-request series under Dynamo's names (lib/llm kv_router metrics.rs
+// and prometheus_names.rs): observed for each routed request, beside kvrouterd's own.
+type dynamoMetrics struct {
+	hitRate  prometheus.Histogram // the chosen worker's cached blocks over the request's blocks
+	isl      prometheus.Histogram // the request's prompt tokens
+	overhead prometheus.Histogram // the time to route, in milliseconds
+}
+
+func newDynamoMetrics(reg *prometheus.Registry, r *router.Router) *dynamoMetrics {
+	m := &dynamoMetrics{
+		hitRate: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "dynamo_component_router_kv_hit_rate",
+			Help:    "Dynamo's name: the share of a routed request's blocks cached on the worker chosen.",
+			Buckets: prometheus.LinearBuckets(0, 0.05, 21),
+		}),
+		isl: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "dynamo_component_router_input_sequence_tokens",
+			Help:    "Dynamo's name: a routed request's prompt tokens.",
+			Buckets: prometheus.ExponentialBucketsRange(50, 128000, 12),
+		}),
+		overhead: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "dynamo_router_overhead_total_ms",
+			Help:    "Dynamo's name: the time to route a request, in milliseconds (kvrouterd: the whole HTTP request).",
+			Buckets: prometheus.ExponentialBuckets(0.01, 3, 17),
+		}),
+	}
+	reg.MustRegister(m.hitRate, m.isl, m.overhead, dynamoCollector{r})
+	return m
+}
+
+// routed observes a routed request's answer and the seconds it took.
+func (m *dynamoMetrics) routed(blocks, cached, isl uint32, seconds float64) {
+	if blocks > 0 {
+		m.hitRate.Observe(float64(cached) / float64(blocks))
+	}
+	m.isl.Observe(float64(isl))
+	m.overhead.Observe(seconds * 1e3)
+}
+
+// dynamoCollector reads the router's state under Dynamo's names at scrape time. kvrouterd's
+// workers serve prefill and decode together, which Dynamo labels worker_type "decode".
+type dynamoCollector struct{ r *router.Router }
+
+var (
+	descDynDecode = prometheus.NewDesc("dynamo_frontend_worker_active_decode_blocks",
+		"Dynamo's name: a worker rank's active decode blocks.", []string{"worker_id", "dp_rank", "worker_type"}, nil)
+	descDynPrefill = prometheus.NewDesc("dynamo_frontend_worker_active_prefill_tokens",
+		"Dynamo's name: a worker rank's active prefill tokens.", []string{"worker_id", "dp_rank", "worker_type"}, nil)
+	descDynRegistered = prometheus.NewDesc("dynamo_component_router_worker_registered",
+		"Dynamo's name: 1 for each registered worker rank.", []string{"router_worker_id", "dp_rank", "worker_type"}, nil)
+	descDynRequests = prometheus.NewDesc("dynamo_component_router_requests_total",
+		"Dynamo's name: requests routed.", nil, nil)
+)
+
+func (c dynamoCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descDynDecode, descDynPrefill, descDynRegistered, descDynRequests} {
+		ch <- d
+	}
+}
+
+func (c dynamoCollector) Collect(ch chan<- prometheus.Metric) {
+	ch <- prometheus.MustNewConstMetric(descDynRequests, prometheus.CounterValue, float64(c.r.Stats().Routed))
+	for _, w := range c.r.Workers() {
+		id, rank := strconv.FormatUint(w.ID, 10), strconv.FormatUint(uint64(w.Rank), 10)
+		ch <- prometheus.MustNewConstMetric(descDynDecode, prometheus.GaugeValue, float64(w.ActiveBlocks), id, rank, "decode")
+		ch <- prometheus.MustNewConstMetric(descDynPrefill, prometheus.GaugeValue, float64(w.ActivePrefill), id, rank, "decode")
+		ch <- prometheus.MustNewConstMetric(descDynRegistered, prometheus.GaugeValue, 1, id, rank, "decode")
+	}
+}
