@@ -60,21 +60,13 @@ func TestDaemonEngineEvents(t *testing.T) {
 			time.Sleep(10 * time.Millisecond)
 		}
 	}
-	toks := func(from, n int) []uint32 {
-		out := make([]uint32, n)
-		for i := range out {
-			out[i] = uint32(from + i)
-		}
-		return out
-	}
-
 	t.Run("history", func(t *testing.T) {
 		for i, f := range enginetest.Forms() {
 			worker := uint64(10 + i)
 			eng := enginetest.Start(t, enginetest.Options{Replay: true})
 			r := eng.Rank(0)
 			// Published before kvrouterd knows of the engine: only its replay buffer has it.
-			r.Publish(r.Batch(kvevent.Event{Kind: kvevent.Stored, BlockSize: 4, Hashes: []uint64{1, 2}, Tokens: toks(100*i, 8)}), f.EngineForm)
+			r.Publish(r.Batch(kvevent.Event{Kind: kvevent.Stored, BlockSize: 4, Hashes: []uint64{1, 2}, Tokens: tokenRun(100*i, 8)}), f.EngineForm)
 			register(r, worker, "h", 4)
 			// The next batch, once it arrives, makes the subscription fetch what came before it.
 			r.PublishUntil(r.Batch(), f.EngineForm, cachedIs("h", worker, 2))
@@ -106,7 +98,7 @@ func TestDaemonEngineEvents(t *testing.T) {
 		register(r, 30, "u", 4)
 		probe(r, "u", 30)
 		payload := enginetest.WithMedium(r.Batch(
-			kvevent.Event{Kind: kvevent.Stored, BlockSize: 4, Hashes: []uint64{1, 2}, Tokens: toks(500, 8)},
+			kvevent.Event{Kind: kvevent.Stored, BlockSize: 4, Hashes: []uint64{1, 2}, Tokens: tokenRun(500, 8)},
 		), "TPU")
 		r.Send([]byte(""), enginetest.SeqFrame(r.Record(payload)), payload)
 		counted := `kvrouterd_engine_unknown_medium_total{dp_rank="0",model="u",worker="30"}`
@@ -118,4 +110,13 @@ func TestDaemonEngineEvents(t *testing.T) {
 			t.Fatalf("no log line naming the medium:\n%s", d.log())
 		}
 	})
+}
+
+// tokenRun is n token ids counting up from from.
+func tokenRun(from, n int) []uint32 {
+	out := make([]uint32, n)
+	for i := range out {
+		out[i] = uint32(from + i)
+	}
+	return out
 }

@@ -136,14 +136,7 @@ func TestDaemonZeroHits(t *testing.T) {
 	defer func() { d.cmd.Process.Kill() }()
 	eng := enginetest.Start(t, enginetest.Options{Ranks: 1})
 	other := enginetest.Start(t, enginetest.Options{Ranks: 1})
-	prompt := func(from, n int) []uint32 {
-		toks := make([]uint32, n)
-		for i := range toks {
-			toks[i] = uint32(from + i)
-		}
-		return toks
-	}
-	shared, tuned := prompt(1, 16*64), prompt(100000, 16*64) // 64 blocks each
+	shared, tuned := tokenRun(1, 16*64), tokenRun(100000, 16*64) // 64 blocks each
 	for _, w := range []struct {
 		id   uint64
 		eng  *enginetest.Engine
