@@ -222,8 +222,11 @@ type Consumer struct {
 	missingSince time.Time
 
 	poke, stop, watched chan struct{}
-	stopping            sync.WaitGroup // consumers of lost streams being stopped
-	health              atomic.Pointer[error]
+	// stopped ends the watch goroutine's calls to the server when Close is called.
+	stopped   context.Context
+	stopCalls context.CancelFunc
+	stopping  sync.WaitGroup // consumers of lost streams being stopped
+	health    atomic.Pointer[error]
 
 	mu     sync.Mutex // the handler's state: one message at a time
 	gen    uint64     // consumers of an older generation read a lost stream: ignored
@@ -263,6 +266,7 @@ func NewConsumer(ctx context.Context, nc *nats.Conn, sink Sink, cfg ConsumerConf
 	}
 	c := &Consumer{cfg: cfg, nc: nc, sink: sink, log: cfg.Logger, origin: strconv.FormatUint(rand.Uint64(), 36),
 		poke: make(chan struct{}, 1), stop: make(chan struct{}), watched: make(chan struct{})}
+	c.stopped, c.stopCalls = context.WithCancel(context.Background())
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return nil, err
@@ -382,7 +386,7 @@ func (c *Consumer) watch() {
 		case <-t.C:
 		case <-c.poke:
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), max(c.cfg.CheckInterval, 5*time.Second))
+		ctx, cancel := context.WithTimeout(c.stopped, max(c.cfg.CheckInterval, 5*time.Second))
 		c.setHealth(c.check(ctx))
 		cancel()
 	}
@@ -660,12 +664,18 @@ func (c *Consumer) Stats() Stats {
 	return st
 }
 
-// Close stops consuming; messages being handled finish first.
+// Close stops consuming; messages being handled finish first. With the server unreachable it
+// does not wait for it: the consumer is stopped rather than drained.
 func (c *Consumer) Close() {
 	close(c.stop)
+	c.stopCalls()
 	<-c.watched
 	if c.cc != nil {
-		c.cc.Drain()
+		if c.nc.IsConnected() {
+			c.cc.Drain()
+		} else {
+			c.cc.Stop()
+		}
 		<-c.cc.Closed()
 	}
 	_ = c.sub.Unsubscribe()
