@@ -20,7 +20,7 @@ import (
 // walkthrough, from Go.
 func ExampleClient_Route() {
 	quiet := slog.New(slog.DiscardHandler)
-	r := router.New(router.Config{BlockSize: 4, TrackPrefill: true, Logger: quiet})
+	r := router.New(router.Config{BlockSize: 4, Logger: quiet})
 	srv := server.New(r, server.Config{Logger: quiet})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -103,7 +103,7 @@ func Start(ctx context.Context, c Config, stderr io.Writer) (_ *Daemon, err erro
 			OverlapWeight:   c.OverlapScoreWeight,
 			NoOverlapWeight: c.OverlapScoreWeight == 0,
 			Temperature:     c.RouterTemperature,
-			TrackPrefill:    c.TrackPrefillTokens,
+			NoTrackPrefill:  !c.TrackPrefillTokens,
 			RequestExpiry:   c.RequestExpiry,
 			MaxCandidates:   c.MaxCandidates,
 			Shards:          c.Shards,

@@ -378,7 +378,7 @@ func FuzzHTTP(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		in := &input{b: data}
-		r := router.New(router.Config{BlockSize: streamBS, Shards: 2, TrackPrefill: true, Logger: quiet()})
+		r := router.New(router.Config{BlockSize: streamBS, Shards: 2, Logger: quiet()})
 		defer r.Close()
 		s := server.New(r, server.Config{MaxBodyBytes: 64 << 10, Logger: quiet()})
 		ln := fasthttputil.NewInmemoryListener()

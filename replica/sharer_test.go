@@ -89,10 +89,10 @@ func TestSharerReplicas(t *testing.T) {
 	w, other := resp.Worker, 3-resp.Worker
 	waitFor(t, "B to see A's booking", func() bool { n, p := b.active(w); return n == 8 && p == 128 })
 
-	// A similar request on B, sharing the first 4 blocks. With overlap weight 1, block size 16,
-	// nothing cached and prefill tokens not tracked:
-	//   w:     8 prefill blocks + (8 active + 8 − 4 shared) decode blocks = 20
-	//   other: 8 prefill blocks + (0 active + 8)             decode blocks = 16
+	// A similar request on B, sharing the first 4 blocks. With overlap weight 1, block size 16
+	// and nothing cached:
+	//   w:     (128 + 128 active) / 16 = 16 prefill blocks + (8 active + 8 − 4 shared) = 28
+	//   other:  128 / 16           =  8 prefill blocks + (0 active + 8)             = 16
 	// B must avoid w. The same request id as A's must not collide with it.
 	if err := b.r.Route(&wire.RouteRequest{RequestID: "req-1", Model: "m", Tokens: append(toks(0, 64), toks(5000, 64)...)}, &resp); err != nil {
 		t.Fatal(err)
@@ -101,8 +101,8 @@ func TestSharerReplicas(t *testing.T) {
 	for _, c := range resp.Candidates {
 		logits[c.Worker] = c.Logit
 	}
-	if resp.Worker != other || logits[w] != 20 || logits[other] != 16 {
-		t.Fatalf("B routed to %d with logits %v; want %d, with %d: 20, %d: 16", resp.Worker, logits, other, w, other)
+	if resp.Worker != other || logits[w] != 28 || logits[other] != 16 {
+		t.Fatalf("B routed to %d with logits %v; want %d, with %d: 28, %d: 16", resp.Worker, logits, other, w, other)
 	}
 	waitFor(t, "A to see B's booking", func() bool { n, _ := a.active(other); return n == 8 })
 

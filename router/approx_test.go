@@ -15,7 +15,7 @@ import (
 // and unregistering a worker leaves nothing behind.
 func TestApproximateMode(t *testing.T) {
 	var now atomic.Int64
-	r := New(Config{Shards: 1, Logger: quiet(), Now: now.Load, TrackPrefill: true,
+	r := New(Config{Shards: 1, Logger: quiet(), Now: now.Load,
 		Approximate: &approx.Config{TTL: 10 * time.Second, MaxBlocks: 40, PruneTarget: 0.5}})
 	defer r.Close()
 	for id := uint64(1); id <= 2; id++ {

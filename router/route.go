@@ -105,7 +105,7 @@ func (r *Router) route(req *wire.RouteRequest, resp *wire.RouteResponse, book bo
 		BlockSize:    m.blockSize,
 		Weight:       r.cfg.OverlapWeight,
 		Temperature:  r.cfg.Temperature,
-		TrackPrefill: r.cfg.TrackPrefill,
+		TrackPrefill: !r.cfg.NoTrackPrefill,
 	}
 	if p.Mode == scoring.Default {
 		p.Mode = r.cfg.Mode

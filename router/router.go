@@ -31,9 +31,10 @@ type Config struct {
 	NoOverlapWeight bool
 	// Temperature of the softmax selection; 0 picks the cheapest worker.
 	Temperature float64
-	// TrackPrefill charges and books each request's uncached tokens as prefill (see
-	// scoring.Params.TrackPrefill).
-	TrackPrefill bool
+	// NoTrackPrefill neither charges nor books a request's own uncached tokens as prefill,
+	// Dynamo's track_prefill_tokens=false (a decode stage's routing, on load alone); by
+	// default they are (see scoring.Params.TrackPrefill).
+	NoTrackPrefill bool
 	// MaxCandidates caps the candidates of an answer when the request does not say (0: all).
 	MaxCandidates int
 	// Approximate, if set, turns on approximate mode (for workers that publish no KV events):

@@ -28,7 +28,7 @@ func seq(from, n int) []uint32 {
 // 16-block prefix and a 128-block prompt of its own family.
 func fleet(tb testing.TB, n int) *Router {
 	tb.Helper()
-	r := New(Config{Shards: 2, TrackPrefill: true, Logger: quiet()})
+	r := New(Config{Shards: 2, Logger: quiet()})
 	tb.Cleanup(r.Close)
 	for id := uint64(1); id <= uint64(n); id++ {
 		if err := r.Register(Registration{ID: id, Model: "m", BlockSize: 16}); err != nil {
@@ -238,7 +238,7 @@ func TestRequestExpiry(t *testing.T) {
 // active and no prefill; with tracking on, its 8 uncached tokens are booked.
 func TestRouteUntrackedPrefillNotBooked(t *testing.T) {
 	for _, track := range []bool{false, true} {
-		r := New(Config{BlockSize: 4, Shards: 1, TrackPrefill: track, Logger: quiet()})
+		r := New(Config{BlockSize: 4, Shards: 1, NoTrackPrefill: !track, Logger: quiet()})
 		if err := r.Register(Registration{ID: 1, Model: "m"}); err != nil {
 			t.Fatal(err)
 		}

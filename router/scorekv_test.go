@@ -26,7 +26,7 @@ func TestScoreKVMatchesGeneral(t *testing.T) {
 	for round := range 48 {
 		rng := rand.New(rand.NewPCG(uint64(round), 3))
 		pcg := rand.NewPCG(0, 0)
-		cfg := Config{Shards: 2, TrackPrefill: rng.IntN(2) == 0, Logger: quiet(), Rand: rand.New(pcg)}
+		cfg := Config{Shards: 2, NoTrackPrefill: rng.IntN(2) == 0, Logger: quiet(), Rand: rand.New(pcg)}
 		switch rng.IntN(4) {
 		case 0:
 			cfg.NoOverlapWeight = true

@@ -57,7 +57,7 @@ func (f *fakeSharer) take() []shareCall {
 // the first 4 blocks of prompt(0).
 func sharedFleet(t testing.TB, cfg Config) *Router {
 	t.Helper()
-	cfg.Shards, cfg.TrackPrefill, cfg.Logger = 1, true, quiet()
+	cfg.Shards, cfg.Logger = 1, quiet()
 	r := New(cfg)
 	t.Cleanup(r.Close)
 	for id := uint64(1); id <= 3; id++ {

@@ -41,7 +41,7 @@ func newHarness(t *testing.T) *harness {
 func newHarnessWith(t *testing.T, cfg func(*router.Config)) *harness {
 	t.Helper()
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	rc := router.Config{BlockSize: 4, Shards: 2, TrackPrefill: true, Logger: quiet}
+	rc := router.Config{BlockSize: 4, Shards: 2, Logger: quiet}
 	if cfg != nil {
 		cfg(&rc)
 	}

@@ -33,7 +33,7 @@ var fuzzPaths = []struct{ method, path string }{
 // Accepted requests may change them (a registration, events), which the next input starts from.
 func FuzzHandle(f *testing.F) {
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	r := router.New(router.Config{BlockSize: 4, Shards: 2, TrackPrefill: true, Logger: quiet})
+	r := router.New(router.Config{BlockSize: 4, Shards: 2, Logger: quiet})
 	f.Cleanup(r.Close)
 	s := New(r, Config{MaxBodyBytes: 64 << 10, Logger: quiet})
 	if err := r.Register(router.Registration{ID: 1, Model: "m", BlockSize: 4}); err != nil {

@@ -78,15 +78,15 @@ func DaemonRouter(fc fleet.Config) router.Config {
 		bs = sim.DefaultWorkerConfig().BlockSize
 	}
 	return router.Config{
-		BlockSize:     bs,
-		Mode:          fc.Mode,
-		OverlapWeight: fc.OverlapWeight,
-		Temperature:   fc.Temperature,
-		TrackPrefill:  !fc.NoPrefill,
-		RequestExpiry: 300 * time.Second,
-		Shards:        runtime.NumCPU(),
-		QueueLen:      256,
-		WorkerTimeout: 30 * time.Second,
-		ClearOnGap:    true,
+		BlockSize:      bs,
+		Mode:           fc.Mode,
+		OverlapWeight:  fc.OverlapWeight,
+		Temperature:    fc.Temperature,
+		NoTrackPrefill: fc.NoPrefill,
+		RequestExpiry:  300 * time.Second,
+		Shards:         runtime.NumCPU(),
+		QueueLen:       256,
+		WorkerTimeout:  30 * time.Second,
+		ClearOnGap:     true,
 	}
 }

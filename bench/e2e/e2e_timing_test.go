@@ -15,7 +15,7 @@ import (
 // benchDaemon starts a Daemon with workers 1 to 8 of model "sim" registered through a Remote.
 func benchDaemon(b *testing.B) (*Daemon, *Remote) {
 	b.Helper()
-	d, err := StartDaemon(DaemonConfig{Router: router.Config{BlockSize: 16, Mode: scoring.KV, TrackPrefill: true}, Dir: b.TempDir()})
+	d, err := StartDaemon(DaemonConfig{Router: router.Config{BlockSize: 16, Mode: scoring.KV}, Dir: b.TempDir()})
 	if err != nil {
 		b.Fatal(err)
 	}

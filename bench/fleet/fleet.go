@@ -154,16 +154,16 @@ func Run(cfg Config, reqs []trace.Request) (*Result, error) {
 	rt := cfg.Router
 	if rt == nil {
 		r := router.New(router.Config{
-			BlockSize:     wc.BlockSize,
-			Mode:          cfg.Mode,
-			OverlapWeight: cfg.OverlapWeight, // 0: the router's default, 1.0
-			Temperature:   cfg.Temperature,
-			TrackPrefill:  !cfg.NoPrefill,
-			RequestExpiry: 24 * time.Hour,
-			Shards:        1,
-			Logger:        slog.New(slog.NewTextHandler(io.Discard, nil)),
-			Rand:          rand.New(rand.NewPCG(cfg.Seed, 0x666c656574)),
-			Now:           clock.Load,
+			BlockSize:      wc.BlockSize,
+			Mode:           cfg.Mode,
+			OverlapWeight:  cfg.OverlapWeight, // 0: the router's default, 1.0
+			Temperature:    cfg.Temperature,
+			NoTrackPrefill: cfg.NoPrefill,
+			RequestExpiry:  24 * time.Hour,
+			Shards:         1,
+			Logger:         slog.New(slog.NewTextHandler(io.Discard, nil)),
+			Rand:           rand.New(rand.NewPCG(cfg.Seed, 0x666c656574)),
+			Now:            clock.Load,
 		})
 		defer r.Close()
 		rt = &local{r: r}

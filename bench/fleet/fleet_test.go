@@ -118,7 +118,7 @@ func TestCallersRouter(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := router.New(router.Config{BlockSize: 16, Mode: scoring.KV, TrackPrefill: true, RequestExpiry: 24 * time.Hour, Shards: 1,
+	r := router.New(router.Config{BlockSize: 16, Mode: scoring.KV, RequestExpiry: 24 * time.Hour, Shards: 1,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Rand: rand.New(rand.NewPCG(cfg.Seed, 0x666c656574))})
 	defer r.Close()
 	rec := &recorder{local: local{r: r}, modes: map[wire.Mode]int{}}

@@ -26,7 +26,7 @@ type target struct {
 // default (kv mode, prefill tracking on), with logging off so that logging is not what is measured.
 func startKvrouterd() (*target, error) {
 	quiet := slog.New(slog.DiscardHandler)
-	r := router.New(router.Config{TrackPrefill: true, Logger: quiet})
+	r := router.New(router.Config{Logger: quiet})
 	s := server.New(r, server.Config{Logger: quiet})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
