@@ -34,11 +34,11 @@ import (
 type Config struct {
 	Workers int
 	Mode    scoring.Mode // routing mode (kv by default)
-	// OverlapWeight (0: 1.0), Temperature (0) and NoPrefill (false: active prefill tokens
-	// count) are the router's cost settings.
+	// OverlapWeight (0: 1.0), Temperature (0) and NoPrefill (false: a request's own uncached
+	// tokens are charged and booked as prefill) are the router's cost settings.
 	OverlapWeight float64
 	Temperature   float64
-	NoPrefill     bool // do not count active prefill tokens in the cost
+	NoPrefill     bool // Dynamo's track_prefill_tokens=false: routing on load alone
 	Worker        sim.WorkerConfig
 	Seed          uint64
 	// Sample, if > 0, records every worker's running and waiting requests every Sample of
