@@ -328,6 +328,17 @@ func TestDaemonExternalNATS(t *testing.T) {
 	}
 	ns := startNATS()
 	defer func() { ns.Process.Kill(); ns.Wait() }()
+	// The daemon's first connection must succeed (it refuses to start against no server): wait
+	// until nats-server listens, which on a loaded machine takes a while.
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if conn, err := net.Dial("tcp", natsAddr); err == nil {
+			conn.Close()
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("nats-server never listened on " + natsAddr)
+		}
+	}
 
 	bin := buildDaemon(t)
 	addr := freeAddr(t)
