@@ -108,7 +108,12 @@ func (s *Server) dynamoJSON(ctx *fasthttp.RequestCtx, path string, v any, requir
 	}
 	for _, name := range unknown {
 		s.m.unknownFields.WithLabelValues(path).Inc()
-		if _, seen := s.unknownSeen.LoadOrStore(path+" "+name, struct{}{}); !seen && s.unknownCount.Add(1) <= maxUnknownLogged {
+		name = name[:min(len(name), 64)] // what a client sends bounds nothing kept
+		if s.unknownCount.Load() >= maxUnknownLogged {
+			continue
+		}
+		if _, seen := s.unknownSeen.LoadOrStore(path+" "+name, struct{}{}); !seen {
+			s.unknownCount.Add(1)
 			s.log.Debug("Dynamo endpoint: unknown field ignored", "path", path, "field", name)
 		}
 	}
@@ -122,8 +127,8 @@ func (s *Server) dynamoJSON(ctx *fasthttp.RequestCtx, path string, v any, requir
 	return true
 }
 
-// maxUnknownLogged bounds the distinct unknown field names logged, whatever clients send; the
-// counter has them all.
+// maxUnknownLogged bounds the distinct unknown field names logged and remembered, whatever
+// clients send; the counter has them all.
 const maxUnknownLogged = 256
 
 // dynamoError answers Dynamo's {"error": msg} with status, as Dynamo's handlers do for the

@@ -159,3 +159,29 @@ func TestDynamoMetrics(t *testing.T) {
 		}
 	}
 }
+
+// TestDynamoUnknownFieldsBounded: a client sending a new field name on every request is
+// counted for each, but what the server remembers of the names (to log each once) stays
+// bounded.
+func TestDynamoUnknownFieldsBounded(t *testing.T) {
+	h := newHarness(t)
+	for i := range 2 * maxUnknownLogged {
+		name := strconv.Itoa(i) + strings.Repeat("f", 100)
+		code, body := h.post("/query", "application/json", []byte(`{"model_name":"m","token_ids":[1],"`+name+`":1}`))
+		if code != 404 {
+			t.Fatalf("query %d: %d %s", i, code, body)
+		}
+	}
+	kept := 0
+	h.s.unknownSeen.Range(func(k, _ any) bool {
+		if len(k.(string)) > len("/query ")+64 {
+			t.Fatalf("a remembered name of %d bytes", len(k.(string)))
+		}
+		kept++
+		return true
+	})
+	_, page := h.get("/metrics")
+	if kept != maxUnknownLogged || !strings.Contains(page, `kvrouterd_dynamo_unknown_fields_total{path="/query"} 512`+"\n") {
+		t.Fatalf("%d names kept, want %d; /metrics counts all 512: %v", kept, maxUnknownLogged, strings.Contains(page, "512"))
+	}
+}
