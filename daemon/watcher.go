@@ -83,6 +83,12 @@ func (w *engineWatcher) Unregistered(id uint64) {
 	}
 }
 
+func (w *engineWatcher) UnregisteredRank(id uint64, rank uint32) {
+	if e := w.engines(); e != nil {
+		e.RemoveRank(id, rank)
+	}
+}
+
 // resubscribe tells w of the engine endpoints of r's workers (restored from a snapshot).
 func resubscribe(r *router.Router, w *engineWatcher, log *slog.Logger) {
 	byID := map[uint64][]router.RankEndpoint{}

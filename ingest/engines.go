@@ -68,10 +68,23 @@ func (e *Engines) Add(src EngineSource) error {
 
 // Remove ends the subscriptions of worker.
 func (e *Engines) Remove(worker uint64) {
+	e.remove(func(k engineKey, _ EngineSource) bool { return k.worker == worker })
+}
+
+// RemoveRank ends the subscription of worker's rank, if the rank has one of its own (registered
+// one rank at a time, as Dynamo's /register does); a subscription of several ranks stays.
+func (e *Engines) RemoveRank(worker uint64, rank uint32) {
+	e.remove(func(k engineKey, src EngineSource) bool {
+		return k.worker == worker && k.rank == rank && src.Ranks <= 1
+	})
+}
+
+// remove ends the subscriptions match picks.
+func (e *Engines) remove(match func(engineKey, EngineSource) bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for k, sub := range e.subs {
-		if k.worker == worker {
+		if match(k, sub.Source()) {
 			sub.Close()
 			delete(e.subs, k)
 			e.unindexLocked(sub)

@@ -22,15 +22,17 @@ import (
 // Header names and values of the changes a Journal publishes. A message on a worker's event
 // subject with HeaderOp is a change to apply as the HTTP API would, not an engine's batch.
 const (
-	// HeaderOp names the change: OpRegister (a JSON registration), OpUnregister (no body)
-	// or OpEvents (a binary event batch, applied to a registered worker only, as /v1/events).
+	// HeaderOp names the change: OpRegister (a JSON registration), OpUnregister (no body),
+	// OpUnregisterRank (a JSON {"dp_rank"}) or OpEvents (a binary event batch, applied to a
+	// registered worker only, as /v1/events).
 	HeaderOp = "Kvr-Op"
 	// HeaderOrigin is "<journal>.<n>": the change a replica's Journal waits on for its answer.
 	HeaderOrigin = "Kvr-Origin"
 
-	OpRegister   = "register"
-	OpUnregister = "unregister"
-	OpEvents     = "events"
+	OpRegister       = "register"
+	OpUnregister     = "unregister"
+	OpUnregisterRank = "unregister_rank" // body {"dp_rank": N}
+	OpEvents         = "events"
 )
 
 // DefaultJournalWait is how long a Journal waits for its consumer to apply a change it
@@ -115,6 +117,28 @@ func (j *Journal) Unregister(id uint64) error {
 		return err
 	}
 	return w.err
+}
+
+// UnregisterRank publishes the removal of worker id's rank and returns the Router's answer.
+func (j *Journal) UnregisterRank(id uint64, rank uint32) error {
+	model, ok := j.local.WorkerModel(id)
+	if !ok {
+		return j.local.UnregisterRank(id, rank) // not registered here: the Router's refusal
+	}
+	body, err := json.Marshal(rankJSON{Rank: rank})
+	if err != nil {
+		return err
+	}
+	w, err := j.publish(OpUnregisterRank, model, id, body, "dp_rank")
+	if err != nil {
+		return err
+	}
+	return w.err
+}
+
+// rankJSON is the body of OpUnregisterRank.
+type rankJSON struct {
+	Rank uint32 `json:"dp_rank"`
 }
 
 // ApplyEvents publishes b and returns the outcomes of its events, appended to dst.
@@ -263,6 +287,12 @@ func (c *Consumer) applyOp(op, model string, worker uint64, data []byte, w *wait
 			Capacity: j.Capacity, MaxTokens: j.MaxTokens, Endpoint: j.Endpoint, Replay: j.Replay})
 	case OpUnregister:
 		return ch.Unregister(worker)
+	case OpUnregisterRank:
+		var j rankJSON
+		if err := json.Unmarshal(data, &j); err != nil {
+			return &router.FieldError{Field: "dp_rank", Err: router.ErrInvalid, Msg: err.Error()}
+		}
+		return ch.UnregisterRank(worker, j.Rank)
 	case OpEvents:
 		if err := wire.DecodeEventBatch(data, &c.batch); err != nil {
 			return err

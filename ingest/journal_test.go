@@ -123,7 +123,17 @@ func TestJournalReplicas(t *testing.T) {
 			a.Changes, a.Rejected, b.Changes, b.Rejected)
 	}
 
-	// Unregistering.
+	// Unregistering one rank, then the worker.
+	if err := ja.UnregisterRank(5, 1); err != nil {
+		t.Fatal(err)
+	}
+	if ra.HasRank(5, 1) || !ra.HasRank(5, 0) {
+		t.Fatal("worker 5's ranks on the first replica when UnregisterRank returned: want rank 0 alone")
+	}
+	same("the removal of a rank")
+	if rb.HasRank(5, 1) || !rb.HasRank(5, 0) {
+		t.Fatal("worker 5's ranks on the second replica: want rank 0 alone")
+	}
 	if err := ja.Unregister(5); err != nil {
 		t.Fatal(err)
 	}

@@ -272,6 +272,7 @@ func (w *watchLog) Registered(_ uint64, _ string, eps []RankEndpoint) error {
 	return nil
 }
 func (w *watchLog) Unregistered(uint64)                        {}
+func (w *watchLog) UnregisteredRank(uint64, uint32)            {}
 func (w *watchLog) Check(uint64, string, []RankEndpoint) error { return w.refuse }
 
 // The endpoint watcher counts a worker's ranks: it is told each once.

@@ -313,6 +313,8 @@ type EndpointWatcher interface {
 	Check(worker uint64, model string, ranks []RankEndpoint) error
 	Registered(worker uint64, model string, ranks []RankEndpoint) error
 	Unregistered(id uint64)
+	// UnregisteredRank is called after one rank of a worker that keeps others left.
+	UnregisteredRank(id uint64, rank uint32)
 }
 
 // Registration describes a worker joining: POST /v1/workers, /register.
@@ -337,6 +339,7 @@ type Registration struct {
 type Changer interface {
 	Register(Registration) error
 	Unregister(id uint64) error
+	UnregisterRank(id uint64, rank uint32) error
 	ApplyEvents(b *wire.EventBatch, dst []shard.Outcome) ([]shard.Outcome, error)
 }
 
@@ -645,6 +648,49 @@ func (r *Router) Unregister(id uint64) error {
 
 // unregister is Unregister without telling Config.Endpoints: a worker dropped for silence
 // keeps its subscription, whose next event brings it back.
+// UnregisterRank removes one data-parallel rank of worker id: it leaves routing now, its blocks
+// leave the index, and the worker's other ranks stay. Removing its last rank removes the worker.
+func (r *Router) UnregisterRank(id uint64, rank uint32) error {
+	r.mu.Lock()
+	reg := r.workers[id]
+	if reg == nil {
+		r.mu.Unlock()
+		return fieldErr(ErrUnknownWorker, "worker_id", "worker %d is not registered", id)
+	}
+	i := slices.IndexFunc(reg.ranks, func(w *rankWorker) bool { return w.key.Rank == rank })
+	if i < 0 {
+		r.mu.Unlock()
+		return fieldErr(ErrUnknownWorker, "dp_rank", "worker %d has no rank %d", id, rank)
+	}
+	if len(reg.ranks) == 1 {
+		r.mu.Unlock()
+		return r.Unregister(id)
+	}
+	w := reg.ranks[i]
+	reg.ranks = slices.Delete(slices.Clone(reg.ranks), i, i+1)
+	r.publishWorkerLocked(reg.model, id)
+	r.mu.Unlock()
+	r.tracker.Unregister(w.load)
+	ix := reg.model.ix
+	if r.approx != nil {
+		r.forgetApprox(ix, w)
+	}
+	err := r.set.Do(id, func(a *shard.Applier) {
+		a.RemoveRank(id, rank)
+		if s, ok := ix.Lookup(w.key); ok { // a rank that never sent an event holds the slot Register took
+			_ = ix.Release(s)
+		}
+	})
+	if err != nil {
+		return ErrClosed
+	}
+	if r.cfg.Endpoints != nil {
+		r.cfg.Endpoints.UnregisteredRank(id, rank)
+	}
+	r.log.Info("worker rank unregistered", "worker", id, "model", reg.model.name, "dp_rank", rank)
+	return nil
+}
+
 func (r *Router) unregister(id uint64) error {
 	r.mu.Lock()
 	reg := r.workers[id]

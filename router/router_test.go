@@ -256,3 +256,68 @@ func TestRouteUntrackedPrefillNotBooked(t *testing.T) {
 		r.Close()
 	}
 }
+
+// UnregisterRank removes one rank: its blocks leave the index and it leaves routing, the
+// worker's other ranks keep theirs; the rank can register again; removing the last rank removes
+// the worker.
+func TestUnregisterRank(t *testing.T) {
+	r := New(Config{BlockSize: 4, Shards: 1, Logger: quiet()})
+	defer r.Close()
+	if err := r.Register(Registration{ID: 1, Model: "m", Ranks: []uint32{0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	toks := []uint32{1, 2, 3, 4, 5, 6, 7, 8}
+	store := func(rank uint32, id uint64) {
+		t.Helper()
+		b := &wire.EventBatch{Worker: 1, Events: []kvevent.Event{{Kind: kvevent.Stored, ID: id, Rank: rank, BlockSize: 4, Hashes: []uint64{10*uint64(rank) + 1, 10*uint64(rank) + 2}, Tokens: toks}}}
+		if _, err := r.ApplyEvents(b, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	store(0, 1)
+	store(1, 1)
+	cached := func() map[uint32]uint32 {
+		t.Helper()
+		var resp wire.RouteResponse
+		if err := r.Match(&wire.RouteRequest{Model: "m", Tokens: toks}, &resp); err != nil {
+			t.Fatal(err)
+		}
+		out := map[uint32]uint32{}
+		for _, c := range resp.Candidates {
+			out[c.Rank] = c.CachedBlocks
+		}
+		return out
+	}
+	if got := cached(); got[0] != 2 || got[1] != 2 {
+		t.Fatalf("before: cached %v", got)
+	}
+	if err := r.UnregisterRank(1, 0); err != nil {
+		t.Fatal(err)
+	}
+	if got := cached(); len(got) != 1 || got[1] != 2 {
+		t.Fatalf("after removing rank 0: cached %v, want rank 1's 2 blocks only", got)
+	}
+	if ws := r.Workers(); len(ws) != 1 || ws[0].Rank != 1 || ws[0].CachedBlocks != 2 {
+		t.Fatalf("after removing rank 0: workers %+v", ws)
+	}
+	var fe *FieldError
+	if err := r.UnregisterRank(1, 0); !errors.As(err, &fe) || fe.Field != "dp_rank" {
+		t.Fatalf("removing rank 0 twice: %v", err)
+	}
+	if err := r.Register(Registration{ID: 1, Model: "m", Ranks: []uint32{0}}); err != nil {
+		t.Fatal(err)
+	}
+	store(0, 2)
+	if got := cached(); got[0] != 2 || got[1] != 2 {
+		t.Fatalf("rank 0 back: cached %v", got)
+	}
+	if err := r.UnregisterRank(1, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.UnregisterRank(1, 1); err != nil {
+		t.Fatal(err)
+	}
+	if ws := r.Workers(); len(ws) != 0 {
+		t.Fatalf("the last rank removed: workers %+v", ws)
+	}
+}

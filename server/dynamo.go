@@ -223,8 +223,9 @@ func (s *Server) dynamoRegister(ctx *fasthttp.RequestCtx) {
 }
 
 // dynamoUnregister removes an instance as Dynamo does: with a routing_group, from that group
-// only (with a dp_rank, that rank only); without one, whatever its group, if its model is
-// model_name (dp_rank is then ignored, as Dynamo ignores it). Every refusal is 404.
+// only (with a dp_rank, that rank only, the instance's other ranks staying); without one,
+// whatever its group, if its model is model_name (dp_rank is then ignored, as Dynamo ignores
+// it). Every refusal is 404.
 func (s *Server) dynamoUnregister(ctx *fasthttp.RequestCtx) {
 	var j dynUnregister
 	if !s.dynamoJSON(ctx, "/unregister", &j, "instance_id", "model_name") {
@@ -246,8 +247,13 @@ func (s *Server) dynamoUnregister(ctx *fasthttp.RequestCtx) {
 		s.dynamoError(ctx, fasthttp.StatusNotFound, "unknown_worker", "dp_rank", fmt.Sprintf("instance %d dp_rank %d not found", id, *j.Rank))
 		return
 	}
-	// kvrouterd removes the whole instance, also when one rank is named: ranks leave together.
-	if err := s.ch.Unregister(id); err != nil {
+	var err error
+	if j.Group != nil && j.Rank != nil {
+		err = s.ch.UnregisterRank(id, *j.Rank) // that rank alone, as Dynamo does
+	} else {
+		err = s.ch.Unregister(id)
+	}
+	if err != nil {
 		s.fail(ctx, epDynamo, err)
 		return
 	}

@@ -31,6 +31,8 @@ func TestDynamoCompat(t *testing.T) {
 	want("register in group a", code, body, 201, `{"status":"ok"}`)
 	code, body = post("/register", `{"instance_id":2,"endpoint":"tcp://w2:5557","model_name":"m","block_size":4,"routing_group":"b"}`)
 	want("register in group b", code, body, 201, `"ok"`)
+	code, body = post("/register", `{"instance_id":1,"endpoint":"tcp://w1:5558","model_name":"m","block_size":4,"dp_rank":1,"routing_group":"a"}`)
+	want("register rank 1 in group a", code, body, 201, `"ok"`)
 	_, page := h.get("/metrics")
 	if !strings.Contains(page, `kvrouterd_dynamo_unknown_fields_total{path="/register"} 1`+"\n") {
 		t.Fatal("the unknown field of /register is not counted once")
@@ -55,7 +57,7 @@ func TestDynamoCompat(t *testing.T) {
 		code, body := post("/register", c.body)
 		want("/register "+c.body, code, body, c.code, c.msg)
 	}
-	if ws := h.r.Workers(); len(ws) != 2 {
+	if ws := h.r.Workers(); len(ws) != 3 {
 		t.Fatalf("refused registrations left workers: %+v", ws)
 	}
 
@@ -118,6 +120,13 @@ func TestDynamoCompat(t *testing.T) {
 		code, body := post("/unregister", c.body)
 		want("/unregister "+c.body, code, body, 404, c.msg)
 	}
+	// A rank of a group: that rank alone.
+	code, body = post("/unregister", `{"instance_id":1,"model_name":"m","routing_group":"a","dp_rank":0}`)
+	want("/unregister of rank 0", code, body, 200, `{"status":"ok"}`)
+	if ws := workers("?routing_group=a"); len(ws) != 1 || len(ws[0]["endpoints"].(map[string]any)) != 1 || ws[0]["endpoints"].(map[string]any)["1"] != "tcp://w1:5558" {
+		t.Fatalf("/workers after unregistering rank 0 of instance 1: %v", ws)
+	}
+	// No group: the instance, whatever rank is named.
 	code, body = post("/unregister", `{"instance_id":1,"model_name":"m","tenant_id":"x","dp_rank":0}`)
 	want("/unregister", code, body, 200, `{"status":"ok"}`)
 	if ws := workers(""); len(ws) != 1 || ws[0]["instance_id"] != 2.0 {

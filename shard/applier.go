@@ -1,6 +1,7 @@
 package shard
 
 import (
+	"slices"
 	"sync/atomic"
 
 	"github.com/kvrouterd/kvrouterd/internal/u64map"
@@ -283,6 +284,29 @@ func (a *Applier) clearRank(w *worker, r *rankState) int {
 	r.engine.Reset()
 	r.dup = nil
 	a.release(n)
+	return n
+}
+
+// RemoveRank drops every block and all state of rank rank of worker id and frees its slot; the
+// worker's other ranks keep theirs. It returns how many residencies went away.
+func (a *Applier) RemoveRank(id uint64, rank uint32) int {
+	w := a.workers[id]
+	if w == nil {
+		return 0
+	}
+	i := slices.IndexFunc(w.ranks, func(r *rankState) bool { return r.rank == rank })
+	if i < 0 {
+		return 0
+	}
+	r := w.ranks[i]
+	n := a.clearRank(w, r)
+	a.flushRemoved()
+	_ = w.ix.Release(r.slot) // cannot fail: the slot is ours and clearRank emptied it
+	w.ranks = slices.Delete(w.ranks, i, i+1)
+	if len(w.ranks) == 0 {
+		delete(a.workers, id)
+		a.c.workersRemoved.Add(1)
+	}
 	return n
 }
 
