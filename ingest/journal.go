@@ -248,9 +248,10 @@ func (c *Consumer) take(origin string) *waiter {
 // errNoChanges refuses a change for a sink that cannot make them.
 var errNoChanges = errors.New("this consumer's sink makes no API changes")
 
-// handleOp applies a change a Journal published (c.mu held) and answers its waiter, if it is
-// this replica's.
-func (c *Consumer) handleOp(op, model string, worker uint64, m jetstream.Msg) {
+// handleOp applies a change a Journal published (c.mu held) and returns the waiter it answers,
+// if the change is this replica's: the caller closes its done once the message's sequence is
+// stored, so that the Journal's caller finds it in LastSeq.
+func (c *Consumer) handleOp(op, model string, worker uint64, m jetstream.Msg) *waiter {
 	w := c.take(m.Headers().Get(HeaderOrigin))
 	err := c.applyOp(op, model, worker, m.Data(), w)
 	if err != nil {
@@ -264,8 +265,8 @@ func (c *Consumer) handleOp(op, model string, worker uint64, m jetstream.Msg) {
 	}
 	if w != nil {
 		w.err = err
-		close(w.done)
 	}
+	return w
 }
 
 // applyOp applies one change; w, if not nil, receives an event batch's outcomes.

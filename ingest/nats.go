@@ -539,6 +539,12 @@ func (c *Consumer) recoverPanic(subject string) {
 }
 
 func (c *Consumer) handle(gen uint64, m jetstream.Msg) {
+	var answered *waiter // a Journal's change, answered last: after LastSeq has its sequence
+	defer func() {
+		if answered != nil {
+			close(answered.done)
+		}
+	}()
 	defer c.recoverPanic(m.Subject())
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -565,7 +571,7 @@ func (c *Consumer) handle(gen uint64, m jetstream.Msg) {
 		return
 	}
 	if op := m.Headers().Get(HeaderOp); op != "" {
-		c.handleOp(op, model, worker, m)
+		answered = c.handleOp(op, model, worker, m)
 		return
 	}
 	data := m.Data()
