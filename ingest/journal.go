@@ -99,7 +99,7 @@ func (j *Journal) Register(g router.Registration) error {
 	if err != nil {
 		return err
 	}
-	w, err := j.publish(OpRegister, g.Model, g.ID, body, "model")
+	w, err := j.publish(OpRegister, g.Model, g.ID, body, "model", nil)
 	if err != nil {
 		return err
 	}
@@ -112,7 +112,7 @@ func (j *Journal) Unregister(id uint64) error {
 	if !ok {
 		return j.local.Unregister(id) // not registered here: the Router's refusal
 	}
-	w, err := j.publish(OpUnregister, model, id, nil, "worker_id")
+	w, err := j.publish(OpUnregister, model, id, nil, "worker_id", nil)
 	if err != nil {
 		return err
 	}
@@ -129,7 +129,7 @@ func (j *Journal) UnregisterRank(id uint64, rank uint32) error {
 	if err != nil {
 		return err
 	}
-	w, err := j.publish(OpUnregisterRank, model, id, body, "dp_rank")
+	w, err := j.publish(OpUnregisterRank, model, id, body, "dp_rank", nil)
 	if err != nil {
 		return err
 	}
@@ -147,21 +147,17 @@ func (j *Journal) ApplyEvents(b *wire.EventBatch, dst []shard.Outcome) ([]shard.
 	if !ok || b.Model != "" && b.Model != model {
 		return j.local.ApplyEvents(b, dst) // refused here: the Router says why
 	}
-	w, err := j.publishWith(OpEvents, model, b.Worker, wire.AppendEventBatch(nil, b), "events", dst)
+	w, err := j.publish(OpEvents, model, b.Worker, wire.AppendEventBatch(nil, b), "events", dst)
 	if err != nil {
 		return dst, err
 	}
 	return w.oc, w.err
 }
 
-func (j *Journal) publish(op, model string, worker uint64, body []byte, field string) (*waiter, error) {
-	return j.publishWith(op, model, worker, body, field, nil)
-}
-
-// publishWith publishes one change and waits until the consumer applied it; field names the
+// publish publishes one change and waits until the consumer applied it; field names the
 // request's part at fault when the change is too large for the stream, and dst is where the
-// outcomes of an event batch go.
-func (j *Journal) publishWith(op, model string, worker uint64, body []byte, field string, dst []shard.Outcome) (*waiter, error) {
+// outcomes of an event batch go (nil for other changes).
+func (j *Journal) publish(op, model string, worker uint64, body []byte, field string, dst []shard.Outcome) (*waiter, error) {
 	if limit := j.nc.MaxPayload(); int64(len(body)) > limit {
 		return nil, &router.FieldError{Field: field, Err: router.ErrTooLong,
 			Msg: fmt.Sprintf("the change is %d bytes in the event stream, over its message limit of %d (NATS max_payload); send less at once", len(body), limit)}

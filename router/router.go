@@ -670,19 +670,8 @@ func (r *Router) UnregisterRank(id uint64, rank uint32) error {
 	reg.ranks = slices.Delete(slices.Clone(reg.ranks), i, i+1)
 	r.publishWorkerLocked(reg.model, id)
 	r.mu.Unlock()
-	r.tracker.Unregister(w.load)
-	ix := reg.model.ix
-	if r.approx != nil {
-		r.forgetApprox(ix, w)
-	}
-	err := r.set.Do(id, func(a *shard.Applier) {
-		a.RemoveRank(id, rank)
-		if s, ok := ix.Lookup(w.key); ok { // a rank that never sent an event holds the slot Register took
-			_ = ix.Release(s)
-		}
-	})
-	if err != nil {
-		return ErrClosed
+	if err := r.drop(reg, []*rankWorker{w}, func(a *shard.Applier) { a.RemoveRank(id, rank) }); err != nil {
+		return err
 	}
 	if r.cfg.Endpoints != nil {
 		r.cfg.Endpoints.UnregisteredRank(id, rank)
@@ -702,17 +691,27 @@ func (r *Router) unregister(id uint64) error {
 	delete(reg.model.regs, id)
 	r.publishWorkerLocked(reg.model, id)
 	r.mu.Unlock()
-	for _, w := range reg.ranks {
+	if err := r.drop(reg, reg.ranks, func(a *shard.Applier) { a.RemoveWorker(id) }); err != nil {
+		return err
+	}
+	r.log.Info("worker unregistered", "worker", id, "model", reg.model.name)
+	return nil
+}
+
+// drop forgets ranks ws of reg, taken out of routing already: their bookings, their
+// approximate blocks, and, on reg's shard, what remove drops of their blocks and state, then the
+// slots of ranks that never sent an event (Register took one for each).
+func (r *Router) drop(reg *registration, ws []*rankWorker, remove func(*shard.Applier)) error {
+	ix := reg.model.ix
+	for _, w := range ws {
 		r.tracker.Unregister(w.load)
 		if r.approx != nil {
-			r.forgetApprox(reg.model.ix, w)
+			r.forgetApprox(ix, w)
 		}
 	}
-	ix := reg.model.ix
-	err := r.set.Do(id, func(a *shard.Applier) {
-		a.RemoveWorker(id)
-		// Ranks that never sent an event hold the slot Register took.
-		for _, w := range reg.ranks {
+	err := r.set.Do(reg.id, func(a *shard.Applier) {
+		remove(a)
+		for _, w := range ws {
 			if s, ok := ix.Lookup(w.key); ok {
 				_ = ix.Release(s)
 			}
@@ -721,6 +720,5 @@ func (r *Router) unregister(id uint64) error {
 	if err != nil {
 		return ErrClosed
 	}
-	r.log.Info("worker unregistered", "worker", id, "model", reg.model.name)
 	return nil
 }

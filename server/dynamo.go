@@ -94,16 +94,16 @@ type dynQuery struct {
 func (s *Server) dynamoJSON(ctx *fasthttp.RequestCtx, path string, v any, required ...string) bool {
 	unknown, present, err := decodeLenient(ctx.PostBody(), v)
 	if err != nil {
-		status := fasthttp.StatusBadRequest
 		var je *jsonError
-		if errors.As(err, &je) && je.typed {
+		if !errors.As(err, &je) {
+			s.fail(ctx, epDynamo, err)
+			return false
+		}
+		status := fasthttp.StatusBadRequest
+		if je.typed {
 			status = fasthttp.StatusUnprocessableEntity
 		}
-		if errors.As(err, &je) {
-			s.reject(ctx, epDynamo, status, "json", je.field, je.offset, je.msg)
-		} else {
-			s.fail(ctx, epDynamo, err)
-		}
+		s.reject(ctx, epDynamo, status, "json", je.field, je.offset, je.msg)
 		return false
 	}
 	for _, name := range unknown {
