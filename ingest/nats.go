@@ -671,18 +671,21 @@ func (c *Consumer) Stats() Stats {
 }
 
 // Close stops consuming; messages being handled finish first. With the server unreachable it
-// does not wait for it: the consumer is stopped rather than drained.
+// does not wait for it: the consumer is stopped rather than drained, and not waited for.
 func (c *Consumer) Close() {
 	close(c.stop)
 	c.stopCalls()
 	<-c.watched
-	if c.cc != nil {
-		if c.nc.IsConnected() {
-			c.cc.Drain()
-		} else {
-			c.cc.Stop()
-		}
+	switch {
+	case c.cc == nil:
+	case c.nc.IsConnected():
+		c.cc.Drain()
 		<-c.cc.Closed()
+	default:
+		// Stopping an ordered consumer that is retrying against a server that is gone waits
+		// for its next attempt (about 11 s): not here, where shutdown waits. It ends then, or
+		// when the connection closes; whatever it hands over meanwhile is ignored (gen below).
+		go c.cc.Stop()
 	}
 	_ = c.sub.Unsubscribe()
 	c.mu.Lock() // wait for a handler still running

@@ -95,3 +95,27 @@ func BenchmarkNATSIngest(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkConsumerCloseServerGone measures Close of a consumer whose NATS server has gone away
+// (a daemon stopped while NATS is unreachable): it does not wait for the server.
+func BenchmarkConsumerCloseServerGone(b *testing.B) {
+	for b.Loop() {
+		b.StopTimer()
+		ns := embedded(b)
+		r := router.New(router.Config{Shards: 1, Logger: quietLog()})
+		nc := connect(b, ns.ClientURL())
+		c, err := NewConsumer(context.Background(), nc, r, ConsumerConfig{Logger: quietLog()})
+		if err != nil {
+			b.Fatal(err)
+		}
+		ns.Shutdown()
+		for nc.IsConnected() {
+			time.Sleep(time.Millisecond)
+		}
+		b.StartTimer()
+		c.Close()
+		b.StopTimer()
+		r.Close()
+		b.StartTimer()
+	}
+}
