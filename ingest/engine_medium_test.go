@@ -55,7 +55,7 @@ func TestEngineUnknownMedium(t *testing.T) {
 	})
 
 	b := engineBatch(-1, stored(0, 11), removed(11), kvevent.Event{Kind: kvevent.Removed, Tier: kvevent.Host, Hashes: []uint64{12}})
-	payload := enginetest.WithMedium(b, "TPU")
+	payload := enginetest.WithMedium(b, wire.EngineForm{}, "TPU")
 	seq := r.Record(payload)
 	r.Send(nil, enginetest.SeqFrame(seq), payload)
 	waitEvents(t, sink, lines(0, b))
@@ -99,7 +99,7 @@ func TestConsumerUnknownMedium(t *testing.T) {
 	eb := wire.EngineBatch{TS: 1.5, Events: []kvevent.Event{
 		{Kind: kvevent.Stored, BlockSize: 4, Hashes: []uint64{1, 2}, Tokens: toks(0, 8)},
 	}}
-	seq, err := pub.Engine(context.Background(), "m", 2, 1, 17, enginetest.WithMedium(&eb, "HBM"))
+	seq, err := pub.Engine(context.Background(), "m", 2, 1, 17, enginetest.WithMedium(&eb, wire.EngineForm{}, "HBM"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,9 +15,10 @@ import (
 
 // TestDaemonEngineEvents drives through the daemon, over real sockets, what engines send that
 // the other daemon tests do not: the history an engine published before it registered, fetched
-// from its replay socket on the first connection (each engine form); the pairs of token ids an
-// SGLang worker running EAGLE publishes, which give it cache credit for a request of the same
-// tokens; and a storage medium kvrouterd does not know, applied as the device tier and counted.
+// from its replay socket on the first connection; the pairs of token ids an SGLang worker running
+// EAGLE publishes, which give it cache credit for a request of the same tokens; and a storage
+// medium kvrouterd does not know, applied as the device tier and counted (history and medium in
+// each engine form).
 func TestDaemonEngineEvents(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the binary")
@@ -93,18 +94,21 @@ func TestDaemonEngineEvents(t *testing.T) {
 	})
 
 	t.Run("medium", func(t *testing.T) {
-		eng := enginetest.Start(t, enginetest.Options{})
-		r := eng.Rank(0)
-		register(r, 30, "u", 4)
-		probe(r, "u", 30)
-		payload := enginetest.WithMedium(r.Batch(
-			kvevent.Event{Kind: kvevent.Stored, BlockSize: 4, Hashes: []uint64{1, 2}, Tokens: tokenRun(500, 8)},
-		), "TPU")
-		r.Send([]byte(""), enginetest.SeqFrame(r.Record(payload)), payload)
-		counted := `kvrouterd_engine_unknown_medium_total{dp_rank="0",model="u",worker="30"}`
-		await("u", 30, 2, "the blocks of an unknown medium, as the device's,")
-		if v := metricValue(t, scrape(d.addr), counted); v != 1 {
-			t.Fatalf("%s = %v, want 1", counted, v)
+		for i, f := range enginetest.Forms() {
+			worker := uint64(30 + i)
+			eng := enginetest.Start(t, enginetest.Options{})
+			r := eng.Rank(0)
+			register(r, worker, "u", 4)
+			probe(r, "u", worker)
+			payload := enginetest.WithMedium(r.Batch(
+				kvevent.Event{Kind: kvevent.Stored, BlockSize: 4, Hashes: []uint64{1, 2}, Tokens: tokenRun(500+100*i, 8)},
+			), f.EngineForm, "TPU")
+			r.Send([]byte(""), enginetest.SeqFrame(r.Record(payload)), payload)
+			await("u", worker, 2, f.Name+": the blocks of an unknown medium, as the device's,")
+			counted := fmt.Sprintf(`kvrouterd_engine_unknown_medium_total{dp_rank="0",model="u",worker="%d"}`, worker)
+			if v := metricValue(t, scrape(d.addr), counted); v != 1 {
+				t.Fatalf("%s: %s = %v, want 1", f.Name, counted, v)
+			}
 		}
 		if !strings.Contains(d.log(), "TPU") {
 			t.Fatalf("no log line naming the medium:\n%s", d.log())

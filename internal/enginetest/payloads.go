@@ -45,8 +45,8 @@ func SGLangEAGLE(tokens []uint32, pageSize int, hash0 int64) []byte {
 	return msgp.AppendInt(b, 0)
 }
 
-// WithMedium encodes b in vLLM's array form with every "GPU" medium renamed medium, a name of
-// three letters.
-func WithMedium(b *wire.EngineBatch, medium string) []byte {
-	return bytes.ReplaceAll(wire.AppendEngineBatch(nil, b, wire.EngineForm{}), []byte("\xa3GPU"), append([]byte{0xa3}, medium...))
+// WithMedium encodes b in form f with every "GPU" medium renamed medium, a name of three
+// letters (every form writes the medium as the same msgpack string).
+func WithMedium(b *wire.EngineBatch, f wire.EngineForm, medium string) []byte {
+	return bytes.ReplaceAll(wire.AppendEngineBatch(nil, b, f), []byte("\xa3GPU"), append([]byte{0xa3}, medium...))
 }
