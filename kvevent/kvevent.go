@@ -105,6 +105,13 @@ type Event struct {
 	Tokens    []uint32   // len(Hashes) × block size token ids
 	LoRA      string     // adapter name, "" for the base model
 	MM        [][]uint64 // MM[i]: multimodal object hashes of block i; nil when none
+	// Salt is the request's cache salt (Dynamo's cache namespace), "" for none: it changes
+	// every block's local hash as Dynamo's /query salts them.
+	Salt string
+	// Locals, when not nil, are the blocks' local hashes as Dynamo computes them (one per
+	// block, its tokens_hash): the event carries these instead of Tokens, as a Dynamo
+	// indexer's dump does.
+	Locals []uint64
 }
 
 // RankState is one (worker, rank)'s state as a snapshot holds it: the last event id applied, the
@@ -116,4 +123,9 @@ type RankState struct {
 	Batch   uint64
 	Seqs    []uint64
 	Engines []uint64
+	// Locals and Parents, when not empty (one per block), are the block tree a router keeps
+	// with --keep-block-tree: Locals[i] is the local hash of block Seqs[i], Parents[i] the
+	// sequence hash of the block before it, or Seqs[i] itself for the root of a chain.
+	Locals  []uint64
+	Parents []uint64
 }

@@ -231,6 +231,18 @@ func (r *Router) DumpWorker(id uint64, dst []DumpedBlock) []DumpedBlock {
 	return dst
 }
 
+// DumpTree appends worker id's blocks to dst, each after its parent (see
+// shard.Applier.DumpTree), and returns it with how many blocks it left out: all of them
+// without Config.KeepTree.
+func (r *Router) DumpTree(id uint64, dst []shard.TreeBlock) ([]shard.TreeBlock, int) {
+	left := 0
+	_ = r.set.Do(id, func(a *shard.Applier) { dst, left = a.DumpTree(id, dst) })
+	return dst, left
+}
+
+// KeepsTree reports whether the router keeps each block's local hash and parent.
+func (r *Router) KeepsTree() bool { return r.cfg.KeepTree }
+
 // ModelWorkers returns the ids of the workers registered for model, ascending.
 func (r *Router) ModelWorkers(model string) []uint64 {
 	m := r.model(model)

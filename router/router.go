@@ -63,6 +63,9 @@ type Config struct {
 	// ClearOnGap drops a (worker, rank)'s blocks when its events skip ids, before applying the
 	// event after the gap: the events missed may have removed blocks (see shard.Applier).
 	ClearOnGap bool
+	// KeepTree keeps each block's local hash and parent (shard.Applier.KeepTree), so that
+	// DumpTree can list the index in Dynamo's form; it costs two map entries per block.
+	KeepTree bool
 	// Observer receives anomalous event outcomes (may be nil).
 	Observer shard.Observer
 	// Logger receives decision lines at debug level and warnings (slog.Default()).
@@ -233,7 +236,7 @@ func New(cfg Config) *Router {
 	cfg.defaults()
 	r := &Router{
 		cfg:     cfg,
-		set:     shard.New(shard.Config{Shards: cfg.Shards, QueueLen: cfg.QueueLen, MaxBlocks: cfg.MaxBlocks, Observer: cfg.Observer, ClearOnGap: cfg.ClearOnGap}),
+		set:     shard.New(shard.Config{Shards: cfg.Shards, QueueLen: cfg.QueueLen, MaxBlocks: cfg.MaxBlocks, Observer: cfg.Observer, ClearOnGap: cfg.ClearOnGap, KeepTree: cfg.KeepTree}),
 		tracker: scoring.NewTracker(),
 		scratch: freelist.New[scratch](4 * runtime.GOMAXPROCS(0)),
 		log:     cfg.Logger,

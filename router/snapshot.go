@@ -132,14 +132,19 @@ func (r *Router) Snapshot(chunkSize int, emit func(chunk []byte) error) (Snapsho
 	return st, flush()
 }
 
-// pair is a block of a snapshot rank, for sorting both arrays together.
-type pair struct{ seq, engine uint64 }
+// pair is a block of a snapshot rank, for sorting its arrays together.
+type pair struct{ seq, engine, local, parent uint64 }
 
 // sortPairs sorts rs's blocks by sequence hash (then engine hash), using scratch.
 func sortPairs(rs *wire.SnapshotRank, scratch []pair) []pair {
 	scratch = slices.Grow(scratch[:0], len(rs.Seqs))
+	tree := len(rs.Locals) == len(rs.Seqs) && len(rs.Parents) == len(rs.Seqs)
 	for i, s := range rs.Seqs {
-		scratch = append(scratch, pair{s, rs.Engines[i]})
+		p := pair{seq: s, engine: rs.Engines[i]}
+		if tree {
+			p.local, p.parent = rs.Locals[i], rs.Parents[i]
+		}
+		scratch = append(scratch, p)
 	}
 	slices.SortFunc(scratch, func(a, b pair) int {
 		if c := cmp.Compare(a.seq, b.seq); c != 0 {
@@ -149,6 +154,9 @@ func sortPairs(rs *wire.SnapshotRank, scratch []pair) []pair {
 	})
 	for i, p := range scratch {
 		rs.Seqs[i], rs.Engines[i] = p.seq, p.engine
+		if tree {
+			rs.Locals[i], rs.Parents[i] = p.local, p.parent
+		}
 	}
 	return scratch
 }

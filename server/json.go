@@ -252,6 +252,7 @@ type eventJSON struct {
 	Tokens    []uint32   `json:"token_ids"`
 	BlockSize int        `json:"block_size"`
 	LoRA      string     `json:"lora_name"`
+	Salt      string     `json:"cache_salt"`
 	Medium    string     `json:"medium"`
 	MM        [][]uint64 `json:"mm_hashes"`
 }
@@ -273,7 +274,7 @@ func decodeEventsJSON(body []byte, b *wire.EventBatch) error {
 	b.Worker, b.Model = *j.Worker, j.Model
 	b.Events = b.Events[:0]
 	for i, e := range j.Events {
-		ev := kvevent.Event{ID: e.EventID, Rank: e.Rank, Hashes: e.Hashes, Tokens: e.Tokens, BlockSize: e.BlockSize, LoRA: e.LoRA, MM: e.MM}
+		ev := kvevent.Event{ID: e.EventID, Rank: e.Rank, Hashes: e.Hashes, Tokens: e.Tokens, BlockSize: e.BlockSize, LoRA: e.LoRA, Salt: e.Salt, MM: e.MM}
 		field := func(f string) string { return "events[" + strconv.Itoa(i) + "]." + f }
 		switch e.Type {
 		case "stored", "BlockStored":

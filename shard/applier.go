@@ -21,11 +21,17 @@ type Applier struct {
 	// applying it: the missed events may have removed blocks, which the index would otherwise
 	// keep reporting. Set it before the first Apply.
 	ClearOnGap bool
-	unflushed  int64 // residencies removed by the current call, counted once at its end
+	// KeepTree keeps, for every block, its local hash (Dynamo's tokens_hash) and its parent,
+	// which the sequence hash alone does not give back: what DumpTree needs to write the index
+	// in Dynamo's form. It costs two map entries per block. Set it before the first Apply.
+	KeepTree  bool
+	unflushed int64 // residencies removed by the current call, counted once at its end
 
 	h        radix.Hasher
 	seqs     []uint64 // an event's sequence hashes
+	locals   []uint64 // an event's local hashes, kept only with KeepTree
 	loraName string
+	saltName string
 	loraSeed uint64
 }
 
@@ -45,6 +51,21 @@ type rankState struct {
 	// same content stored under two engine hashes, e.g. with different cache salts). A removal
 	// of one of them must not drop the residency while another still holds it.
 	dup map[uint64]uint32
+	// tree, with KeepTree: sequence hash → local hash, and sequence hash → its parent's
+	// sequence hash (none for the root of a chain). A block restored without them has no
+	// local entry, and DumpTree leaves it out.
+	tree *blockTree
+}
+
+type blockTree struct{ local, parent u64map.Map }
+
+// newRank returns the state of a rank that has just been given slot.
+func (a *Applier) newRank(rank uint32, slot radix.Slot) *rankState {
+	r := &rankState{rank: rank, slot: slot}
+	if a.KeepTree {
+		r.tree = new(blockTree)
+	}
+	return r
 }
 
 // NewApplier returns an Applier for standalone use (tests, tools): at most maxBlocks residencies
@@ -109,7 +130,7 @@ func (a *Applier) apply(ix *radix.Index, id uint64, ev *Event, o *Outcome) {
 			o.Status = NoSlot
 			return
 		}
-		r = &rankState{rank: ev.Rank, slot: slot}
+		r = a.newRank(ev.Rank, slot)
 		w.ranks = append(w.ranks, r)
 	}
 	if ev.ID != 0 {
@@ -155,7 +176,7 @@ func (a *Applier) stored(w *worker, r *rankState, ev *Event, o *Outcome) {
 		return
 	}
 	n := len(ev.Hashes)
-	if len(ev.Tokens) != n*bs {
+	if ev.Locals != nil && (len(ev.Locals) != n || len(ev.Tokens) != 0) || ev.Locals == nil && len(ev.Tokens) != n*bs {
 		o.Status = BadTokens
 		return
 	}
@@ -168,11 +189,16 @@ func (a *Applier) stored(w *worker, r *rankState, ev *Event, o *Outcome) {
 		}
 		parent = p
 	}
-	seed := a.seed(ev.LoRA)
-	if ev.MM != nil {
+	switch seed := a.seed(ev.LoRA, ev.Salt); {
+	case ev.Locals != nil:
+		a.seqs = append(a.seqs[:0], ev.Locals...)
+	case ev.MM != nil:
 		a.seqs = a.h.AppendLocalMM(a.seqs[:0], ev.Tokens, bs, seed, ev.MM)
-	} else {
+	default:
 		a.seqs = a.h.AppendLocal(a.seqs[:0], ev.Tokens, bs, seed)
+	}
+	if r.tree != nil {
+		a.locals = append(a.locals[:0], a.seqs...)
 	}
 	radix.ChainInPlace(a.seqs, parent, hasParent)
 	// Every block below costs a lookup in the engine map and one in the index, each likely a
@@ -183,6 +209,7 @@ func (a *Applier) stored(w *worker, r *rankState, ev *Event, o *Outcome) {
 		seq := a.seqs[i]
 		if old, ok := r.engine.Get(eh); ok {
 			if old == seq {
+				a.note(r, i, parent, hasParent) // restored without its tree, it gets it back
 				continue
 			}
 			// The engine reuses this hash for other content: the old block is gone.
@@ -193,6 +220,7 @@ func (a *Applier) stored(w *worker, r *rankState, ev *Event, o *Outcome) {
 				// Same content under another engine hash: no new residency, no budget needed.
 				r.engine.Put(eh, seq)
 				r.addDup(seq)
+				a.note(r, i, parent, hasParent)
 				continue
 			}
 			o.Status, o.Skipped = OverBudget, n-i
@@ -207,6 +235,7 @@ func (a *Applier) stored(w *worker, r *rankState, ev *Event, o *Outcome) {
 			a.allow++
 			r.addDup(seq)
 		}
+		a.note(r, i, parent, hasParent)
 	}
 	if o.Applied != 0 {
 		a.c.stored.Add(int64(o.Applied))
@@ -260,8 +289,29 @@ func (a *Applier) drop(ix *radix.Index, r *rankState, seq uint64) bool {
 	if !ix.Remove(seq, r.slot) {
 		return false
 	}
+	if r.tree != nil {
+		r.tree.local.Del(seq)
+		r.tree.parent.Del(seq)
+	}
 	a.release(1)
 	return true
+}
+
+// note records, with KeepTree, block i of the stored event being applied (now held by r): its
+// local hash and its parent, the block before it in the event or, for the first, the event's
+// parent (none at the root of a chain).
+func (a *Applier) note(r *rankState, i int, parent uint64, hasParent bool) {
+	if r.tree == nil {
+		return
+	}
+	seq := a.seqs[i]
+	r.tree.local.Put(seq, a.locals[i])
+	switch {
+	case i > 0:
+		r.tree.parent.Put(seq, a.seqs[i-1])
+	case hasParent:
+		r.tree.parent.Put(seq, parent)
+	}
 }
 
 // clear removes every block of every rank of w and returns how many residencies went away.
@@ -283,6 +333,10 @@ func (a *Applier) clearRank(w *worker, r *rankState) int {
 	})
 	r.engine.Reset()
 	r.dup = nil
+	if r.tree != nil {
+		r.tree.local.Reset()
+		r.tree.parent.Reset()
+	}
 	a.release(n)
 	return n
 }
@@ -373,9 +427,11 @@ func (a *Applier) Blocks(id uint64) int {
 	return n
 }
 
-func (a *Applier) seed(lora string) uint64 {
-	if lora != a.loraName {
-		a.loraName, a.loraSeed = lora, radix.LoRASeed(lora)
+// seed returns the seed of blocks stored under the LoRA adapter and cache salt, remembering
+// the last pair's (events of one worker name few).
+func (a *Applier) seed(lora, salt string) uint64 {
+	if lora != a.loraName || salt != a.saltName {
+		a.loraName, a.saltName, a.loraSeed = lora, salt, radix.Seed(lora, salt)
 	}
 	return a.loraSeed
 }

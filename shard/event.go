@@ -45,6 +45,7 @@ type Batch struct {
 	mm     [][]uint64
 	mmData []uint64
 	lora   string // the last adapter name copied
+	salt   string // the last cache salt copied
 }
 
 // Add appends a copy of ev; ev's slices and string may be reused once Add returns.
@@ -57,7 +58,18 @@ func (b *Batch) Add(ev *Event) {
 		}
 		e.LoRA = b.lora
 	}
+	if ev.Salt != "" {
+		if ev.Salt != b.salt {
+			b.salt = strings.Clone(ev.Salt)
+		}
+		e.Salt = b.salt
+	}
 	e.Hashes = appendArena(&b.hashes, ev.Hashes)
+	if ev.Locals != nil {
+		if e.Locals = appendArena(&b.hashes, ev.Locals); e.Locals == nil {
+			e.Locals = []uint64{}
+		}
+	}
 	e.Tokens = appendArena(&b.tokens, ev.Tokens)
 	if ev.MM != nil {
 		n := len(b.mm)

@@ -31,6 +31,8 @@ type Config struct {
 	Observer Observer
 	// ClearOnGap sets Applier.ClearOnGap on every shard.
 	ClearOnGap bool
+	// KeepTree sets Applier.KeepTree on every shard.
+	KeepTree bool
 }
 
 // Set is the event-application stage: N shard goroutines, each the only writer of the workers it
@@ -90,6 +92,7 @@ func New(cfg Config) *Set {
 		sh := &shard{q: make(chan msg, ql)}
 		sh.a = newApplier(s.budget, cfg.Observer, &sh.c)
 		sh.a.ClearOnGap = cfg.ClearOnGap
+		sh.a.KeepTree = cfg.KeepTree
 		s.shards = append(s.shards, sh)
 	}
 	s.wg.Add(n)

@@ -33,9 +33,31 @@ func (a *Applier) Export(id uint64, dst []RankState) []RankState {
 			rs.Engines = append(rs.Engines, eh)
 			rs.Seqs = append(rs.Seqs, seq)
 		})
+		rs.Locals, rs.Parents = rs.Locals[:0], rs.Parents[:0]
+		if r.tree != nil {
+			rs.Locals, rs.Parents = r.tree.export(rs.Seqs, rs.Locals, rs.Parents)
+		}
 		dst = append(dst, rs)
 	}
 	return dst
+}
+
+// export appends the local hash and parent of every block of seqs, in that order (a root's
+// parent is itself), or nothing if one is missing: a tree is written whole or not at all.
+func (t *blockTree) export(seqs, locals, parents []uint64) ([]uint64, []uint64) {
+	locals, parents = slices.Grow(locals, len(seqs)), slices.Grow(parents, len(seqs))
+	for _, seq := range seqs {
+		l, ok := t.local.Get(seq)
+		if !ok {
+			return locals[:0], parents[:0]
+		}
+		p, ok := t.parent.Get(seq)
+		if !ok {
+			p = seq
+		}
+		locals, parents = append(locals, l), append(parents, p)
+	}
+	return locals, parents
 }
 
 // ErrExists is returned by Import for a worker the Applier already holds state for.
@@ -59,6 +81,9 @@ func (a *Applier) Import(ix *radix.Index, id uint64, ranks []RankState) (int, er
 		if len(rs.Seqs) != len(rs.Engines) {
 			return added, fmt.Errorf("shard: worker %d rank %d: %d sequence hashes, %d engine hashes", id, rs.Rank, len(rs.Seqs), len(rs.Engines))
 		}
+		if len(rs.Locals) != len(rs.Parents) || len(rs.Locals) != 0 && len(rs.Locals) != len(rs.Seqs) {
+			return added, fmt.Errorf("shard: worker %d rank %d: %d local hashes and %d parents for %d blocks", id, rs.Rank, len(rs.Locals), len(rs.Parents), len(rs.Seqs))
+		}
 		if w.rank(rs.Rank) != nil {
 			return added, fmt.Errorf("shard: worker %d: rank %d twice", id, rs.Rank)
 		}
@@ -66,7 +91,8 @@ func (a *Applier) Import(ix *radix.Index, id uint64, ranks []RankState) (int, er
 		if err != nil {
 			return added, fmt.Errorf("shard: worker %d rank %d: %w", id, rs.Rank, err)
 		}
-		r := &rankState{rank: rs.Rank, slot: slot, last: rs.Cursor, batch: rs.Batch}
+		r := a.newRank(rs.Rank, slot)
+		r.last, r.batch = rs.Cursor, rs.Batch
 		r.engine.Grow(len(rs.Engines))
 		w.ranks = append(w.ranks, r)
 		const ahead = 16
@@ -95,6 +121,12 @@ func (a *Applier) Import(ix *radix.Index, id uint64, ranks []RankState) (int, er
 				a.allow++
 				r.addDup(seq)
 			}
+			if r.tree != nil && len(rs.Locals) != 0 {
+				r.tree.local.Put(seq, rs.Locals[j])
+				if p := rs.Parents[j]; p != seq {
+					r.tree.parent.Put(seq, p)
+				}
+			}
 		}
 	}
 	if added != 0 {
@@ -106,4 +138,85 @@ func (a *Applier) Import(ix *radix.Index, id uint64, ranks []RankState) (int, er
 		return added, fmt.Errorf("shard: worker %d: %d blocks over the residency budget left out", id, skipped)
 	}
 	return added, nil
+}
+
+// TreeBlock is one block of a worker as DumpTree lists it: the engine's hash, the local and
+// sequence hashes, and the engine hash of the block before it (none at the root of a chain).
+type TreeBlock struct {
+	Rank      uint32
+	Engine    uint64
+	Local     uint64
+	Seq       uint64
+	Parent    uint64
+	HasParent bool
+}
+
+// DumpTree appends worker id's blocks to dst, rank by rank, each rank's in depth-first order
+// from its roots (children by sequence hash), so that every block comes after its parent and a
+// chain's blocks follow each other. It returns dst and the number of blocks it left out: those
+// whose tree is not known (restored without it, or KeepTree unset) and those whose parent the
+// rank no longer holds, which no match reaches. Called on the worker's shard goroutine
+// (Set.Do), as Export is.
+func (a *Applier) DumpTree(id uint64, dst []TreeBlock) ([]TreeBlock, int) {
+	w := a.workers[id]
+	if w == nil {
+		return dst, 0
+	}
+	left := 0
+	for _, r := range w.ranks {
+		if r.tree == nil {
+			left += r.engine.Len()
+			continue
+		}
+		// The rank's blocks by sequence hash, each with its engine hashes (two when the same
+		// content is held under two).
+		engines := make(map[uint64][]uint64, r.engine.Len())
+		r.engine.Each(func(eh, seq uint64) { engines[seq] = append(engines[seq], eh) })
+		children := make(map[uint64][]uint64)
+		var roots []uint64
+		for seq := range engines {
+			if _, ok := r.tree.local.Get(seq); !ok {
+				continue
+			}
+			if p, ok := r.tree.parent.Get(seq); ok {
+				children[p] = append(children[p], seq)
+			} else {
+				roots = append(roots, seq)
+			}
+		}
+		slices.Sort(roots)
+		start := len(dst)
+		stack := slices.Clone(roots)
+		slices.Reverse(stack)
+		seen := make(map[uint64]bool, len(engines))
+		for len(stack) > 0 {
+			seq := stack[len(stack)-1]
+			stack = stack[:len(stack)-1]
+			if seen[seq] { // only a hash cycle could bring a block back
+				continue
+			}
+			seen[seq] = true
+			ehs := engines[seq]
+			slices.Sort(ehs)
+			b := TreeBlock{Rank: r.rank, Seq: seq}
+			b.Local, _ = r.tree.local.Get(seq)
+			if p, ok := r.tree.parent.Get(seq); ok {
+				b.Parent, b.HasParent = engines[p][0], true // sorted when p was listed
+			}
+			for _, eh := range ehs {
+				b.Engine = eh
+				dst = append(dst, b)
+			}
+			kids := children[seq]
+			slices.Sort(kids)
+			for i := len(kids) - 1; i >= 0; i-- {
+				stack = append(stack, kids[i])
+			}
+		}
+		for _, ehs := range engines {
+			left += len(ehs)
+		}
+		left -= len(dst) - start
+	}
+	return dst, left
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/tinylib/msgp/msgp"
+	"github.com/zeebo/xxh3"
 )
 
 // evField is a field of an engine event, as positions and map keys name them.
@@ -30,13 +31,14 @@ const (
 	fGroup
 	fSpecKind
 	fSpecWindow
+	fSalt // map form only: Dynamo's publishers name it; vLLM's tuples carry it in extra_keys
 )
 
 var evFieldNames = [...]string{
 	fSkip: "", fHashes: "block_hashes", fParent: "parent_block_hash", fTokens: "token_ids",
 	fBlockSize: "block_size", fLoRAID: "lora_id", fMedium: "medium", fLoRAName: "lora_name",
 	fExtraKeys: "extra_keys", fGroup: "group_idx", fSpecKind: "kv_cache_spec_kind",
-	fSpecWindow: "kv_cache_spec_sliding_window",
+	fSpecWindow: "kv_cache_spec_sliding_window", fSalt: "cache_salt",
 }
 
 // Positional layouts: element i of an event array holds field [i]; element 0 is the tag.
@@ -52,7 +54,7 @@ const sglangMetaPos = 7
 
 // Fields each kind reads, and must have.
 const (
-	storedFields   = 1<<fHashes | 1<<fParent | 1<<fTokens | 1<<fBlockSize | 1<<fLoRAID | 1<<fMedium | 1<<fLoRAName | 1<<fExtraKeys | 1<<fGroup | 1<<fSpecKind | 1<<fSpecWindow
+	storedFields   = 1<<fHashes | 1<<fParent | 1<<fTokens | 1<<fBlockSize | 1<<fLoRAID | 1<<fMedium | 1<<fLoRAName | 1<<fExtraKeys | 1<<fGroup | 1<<fSpecKind | 1<<fSpecWindow | 1<<fSalt
 	removedFields  = 1<<fHashes | 1<<fMedium | 1<<fGroup | 1<<fSpecKind
 	storedRequired = 1<<fHashes | 1<<fTokens | 1<<fBlockSize
 )
@@ -82,6 +84,8 @@ func mapField(k kvevent.Kind, key []byte) evField {
 		f = fSpecKind
 	case "kv_cache_spec_sliding_window":
 		f = fSpecWindow
+	case "cache_salt":
+		f = fSalt
 	default:
 		return fSkip
 	}
@@ -122,6 +126,27 @@ type evState struct {
 	nExtra   int    // entries of extra_keys
 	extraAt  []byte // where extra_keys starts, for the count check
 	medium   []byte // a medium ParseMedium does not know, decoded as the device tier; nil if none
+	// salts are the first two cache salts extra_keys' first block tags (see saltKey), for
+	// when the event names none itself.
+	salts [2][]byte
+}
+
+// saltKey is the prefix under which Dynamo's vLLM handler passes a request's cache salt into
+// vLLM, which puts it among the extra keys of the request's first block; an untagged string
+// there is a LoRA name or a multimodal identifier, never a salt.
+const saltKey = "dynamo-cache-salt:"
+
+// salt returns the cache salt extra_keys carried, as Dynamo reads it: the first tagged one,
+// passing over once an item that is the LoRA name itself.
+func (st *evState) salt(lora string) string {
+	s := st.salts[0]
+	if lora != "" && string(s) == lora {
+		s = st.salts[1]
+	}
+	if s == nil {
+		return ""
+	}
+	return alias(s[len(saltKey):])
 }
 
 // filtered reports whether the event belongs to a KV-cache group the index does not track:
@@ -281,7 +306,7 @@ func (d *engineDecoder) complete(e *kvevent.Event, st *evState, at []byte) error
 		required = 1 << fHashes
 	}
 	if miss := required &^ st.seen; miss != 0 {
-		for f := fHashes; f <= fSpecWindow; f++ {
+		for f := fHashes; f <= fSalt; f++ {
 			if miss&(1<<f) != 0 {
 				return d.errAt(at, evFieldNames[f], -1, -1, ErrInvalid, "missing from the %v event", e.Kind)
 			}
@@ -289,6 +314,12 @@ func (d *engineDecoder) complete(e *kvevent.Event, st *evState, at []byte) error
 	}
 	if st.nExtra != 0 && st.nExtra != len(e.Hashes) {
 		return d.errAt(st.extraAt, "extra_keys", -1, -1, ErrInvalid, "%d entries for %d blocks, want one per block", st.nExtra, len(e.Hashes))
+	}
+	if e.Kind == kvevent.Stored && e.Salt == "" {
+		e.Salt = st.salt(e.LoRA)
+	}
+	if len(e.Salt) > MaxString {
+		return d.errAt(at, "cache_salt", -1, -1, ErrTooLong, "%d bytes, max %d", len(e.Salt), MaxString)
 	}
 	return nil
 }
@@ -346,6 +377,13 @@ func (d *engineDecoder) field(out *EngineBatch, e *kvevent.Event, st *evState, f
 	case fExtraKeys:
 		st.extraAt = b
 		return d.extraKeys(out, e, st, b)
+	case fSalt:
+		if isNil(b) {
+			return b[1:], nil // none: extra_keys may still carry one
+		}
+		s, r, err := d.str(b, name, -1, -1)
+		e.Salt = alias(s)
+		return r, err
 	case fGroup:
 		if isNil(b) {
 			return b[1:], nil
@@ -656,6 +694,9 @@ func (d *engineDecoder) extraKeys(out *EngineBatch, e *kvevent.Event, st *evStat
 		r = rr
 		first := len(out.mmData)
 		for k := range int(m) {
+			if j == 0 && msgp.NextType(r) == msgp.StrType {
+				st.noteSalt(r)
+			}
 			var h uint64
 			var ok bool
 			if h, ok, r, err = d.mmItem(r, j, k); err != nil {
@@ -680,6 +721,19 @@ func (d *engineDecoder) extraKeys(out *EngineBatch, e *kvevent.Event, st *evStat
 	}
 	e.MM = out.mm[start:len(out.mm):len(out.mm)]
 	return r, nil
+}
+
+// noteSalt remembers the string item at b if it is a tagged cache salt that is not empty.
+func (st *evState) noteSalt(b []byte) {
+	v, _, err := msgp.ReadStringZC(b)
+	if err != nil || len(v) <= len(saltKey) || string(v[:len(saltKey)]) != saltKey {
+		return
+	}
+	if st.salts[0] == nil {
+		st.salts[0] = v
+	} else if st.salts[1] == nil {
+		st.salts[1] = v
+	}
 }
 
 // mmItem reads one extra key. A multimodal object is identified by a 64-hex-digit string,
@@ -712,7 +766,11 @@ func (d *engineDecoder) mmItem(b []byte, j, k int) (uint64, bool, []byte, error)
 				if err != nil {
 					return 0, false, nil, d.bad(b, name, j, k, "an extra key", err)
 				}
-				h, ok = mmHash(s)
+				if h, ok = mmHash(s); !ok && len(s) > 0 {
+					// Tagged with its offset, any identifier is a multimodal object's
+					// (an external renderer's, say): Dynamo hashes it with XXH3-64.
+					h, ok = xxh3.Hash(s), true
+				}
 				continue
 			}
 			if r, err = d.skip(r, name, j, k); err != nil {

@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/tinylib/msgp/msgp"
+	"github.com/zeebo/xxh3"
 
 	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/wire"
@@ -300,8 +301,29 @@ func TestEngineForms(t *testing.T) {
 		arr(2).arr(2).str(id("00000000000000ff")).str("not-hex-"+id("")[8:]).nil()),
 		wire.EngineBatch{TS: 1.5, HasRank: true, Events: []kvevent.Event{{Kind: kvevent.Stored, Hashes: []uint64{1, 2}, MM: [][]uint64{{0xff}, nil}}}})
 	f("no multimodal items: MM nil", batch(1, mp(nil).stored(9).arr(2).u(1).u(2).nil().arr(0).u(0).nil().str("GPU").str("lora").
-		arr(2).arr(1).str("lora").arr(3).str("lora").str("salt").arr(2).str("short").u(1)),
+		arr(2).arr(1).str("lora").arr(2).str("lora").str("salt")),
 		wire.EngineBatch{TS: 1.5, HasRank: true, Events: []kvevent.Event{{Kind: kvevent.Stored, Hashes: []uint64{1, 2}, LoRA: "lora"}}})
+	// An identifier tagged with its offset is a multimodal object's whatever its form: a
+	// canonical digest gives its first 16 hex digits, any other XXH3-64 of its bytes (Dynamo's
+	// lib/kv-router/src/zmq_wire/extra_keys.rs@035d726, hash_mm_identifier).
+	f("opaque identifier with an offset", batch(1, mp(nil).stored(9).arr(1).u(1).nil().arr(0).u(0).nil().str("GPU").nil().
+		arr(1).arr(1).arr(2).str("opaque-renderer-image-0").i(-3)),
+		wire.EngineBatch{TS: 1.5, HasRank: true, Events: []kvevent.Event{{Kind: kvevent.Stored, Hashes: []uint64{1}, MM: [][]uint64{{xxh3.HashString("opaque-renderer-image-0")}}}}})
+	// The cache salt: Dynamo tags it "dynamo-cache-salt:" among the first block's extra keys
+	// (an untagged string is not one; an item that is the LoRA name is passed over once); a
+	// map's own cache_salt wins (Dynamo's zmq_wire deserialize.rs@0917ca2).
+	f("tagged salt in extra_keys", batch(1, mp(nil).stored(9).arr(2).u(1).u(2).nil().arr(0).u(0).nil().str("GPU").nil().
+		arr(2).arr(3).str("tenant-x").str("dynamo-cache-salt:").str("dynamo-cache-salt:tenant-a").arr(1).str("dynamo-cache-salt:tenant-b")),
+		wire.EngineBatch{TS: 1.5, HasRank: true, Events: []kvevent.Event{{Kind: kvevent.Stored, Hashes: []uint64{1, 2}, Salt: "tenant-a"}}})
+	f("salt equal to the LoRA name", batch(1, mp(nil).stored(9).arr(1).u(1).nil().arr(0).u(0).nil().str("GPU").str("dynamo-cache-salt:a").
+		arr(1).arr(2).str("dynamo-cache-salt:a").str("dynamo-cache-salt:b")),
+		wire.EngineBatch{TS: 1.5, HasRank: true, Events: []kvevent.Event{{Kind: kvevent.Stored, Hashes: []uint64{1}, LoRA: "dynamo-cache-salt:a", Salt: "b"}}})
+	f("cache_salt in a map wins", batch(1, mp(nil).mapn(6).str("type").str("BlockStored").str("block_hashes").arr(1).u(1).
+		str("extra_keys").arr(1).arr(1).str("dynamo-cache-salt:tagged").str("token_ids").arr(0).str("block_size").u(0).str("cache_salt").str("named")),
+		wire.EngineBatch{TS: 1.5, HasRank: true, Events: []kvevent.Event{{Kind: kvevent.Stored, Hashes: []uint64{1}, Salt: "named"}}})
+	f("cache_salt nil in a map", batch(1, mp(nil).mapn(6).str("type").str("BlockStored").str("block_hashes").arr(1).u(1).
+		str("cache_salt").nil().str("token_ids").arr(0).str("block_size").u(0).str("extra_keys").arr(1).arr(1).str("dynamo-cache-salt:tagged")),
+		wire.EngineBatch{TS: 1.5, HasRank: true, Events: []kvevent.Event{{Kind: kvevent.Stored, Hashes: []uint64{1}, Salt: "tagged"}}})
 	f("odd items skipped", batch(1, mp(nil).stored(9).arr(1).u(1).nil().arr(0).u(0).nil().str("GPU").nil().
 		arr(1).arr(5).arr(0).arr(2).u(1).str(id("1")).mapn(1).u(1).u(2).f(2.5).raw(0xc3)),
 		wire.EngineBatch{TS: 1.5, HasRank: true, Events: []kvevent.Event{{Kind: kvevent.Stored, Hashes: []uint64{1}}}})

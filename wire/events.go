@@ -11,6 +11,9 @@ import (
 // Event flags (event offset 2).
 const (
 	evHasParent = 1 << 0
+	evHasSalt   = 1 << 1 // a cache_salt string follows the multimodal lists
+	evHasLocals = 1 << 2 // local hashes follow, instead of token ids
+	evStored    = evHasParent | evHasSalt | evHasLocals
 	// evUnencodable is set by AppendEventBatch on an event the format cannot carry faithfully,
 	// so that the receiver rejects the batch (an unknown bit). See EventBatch.Validate.
 	evUnencodable = 1 << 7
@@ -92,6 +95,10 @@ func validEvent(i int, e *kvevent.Event) error {
 			return bad("token_ids", ErrInvalid, "Tokens on a %v event", e.Kind)
 		case e.LoRA != "":
 			return bad("lora_name", ErrInvalid, "LoRA on a %v event", e.Kind)
+		case e.Salt != "":
+			return bad("cache_salt", ErrInvalid, "Salt on a %v event", e.Kind)
+		case e.Locals != nil:
+			return bad("local_hashes", ErrInvalid, "Locals on a %v event", e.Kind)
 		case len(e.MM) > 0:
 			return bad("mm", ErrInvalid, "MM on a %v event", e.Kind)
 		case e.Kind == kvevent.Cleared && len(e.Hashes) > 0:
@@ -108,6 +115,12 @@ func validEvent(i int, e *kvevent.Event) error {
 		return bad("token_ids", ErrTooLong, "more than 2^32-1 tokens")
 	case len(e.LoRA) > MaxString:
 		return bad("lora_name", ErrTooLong, "%d bytes, max %d", len(e.LoRA), MaxString)
+	case len(e.Salt) > MaxString:
+		return bad("cache_salt", ErrTooLong, "%d bytes, max %d", len(e.Salt), MaxString)
+	case e.Locals != nil && len(e.Locals) != len(e.Hashes):
+		return bad("n_locals", ErrInvalid, "%d local hashes for %d blocks", len(e.Locals), len(e.Hashes))
+	case e.Locals != nil && len(e.Tokens) > 0:
+		return bad("token_ids", ErrInvalid, "token ids and local hashes both")
 	case len(e.MM) != 0 && len(e.MM) != len(e.Hashes):
 		return bad("n_mm", ErrInvalid, "%d multimodal lists for %d blocks", len(e.MM), len(e.Hashes))
 	}
@@ -135,9 +148,9 @@ func unencodable(e *kvevent.Event) bool {
 		}
 		return false
 	case kvevent.Removed:
-		return tooMany(len(e.Hashes)) || e.Parent != 0 || e.BlockSize != 0 || len(e.Tokens) > 0 || e.LoRA != "" || len(e.MM) > 0
+		return tooMany(len(e.Hashes)) || e.Parent != 0 || e.BlockSize != 0 || len(e.Tokens) > 0 || e.LoRA != "" || len(e.MM) > 0 || e.Salt != "" || e.Locals != nil
 	case kvevent.Cleared:
-		return len(e.Hashes) > 0 || e.Parent != 0 || e.BlockSize != 0 || len(e.Tokens) > 0 || e.LoRA != "" || len(e.MM) > 0
+		return len(e.Hashes) > 0 || e.Parent != 0 || e.BlockSize != 0 || len(e.Tokens) > 0 || e.LoRA != "" || len(e.MM) > 0 || e.Salt != "" || e.Locals != nil
 	}
 	return false
 }
@@ -148,6 +161,12 @@ func eventSize(e *kvevent.Event) int {
 		n := eventFixed + 4 + 8 + 4 + 8*len(e.Hashes) + 4 + 4*len(e.Tokens) + strSize(e.LoRA) + 4
 		for _, x := range e.MM {
 			n += 2 + 8*min(len(x), maxMM)
+		}
+		if e.Salt != "" {
+			n += strSize(e.Salt)
+		}
+		if e.Locals != nil {
+			n += 4 + 8*len(e.Locals)
 		}
 		return n
 	case kvevent.Removed:
@@ -185,6 +204,12 @@ func appendEvent(dst []byte, e *kvevent.Event) []byte {
 	if e.HasParent {
 		flags |= evHasParent
 	}
+	if e.Kind == kvevent.Stored && e.Salt != "" {
+		flags |= evHasSalt
+	}
+	if e.Kind == kvevent.Stored && e.Locals != nil {
+		flags |= evHasLocals
+	}
 	if unencodable(e) {
 		flags |= evUnencodable
 	}
@@ -205,6 +230,13 @@ func appendEvent(dst []byte, e *kvevent.Event) []byte {
 			x = x[:min(len(x), maxMM)]
 			dst = le.AppendUint16(dst, uint16(len(x)))
 			dst = appendHashes(dst, x)
+		}
+		if e.Salt != "" {
+			dst = appendStr(dst, e.Salt)
+		}
+		if e.Locals != nil {
+			dst = appendCount(dst, len(e.Locals))
+			dst = appendHashes(dst, e.Locals)
 		}
 	case kvevent.Removed:
 		dst = appendCount(dst, len(e.Hashes))
@@ -276,8 +308,8 @@ func (out *EventBatch) decodeEvent(d *decoder, e *kvevent.Event) error {
 	if tier > kvevent.External {
 		return d.errAt("tier", base+1, ErrInvalid, "tier %d, max %d", p[1], kvevent.External)
 	}
-	if k == kvevent.Stored && flags&^evHasParent != 0 {
-		return d.errAt("flags", base+2, ErrInvalid, "unknown bits %#x", flags&^evHasParent)
+	if k == kvevent.Stored && flags&^evStored != 0 {
+		return d.errAt("flags", base+2, ErrInvalid, "unknown bits %#x", flags&^evStored)
 	}
 	if k != kvevent.Stored && flags != 0 {
 		return d.errAt("flags", base+2, ErrInvalid, "%#x on a %v event, must be 0", flags, k)
@@ -328,26 +360,55 @@ func (out *EventBatch) decodeEvent(d *decoder, e *kvevent.Event) error {
 	if nmm != 0 && int(nmm) != len(e.Hashes) {
 		return d.errAt("n_mm", d.off-4, ErrInvalid, "%d, want 0 or n_hashes (%d)", nmm, len(e.Hashes))
 	}
-	if n, err = d.fits("n_mm", "mm", nmm, 2); err != nil || n == 0 {
+	if n, err = d.fits("n_mm", "mm", nmm, 2); err != nil {
 		return err
 	}
-	start := len(out.mm)
-	out.mm = slices.Grow(out.mm, n)
-	for j := range n {
-		d.blk = j
-		c, err := d.u16("count")
+	if n > 0 {
+		start := len(out.mm)
+		out.mm = slices.Grow(out.mm, n)
+		for j := range n {
+			d.blk = j
+			c, err := d.u16("count")
+			if err != nil {
+				return err
+			}
+			if _, err := d.fits("count", "hashes", uint32(c), 8); err != nil {
+				return err
+			}
+			out.mm = append(out.mm, arenaU64(&out.mmData, d.take(8*int(c))))
+		}
+		d.blk = -1
+		e.MM = out.mm[start:len(out.mm):len(out.mm)]
+	}
+	if flags&evHasSalt != 0 {
+		if e.Salt, err = d.str("cache_salt"); err != nil {
+			return err
+		}
+		if e.Salt == "" {
+			return d.errAt("cache_salt", d.off-2, ErrInvalid, "empty, but flags bit 1 is set")
+		}
+	}
+	if flags&evHasLocals != 0 {
+		at := d.off
+		if len(e.Tokens) > 0 {
+			return d.errAt("flags", at, ErrInvalid, "bit 2 (local hashes) on an event with token ids")
+		}
+		nl, err := d.count("n_locals", "local_hashes", 8)
 		if err != nil {
 			return err
 		}
-		if _, err := d.fits("count", "hashes", uint32(c), 8); err != nil {
-			return err
+		if nl != len(e.Hashes) {
+			return d.errAt("n_locals", at, ErrInvalid, "%d, want n_hashes (%d)", nl, len(e.Hashes))
 		}
-		out.mm = append(out.mm, arenaU64(&out.mmData, d.take(8*int(c))))
+		if e.Locals = arenaU64(&out.hashes, d.take(8*nl)); e.Locals == nil {
+			e.Locals = noHashes
+		}
 	}
-	d.blk = -1
-	e.MM = out.mm[start:len(out.mm):len(out.mm)]
 	return nil
 }
+
+// noHashes is the Locals of an event of no blocks that carries local hashes: empty, not nil.
+var noHashes = []uint64{}
 
 // decodeHashes reads n_hashes and the hashes into the hash arena.
 func (out *EventBatch) decodeHashes(d *decoder) ([]uint64, error) {

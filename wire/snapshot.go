@@ -30,8 +30,8 @@ type SnapshotWorker struct {
 	// Batch is written and read as 0).
 	Endpoints []SnapshotEndpoint
 
-	u64s []uint64 // the arena the decoded ranks' Seqs and Engines point into
-	ns   []int    // blocks per decoded rank
+	u64s []uint64 // the arena the decoded ranks' Seqs, Engines, Locals and Parents point into
+	ns   []int    // per decoded rank: its blocks, then its tree's (0 or the same)
 }
 
 // SnapshotEndpoint is where one data-parallel rank publishes its KV events: its PUB socket and its
@@ -54,7 +54,8 @@ const (
 	snapRankFixed   = 16 // rank, n_blocks, cursor
 	snapReports     = 1 << 0
 	snapEndpoints   = 1 << 1 // each rank carries its endpoints and its last engine batch
-	snapFlags       = snapReports | snapEndpoints
+	snapTree        = 1 << 2 // each rank carries its block tree (local hashes and parents)
+	snapFlags       = snapReports | snapEndpoints | snapTree
 )
 
 var (
@@ -94,6 +95,9 @@ func (w *SnapshotWorker) Validate() error {
 		if r := &w.Ranks[i]; len(r.Seqs) != len(r.Engines) {
 			return invalid(m, fmt.Sprintf("ranks[%d].engines", i), ErrInvalid,
 				fmt.Sprintf("%d engine hashes for %d sequence hashes", len(r.Engines), len(r.Seqs)))
+		} else if len(r.Locals) != len(r.Parents) || len(r.Locals) != 0 && len(r.Locals) != len(r.Seqs) {
+			return invalid(m, fmt.Sprintf("ranks[%d].n_tree", i), ErrInvalid,
+				fmt.Sprintf("%d local hashes and %d parents for %d blocks", len(r.Locals), len(r.Parents), len(r.Seqs)))
 		}
 	}
 	if size := w.size(); size > 1<<32-1 {
@@ -104,13 +108,27 @@ func (w *SnapshotWorker) Validate() error {
 
 func (w *SnapshotWorker) size() int {
 	n := snapWorkerFixed + strSize(w.Model) + strSize(w.Endpoint) + strSize(w.Replay) + 4
+	tree := w.hasTree()
 	for i := range w.Ranks {
 		n += snapRankFixed + 16*len(w.Ranks[i].Seqs)
+		if tree {
+			n += 4 + 16*len(w.Ranks[i].Locals)
+		}
 	}
 	for _, e := range w.Endpoints {
 		n += strSize(e.Endpoint) + strSize(e.Replay) + 8
 	}
 	return n
+}
+
+// hasTree reports whether a rank of w carries its block tree (flags bit 2).
+func (w *SnapshotWorker) hasTree() bool {
+	for i := range w.Ranks {
+		if len(w.Ranks[i].Locals) != 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // AppendSnapshotWorker appends w as one message. Call Validate first: what it refuses is
@@ -127,6 +145,10 @@ func AppendSnapshotWorker(dst []byte, w *SnapshotWorker) []byte {
 	}
 	if len(w.Endpoints) > 0 {
 		flags |= snapEndpoints
+	}
+	tree := w.hasTree()
+	if tree {
+		flags |= snapTree
 	}
 	dst = le.AppendUint32(dst, flags)
 	dst = le.AppendUint64(dst, uint64(w.Capacity))
@@ -147,6 +169,11 @@ func AppendSnapshotWorker(dst []byte, w *SnapshotWorker) []byte {
 		}
 		dst = appendHashes(dst, r.Seqs)
 		dst = appendHashes(dst, r.Engines[:len(r.Seqs)])
+		if tree {
+			dst = appendCount(dst, len(r.Locals))
+			dst = appendHashes(dst, r.Locals)
+			dst = appendHashes(dst, r.Parents[:len(r.Locals)])
+		}
 	}
 	return dst
 }
@@ -236,15 +263,33 @@ func DecodeSnapshotWorker(b []byte, w *SnapshotWorker) error {
 		}
 		w.u64s = appendU64s(w.u64s, d.take(16*n)) // its seqs, then its engine hashes
 		w.Ranks[i] = SnapshotRank{Rank: rank, Cursor: le.Uint64(q[8:]), Batch: batch}
-		w.ns = append(w.ns, n)
+		nt := 0
+		if flags&snapTree != 0 {
+			at := d.off
+			if nt, err = d.count(fmt.Sprintf("ranks[%d].n_tree", i), "tree", 16); err != nil {
+				return err
+			}
+			if nt != 0 && nt != n {
+				return d.errAt(fmt.Sprintf("ranks[%d].n_tree", i), at, ErrInvalid, "%d, want 0 or n_blocks (%d)", nt, n)
+			}
+			w.u64s = appendU64s(w.u64s, d.take(16*nt)) // its local hashes, then its parents
+		}
+		w.ns = append(w.ns, n, nt)
 	}
 	// Point the ranks into the arena now that it has stopped growing.
 	off := 0
-	for i, n := range w.ns {
+	for i := range w.Ranks {
 		r := &w.Ranks[i]
+		n, nt := w.ns[2*i], w.ns[2*i+1]
 		r.Seqs = w.u64s[off : off+n : off+n]
 		r.Engines = w.u64s[off+n : off+2*n : off+2*n]
 		off += 2 * n
+		r.Locals, r.Parents = nil, nil
+		if nt != 0 {
+			r.Locals = w.u64s[off : off+nt : off+nt]
+			r.Parents = w.u64s[off+nt : off+2*nt : off+2*nt]
+			off += 2 * nt
+		}
 	}
 	if err := d.end(); err != nil {
 		return err

@@ -31,7 +31,8 @@ func sameWorker(a, b *wire.SnapshotWorker) bool {
 	for i := range a.Ranks {
 		x, y := a.Ranks[i], b.Ranks[i]
 		if x.Rank != y.Rank || x.Cursor != y.Cursor || x.Batch != y.Batch || len(x.Seqs) != len(y.Seqs) ||
-			len(x.Seqs) > 0 && (!reflect.DeepEqual(x.Seqs, y.Seqs) || !reflect.DeepEqual(x.Engines, y.Engines)) {
+			len(x.Seqs) > 0 && (!reflect.DeepEqual(x.Seqs, y.Seqs) || !reflect.DeepEqual(x.Engines, y.Engines)) ||
+			len(x.Locals) != len(y.Locals) || len(x.Locals) > 0 && (!slices.Equal(x.Locals, y.Locals) || !slices.Equal(x.Parents, y.Parents)) {
 			return false
 		}
 	}
@@ -81,6 +82,12 @@ func randSnapshotWorker(r *rand.Rand) *wire.SnapshotWorker {
 		}
 		if w.Endpoints != nil {
 			sr.Batch = r.Uint64N(3) * r.Uint64() // the rank's last engine batch, 0 for none
+		}
+		if r.IntN(3) == 0 { // the block tree of --keep-block-tree
+			sr.Locals, sr.Parents = make([]uint64, n), make([]uint64, n)
+			for j := range n {
+				sr.Locals[j], sr.Parents[j] = r.Uint64(), r.Uint64()
+			}
 		}
 		w.Ranks = append(w.Ranks, sr)
 	}
@@ -137,7 +144,7 @@ func TestSnapshotWorkerBad(t *testing.T) {
 		{"truncated in the ranks", golden[:len(golden)-20], "", wire.ErrTruncated},
 		{"wrong type", patch(6, 3), "type", wire.ErrType},
 		{"block size 0", patch(body+8, 0, 0, 0, 0), "block_size", wire.ErrInvalid},
-		{"unknown flag", patch(body+12, 5), "flags", wire.ErrInvalid},
+		{"unknown flag", patch(body+12, 9), "flags", wire.ErrInvalid},
 		{"negative capacity", patch(body+16, 0, 0, 0, 0, 0, 0, 0, 0x80), "capacity", wire.ErrInvalid},
 		{"empty model", emptyModel(golden), "model", wire.ErrInvalid},
 		{"rank twice", patch(len(golden)-16, 0), "ranks[1].rank", wire.ErrInvalid},

@@ -303,6 +303,16 @@ func randBatch(r *rand.Rand, events, blocks, blockSize int) *wire.EventBatch {
 					}
 				}
 			}
+			if r.IntN(4) == 0 {
+				e.Salt = randString(r, 1+r.IntN(20))
+			}
+			if r.IntN(4) == 0 { // a Dynamo dump's event: local hashes instead of tokens
+				e.Tokens = nil
+				e.Locals = make([]uint64, n)
+				for j := range e.Locals {
+					e.Locals[j] = r.Uint64()
+				}
+			}
 		}
 		b.Events = append(b.Events, e)
 	}
@@ -707,7 +717,7 @@ func TestEventBatchErrors(t *testing.T) {
 	f(set(31, 0), wire.ErrInvalid, "events[0].kind", 31)
 	f(set(105, 4), wire.ErrInvalid, "events[1].kind", 105)
 	f(set(32, 4), wire.ErrInvalid, "events[0].tier", 32)
-	f(set(33, 2), wire.ErrInvalid, "events[0].flags", 33)
+	f(set(33, 8), wire.ErrInvalid, "events[0].flags", 33)
 	f(set(107, 0x81), wire.ErrInvalid, "events[1].flags", 107)
 	f(set(185, 1), wire.ErrInvalid, "events[2].flags", 185) // has_parent on a removal
 	f(set(213, 1), wire.ErrInvalid, "events[3].flags", 213)
