@@ -39,6 +39,12 @@ type Config struct {
 	ShutdownTimeout    time.Duration
 	LogLevel           string
 	LogFormat          string
+	LogFile            string // "" logs to stderr
+
+	// Dynamo's indexer peers: recovery from their /dump at start, and the block tree that
+	// lets this one's /dump answer in Dynamo's form.
+	Peers         string // comma-separated URLs
+	KeepBlockTree bool
 
 	// Event ingestion.
 	NATSURL       string
@@ -140,6 +146,9 @@ func (c *Config) Flags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", c.ShutdownTimeout, "how long a graceful shutdown waits for requests in flight")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error (debug logs every routing decision)")
 	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "text or json")
+	fs.StringVar(&c.LogFile, "log-file", c.LogFile, "log to this file (appended, created if missing) instead of stderr; POST /reopen_logs reopens it after a rotation")
+	fs.StringVar(&c.Peers, "peers", c.Peers, "comma-separated URLs of Dynamo indexers or kvrouterd replicas (with --keep-block-tree) whose /dump seeds the index at start, the first that answers; between kvrouterd replicas --bootstrap-from is faster")
+	fs.BoolVar(&c.KeepBlockTree, "keep-block-tree", c.KeepBlockTree, "keep each block's local hash and parent (two map entries per block), so that /dump answers in Dynamo's form and Dynamo indexers can recover from it")
 	fs.StringVar(&c.NATSURL, "nats-url", c.NATSURL, "NATS server or cluster to take events from (comma-separated URLs); empty runs an embedded server with JetStream in --data-dir")
 	fs.StringVar(&c.NATSListen, "nats-listen", c.NATSListen, "client address of the embedded NATS server, for publishers (port 0: any free port)")
 	fs.BoolVar(&c.NATSNoAuth, "nats-no-auth", c.NATSNoAuth, "UNSAFE: the embedded NATS server takes anonymous clients with every right (inject events, purge or delete the stream); by default it takes only the users in --data-dir/nats/*.auth")

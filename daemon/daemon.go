@@ -41,6 +41,8 @@ type Daemon struct {
 	st   *ingest.Stream
 	seq  uint64 // the stream sequence restored up to
 	done chan error
+	// logFile is --log-file's, nil when logging to stderr.
+	logFile *logFile
 
 	// undo is what Start did, undone in reverse order by a failed Start and by Wait.
 	undo undo
@@ -68,7 +70,16 @@ func Run(ctx context.Context, c Config, stderr io.Writer) error {
 func Start(ctx context.Context, c Config, stderr io.Writer) (_ *Daemon, err error) {
 	d := &Daemon{c: c, done: make(chan error, 1)}
 	// Libraries the daemon embeds log every retry of a failing write; the log must stay readable.
-	d.log = slog.New(lograte.New(NewLogger(stderr, c.LogLevel, c.LogFormat).Handler(), lograte.Config{}))
+	logOut := stderr
+	if c.LogFile != "" {
+		lf, err := openLogFile(c.LogFile)
+		if err != nil {
+			return nil, fmt.Errorf("--log-file: %w", err)
+		}
+		d.logFile, logOut = lf, lf
+		d.undo.push(func() { lf.close() }) // the first pushed, the last undone: after every log line
+	}
+	d.log = slog.New(lograte.New(NewLogger(logOut, c.LogLevel, c.LogFormat).Handler(), lograte.Config{}))
 	log := d.log
 	defer func() {
 		if err != nil {
@@ -111,6 +122,7 @@ func Start(ctx context.Context, c Config, stderr io.Writer) (_ *Daemon, err erro
 			MaxBlocks:       c.MaxBlocks,
 			WorkerTimeout:   c.WorkerTimeout,
 			ClearOnGap:      c.ClearOnGap,
+			KeepTree:        c.KeepBlockTree,
 			Approximate:     c.approx(),
 			Endpoints:       watch,
 			Sources:         watch,
@@ -199,7 +211,15 @@ func Start(ctx context.Context, c Config, stderr io.Writer) (_ *Daemon, err erro
 			return nil, err
 		}
 	}
+	if d.logFile != nil {
+		scfg.ReopenLogs = d.logFile.reopen
+	}
 	d.srv = server.New(d.r, scfg)
+	if c.Peers != "" {
+		// As a Dynamo indexer does before it serves; none answering is no failure: it starts
+		// empty.
+		_, _ = d.srv.RecoverFromPeers(ctx, splitList(c.Peers), 10*time.Second)
+	}
 	maxConns, perIP := d.srv.ConnLimits()
 	log.Info("kvrouterd ready", "http", d.ln.Addr().String(), "nats", streamURL(d.st), "resume_after_seq", d.seq,
 		"http_max_conns", maxConns, "http_max_conns_per_ip", perIP, "shards", c.Shards, "mode", c.RouterMode, "block_size", c.BlockSize, "data_dir", c.DataDir,

@@ -94,6 +94,14 @@ func checkEvent(ev *kvevent.Event, i, bs int, ranks []uint32) error {
 		if len(ev.Hashes) == 0 {
 			return fieldErr(ErrInvalid, evField(i, "block_hashes"), "a stored event needs at least one block")
 		}
+		if ev.Locals != nil {
+			// Local hashes instead of tokens (a Dynamo dump's events).
+			if len(ev.Locals) != len(ev.Hashes) || len(ev.Tokens) != 0 {
+				return fieldErr(ErrInvalid, evField(i, "local_hashes"), "%d local hashes and %d token ids for %d blocks, want one local hash per block and no tokens",
+					len(ev.Locals), len(ev.Tokens), len(ev.Hashes))
+			}
+			break
+		}
 		// Copies held elsewhere than the device may come without tokens; they are skipped.
 		if ev.Tier == kvevent.Device && len(ev.Tokens) != len(ev.Hashes)*bs {
 			return fieldErr(ErrInvalid, evField(i, "token_ids"), "%d token ids for %d blocks of %d tokens", len(ev.Tokens), len(ev.Hashes), bs)

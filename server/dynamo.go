@@ -139,7 +139,7 @@ func (s *Server) dynamoError(ctx *fasthttp.RequestCtx, status int, reason, field
 
 func (s *Server) dynamo(ctx *fasthttp.RequestCtx, path string) {
 	want := "POST"
-	if path == "/workers" || path == "/dump" {
+	if path == "/workers" || path == "/dump" || path == "/peers" {
 		want = "GET"
 	}
 	if !s.method(ctx, epDynamo, ctx.Method(), []byte(want)) {
@@ -156,6 +156,12 @@ func (s *Server) dynamo(ctx *fasthttp.RequestCtx, path string) {
 		s.dynamoQuery(ctx, path == "/query_by_hash")
 	case "/dump":
 		s.dynamoDump(ctx)
+	case "/register_peer", "/deregister_peer":
+		s.dynamoPeer(ctx, path == "/register_peer")
+	case "/peers":
+		s.dynamoPeers(ctx)
+	case "/reopen_logs":
+		s.reopenLogs(ctx)
 	}
 }
 
@@ -382,57 +388,6 @@ func (s *Server) dynamoQuery(ctx *fasthttp.RequestCtx, byHash bool) {
 		}
 	}
 	s.writeJSON(ctx, map[string]any{"scores": scores, "frequencies": []int{}, "instances": instances, "tree_sizes": trees})
-}
-
-// dynamoDump lists, per model, one stored event per (worker, rank) holding its blocks. The
-// router keeps no tree and no local hashes: block_hash is the engine's hash and tokens_hash the
-// router's sequence hash, sorted by it, so two replicas in the same state dump the same bytes.
-func (s *Server) dynamoDump(ctx *fasthttp.RequestCtx) {
-	type block struct {
-		BlockHash  uint64 `json:"block_hash"`
-		TokensHash uint64 `json:"tokens_hash"`
-	}
-	type stored struct {
-		Parent *uint64 `json:"parent_hash"`
-		Blocks []block `json:"blocks"`
-	}
-	type data struct {
-		Stored stored `json:"stored"`
-	}
-	type event struct {
-		ID   uint64 `json:"event_id"`
-		Data data   `json:"data"`
-		Rank uint32 `json:"dp_rank"`
-	}
-	type routerEvent struct {
-		Worker uint64 `json:"worker_id"`
-		Tier   string `json:"storage_tier"`
-		Event  event  `json:"event"`
-	}
-	type modelDump struct {
-		BlockSize int           `json:"block_size"`
-		Events    []routerEvent `json:"events"`
-	}
-	out := map[string]*modelDump{}
-	var blocks []router.DumpedBlock
-	for _, m := range s.r.Models() {
-		model, group := splitPartition(m.Name)
-		md := &modelDump{BlockSize: m.BlockSize, Events: []routerEvent{}}
-		out[model+":"+group] = md
-		for _, id := range s.r.ModelWorkers(m.Name) {
-			blocks = s.r.DumpWorker(id, blocks[:0])
-			for i := 0; i < len(blocks); {
-				j := i
-				ev := routerEvent{Worker: id, Tier: "device", Event: event{ID: uint64(len(md.Events)), Rank: blocks[i].Rank}}
-				for ; j < len(blocks) && blocks[j].Rank == blocks[i].Rank; j++ {
-					ev.Event.Data.Stored.Blocks = append(ev.Event.Data.Stored.Blocks, block{blocks[j].Engine, blocks[j].Seq})
-				}
-				md.Events = append(md.Events, ev)
-				i = j
-			}
-		}
-	}
-	s.writeJSON(ctx, out)
 }
 
 // validZMQEndpoint checks a ZMQ endpoint as Dynamo's indexer does before it registers one

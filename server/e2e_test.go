@@ -364,7 +364,7 @@ func TestDynamoEndpoints(t *testing.T) {
 	if code, body = h.get("/workers"); code != 200 || !strings.Contains(body, `"instance_id":7`) || !strings.Contains(body, `"1":"tcp://w7:5558"`) {
 		t.Fatalf("workers: %d %s", code, body)
 	}
-	if code, body = h.get("/dump"); code != 200 || !strings.Contains(body, `"m:default":{"block_size":4`) || strings.Count(body, `"block_hash"`) != 3 {
+	if code, body = h.get("/dump?form=sequence"); code != 200 || !strings.Contains(body, `"m:default":{"block_size":4`) || strings.Count(body, `"block_hash"`) != 3 {
 		t.Fatalf("dump: %d %s", code, body)
 	}
 	if code, _ = h.get("/health"); code != 200 {

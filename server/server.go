@@ -60,6 +60,9 @@ type Config struct {
 	// for (the Router itself). The daemon gives an ingest.Journal, which sends them through the
 	// event stream so that every replica makes them.
 	Changes router.Changer
+	// ReopenLogs, if set, reopens the daemon's log file (Dynamo's /reopen_logs, after a
+	// rotation); without it /reopen_logs has nothing to do.
+	ReopenLogs func() error
 }
 
 // ReadyCheck is one condition of readiness. Check returns nil while it holds, otherwise why the
@@ -140,6 +143,10 @@ type Server struct {
 	// The unknown fields of Dynamo's bodies logged so far ("path name"), and how many.
 	unknownSeen  sync.Map
 	unknownCount atomic.Int64
+
+	// peers are the peer URLs of Dynamo's /register_peer, informational as Dynamo's are.
+	peersMu sync.Mutex
+	peers   map[string]struct{} // REQUIRES peersMu
 }
 
 // buffers is one request's reusable decode and encode state.
@@ -339,7 +346,7 @@ func (s *Server) dispatch(ctx *fasthttp.RequestCtx, start time.Time) endpoint {
 			s.snapshot(ctx)
 		}
 		return epSnapshot
-	case "/register", "/unregister", "/workers", "/query", "/query_by_hash", "/dump":
+	case "/register", "/unregister", "/workers", "/query", "/query_by_hash", "/dump", "/register_peer", "/deregister_peer", "/peers", "/reopen_logs":
 		s.dynamo(ctx, string(path))
 		return epDynamo
 	}

@@ -36,6 +36,8 @@ var dynamoFlags = []dynFlag{
 	{name: "router-replica-sync", target: "share-load", env: "DYN_ROUTER_REPLICA_SYNC"},
 	{name: "no-router-replica-sync", target: "share-load", negate: true},
 	{name: "router-ttl-secs", target: "approx-ttl", seconds: true, env: "DYN_ROUTER_TTL_SECS"},
+	// The standalone indexer's --peers is kvrouterd's; the selection service calls it so.
+	{name: "indexer-peers", target: "peers"},
 }
 
 // aliasValue is a Dynamo flag's value: setting it sets its target's.

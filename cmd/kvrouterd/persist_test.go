@@ -74,7 +74,7 @@ func (g *streamGen) batch(workers int) *wire.EventBatch {
 // state is a kvrouterd's index as the HTTP API shows it: /dump (every block of every worker,
 // sorted) and every worker's cached blocks and last event id.
 func state(get func(path string) ([]byte, error)) (string, error) {
-	dump, err := get("/dump")
+	dump, err := get("/dump?form=sequence")
 	if err != nil {
 		return "", err
 	}
@@ -472,7 +472,7 @@ func TestReplicas(t *testing.T) {
 		t.Fatalf("the events' outcomes: %s, want 2 blocks applied", out)
 	}
 	dump := func(d *proc) string {
-		body, err := httpGet(d.addr)("/dump")
+		body, err := httpGet(d.addr)("/dump?form=sequence")
 		if err != nil {
 			t.Fatal(err)
 		}
