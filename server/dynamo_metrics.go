@@ -5,7 +5,9 @@ package server
 import (
 	"strconv"
 
+	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/router"
+	"github.com/kvrouterd/kvrouterd/shard"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -61,16 +63,53 @@ var (
 		"Dynamo's name: 1 for each registered worker rank.", []string{"router_worker_id", "dp_rank", "worker_type"}, nil)
 	descDynRequests = prometheus.NewDesc("dynamo_component_router_requests_total",
 		"Dynamo's name: requests routed.", nil, nil)
+	// The standalone indexer's name and the frontend router's for the same count.
+	descDynIndexerEvents = prometheus.NewDesc("dynamo_kvrouter_kv_cache_events_applied",
+		"Dynamo's name (standalone indexer): KV events applied, by event type and status.", []string{"event_type", "status"}, nil)
+	descDynRouterEvents = prometheus.NewDesc("dynamo_component_kv_cache_events_applied",
+		"Dynamo's name (router): KV events applied, by event type and status.", []string{"event_type", "status"}, nil)
 )
 
+// dynamoStatus names an event's outcome as Dynamo's status label does where Dynamo has the
+// same outcome (kv-router indexer metrics), kvrouterd's own name where it has none.
+func dynamoStatus(s shard.Status) string {
+	switch s {
+	case shard.UnknownParent:
+		return "parent_block_not_found"
+	case shard.UnknownBlocks:
+		return "block_not_found"
+	case shard.BadTokens, shard.BadBlockSize, shard.BadKind:
+		return "invalid_block"
+	case shard.OverBudget:
+		return "capacity_exhausted"
+	}
+	return s.String()
+}
+
 func (c dynamoCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descDynDecode, descDynPrefill, descDynRegistered, descDynRequests} {
+	for _, d := range []*prometheus.Desc{descDynDecode, descDynPrefill, descDynRegistered, descDynRequests, descDynIndexerEvents, descDynRouterEvents} {
 		ch <- d
 	}
 }
 
 func (c dynamoCollector) Collect(ch chan<- prometheus.Metric) {
-	ch <- prometheus.MustNewConstMetric(descDynRequests, prometheus.CounterValue, float64(c.r.Stats().Routed))
+	st := c.r.Stats()
+	ch <- prometheus.MustNewConstMetric(descDynRequests, prometheus.CounterValue, float64(st.Routed))
+	// Several of kvrouterd's statuses are one of Dynamo's: summed under it.
+	type key struct{ kind, status string }
+	var order []key
+	sums := map[key]int64{}
+	eachKindStatus(&st.Events, func(kind kvevent.Kind, s shard.Status, n int64) {
+		k := key{kind.String(), dynamoStatus(s)}
+		if _, ok := sums[k]; !ok {
+			order = append(order, k)
+		}
+		sums[k] += n
+	})
+	for _, k := range order {
+		ch <- prometheus.MustNewConstMetric(descDynIndexerEvents, prometheus.CounterValue, float64(sums[k]), k.kind, k.status)
+		ch <- prometheus.MustNewConstMetric(descDynRouterEvents, prometheus.CounterValue, float64(sums[k]), k.kind, k.status)
+	}
 	for _, w := range c.r.Workers() {
 		id, rank := strconv.FormatUint(w.ID, 10), strconv.FormatUint(uint64(w.Rank), 10)
 		ch <- prometheus.MustNewConstMetric(descDynDecode, prometheus.GaugeValue, float64(w.ActiveBlocks), id, rank, "decode")

@@ -149,6 +149,14 @@ func TestDynamoMetrics(t *testing.T) {
 		t.Fatalf("routed to %d, want 1", resp.Worker)
 	}
 	h.route("b", tokens(500, 3), 0) // shorter than a block: no hit rate, its tokens counted
+	// A store chained onto a block the worker does not hold, a removal of one it does not
+	// hold: Dynamo's statuses for them.
+	if _, err := h.c.Events(&wire.EventBatch{Worker: 2, Model: "m", Events: []kvevent.Event{
+		{Kind: kvevent.Stored, ID: 1, Hashes: []uint64{50}, Parent: 49, HasParent: true, Tokens: tokens(0, 4)},
+		{Kind: kvevent.Removed, ID: 2, Hashes: []uint64{51}},
+	}}); err != nil {
+		t.Fatal(err)
+	}
 	_, page := h.get("/metrics")
 	for _, want := range []string{
 		"dynamo_component_router_requests_total 2",
@@ -162,6 +170,13 @@ func TestDynamoMetrics(t *testing.T) {
 		`dynamo_frontend_worker_active_decode_blocks{dp_rank="0",worker_id="1",worker_type="decode"} 3`,
 		`dynamo_frontend_worker_active_prefill_tokens{dp_rank="0",worker_id="1",worker_type="decode"} 4`,
 		`dynamo_component_router_worker_registered{dp_rank="0",router_worker_id="2",worker_type="decode"} 1`,
+		`dynamo_kvrouter_kv_cache_events_applied{event_type="stored",status="ok"} 1`,
+		`dynamo_kvrouter_kv_cache_events_applied{event_type="stored",status="parent_block_not_found"} 1`,
+		`dynamo_kvrouter_kv_cache_events_applied{event_type="removed",status="block_not_found"} 1`,
+		`dynamo_component_kv_cache_events_applied{event_type="stored",status="parent_block_not_found"} 1`,
+		`dynamo_component_kv_cache_events_applied{event_type="cleared",status="ok"} 0`,
+		`kvrouterd_events_by_type_total{status="unknown_parent",type="stored"} 1`,
+		`kvrouterd_events_by_type_total{status="unknown_blocks",type="removed"} 1`,
 	} {
 		if !strings.Contains(page, want+"\n") {
 			t.Errorf("/metrics has no line %s", want)

@@ -3,6 +3,7 @@ package server
 import (
 	"strconv"
 
+	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/router"
 	"github.com/kvrouterd/kvrouterd/shard"
 	"github.com/prometheus/client_golang/prometheus"
@@ -69,6 +70,7 @@ type routerCollector struct{ r *router.Router }
 
 var (
 	descEvents    = prometheus.NewDesc("kvrouterd_events_total", "KV events applied, by outcome status.", []string{"status"}, nil)
+	descEventsBy  = prometheus.NewDesc("kvrouterd_events_by_type_total", "KV events applied, by event type (stored, removed, cleared) and outcome status.", []string{"type", "status"}, nil)
 	descBlocks    = prometheus.NewDesc("kvrouterd_event_blocks_total", "Blocks stored, removed, or skipped by events.", []string{"op"}, nil)
 	descGaps      = prometheus.NewDesc("kvrouterd_event_gaps_total", "Gaps in event ids, the event ids missed, and the ranks cleared to repair them.", []string{"kind"}, nil)
 	descQueue     = prometheus.NewDesc("kvrouterd_shard_queue_depth", "Batches waiting in the shard queues.", nil, nil)
@@ -85,7 +87,7 @@ var (
 )
 
 func (c *routerCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descEvents, descBlocks, descGaps, descQueue, descWaits, descRequests, descActive, descEntries, descResidency, descMembers, descWorker, descMisconfig, descRefused, descUnmatched} {
+	for _, d := range []*prometheus.Desc{descEvents, descEventsBy, descBlocks, descGaps, descQueue, descWaits, descRequests, descActive, descEntries, descResidency, descMembers, descWorker, descMisconfig, descRefused, descUnmatched} {
 		ch <- d
 	}
 }
@@ -95,6 +97,9 @@ func (c *routerCollector) Collect(ch chan<- prometheus.Metric) {
 	for s := shard.Status(0); int(s) < len(st.Events.ByStatus); s++ {
 		ch <- prometheus.MustNewConstMetric(descEvents, prometheus.CounterValue, float64(st.Events.ByStatus[s]), s.String())
 	}
+	eachKindStatus(&st.Events, func(kind kvevent.Kind, s shard.Status, n int64) {
+		ch <- prometheus.MustNewConstMetric(descEventsBy, prometheus.CounterValue, float64(n), kind.String(), s.String())
+	})
 	ch <- prometheus.MustNewConstMetric(descBlocks, prometheus.CounterValue, float64(st.Events.StoredBlocks), "stored")
 	ch <- prometheus.MustNewConstMetric(descBlocks, prometheus.CounterValue, float64(st.Events.RemovedBlocks), "removed")
 	ch <- prometheus.MustNewConstMetric(descBlocks, prometheus.CounterValue, float64(st.Events.SkippedBlocks), "skipped")
@@ -135,6 +140,16 @@ func (c *routerCollector) Collect(ch chan<- prometheus.Metric) {
 			}
 			ch <- prometheus.MustNewConstMetric(descMisconfig, prometheus.GaugeValue, zero, w.Model, id, "zero_hits")
 			ch <- prometheus.MustNewConstMetric(descUnmatched, prometheus.GaugeValue, float64(w.Unmatched), w.Model, id)
+		}
+	}
+}
+
+// eachKindStatus calls f for each event type and outcome status: every status of the three
+// kinds, so that a dashboard's series exist before the first event.
+func eachKindStatus(st *shard.Stats, f func(kvevent.Kind, shard.Status, int64)) {
+	for _, k := range [...]kvevent.Kind{kvevent.Stored, kvevent.Removed, kvevent.Cleared} {
+		for s := range shard.NumStatus {
+			f(k, shard.Status(s), st.ByKind[k][s])
 		}
 	}
 }

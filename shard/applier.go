@@ -100,7 +100,11 @@ func (a *Applier) Apply(ix *radix.Index, id uint64, ev *Event) Outcome {
 	a.apply(ix, id, ev, &o)
 	a.flushRemoved()
 	a.c.events.Add(1)
-	a.c.byStatus[o.Status].Add(1)
+	k := o.Kind
+	if int(k) >= NumKinds {
+		k = 0
+	}
+	a.c.byKind[k][o.Status].Add(1)
 	if o.Skipped != 0 {
 		a.c.skipped.Add(int64(o.Skipped))
 	}

@@ -44,6 +44,12 @@ func (s Status) String() string {
 	return fmt.Sprintf("status(%d)", uint8(s))
 }
 
+// NumKinds bounds the Kind index of Stats.ByKind.
+const NumKinds = int(Cleared) + 1
+
+// NumStatus is the number of Status values.
+const NumStatus = int(numStatus)
+
 // Outcome is what applying one event did.
 type Outcome struct {
 	Worker  uint64
@@ -92,6 +98,9 @@ type Stats struct {
 	GapClears     int64 // ranks cleared to repair a gap (Config.ClearOnGap)
 	// ByStatus counts events per Status (ByStatus[OK] are events applied in full).
 	ByStatus [numStatus]int64
+	// ByKind counts events per Kind (index: Stored, Removed, Cleared; 0 for any other) and
+	// Status; each ByStatus is the sum over kinds.
+	ByKind [NumKinds][numStatus]int64
 	// SkippedBlocks counts blocks named by events but not applied.
 	SkippedBlocks  int64
 	WorkersRemoved int64
@@ -105,7 +114,7 @@ type Stats struct {
 type counters struct {
 	batches, events, stored, removed, clears, gaps, missed atomic.Int64
 	gapClears                                              atomic.Int64
-	byStatus                                               [numStatus]atomic.Int64
+	byKind                                                 [NumKinds][numStatus]atomic.Int64
 	skipped, workersRemoved, enqueueWaits, residencies     atomic.Int64
 }
 
@@ -118,8 +127,12 @@ func (c *counters) addTo(s *Stats) {
 	s.Gaps += c.gaps.Load()
 	s.MissedIDs += c.missed.Load()
 	s.GapClears += c.gapClears.Load()
-	for i := range c.byStatus {
-		s.ByStatus[i] += c.byStatus[i].Load()
+	for k := range c.byKind {
+		for i := range c.byKind[k] {
+			n := c.byKind[k][i].Load()
+			s.ByKind[k][i] += n
+			s.ByStatus[i] += n
+		}
 	}
 	s.SkippedBlocks += c.skipped.Load()
 	s.WorkersRemoved += c.workersRemoved.Load()
