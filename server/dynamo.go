@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 
@@ -340,7 +341,8 @@ func (s *Server) dynamoQuery(ctx *fasthttp.RequestCtx, byHash bool) {
 	b := s.bufs.Get()
 	defer s.bufs.Put(b)
 	// Both are asked as local block hashes, so that the salt needs nothing of the route path.
-	b.req = wire.RouteRequest{Model: key, ByHash: true, Hashes: b.req.Hashes[:0]}
+	// Every worker's overlap, whatever --max-candidates caps native answers to.
+	b.req = wire.RouteRequest{Model: key, ByHash: true, Hashes: b.req.Hashes[:0], MaxCandidates: math.MaxUint16}
 	if byHash {
 		for _, h := range j.Hashes {
 			b.req.Hashes = append(b.req.Hashes, uint64(h))
@@ -362,6 +364,9 @@ func (s *Server) dynamoQuery(ctx *fasthttp.RequestCtx, byHash bool) {
 		CPU     int64            `json:"cpu"`
 		Disk    int64            `json:"disk"`
 	}
+	// frequencies[i]: the worker ranks holding the prompt's block i along its prefix (Dynamo's
+	// OverlapScores.frequencies: each matched depth's holders; none past the deepest match).
+	frequencies := []int{}
 	scores := map[string]map[string]int64{}
 	trees := map[string]map[string]int64{} // kvrouterd's addition: each rank's blocks in all
 	instances := map[string]*summary{}
@@ -385,9 +390,15 @@ func (s *Server) dynamoQuery(ctx *fasthttp.RequestCtx, byHash bool) {
 			in.DP[rank] = tokens
 			in.GPU = max(in.GPU, tokens)
 			in.CPU, in.Disk, in.Longest = in.GPU, in.GPU, in.GPU
+			for len(frequencies) < int(c.CachedBlocks) {
+				frequencies = append(frequencies, 0)
+			}
+			for i := range int(c.CachedBlocks) {
+				frequencies[i]++
+			}
 		}
 	}
-	s.writeJSON(ctx, map[string]any{"scores": scores, "frequencies": []int{}, "instances": instances, "tree_sizes": trees})
+	s.writeJSON(ctx, map[string]any{"scores": scores, "frequencies": frequencies, "instances": instances, "tree_sizes": trees})
 }
 
 // validZMQEndpoint checks a ZMQ endpoint as Dynamo's indexer does before it registers one

@@ -346,7 +346,7 @@ func TestDynamoEndpoints(t *testing.T) {
 	}
 	h.store(7, 1, 10, 0, tokens(0, 12))
 	code, body = h.post("/query", "", []byte(`{"model_name":"m","token_ids":[0,1,2,3,4,5,6,7,99,99,99,99,1]}`))
-	want := `{"frequencies":[],"instances":{"7":{"longest_matched":8,"gpu":8,"dp":{"0":8},"cpu":8,"disk":8}},"scores":{"7":{"0":8}},"tree_sizes":{"7":{"0":3}}}`
+	want := `{"frequencies":[1,1],"instances":{"7":{"longest_matched":8,"gpu":8,"dp":{"0":8},"cpu":8,"disk":8}},"scores":{"7":{"0":8}},"tree_sizes":{"7":{"0":3}}}`
 	if code != 200 || body != want+"\n" {
 		t.Fatalf("query: %d %s", code, body)
 	}
