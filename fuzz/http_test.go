@@ -298,6 +298,29 @@ func (h *httpRun) raw() {
 	}
 }
 
+// dynamo sends one of Dynamo's endpoints a JSON object built from its fields' names with
+// values of every JSON type (null, numbers out of range, strings, arrays, objects), which a
+// byte-level body would hardly ever spell.
+func (h *httpRun) dynamo() {
+	paths := []string{"/register", "/unregister", "/query", "/query_by_hash", "/register_peer", "/deregister_peer"}
+	names := []string{"instance_id", "endpoint", "model_name", "block_size", "routing_group", "tenant_id", "dp_rank",
+		"replay_endpoint", "additional_salt", "token_ids", "block_hashes", "lora_name", "cache_salt", "url"}
+	values := []string{"null", "0", "1", "-1", "4", "18446744073709551615", "1e400", "1.5", `""`, `"m"`, `"tcp://127.0.0.1:1"`,
+		"[]", "[1,2,3,4]", "[-1]", "[null]", "{}", "true"}
+	var b strings.Builder
+	b.WriteByte('{')
+	for i := range h.in.n(8) {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(strconv.Quote(names[h.in.n(len(names))]) + ":" + values[h.in.n(len(values))])
+	}
+	b.WriteByte('}')
+	if code := h.do("POST", paths[h.in.n(len(paths))], "application/json", []byte(b.String())); code < 300 {
+		h.tainted = true
+	}
+}
+
 // finish completes every request booked, and checks the router's state: /v1/workers answers,
 // no load is left, and every worker's blocks and match depths are the model's.
 func (h *httpRun) finish(r *router.Router) {
@@ -398,7 +421,7 @@ func FuzzHTTP(f *testing.F) {
 			models: map[string]*refmodel.Fleet{}, worker: map[uint64]string{}, booked: map[string]uint64{},
 			gone: map[uint64]bool{}}
 		for step := 0; step < 40 && !in.done(); step++ {
-			switch in.n(9) {
+			switch in.n(10) {
 			case 0:
 				h.register()
 			case 1, 2:
@@ -415,6 +438,8 @@ func FuzzHTTP(f *testing.F) {
 				h.unregister()
 			case 8:
 				h.raw()
+			case 9:
+				h.dynamo()
 			}
 		}
 		h.finish(r)

@@ -93,7 +93,7 @@ type dynQuery struct {
 // name; a body that is not JSON is 400, a required field missing or a field of the wrong type
 // 422 (axum's Json rejections). It answers the refusal itself and returns false.
 func (s *Server) dynamoJSON(ctx *fasthttp.RequestCtx, path string, v any, required ...string) bool {
-	unknown, present, err := decodeLenient(ctx.PostBody(), v)
+	unknown, field, err := decodeLenient(ctx.PostBody(), v)
 	if err != nil {
 		var je *jsonError
 		if !errors.As(err, &je) {
@@ -119,13 +119,29 @@ func (s *Server) dynamoJSON(ctx *fasthttp.RequestCtx, path string, v any, requir
 		}
 	}
 	for _, name := range required {
-		if !present(name) {
+		if raw, ok := field(name); !ok || string(raw) == "null" {
 			s.reject(ctx, epDynamo, fasthttp.StatusUnprocessableEntity, "json", name, -1,
 				"Failed to deserialize the JSON body into the target type: missing field `"+name+"`")
 			return false
 		}
 	}
+	// A string with a default is no Option in Dynamo's structs: null is a type error there.
+	for _, name := range dynNotNull[path] {
+		if raw, ok := field(name); ok && string(raw) == "null" {
+			s.reject(ctx, epDynamo, fasthttp.StatusUnprocessableEntity, "json", name, -1,
+				"Failed to deserialize the JSON body into the target type: "+name+": invalid type: null, expected a string")
+			return false
+		}
+	}
 	return true
+}
+
+// dynNotNull are the fields of Dynamo's bodies that may be left out but not be null (serde
+// String fields with a default: routing_group and the legacy tenant_id).
+var dynNotNull = map[string][]string{
+	"/register":      {"routing_group", "tenant_id"},
+	"/query":         {"routing_group", "tenant_id"},
+	"/query_by_hash": {"routing_group", "tenant_id"},
 }
 
 // maxUnknownLogged bounds the distinct unknown field names logged and remembered, whatever

@@ -175,3 +175,29 @@ func TestDynamoPeers(t *testing.T) {
 		t.Errorf("reopen_logs without a log file: %d %s", code, body)
 	}
 }
+
+// TestDynamoNullFields: null in a field Dynamo requires, or in a string field with a default,
+// is Dynamo's 422; it once reached a nil pointer and crashed the daemon.
+func TestDynamoNullFields(t *testing.T) {
+	h := newHarness(t)
+	for _, c := range []struct{ path, body string }{
+		{"/register", `{"instance_id":null,"model_name":"m","block_size":4}`},
+		{"/register", `{"instance_id":1,"model_name":"m","block_size":null}`},
+		{"/register", `{"instance_id":1,"model_name":null,"block_size":4}`},
+		{"/register", `{"instance_id":1,"model_name":"m","block_size":4,"routing_group":null}`},
+		{"/register", `{"instance_id":1,"model_name":"m","block_size":4,"tenant_id":null}`},
+		{"/unregister", `{"instance_id":null,"model_name":"m"}`},
+		{"/query", `{"token_ids":null,"model_name":"m"}`},
+		{"/query", `{"token_ids":[1],"model_name":"m","routing_group":null}`},
+		{"/query_by_hash", `{"block_hashes":null,"model_name":"m"}`},
+		{"/register_peer", `{"url":null}`},
+		{"/deregister_peer", `{"url":null}`},
+	} {
+		if code, body := h.post(c.path, "application/json", []byte(c.body)); code != 422 {
+			t.Errorf("%s %s: %d %s, want 422", c.path, c.body, code, body)
+		}
+	}
+	if code, _ := h.get("/health"); code != 200 {
+		t.Fatal("the server is gone")
+	}
+}

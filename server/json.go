@@ -77,7 +77,7 @@ func decodeJSONAs(body []byte, v any, strict bool) error {
 // decodeLenient decodes body, a JSON object, into v, a pointer to a struct, ignoring fields v
 // does not have, as Dynamo's serde structs do. It returns the object's keys that v has no field
 // for; present says which keys of v's fields the object has (by their JSON names).
-func decodeLenient(body []byte, v any) (unknown []string, present func(name string) bool, err error) {
+func decodeLenient(body []byte, v any) (unknown []string, field func(name string) (json.RawMessage, bool), err error) {
 	if err := decodeJSONAs(body, v, false); err != nil {
 		return nil, nil, err
 	}
@@ -92,13 +92,13 @@ func decodeLenient(body []byte, v any) (unknown []string, present func(name stri
 		}
 	}
 	slices.Sort(unknown)
-	return unknown, func(name string) bool {
-		for k := range keys {
+	return unknown, func(name string) (json.RawMessage, bool) {
+		for k, v := range keys {
 			if strings.EqualFold(k, name) { // encoding/json matches names so
-				return true
+				return v, true
 			}
 		}
-		return false
+		return nil, false
 	}, nil
 }
 
