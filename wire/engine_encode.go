@@ -35,9 +35,9 @@ const (
 // AppendEngineBatch appends b to dst as an engine's msgpack payload in form f and returns the
 // extended slice. It writes what msgspec writes for vLLM's structs with omit_defaults:
 // data_parallel_rank only if b.HasRank; stored events with lora_id nil, medium ("GPU", "CPU",
-// "DISK", "EXTERNAL"), lora_name (nil for "") and, when MM is not nil, extra_keys holding
-// one (identifier, 0) pair per multimodal hash, the identifier being the hash in 16 hex digits
-// and 48 zeros. Each event's Rank and ID, and b's counts (Skipped, Filtered, UnknownMedium),
+// "DISK", "EXTERNAL"), lora_name (nil for "") and, when MM is not nil or Salt not empty,
+// extra_keys holding one (identifier, 0) pair per multimodal hash, the identifier being the hash
+// in 16 hex digits and 48 zeros, and the first block's the salt tagged "dynamo-cache-salt:". Each event's Rank and ID, and b's counts (Skipped, Filtered, UnknownMedium),
 // are not written.
 //
 // Values the format cannot carry are written so that Decode rejects them (a negative block
@@ -89,7 +89,7 @@ func appendEngineEvent(dst []byte, e *kvevent.Event, f EngineForm) []byte {
 	switch e.Kind {
 	case kvevent.Stored:
 		tag, n = "BlockStored", 8
-		if e.MM != nil {
+		if e.MM != nil || e.Salt != "" && len(e.Hashes) > 0 {
 			n++
 		}
 	case kvevent.Removed:
@@ -138,15 +138,32 @@ func appendEngineEvent(dst []byte, e *kvevent.Event, f EngineForm) []byte {
 		} else {
 			w.dst = msgp.AppendString(w.dst, e.LoRA)
 		}
-		if e.MM != nil {
+		if salted := e.Salt != "" && len(e.Hashes) > 0; e.MM != nil || salted {
+			// vLLM's extra keys, one entry per block; a cache salt among the first block's,
+			// tagged as Dynamo's vLLM handler passes it.
 			w.key("extra_keys")
-			w.dst = msgp.AppendArrayHeader(w.dst, uint32(min(uint64(len(e.MM)), math.MaxUint32)))
-			for _, x := range e.MM {
-				if len(x) == 0 {
+			blocks := len(e.MM)
+			if salted {
+				blocks = len(e.Hashes)
+			}
+			w.dst = msgp.AppendArrayHeader(w.dst, uint32(min(uint64(blocks), math.MaxUint32)))
+			for i := range blocks {
+				var x []uint64
+				if i < len(e.MM) {
+					x = e.MM[i]
+				}
+				items := len(x)
+				if i == 0 && salted {
+					items++
+				}
+				if items == 0 {
 					w.dst = msgp.AppendNil(w.dst)
 					continue
 				}
-				w.dst = msgp.AppendArrayHeader(w.dst, uint32(min(uint64(len(x)), math.MaxUint32)))
+				w.dst = msgp.AppendArrayHeader(w.dst, uint32(min(uint64(items), math.MaxUint32)))
+				if i == 0 && salted {
+					w.dst = msgp.AppendString(w.dst, saltKey+e.Salt)
+				}
 				for _, h := range x {
 					w.dst = appendMMKey(w.dst, h)
 				}

@@ -582,6 +582,9 @@ func randEngineBatch(r *rand.Rand, events, blocks, blockSize int, mm bool) *wire
 				e.MM = make([][]uint64, blocks)
 				e.MM[r.IntN(blocks)] = []uint64{r.Uint64(), r.Uint64()}
 			}
+			if blocks > 0 && r.IntN(3) == 0 {
+				e.Salt = "tenant-" + string(rune('a'+r.IntN(26)))
+			}
 		}
 		b.Events = append(b.Events, e)
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -112,6 +113,39 @@ func TestDaemonEngineEvents(t *testing.T) {
 		}
 		if !strings.Contains(d.log(), "TPU") {
 			t.Fatalf("no log line naming the medium:\n%s", d.log())
+		}
+	})
+
+	// A request's cache salt, among the first block's extra keys as Dynamo's vLLM handler
+	// passes it: /query finds the blocks with the same cache_salt, and not without it.
+	t.Run("salt", func(t *testing.T) {
+		for i, f := range enginetest.Forms() {
+			worker := uint64(40 + i)
+			model := fmt.Sprintf("s%d", i)
+			eng := enginetest.Start(t, enginetest.Options{})
+			r := eng.Rank(0)
+			register(r, worker, model, 4)
+			probe(r, model, worker)
+			toks := tokenRun(700+100*i, 8)
+			r.Publish(r.Batch(kvevent.Event{Kind: kvevent.Stored, BlockSize: 4, Hashes: []uint64{1, 2}, Tokens: toks, Salt: "tenant-a"}), f.EngineForm)
+			await(model, worker, 2, f.Name+": the salted blocks")
+			query := func(salt string) string {
+				body := fmt.Sprintf(`{"model_name":%q,"token_ids":%s,"cache_salt":%s}`, model, strings.Join(strings.Fields(fmt.Sprint(toks)), ","), salt)
+				hr, err := http.Post("http://"+d.addr+"/query", "application/json", strings.NewReader(body))
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer hr.Body.Close()
+				b, _ := io.ReadAll(hr.Body)
+				return string(b)
+			}
+			want := fmt.Sprintf(`"scores":{"%d":{"0":8}}`, worker)
+			if got := query(`"tenant-a"`); !strings.Contains(got, want) {
+				t.Errorf("%s: /query with the salt: %s, want %s", f.Name, got, want)
+			}
+			if got := query("null"); !strings.Contains(got, `"scores":{}`) {
+				t.Errorf("%s: /query without the salt: %s, want no match", f.Name, got)
+			}
 		}
 	})
 }
