@@ -36,6 +36,7 @@ var dynamoFlags = []dynFlag{
 	{name: "router-replica-sync", target: "share-load", env: "DYN_ROUTER_REPLICA_SYNC"},
 	{name: "no-router-replica-sync", target: "share-load", negate: true},
 	{name: "router-ttl-secs", target: "approx-ttl", seconds: true, env: "DYN_ROUTER_TTL_SECS"},
+	{name: "router-event-threads", target: "shards", env: "DYN_ROUTER_EVENT_THREADS"},
 	// The standalone indexer's --peers is kvrouterd's; the selection service calls it so.
 	{name: "indexer-peers", target: "peers"},
 }
