@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -300,7 +301,7 @@ func (s *Server) recoverFrom(peer string, timeout time.Duration) (RecoveryStats,
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
 	req.SetRequestURI(strings.TrimRight(peer, "/") + "/dump")
-	c := &fasthttp.Client{MaxResponseBodySize: 1 << 32, ReadTimeout: timeout}
+	c := &fasthttp.Client{MaxResponseBodySize: math.MaxInt, ReadTimeout: timeout}
 	if err := c.DoTimeout(req, resp, timeout); err != nil {
 		return st, err
 	}

@@ -6,13 +6,15 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 )
 
 // TestDaemonPeerRecovery: a kvrouterd started with --peers seeds its index from the first peer
 // whose /dump answers, as a Dynamo indexer does at start: a dump written by a kvrouterd with
 // --keep-block-tree (Dynamo's form: local hashes, parent-first) rebuilds the same index in a
-// fresh daemon, through its own stream. The peers are listed in /peers. --log-file logs to a
+// fresh daemon, through its own stream; the tree survives a restart (snapshots hold it). The
+// peers are listed in /peers. --log-file logs to a
 // file, and /reopen_logs opens the path again after a rotation moved it.
 func TestDaemonPeerRecovery(t *testing.T) {
 	if testing.Short() {
@@ -37,7 +39,8 @@ func TestDaemonPeerRecovery(t *testing.T) {
 		}
 		return string(got)
 	}
-	a := startDaemon(t, bin, "--data-dir", t.TempDir(), "--keep-block-tree", "--nats-listen", "127.0.0.1:0")
+	aDir := t.TempDir()
+	a := startDaemon(t, bin, "--data-dir", aDir, "--keep-block-tree", "--nats-listen", "127.0.0.1:0")
 	defer a.cmd.Process.Kill()
 	call(a.addr, "POST", "/register", `{"instance_id":7,"model_name":"m","block_size":4,"dp_rank":0}`, 201)
 	call(a.addr, "POST", "/register", `{"instance_id":8,"model_name":"m","block_size":4,"routing_group":"g2"}`, 201)
@@ -50,6 +53,19 @@ func TestDaemonPeerRecovery(t *testing.T) {
 	dumpA := call(a.addr, "GET", "/dump", "", 200)
 	if !strings.Contains(dumpA, `"m:default":{"block_size":4,"events":[`) || !strings.Contains(dumpA, `"parent_hash":10`) {
 		t.Fatalf("a's dump: %s", dumpA)
+	}
+
+	// The tree survives a restart: a's snapshot holds it.
+	if err := a.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.cmd.Wait(); err != nil {
+		t.Fatalf("a's exit: %v\n%s", err, a.log())
+	}
+	a = startDaemon(t, bin, "--data-dir", aDir, "--keep-block-tree", "--nats-listen", "127.0.0.1:0")
+	defer a.cmd.Process.Kill()
+	if again := call(a.addr, "GET", "/dump", "", 200); again != dumpA {
+		t.Fatalf("a's dump after a restart:\n%s\nwant\n%s", again, dumpA)
 	}
 
 	logPath := filepath.Join(t.TempDir(), "kvrouterd.log")
