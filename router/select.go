@@ -224,6 +224,10 @@ func (r *Router) Book(model string, worker radix.WorkerKey, id string, seqs []ui
 	return nil
 }
 
+// TracksPrefill reports whether requests' own uncached tokens are charged and booked as
+// prefill unless a request says otherwise (Config.NoTrackPrefill unset).
+func (r *Router) TracksPrefill() bool { return !r.cfg.NoTrackPrefill }
+
 // Booked reports whether request id is booked here (by Route or Book, and neither completed
 // nor expired).
 func (r *Router) Booked(id string) bool {
