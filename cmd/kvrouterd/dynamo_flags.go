@@ -36,6 +36,9 @@ var dynamoFlags = []dynFlag{
 	{name: "router-replica-sync", target: "share-load", env: "DYN_ROUTER_REPLICA_SYNC"},
 	{name: "no-router-replica-sync", target: "share-load", negate: true},
 	{name: "router-ttl-secs", target: "approx-ttl", seconds: true, env: "DYN_ROUTER_TTL_SECS"},
+	// The selection service's (python -m dynamo.select_service); --selection-cache-max-entries
+	// has the same name in both.
+	{name: "selection-cache-ttl-secs", target: "selection-cache-ttl", seconds: true},
 }
 
 // aliasValue is a Dynamo flag's value: setting it sets its target's.
