@@ -7,6 +7,7 @@ import (
 	"reflect"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -665,5 +666,50 @@ func TestPendingCache(t *testing.T) {
 	small.put(k(3), &pendingEntry{seqs: make([]uint64, 50)}) // 2 and 3 exceed 1000 bytes together
 	if small.get(k(1)) != nil || small.get(k(2)) != nil || small.get(k(3)) == nil {
 		t.Fatal("the byte bound is not kept")
+	}
+}
+
+// TestSelectionConcurrent: the catalog changing while requests select, reserve and read it
+// (run under -race); a worker deleted between a choice and its booking is Dynamo's 500 and books
+// nothing; every reservation's load is freed at the end.
+func TestSelectionConcurrent(t *testing.T) {
+	h := newSelHarness(t)
+	h.want("POST", "/workers", worker1, 201)
+	h.want("POST", "/workers", worker2, 201)
+	prompt, _ := json.Marshal(tokens(0, 70))
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Go(func() {
+			for i := range 25 {
+				id := fmt.Sprintf("c-%d-%d", g, i)
+				code, out := h.do("POST", "/select_and_reserve", `{"selection_id":"`+id+`","model_name":"model","token_ids":`+string(prompt)+`}`)
+				if code == 500 && strings.Contains(out, `"selected worker 3 is no longer schedulable"`) {
+					continue // deleted between its choice and its booking, as in Dynamo: nothing booked
+				}
+				if code != 200 {
+					t.Errorf("/select_and_reserve %s: %d %s", id, code, out)
+					return
+				}
+				h.do("GET", "/ready", "")
+				h.do("GET", "/loads", "")
+				if code, out := h.do("DELETE", "/reservations/"+id, ""); code != 200 {
+					t.Errorf("DELETE %s: %d %s", id, code, out)
+				}
+			}
+		})
+	}
+	wg.Go(func() {
+		for i := range 25 {
+			h.do("POST", "/workers", fmt.Sprintf(`{"worker_id":3,"model_name":"model","endpoint":"http://w3","block_size":16,"kv_events_endpoint":"tcp://w3:%d"}`, 1000+i))
+			h.do("GET", "/workers", "")
+			h.do("DELETE", "/workers/3", "")
+		}
+	})
+	wg.Wait()
+	if n := h.r.Stats().ActiveRequests; n != 0 {
+		t.Fatalf("%d reservations left booked", n)
+	}
+	if _, model := rankEndpoints(h.r, 3); model != "" {
+		t.Fatal("worker 3, deleted last, is still in the router")
 	}
 }

@@ -325,14 +325,15 @@ func (s *Server) selDeleteWorker(ctx *fasthttp.RequestCtx, id uint64) {
 		s.selError(ctx, fasthttp.StatusNotFound, "not_found", fmt.Sprintf("worker %d not found", id))
 		return
 	}
-	rec := *old
-	rec.Lifecycle = lifeDraining
-	s.sel.store(&rec)
-	if err := s.leave(&rec); err != nil {
+	draining := *old
+	draining.Lifecycle = lifeDraining
+	s.sel.store(&draining)
+	if err := s.leave(&draining); err != nil {
 		s.sel.store(old)
 		s.selFail(ctx, err)
 		return
 	}
+	rec := draining // a stored record is never changed: readers may hold it
 	rec.Lifecycle = lifeUnschedulable
 	s.sel.mu.Lock()
 	delete(s.sel.workers, id)
