@@ -74,6 +74,11 @@ type Config struct {
 	BootstrapFrom    string
 	MinFreeDisk      int64
 
+	// Dynamo's selection service: its own listener, off when empty.
+	SelectionAddr            string
+	SelectionCacheTTL        time.Duration
+	SelectionCacheMaxEntries int
+
 	// Approximate mode.
 	NoKVEvents        bool
 	ApproxTTL         time.Duration
@@ -84,41 +89,43 @@ type Config struct {
 // Defaults returns the configuration of a daemon started without flags.
 func Defaults() Config {
 	return Config{
-		Shards:             runtime.GOMAXPROCS(0),
-		HTTPAddr:           ":8090",
-		DataDir:            "./data",
-		BlockSize:          16,
-		RouterMode:         "kv",
-		OverlapScoreWeight: 1.0,
-		RouterTemperature:  0.0,
-		TrackPrefillTokens: true,
-		RequestExpiry:      300 * time.Second,
-		QueueLen:           256,
-		MaxBodyBytes:       8 << 20,
-		HTTPReadBuffer:     16 << 10,
-		HTTPWriteBuffer:    64 << 10,
-		HTTPMaxConns:       server.DefaultMaxConns(server.FileLimit()),
-		HTTPIdleTimeout:    120 * time.Second,
-		ShutdownTimeout:    30 * time.Second,
-		LogLevel:           "info",
-		LogFormat:          "text",
-		NATSListen:         "127.0.0.1:4222",
-		NATSStream:         ingest.DefaultStream,
-		NATSPrefix:         ingest.DefaultPrefix,
-		NATSMaxAge:         24 * time.Hour,
-		NATSMaxBytes:       4 << 30,
-		NATSReplicas:       1,
-		WorkerTimeout:      30 * time.Second,
-		ClearOnGap:         true,
-		ShareLoad:          true,
-		SnapshotInterval:   time.Minute,
-		SnapshotKeep:       3,
-		MinFreeDisk:        64 << 20,
-		ApproxTTL:          120 * time.Second,
-		ApproxMaxBlocks:    1 << 20,
-		ApproxPruneTarget:  0.8,
-		ZMQLimits:          DefaultZMQLimits(),
-		ZMQStaleAfter:      ingest.DefaultStaleAfter,
+		Shards:                   runtime.GOMAXPROCS(0),
+		HTTPAddr:                 ":8090",
+		DataDir:                  "./data",
+		BlockSize:                16,
+		RouterMode:               "kv",
+		OverlapScoreWeight:       1.0,
+		RouterTemperature:        0.0,
+		TrackPrefillTokens:       true,
+		RequestExpiry:            300 * time.Second,
+		QueueLen:                 256,
+		MaxBodyBytes:             8 << 20,
+		HTTPReadBuffer:           16 << 10,
+		HTTPWriteBuffer:          64 << 10,
+		HTTPMaxConns:             server.DefaultMaxConns(server.FileLimit()),
+		HTTPIdleTimeout:          120 * time.Second,
+		ShutdownTimeout:          30 * time.Second,
+		LogLevel:                 "info",
+		LogFormat:                "text",
+		NATSListen:               "127.0.0.1:4222",
+		NATSStream:               ingest.DefaultStream,
+		NATSPrefix:               ingest.DefaultPrefix,
+		NATSMaxAge:               24 * time.Hour,
+		NATSMaxBytes:             4 << 30,
+		NATSReplicas:             1,
+		WorkerTimeout:            30 * time.Second,
+		ClearOnGap:               true,
+		ShareLoad:                true,
+		SnapshotInterval:         time.Minute,
+		SnapshotKeep:             3,
+		MinFreeDisk:              64 << 20,
+		SelectionCacheTTL:        120 * time.Second,
+		SelectionCacheMaxEntries: 4096,
+		ApproxTTL:                120 * time.Second,
+		ApproxMaxBlocks:          1 << 20,
+		ApproxPruneTarget:        0.8,
+		ZMQLimits:                DefaultZMQLimits(),
+		ZMQStaleAfter:            ingest.DefaultStaleAfter,
 	}
 }
 
@@ -126,6 +133,9 @@ func Defaults() Config {
 func (c *Config) Flags(fs *flag.FlagSet) {
 	fs.IntVar(&c.Shards, "shards", c.Shards, "event-application shards (goroutines); default: GOMAXPROCS, the CPUs the process may use (a container's CPU limit)")
 	fs.StringVar(&c.HTTPAddr, "http-addr", c.HTTPAddr, "address of the HTTP API")
+	fs.StringVar(&c.SelectionAddr, "selection-addr", c.SelectionAddr, "address of NVIDIA Dynamo's selection-service API (python -m dynamo.select_service; its default port is 8092: :8092), over the same router and bookings as the HTTP API; empty: off")
+	fs.DurationVar(&c.SelectionCacheTTL, "selection-cache-ttl", c.SelectionCacheTTL, "selection service: how long a /select with a selection_id is kept for its POST /reservations")
+	fs.IntVar(&c.SelectionCacheMaxEntries, "selection-cache-max-entries", c.SelectionCacheMaxEntries, "selection service: selections kept for a POST /reservations at most; past it the oldest go")
 	fs.StringVar(&c.DataDir, "data-dir", c.DataDir, "directory for the embedded NATS server and snapshots")
 	fs.IntVar(&c.BlockSize, "block-size", c.BlockSize, "tokens per KV block of models registered without one")
 	fs.StringVar(&c.RouterMode, "router-mode", c.RouterMode, "routing mode: kv, round_robin, random, least_loaded or direct")
@@ -208,6 +218,8 @@ func (c *Config) Check() error {
 		return fmt.Errorf("--nats-stream %q: want a name without spaces, dots, * or >", c.NATSStream)
 	case c.ApproxTTL <= 0 || c.ApproxMaxBlocks < 1 || !(c.ApproxPruneTarget > 0 && c.ApproxPruneTarget <= 1):
 		return fmt.Errorf("--approx-ttl, --approx-max-blocks, --approx-prune-target: want a positive duration, a positive count, a fraction in (0, 1]")
+	case c.SelectionCacheTTL <= 0 || c.SelectionCacheMaxEntries < 1 || c.SelectionCacheMaxEntries > 1<<24:
+		return fmt.Errorf("--selection-cache-ttl %v, --selection-cache-max-entries %d: want a positive duration and 1 to 16777216 entries", c.SelectionCacheTTL, c.SelectionCacheMaxEntries)
 	case c.ZMQStaleAfter <= 0:
 		return fmt.Errorf("--zmq-stale-after %v: want a positive duration", c.ZMQStaleAfter)
 	case c.WorkerTimeout < 0:

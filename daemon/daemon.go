@@ -35,12 +35,15 @@ type Daemon struct {
 	c    Config
 	log  *slog.Logger
 	ln   net.Listener
+	sel  net.Listener // Dynamo's selection service; nil when off
 	srv  *server.Server
 	r    *router.Router
 	p    *persist // nil with --no-snapshots
 	st   *ingest.Stream
-	seq  uint64 // the stream sequence restored up to
-	done chan error
+	seq  uint64     // the stream sequence restored up to
+	done chan error // each Serve's end
+	// serving is how many Serves send to done.
+	serving int
 	// logFile is --log-file's, nil when logging to stderr.
 	logFile *logFile
 
@@ -68,7 +71,7 @@ func Run(ctx context.Context, c Config, stderr io.Writer) error {
 // has undone what it started, in reverse order: no goroutine, file or port is left. ctx bounds
 // the daemon's background work; Wait ends it.
 func Start(ctx context.Context, c Config, stderr io.Writer) (_ *Daemon, err error) {
-	d := &Daemon{c: c, done: make(chan error, 1)}
+	d := &Daemon{c: c, done: make(chan error, 2)}
 	// Libraries the daemon embeds log every retry of a failing write; the log must stay readable.
 	logOut := stderr
 	if c.LogFile != "" {
@@ -92,6 +95,12 @@ func Start(ctx context.Context, c Config, stderr io.Writer) (_ *Daemon, err erro
 		return nil, fmt.Errorf("--http-addr %s: %w", c.HTTPAddr, err)
 	}
 	d.undo.push(func() { d.ln.Close() })
+	if c.SelectionAddr != "" {
+		if d.sel, err = net.Listen("tcp", c.SelectionAddr); err != nil {
+			return nil, fmt.Errorf("--selection-addr %s: %w", c.SelectionAddr, err)
+		}
+		d.undo.push(func() { d.sel.Close() })
+	}
 	if err := checkDataDir(c.DataDir); err != nil {
 		return nil, err
 	}
@@ -184,7 +193,8 @@ func Start(ctx context.Context, c Config, stderr io.Writer) (_ *Daemon, err erro
 		log.Info("sharing load with the other replicas", "replica", share.Replica())
 	}
 	scfg := server.Config{MaxBodyBytes: c.MaxBodyBytes, ReadBufferSize: c.HTTPReadBuffer, WriteBufferSize: c.HTTPWriteBuffer,
-		MaxConns: c.HTTPMaxConns, MaxConnsPerIP: c.HTTPMaxConnsPerIP, IdleTimeout: c.HTTPIdleTimeout, Logger: log, Registry: reg}
+		MaxConns: c.HTTPMaxConns, MaxConnsPerIP: c.HTTPMaxConnsPerIP, IdleTimeout: c.HTTPIdleTimeout, Logger: log, Registry: reg,
+		SelectionCacheTTL: c.SelectionCacheTTL, SelectionCacheMaxEntries: c.SelectionCacheMaxEntries, NoKVEvents: c.NoKVEvents}
 	// Background work that ends before the stream and the router close.
 	bgCtx, stopBackground := context.WithCancel(ctx)
 	var background sync.WaitGroup
@@ -221,22 +231,43 @@ func Start(ctx context.Context, c Config, stderr io.Writer) (_ *Daemon, err erro
 		_, _ = d.srv.RecoverFromPeers(ctx, splitList(c.Peers), 10*time.Second)
 	}
 	maxConns, perIP := d.srv.ConnLimits()
-	log.Info("kvrouterd ready", "http", d.ln.Addr().String(), "nats", streamURL(d.st), "resume_after_seq", d.seq,
+	log.Info("kvrouterd ready", "http", d.ln.Addr().String(), "selection", d.selectionAddr(), "nats", streamURL(d.st), "resume_after_seq", d.seq,
 		"http_max_conns", maxConns, "http_max_conns_per_ip", perIP, "shards", c.Shards, "mode", c.RouterMode, "block_size", c.BlockSize, "data_dir", c.DataDir,
 		"since_start", time.Since(processStart))
+	d.serving = 1
 	go func() { d.done <- d.srv.Serve(d.ln) }()
+	if d.sel != nil {
+		d.serving++
+		go func() { d.done <- d.srv.ServeSelection(d.sel) }()
+	}
 	return d, nil
 }
 
 // Addr is the HTTP API's address.
 func (d *Daemon) Addr() net.Addr { return d.ln.Addr() }
 
-// Wait serves until ctx ends, then shuts down gracefully (see Run); or until serving fails, then
-// undoes the start and returns why.
+// SelectionAddr is the selection service's address; nil when it is off.
+func (d *Daemon) SelectionAddr() net.Addr {
+	if d.sel == nil {
+		return nil
+	}
+	return d.sel.Addr()
+}
+
+// selectionAddr is what the log says of the selection service.
+func (d *Daemon) selectionAddr() string {
+	if d.sel == nil {
+		return "off"
+	}
+	return d.sel.Addr().String()
+}
+
+// Wait serves until ctx ends, then shuts down gracefully (see Run); or until serving fails (the
+// API or the selection service), then undoes the start and returns why.
 func (d *Daemon) Wait(ctx context.Context) error {
 	select {
 	case err := <-d.done:
-		d.undo.run()
+		d.undo.run() // closes the other listener: its Serve ends, into done's room
 		return err
 	case <-ctx.Done():
 	}
@@ -247,7 +278,9 @@ func (d *Daemon) Wait(ctx context.Context) error {
 	if err := d.srv.Shutdown(sctx); err != nil {
 		d.log.Warn("requests still in flight at the shutdown timeout", "err", err)
 	}
-	<-d.done
+	for range d.serving {
+		<-d.done
+	}
 	d.graceful = true
 	d.undo.run()
 	d.log.Info("stopped", "took", time.Since(start))

@@ -62,6 +62,7 @@ func TestStartFailsAndUndoes(t *testing.T) {
 	}{
 		{"HTTP port taken", "--http-addr", func(c *Config) { c.HTTPAddr = taken.Addr().String() }, nil},
 		{"HTTP address bad", "--http-addr", func(c *Config) { c.HTTPAddr = "256.0.0.1:80" }, nil},
+		{"selection port taken", "--selection-addr", func(c *Config) { c.SelectionAddr = taken.Addr().String() }, nil},
 		{"data dir a file", "--data-dir", func(c *Config) { c.DataDir = filepath.Join(file, "data") }, nil},
 		{"data dir unwritable", "--data-dir", func(c *Config) { c.DataDir = unwritableDir(t) }, nil},
 		{"data dir held by a running daemon", "--data-dir", func(c *Config) { c.DataDir = held }, nil},
@@ -101,13 +102,13 @@ func TestStartFailsAndUndoes(t *testing.T) {
 }
 
 // TestStartAndStopUndoes: a daemon started and shut down leaves nothing running either, its last
-// snapshot written and its ports free for the next.
+// snapshot written and its ports free for the next, the selection service's too.
 func TestStartAndStopUndoes(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts an embedded NATS server")
 	}
 	c := testConfig(t)
-	c.SnapshotInterval = 0
+	c.SnapshotInterval, c.SelectionAddr = 0, freeAddr(t)
 	before := snapshotProcess(t)
 	var log bytes.Buffer
 	c.LogLevel = "info"
@@ -122,6 +123,13 @@ func TestStartAndStopUndoes(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("/healthz: %s", resp.Status)
+	}
+	if resp, err = http.Get("http://" + d.SelectionAddr().String() + "/health"); err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("the selection service's /health: %s", resp.Status)
 	}
 	if err := d.Wait(canceled()); err != nil {
 		t.Fatal(err)
@@ -173,7 +181,7 @@ func (p process) check(t *testing.T, c Config, keep ...string) {
 	if f > p.files {
 		t.Fatalf("%d files left open (%d before): %s", f-p.files, p.files, fds(t))
 	}
-	for _, addr := range []string{c.HTTPAddr, c.NATSListen} {
+	for _, addr := range []string{c.HTTPAddr, c.NATSListen, c.SelectionAddr} {
 		if !strings.HasPrefix(addr, "127.0.0.1:") || slices.Contains(keep, addr) {
 			continue
 		}

@@ -476,6 +476,14 @@ func (t *Tracker) PrefillDone(id string) error {
 	return nil
 }
 
+// Booked reports whether request id is booked: neither completed nor expired.
+func (t *Tracker) Booked(id string) bool {
+	sh, h := t.shard(id)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	return findLocked(sh, h, id) != nil
+}
+
 // Complete frees request id's blocks and any prefill tokens still counted.
 func (t *Tracker) Complete(id string) error {
 	sh, h := t.shard(id)

@@ -93,7 +93,7 @@ type dynQuery struct {
 // name; a body that is not JSON is 400, a required field missing or a field of the wrong type
 // 422 (axum's Json rejections). It answers the refusal itself and returns false.
 func (s *Server) dynamoJSON(ctx *fasthttp.RequestCtx, path string, v any, required ...string) bool {
-	unknown, field, err := decodeLenient(ctx.PostBody(), v)
+	unknown, keys, err := decodeLenient(ctx.PostBody(), v)
 	if err != nil {
 		var je *jsonError
 		if !errors.As(err, &je) {
@@ -107,6 +107,28 @@ func (s *Server) dynamoJSON(ctx *fasthttp.RequestCtx, path string, v any, requir
 		s.reject(ctx, epDynamo, status, "json", je.field, je.offset, je.msg)
 		return false
 	}
+	s.noteUnknown(path, unknown)
+	for _, name := range required {
+		if !keys.has(name) || keys.null(name) {
+			s.reject(ctx, epDynamo, fasthttp.StatusUnprocessableEntity, "json", name, -1,
+				"Failed to deserialize the JSON body into the target type: missing field `"+name+"`")
+			return false
+		}
+	}
+	// A string with a default is no Option in Dynamo's structs: null is a type error there.
+	for _, name := range dynNotNull[path] {
+		if keys.null(name) {
+			s.reject(ctx, epDynamo, fasthttp.StatusUnprocessableEntity, "json", name, -1,
+				"Failed to deserialize the JSON body into the target type: "+name+": invalid type: null, expected a string")
+			return false
+		}
+	}
+	return true
+}
+
+// noteUnknown counts the fields of a Dynamo body that kvrouterd ignores, and logs each name
+// at debug level once per path.
+func (s *Server) noteUnknown(path string, unknown []string) {
 	for _, name := range unknown {
 		s.m.unknownFields.WithLabelValues(path).Inc()
 		name = name[:min(len(name), 64)] // what a client sends bounds nothing kept
@@ -118,22 +140,6 @@ func (s *Server) dynamoJSON(ctx *fasthttp.RequestCtx, path string, v any, requir
 			s.log.Debug("Dynamo endpoint: unknown field ignored", "path", path, "field", name)
 		}
 	}
-	for _, name := range required {
-		if raw, ok := field(name); !ok || string(raw) == "null" {
-			s.reject(ctx, epDynamo, fasthttp.StatusUnprocessableEntity, "json", name, -1,
-				"Failed to deserialize the JSON body into the target type: missing field `"+name+"`")
-			return false
-		}
-	}
-	// A string with a default is no Option in Dynamo's structs: null is a type error there.
-	for _, name := range dynNotNull[path] {
-		if raw, ok := field(name); ok && string(raw) == "null" {
-			s.reject(ctx, epDynamo, fasthttp.StatusUnprocessableEntity, "json", name, -1,
-				"Failed to deserialize the JSON body into the target type: "+name+": invalid type: null, expected a string")
-			return false
-		}
-	}
-	return true
 }
 
 // dynNotNull are the fields of Dynamo's bodies that may be left out but not be null (serde

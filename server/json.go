@@ -76,12 +76,11 @@ func decodeJSONAs(body []byte, v any, strict bool) error {
 
 // decodeLenient decodes body, a JSON object, into v, a pointer to a struct, ignoring fields v
 // does not have, as Dynamo's serde structs do. It returns the object's keys that v has no field
-// for; present says which keys of v's fields the object has (by their JSON names).
-func decodeLenient(body []byte, v any) (unknown []string, field func(name string) (json.RawMessage, bool), err error) {
+// for, and the object's members by key.
+func decodeLenient(body []byte, v any) (unknown []string, keys jsonKeys, err error) {
 	if err := decodeJSONAs(body, v, false); err != nil {
 		return nil, nil, err
 	}
-	var keys map[string]json.RawMessage
 	if err := json.Unmarshal(body, &keys); err != nil {
 		return nil, nil, &jsonError{field: "body", offset: 0, msg: err.Error()}
 	}
@@ -92,19 +91,41 @@ func decodeLenient(body []byte, v any) (unknown []string, field func(name string
 		}
 	}
 	slices.Sort(unknown)
-	return unknown, func(name string) (json.RawMessage, bool) {
-		for k, v := range keys {
-			if strings.EqualFold(k, name) { // encoding/json matches names so
-				return v, true
-			}
+	return unknown, keys, nil
+}
+
+// jsonKeys are the members of a decoded JSON object, by key.
+type jsonKeys map[string]json.RawMessage
+
+// has reports whether the object has the member name, matched as encoding/json matches names.
+func (k jsonKeys) has(name string) bool {
+	_, ok := k.get(name)
+	return ok
+}
+
+// null reports whether the object has the member name with the value null.
+func (k jsonKeys) null(name string) bool {
+	v, ok := k.get(name)
+	return ok && string(bytes.TrimSpace(v)) == "null"
+}
+
+func (k jsonKeys) get(name string) (json.RawMessage, bool) {
+	if v, ok := k[name]; ok {
+		return v, true
+	}
+	for key, v := range k {
+		if strings.EqualFold(key, name) { // encoding/json matches names so
+			return v, true
 		}
-		return nil, false
-	}, nil
+	}
+	return nil, false
 }
 
 // jsonFieldsCache maps a struct type to its fields' JSON names, lower-cased.
 var jsonFieldsCache sync.Map
 
+// jsonFields returns the JSON names of t's fields, lower-cased, with those of the structs it
+// embeds without a name, as encoding/json promotes them.
 func jsonFields(t reflect.Type) map[string]bool {
 	if m, ok := jsonFieldsCache.Load(t); ok {
 		return m.(map[string]bool)
@@ -113,6 +134,12 @@ func jsonFields(t reflect.Type) map[string]bool {
 	for f := range t.Fields() {
 		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
 		if name == "-" {
+			continue
+		}
+		if name == "" && f.Anonymous && f.Type.Kind() == reflect.Struct {
+			for k := range jsonFields(f.Type) {
+				m[k] = true
+			}
 			continue
 		}
 		if name == "" {
@@ -228,13 +255,21 @@ func appendFloat(b []byte, f float64) []byte {
 	return strconv.AppendFloat(b, f, 'g', -1, 64)
 }
 
+// appendJSONString appends s as a JSON string. Messages quote what clients sent, which may be
+// any bytes: strconv.Quote's \x and \a escapes are not JSON, json.Marshal's are (bytes that are
+// not UTF-8 become U+FFFD).
+func appendJSONString(b []byte, s string) []byte {
+	q, _ := json.Marshal(s) // a string always marshals
+	return append(b, q...)
+}
+
 // appendError writes {"error": msg, "field": field, "offset": offset}; offset < 0 is left out.
 func appendError(b []byte, msg, field string, offset int) []byte {
 	b = append(b, `{"error":`...)
-	b = strconv.AppendQuote(b, msg)
+	b = appendJSONString(b, msg)
 	if field != "" {
 		b = append(b, `,"field":`...)
-		b = strconv.AppendQuote(b, field)
+		b = appendJSONString(b, field)
 	}
 	if offset >= 0 {
 		b = append(b, `,"offset":`...)

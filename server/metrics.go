@@ -25,11 +25,12 @@ const (
 	epHealth
 	epMetrics
 	epSnapshot
+	epSelection
 	epOther
 	numEndpoints
 )
 
-var endpointNames = [numEndpoints]string{"route", "match", "prefill_done", "complete", "events", "workers", "dynamo", "health", "metrics", "snapshot", "other"}
+var endpointNames = [numEndpoints]string{"route", "match", "prefill_done", "complete", "events", "workers", "dynamo", "health", "metrics", "snapshot", "selection", "other"}
 
 type metrics struct {
 	reg      *prometheus.Registry
@@ -38,6 +39,8 @@ type metrics struct {
 	// unknownFields counts the fields of Dynamo's bodies that kvrouterd ignores, by path.
 	unknownFields *prometheus.CounterVec
 	dyn           *dynamoMetrics
+	// selRequests counts the selection service's requests (HandleSelection).
+	selRequests *prometheus.CounterVec
 }
 
 func newMetrics(reg *prometheus.Registry, r *router.Router) *metrics {
@@ -59,6 +62,7 @@ func newMetrics(reg *prometheus.Registry, r *router.Router) *metrics {
 		Help: "Fields of requests to Dynamo's endpoints that kvrouterd does not know and ignores, by path.",
 	}, []string{"path"})
 	m.dyn = newDynamoMetrics(reg, r)
+	m.selRequests = newSelMetrics(reg)
 	reg.MustRegister(lat, m.rejected, m.unknownFields, &routerCollector{r: r},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m

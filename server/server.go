@@ -3,6 +3,7 @@ package server
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -63,6 +64,18 @@ type Config struct {
 	// ReopenLogs, if set, reopens the daemon's log file (Dynamo's /reopen_logs, after a
 	// rotation); without it /reopen_logs has nothing to do.
 	ReopenLogs func() error
+	// SelectionCacheTTL and SelectionCacheMaxEntries bound the selection service's pending
+	// selections (a /select with a selection_id, kept for a POST /reservations): 120 s and
+	// 4,096, Dynamo's --selection-cache-ttl-secs and --selection-cache-max-entries.
+	// SelectionCacheMaxBytes bounds their size (256 MiB, Dynamo's
+	// --selection-cache-max-bytes).
+	SelectionCacheTTL        time.Duration
+	SelectionCacheMaxEntries int
+	SelectionCacheMaxBytes   int64
+	// NoKVEvents says that workers publish no KV events (the daemon's approximate mode): the
+	// selection service's catalog then needs no kv_events endpoint, as Dynamo's with KV events
+	// off.
+	NoKVEvents bool
 }
 
 // ReadyCheck is one condition of readiness. Check returns nil while it holds, otherwise why the
@@ -102,6 +115,15 @@ func (c Config) withDefaults() Config {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+	if c.SelectionCacheTTL <= 0 {
+		c.SelectionCacheTTL = 120 * time.Second
+	}
+	if c.SelectionCacheMaxEntries <= 0 {
+		c.SelectionCacheMaxEntries = 4096
+	}
+	if c.SelectionCacheMaxBytes <= 0 {
+		c.SelectionCacheMaxBytes = 256 << 20
+	}
 	return c
 }
 
@@ -135,6 +157,8 @@ type Server struct {
 	log     *slog.Logger
 	m       *metrics
 	srv     *fasthttp.Server
+	selSrv  *fasthttp.Server // Dynamo's selection service (ServeSelection)
+	sel     *selection
 	ready   atomic.Bool
 	conns   *conns
 	bufs    *freelist.List[buffers]
@@ -183,6 +207,9 @@ func New(r *router.Router, cfg Config) *Server {
 	// The limit is conns': fasthttp's own (a worker per connection) must never refuse first,
 	// also while a closed connection's worker is still being released.
 	s.srv.Concurrency = max(fasthttp.DefaultConcurrency, 2*cfg.MaxConns)
+	s.sel = newSelection(cfg)
+	s.selSrv = HTTPServer(s.HandleSelection, cfg)
+	s.selSrv.ErrorHandler, s.selSrv.ConnState, s.selSrv.Concurrency = s.transportError, s.conns.connState, s.srv.Concurrency
 	cfg.Registry.MustRegister(connCollector{s.conns})
 	s.ready.Store(true)
 	return s
@@ -196,8 +223,9 @@ func (s *Server) ConnLimits() (total, perIP int) { return s.cfg.MaxConns, s.cfg.
 // tries again.
 func (s *Server) Serve(ln net.Listener) error { return s.srv.Serve(s.conns.listener(ln)) }
 
-// Shutdown stops accepting connections and waits for requests in flight to finish, closing
-// idle connections. /readyz reports 503 from its start.
+// Shutdown stops accepting connections, on Serve's listeners and ServeSelection's, and waits for
+// requests in flight to finish, closing idle connections. /readyz and the selection service's
+// /ready report 503 from its start.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.ready.Store(false)
 	// fasthttp closes connections idle between requests, but takes one still waiting for its
@@ -209,10 +237,14 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		defer close(closed)
 		s.conns.closeIdle(stop, shutdownGrace)
 	}()
+	var selErr error
+	var sel sync.WaitGroup
+	sel.Go(func() { selErr = s.selSrv.ShutdownWithContext(ctx) })
 	err := s.srv.ShutdownWithContext(ctx)
+	sel.Wait()
 	close(stop)
 	<-closed
-	return err
+	return cmp.Or(err, selErr)
 }
 
 // readyz answers 200 "ready" while the server is not shutting down and every Config.Ready

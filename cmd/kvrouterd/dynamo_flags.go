@@ -39,6 +39,9 @@ var dynamoFlags = []dynFlag{
 	{name: "router-event-threads", target: "shards", env: "DYN_ROUTER_EVENT_THREADS"},
 	// The standalone indexer's --peers is kvrouterd's; the selection service calls it so.
 	{name: "indexer-peers", target: "peers"},
+	// The selection service's (python -m dynamo.select_service); --selection-cache-max-entries
+	// has the same name in both.
+	{name: "selection-cache-ttl-secs", target: "selection-cache-ttl", seconds: true},
 }
 
 // aliasValue is a Dynamo flag's value: setting it sets its target's.
