@@ -119,7 +119,10 @@ func (r *Router) selectWith(req *wire.RouteRequest, o SelectOptions, sel *Select
 		if p.ISL == 0 {
 			p.ISL = n * bs
 		}
-		if p.ISL < n*bs || p.ISL >= (n+1)*bs {
+		// Dynamo's selection service takes isl_tokens as the prompt's length whatever the
+		// hashes cover: they may be a prefix's (its documented example: 8 blocks of 16 tokens,
+		// 512 tokens). Fewer tokens than the blocks hold cannot be.
+		if p.ISL < n*bs {
 			return fieldErr(ErrInvalid, "isl", "%d tokens disagree with %d full blocks of %d tokens", p.ISL, n, bs)
 		}
 	} else {

@@ -109,7 +109,6 @@ func TestSelectRefusesAsMatch(t *testing.T) {
 	f(wire.RouteRequest{Model: "m"})
 	f(wire.RouteRequest{Model: "m", Tokens: toks, ISL: 41})
 	f(wire.RouteRequest{Model: "m", ByHash: true})
-	f(wire.RouteRequest{Model: "m", ByHash: true, Hashes: []uint64{1, 2}, ISL: 48})
 	f(wire.RouteRequest{Model: "m", ByHash: true, Hashes: []uint64{1, 2}, ISL: 31})
 	f(wire.RouteRequest{Model: "m", Tokens: toks, HasWeight: true, Weight: -1})
 	f(wire.RouteRequest{Model: "m", Tokens: toks, HasTemperature: true, Temperature: nan})
@@ -117,6 +116,21 @@ func TestSelectRefusesAsMatch(t *testing.T) {
 	f(wire.RouteRequest{Model: "m", Tokens: toks, Mode: 99})
 	f(wire.RouteRequest{Model: "m", Tokens: toks, HasPinned: true, PinnedWorker: 9})
 	f(wire.RouteRequest{Model: "m", Tokens: toks, Allowed: []uint64{9}})
+}
+
+// TestSelectHashedPrefix: block hashes may be a longer prompt's prefix (Dynamo's isl_tokens),
+// which /v1/route refuses: the tokens past the blocks count as uncached prefill.
+func TestSelectHashedPrefix(t *testing.T) {
+	r := fleet(t, 2)
+	req := wire.RouteRequest{Model: "m", ByHash: true, Hashes: []uint64{1, 2}, ISL: 48}
+	var resp wire.RouteResponse
+	if err := r.Match(&req, &resp); err == nil {
+		t.Fatal("Match accepts an ISL past the blocks' last")
+	}
+	var sel Selection
+	if err := r.Score(&req, SelectOptions{}, &sel); err != nil || sel.ISL != 48 {
+		t.Fatalf("Score: ISL %d, %v; want 48", sel.ISL, err)
+	}
 }
 
 // TestSelectTrackPrefill: the per-request override charges (or not) the request's own uncached

@@ -144,6 +144,7 @@ func (s *Server) part(ctx *fasthttp.RequestCtx, model, group string) (*selPart, 
 type selInput struct {
 	local []uint64
 	seqs  []uint64 // given sequence hashes, when local is nil
+	given []uint64 // the sequence hashes given with block hashes, echoed in the answer
 	isl   int
 }
 
@@ -202,7 +203,7 @@ func (s *Server) normalize(ctx *fasthttp.RequestCtx, p *selPrompt, bs int, seqsO
 	}
 	// The sequence hashes kvrouterd books are its chain of the block hashes (Dynamo's
 	// public-xxh3-v1 chain); the ones given are checked for their number only.
-	in.local = unsigned(p.BlockHashes)
+	in.local, in.given = unsigned(p.BlockHashes), unsigned(p.SequenceHashes)
 	return in, true
 }
 
@@ -365,7 +366,12 @@ func (s *Server) selSelect(ctx *fasthttp.RequestCtx, book bool) {
 		out.SelectionID = &id
 	}
 	if book {
-		out.SequenceHashes, out.ISLTokens, out.TrackPrefillTokens = signed(sel.Seqs), &sel.ISL, &sel.TrackPrefill
+		// The tracking hashes as Dynamo answers them: the client's when it gave them.
+		seqs := sel.Seqs
+		if in.given != nil {
+			seqs = in.given
+		}
+		out.SequenceHashes, out.ISLTokens, out.TrackPrefillTokens = signed(seqs), &sel.ISL, &sel.TrackPrefill
 	}
 	if !book && j.Advisory {
 		out.WorkerLoad = &selWorkerLoad{ActivePrefillTokens: sel.Chosen.ActivePrefill, PrefillTokenCapacity: rec.MaxBatchedTokens, TotalKVBlocks: rec.TotalKVBlocks}
@@ -465,6 +471,14 @@ func (s *Server) selReserve(ctx *fasthttp.RequestCtx) {
 	if !ok {
 		return
 	}
+	noPending := func() {
+		s.selError(ctx, fasthttp.StatusNotFound, "not_found",
+			fmt.Sprintf("no pending selection %s for %s (expired, already used, or never selected)", id, partKey(model, group)))
+	}
+	if j.WorkerID == nil && s.sel.pending.get(pk) == nil {
+		noPending() // a replay of a used selection, booked or not, as Dynamo's docs say
+		return
+	}
 	if s.r.Booked(id) {
 		s.selError(ctx, fasthttp.StatusConflict, "conflict", fmt.Sprintf("selection %s is already reserved or being reserved", id))
 		return
@@ -477,8 +491,7 @@ func (s *Server) selReserve(ctx *fasthttp.RequestCtx) {
 	if j.WorkerID == nil {
 		e := s.sel.pending.get(pk)
 		if e == nil {
-			s.selError(ctx, fasthttp.StatusNotFound, "not_found",
-				fmt.Sprintf("no pending selection %s for %s (expired, already used, or never selected)", id, partKey(model, group)))
+			noPending()
 			return
 		}
 		w, seqs, prefill = e.worker, e.seqs, e.prefill

@@ -253,7 +253,8 @@ func TestSelectionLifecycle(t *testing.T) {
 	h.want("POST", "/reservations", `{"selection_id":"sel-1","model_name":"model"}`, 201,
 		`{"selection_id":"sel-1","model_name":"model","routing_group":"default","worker_id":1,"dp_rank":0,"endpoint":"http://worker:8000"}`)
 	h.wantLoad(1, 0, 6, 4, 1)
-	h.wantError("POST", "/reservations", `{"selection_id":"sel-1","model_name":"model"}`, 409, "selection sel-1 is already reserved or being reserved")
+	// A second replay: the entry is used (Dynamo's docs: "a repeat replay returns 404").
+	h.wantError("POST", "/reservations", `{"selection_id":"sel-1","model_name":"model"}`, 404, "no pending selection sel-1 for model=model routing_group=default (expired, already used, or never selected)")
 
 	// Select and reserve in one call, with Dynamo's example's selection id.
 	out := h.want("POST", "/select_and_reserve", `{"selection_id":"select-123","model_name":"model","routing_group":"default",

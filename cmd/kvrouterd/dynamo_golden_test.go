@@ -29,7 +29,8 @@ type goldenStep struct {
 
 // TestDynamoGolden plays Dynamo's own requests — the bodies of its documentation and tests,
 // every field included — against the daemon, and checks each answer's status, fields and
-// values against Dynamo's (testdata/dynamo). The daemon first recovers a Dynamo indexer's
+// values against Dynamo's (testdata/dynamo): the standalone indexer's API, then the selection
+// service's whole lifecycle on --selection-addr. The daemon first recovers a Dynamo indexer's
 // /dump through --peers: the index the tests query is one a Dynamo indexer wrote.
 func TestDynamoGolden(t *testing.T) {
 	if testing.Short() {
@@ -49,19 +50,28 @@ func TestDynamoGolden(t *testing.T) {
 		w.Write(dump)
 	}))
 	defer peer.Close()
+	selAddr := freeAddr(t)
+	d := startDaemon(t, buildDaemon(t), "--data-dir", t.TempDir(), "--nats-listen", "127.0.0.1:0", "--keep-block-tree", "--peers", peer.URL,
+		"--selection-addr", selAddr)
+	defer d.cmd.Process.Kill()
+	playGolden(t, "testdata/dynamo/indexer_steps.json", d.addr, peer.URL)
+	playGolden(t, "testdata/dynamo/selection_steps.json", selAddr, peer.URL)
+}
+
+// playGolden plays the steps of a golden file against addr.
+func playGolden(t *testing.T, path, addr, peerURL string) {
+	t.Helper()
 	var file struct {
 		Sources map[string]string
 		Steps   []goldenStep
 	}
-	raw, err := os.ReadFile("testdata/dynamo/indexer_steps.json")
+	raw, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := json.Unmarshal(raw, &file); err != nil {
 		t.Fatal(err)
 	}
-	d := startDaemon(t, buildDaemon(t), "--data-dir", t.TempDir(), "--nats-listen", "127.0.0.1:0", "--keep-block-tree", "--peers", peer.URL)
-	defer d.cmd.Process.Kill()
 	for _, s := range file.Steps {
 		if file.Sources[s.Source] == "" {
 			t.Fatalf("step %q: unknown source %q", s.Name, s.Source)
@@ -70,7 +80,7 @@ func TestDynamoGolden(t *testing.T) {
 		if s.Body != nil {
 			body = bytes.NewReader(s.Body)
 		}
-		req, err := http.NewRequest(s.Method, "http://"+d.addr+s.Path, body)
+		req, err := http.NewRequest(s.Method, "http://"+addr+s.Path, body)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -102,7 +112,7 @@ func TestDynamoGolden(t *testing.T) {
 		}
 		if want != nil {
 			var w any
-			if err := json.Unmarshal(bytes.ReplaceAll(want, []byte("$PEER"), []byte(peer.URL)), &w); err != nil {
+			if err := json.Unmarshal(bytes.ReplaceAll(want, []byte("$PEER"), []byte(peerURL)), &w); err != nil {
 				t.Fatalf("%s: want: %v", s.Name, err)
 			}
 			if path, ok := subset(w, g, ""); !ok {
