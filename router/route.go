@@ -92,15 +92,25 @@ func (r *Router) appendAnswer(dst []byte, req *wire.RouteRequest, resp *wire.Rou
 	return out, nil
 }
 
-// route answers req in resp. With enc set it also appends the encoded answer to *enc: resp then
-// holds the answer's header, and its candidates unless the kv path encoded them straight into
-// *enc.
-func (r *Router) route(req *wire.RouteRequest, resp *wire.RouteResponse, book bool, enc *[]byte) error {
-	m := r.model(req.Model)
-	if m == nil {
-		return fieldErr(ErrUnknownModel, "model", "no worker is registered for model %q", req.Model)
+// match hashes req's prompt into s.seqs (sequence hashes, first block first) and matches them
+// against m's index into s.m; p learns the block count.
+func (s *scratch) match(m *model, req *wire.RouteRequest, p *scoring.Params) {
+	if req.ByHash {
+		s.seqs = append(s.seqs[:0], req.Hashes...)
+		radix.ChainInPlace(s.seqs, 0, false)
+	} else {
+		s.seqs = s.h.AppendSequence(s.seqs[:0], req.Tokens, m.blockSize, radix.LoRASeed(req.LoRA))
 	}
-	p := scoring.Params{
+	p.Blocks = len(s.seqs)
+	m.ix.Match(s.seqs, &s.m)
+}
+
+// params checks req for model m and fills p with its scoring parameters: the router's, then
+// the request's mode, weight and temperature, and the prompt's length. The hashes of a request
+// by hash are a whole prompt's (its ISL within their last block), or with prefix a longer
+// prompt's first blocks (Dynamo's selection service's isl_tokens).
+func (r *Router) params(m *model, req *wire.RouteRequest, prefix bool, p *scoring.Params) error {
+	*p = scoring.Params{
 		Mode:         scoring.Mode(req.Mode),
 		BlockSize:    m.blockSize,
 		Weight:       r.cfg.OverlapWeight,
@@ -128,15 +138,6 @@ func (r *Router) route(req *wire.RouteRequest, resp *wire.RouteResponse, book bo
 	if p.Mode == scoring.Direct && !req.HasPinned {
 		return fieldErr(ErrInvalid, "pinned_worker", "direct mode needs a pinned worker")
 	}
-	if book && req.RequestID == "" {
-		return fieldErr(ErrInvalid, "request_id", "a routed request needs an id")
-	}
-	if len(req.RequestID) > scoring.MaxRequestID {
-		return fieldErr(ErrInvalid, "request_id", "%d bytes, at most %d", len(req.RequestID), scoring.MaxRequestID)
-	}
-	if book && isRemoteKey(req.RequestID) {
-		return fieldErr(ErrInvalid, "request_id", "ids starting with a NUL byte are reserved for other replicas' requests")
-	}
 	bs := m.blockSize
 	if req.ByHash {
 		n := len(req.Hashes)
@@ -147,30 +148,46 @@ func (r *Router) route(req *wire.RouteRequest, resp *wire.RouteResponse, book bo
 		if p.ISL == 0 {
 			p.ISL = n * bs
 		}
-		if p.ISL < n*bs || p.ISL >= (n+1)*bs {
+		if p.ISL < n*bs || !prefix && p.ISL >= (n+1)*bs {
 			return fieldErr(ErrInvalid, "isl", "%d tokens disagree with %d full blocks of %d tokens", p.ISL, n, bs)
 		}
-	} else {
-		n := len(req.Tokens)
-		if n == 0 || n > MaxTokens {
-			return fieldErr(ErrInvalid, "token_ids", "%d tokens: want 1 to %d", n, MaxTokens)
-		}
-		if req.ISL != 0 && int(req.ISL) != n {
-			return fieldErr(ErrInvalid, "isl", "isl %d but %d token ids", req.ISL, n)
-		}
-		p.ISL = n
+		return nil
 	}
+	n := len(req.Tokens)
+	if n == 0 || n > MaxTokens {
+		return fieldErr(ErrInvalid, "token_ids", "%d tokens: want 1 to %d", n, MaxTokens)
+	}
+	if req.ISL != 0 && int(req.ISL) != n {
+		return fieldErr(ErrInvalid, "isl", "isl %d but %d token ids", req.ISL, n)
+	}
+	p.ISL = n
+	return nil
+}
 
+// route answers req in resp. With enc set it also appends the encoded answer to *enc: resp then
+// holds the answer's header, and its candidates unless the kv path encoded them straight into
+// *enc.
+func (r *Router) route(req *wire.RouteRequest, resp *wire.RouteResponse, book bool, enc *[]byte) error {
+	m := r.model(req.Model)
+	if m == nil {
+		return fieldErr(ErrUnknownModel, "model", "no worker is registered for model %q", req.Model)
+	}
+	if book && req.RequestID == "" {
+		return fieldErr(ErrInvalid, "request_id", "a routed request needs an id")
+	}
+	if len(req.RequestID) > scoring.MaxRequestID {
+		return fieldErr(ErrInvalid, "request_id", "%d bytes, at most %d", len(req.RequestID), scoring.MaxRequestID)
+	}
+	if book && isRemoteKey(req.RequestID) {
+		return fieldErr(ErrInvalid, "request_id", "ids starting with a NUL byte are reserved for other replicas' requests")
+	}
+	var p scoring.Params
+	if err := r.params(m, req, false, &p); err != nil {
+		return err
+	}
 	s := r.scratch.Get()
 	defer r.scratch.Put(s)
-	if req.ByHash {
-		s.seqs = append(s.seqs[:0], req.Hashes...)
-		radix.ChainInPlace(s.seqs, 0, false)
-	} else {
-		s.seqs = s.h.AppendSequence(s.seqs[:0], req.Tokens, bs, radix.LoRASeed(req.LoRA))
-	}
-	p.Blocks = len(s.seqs)
-	m.ix.Match(s.seqs, &s.m)
+	s.match(m, req, &p)
 	list := m.list.Load()
 	if len(s.m.Slots) > 0 && rand.Uint32()&uint32(r.cfg.HitSample-1) == 0 {
 		noteHits(m, list, s.m.Slots)
@@ -199,7 +216,7 @@ func (r *Router) route(req *wire.RouteRequest, resp *wire.RouteResponse, book bo
 	}
 	if book {
 		w := list.ws[pos]
-		prefill := int64(p.ISL) - int64(cached)*int64(bs)
+		prefill := int64(p.ISL) - int64(cached)*int64(m.blockSize)
 		if !p.TrackPrefill {
 			prefill = 0 // not tracked: not booked either (Dynamo's track_prefill_tokens=false)
 		}

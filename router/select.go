@@ -1,10 +1,6 @@
 package router
 
 import (
-	"cmp"
-	"math"
-	"slices"
-
 	"github.com/kvrouterd/kvrouterd/radix"
 	"github.com/kvrouterd/kvrouterd/scoring"
 	"github.com/kvrouterd/kvrouterd/wire"
@@ -77,75 +73,18 @@ func (r *Router) selectWith(req *wire.RouteRequest, o SelectOptions, sel *Select
 	if m == nil {
 		return fieldErr(ErrUnknownModel, "model", "no worker is registered for model %q", req.Model)
 	}
-	// The checks of route (route.go), but for the request id, which neither needs.
-	p := scoring.Params{
-		Mode:         scoring.Mode(req.Mode),
-		BlockSize:    m.blockSize,
-		Weight:       r.cfg.OverlapWeight,
-		Temperature:  r.cfg.Temperature,
-		TrackPrefill: !r.cfg.NoTrackPrefill,
+	// The checks of route (route.go), but for the request id, which neither needs; the hashes
+	// may be a longer prompt's first blocks, as Dynamo's isl_tokens says.
+	var p scoring.Params
+	if err := r.params(m, req, true, &p); err != nil {
+		return err
 	}
 	if o.TrackPrefill != nil {
 		p.TrackPrefill = *o.TrackPrefill
 	}
-	if p.Mode == scoring.Default {
-		p.Mode = r.cfg.Mode
-	}
-	if !p.Mode.Valid() {
-		return fieldErr(ErrInvalid, "mode", "unknown mode %d", req.Mode)
-	}
-	if req.HasWeight {
-		if !(req.Weight >= 0) || math.IsInf(req.Weight, 1) {
-			return fieldErr(ErrInvalid, "overlap_score_weight", "%v is not a finite number ≥ 0", req.Weight)
-		}
-		p.Weight = req.Weight
-	}
-	if req.HasTemperature {
-		if !(req.Temperature >= 0) || math.IsInf(req.Temperature, 1) {
-			return fieldErr(ErrInvalid, "router_temperature", "%v is not a finite number ≥ 0", req.Temperature)
-		}
-		p.Temperature = req.Temperature
-	}
-	if p.Mode == scoring.Direct && !req.HasPinned {
-		return fieldErr(ErrInvalid, "pinned_worker", "direct mode needs a pinned worker")
-	}
-	bs := m.blockSize
-	if req.ByHash {
-		n := len(req.Hashes)
-		if n == 0 || n > MaxTokens/bs {
-			return fieldErr(ErrInvalid, "block_hashes", "%d hashes: want 1 to %d", n, MaxTokens/bs)
-		}
-		p.ISL = int(req.ISL)
-		if p.ISL == 0 {
-			p.ISL = n * bs
-		}
-		// Dynamo's selection service takes isl_tokens as the prompt's length whatever the
-		// hashes cover: they may be a prefix's (its documented example: 8 blocks of 16 tokens,
-		// 512 tokens). Fewer tokens than the blocks hold cannot be.
-		if p.ISL < n*bs {
-			return fieldErr(ErrInvalid, "isl", "%d tokens disagree with %d full blocks of %d tokens", p.ISL, n, bs)
-		}
-	} else {
-		n := len(req.Tokens)
-		if n == 0 || n > MaxTokens {
-			return fieldErr(ErrInvalid, "token_ids", "%d tokens: want 1 to %d", n, MaxTokens)
-		}
-		if req.ISL != 0 && int(req.ISL) != n {
-			return fieldErr(ErrInvalid, "isl", "isl %d but %d token ids", req.ISL, n)
-		}
-		p.ISL = n
-	}
-
 	s := r.scratch.Get()
 	defer r.scratch.Put(s)
-	if req.ByHash {
-		s.seqs = append(s.seqs[:0], req.Hashes...)
-		radix.ChainInPlace(s.seqs, 0, false)
-	} else {
-		s.seqs = s.h.AppendSequence(s.seqs[:0], req.Tokens, bs, radix.LoRASeed(req.LoRA))
-	}
-	p.Blocks = len(s.seqs)
-	m.ix.Match(s.seqs, &s.m)
+	s.match(m, req, &p)
 	chosen, err := s.general(r, m.ix, m.list.Load(), &p, req, choose)
 	if err != nil {
 		return err
@@ -153,14 +92,14 @@ func (r *Router) selectWith(req *wire.RouteRequest, o SelectOptions, sel *Select
 	r.matched.Add(1)
 
 	*sel = Selection{Scores: sel.Scores[:0], Seqs: append(sel.Seqs[:0], s.seqs...),
-		BlockSize: bs, ISL: p.ISL, Blocks: p.Blocks, TrackPrefill: p.TrackPrefill}
+		BlockSize: m.blockSize, ISL: p.ISL, Blocks: p.Blocks, TrackPrefill: p.TrackPrefill}
 	for i := range s.cands {
 		sel.Scores = append(sel.Scores, scored(&s.cands[i]))
 	}
 	if choose {
 		sel.Chosen, sel.HasChosen = sel.Scores[chosen], true
 		if p.TrackPrefill {
-			sel.Prefill = max(int64(p.ISL)-int64(sel.Chosen.Cached)*int64(bs), 0)
+			sel.Prefill = max(int64(p.ISL)-int64(sel.Chosen.Cached)*int64(m.blockSize), 0)
 		}
 	}
 	return nil
@@ -189,25 +128,9 @@ func (r *Router) Book(model string, worker radix.WorkerKey, id string, seqs []ui
 	if isRemoteKey(id) {
 		return fieldErr(ErrInvalid, "request_id", "ids starting with a NUL byte are reserved for other replicas' requests")
 	}
-	if prefill < 0 || prefill > MaxTokens {
-		return fieldErr(ErrInvalid, "prefill_tokens", "%d is out of range 0..%d", prefill, MaxTokens)
-	}
-	m := r.model(model)
-	if m == nil {
-		return fieldErr(ErrUnknownModel, "model", "no worker is registered for model %q", model)
-	}
-	if len(seqs) > MaxTokens/m.blockSize {
-		return fieldErr(ErrInvalid, "block_hashes", "%d blocks, at most %d", len(seqs), MaxTokens/m.blockSize)
-	}
-	list := m.list.Load()
-	i, ok := slices.BinarySearchFunc(list.keys, worker, func(k, w radix.WorkerKey) int {
-		if c := cmp.Compare(k.ID, w.ID); c != 0 {
-			return c
-		}
-		return cmp.Compare(k.Rank, w.Rank)
-	})
-	if !ok {
-		return fieldErr(ErrUnknownWorker, "worker", "worker %d rank %d is not registered for model %q", worker.ID, worker.Rank, model)
+	m, list, i, err := r.bookable(model, worker, seqs, prefill)
+	if err != nil {
+		return err
 	}
 	w := list.ws[i]
 	switch err := r.tracker.Book(id, w.load, seqs, prefill, r.cfg.Now()+int64(r.cfg.RequestExpiry)); err {

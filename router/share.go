@@ -108,25 +108,9 @@ func (r *Router) BookRemote(replica, model string, worker radix.WorkerKey, id st
 	if ttl <= 0 {
 		return fieldErr(ErrInvalid, "ttl", "%v is not positive", ttl)
 	}
-	if prefill < 0 || prefill > MaxTokens {
-		return fieldErr(ErrInvalid, "prefill_tokens", "%d is out of range 0..%d", prefill, MaxTokens)
-	}
-	m := r.model(model)
-	if m == nil {
-		return fieldErr(ErrUnknownModel, "model", "no worker is registered for model %q", model)
-	}
-	if len(seqs) > MaxTokens/m.blockSize {
-		return fieldErr(ErrInvalid, "block_hashes", "%d blocks, at most %d", len(seqs), MaxTokens/m.blockSize)
-	}
-	list := m.list.Load()
-	i, ok := slices.BinarySearchFunc(list.keys, worker, func(k, w radix.WorkerKey) int {
-		if c := cmp.Compare(k.ID, w.ID); c != 0 {
-			return c
-		}
-		return cmp.Compare(k.Rank, w.Rank)
-	})
-	if !ok {
-		return fieldErr(ErrUnknownWorker, "worker", "worker %d rank %d is not registered for model %q", worker.ID, worker.Rank, model)
+	_, list, i, err := r.bookable(model, worker, seqs, prefill)
+	if err != nil {
+		return err
 	}
 	var buf [remoteKeyMax]byte
 	key := keyString(appendRemoteKey(buf[:0], replica, id))
@@ -164,4 +148,32 @@ func (r *Router) CompleteRemote(replica, id string) error {
 		return fieldErr(ErrUnknownRequest, "request_id", "no active request %q of replica %q", id, replica)
 	}
 	return nil
+}
+
+// bookable checks a booking of seqs and prefill tokens on worker of model, made elsewhere than
+// Route (another replica's, or Book's), and returns the model, its worker list and the worker's
+// position in it. Errors: ErrInvalid (prefill tokens, block count), ErrUnknownModel,
+// ErrUnknownWorker.
+func (r *Router) bookable(model string, worker radix.WorkerKey, seqs []uint64, prefill int64) (*model, *workerList, int, error) {
+	if prefill < 0 || prefill > MaxTokens {
+		return nil, nil, 0, fieldErr(ErrInvalid, "prefill_tokens", "%d is out of range 0..%d", prefill, MaxTokens)
+	}
+	m := r.model(model)
+	if m == nil {
+		return nil, nil, 0, fieldErr(ErrUnknownModel, "model", "no worker is registered for model %q", model)
+	}
+	if len(seqs) > MaxTokens/m.blockSize {
+		return nil, nil, 0, fieldErr(ErrInvalid, "block_hashes", "%d blocks, at most %d", len(seqs), MaxTokens/m.blockSize)
+	}
+	list := m.list.Load()
+	i, ok := slices.BinarySearchFunc(list.keys, worker, func(k, w radix.WorkerKey) int {
+		if c := cmp.Compare(k.ID, w.ID); c != 0 {
+			return c
+		}
+		return cmp.Compare(k.Rank, w.Rank)
+	})
+	if !ok {
+		return nil, nil, 0, fieldErr(ErrUnknownWorker, "worker", "worker %d rank %d is not registered for model %q", worker.ID, worker.Rank, model)
+	}
+	return m, list, i, nil
 }

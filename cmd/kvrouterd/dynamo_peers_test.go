@@ -23,21 +23,7 @@ func TestDaemonPeerRecovery(t *testing.T) {
 	bin := buildDaemon(t)
 	call := func(addr, method, path, body string, want int) string {
 		t.Helper()
-		req, err := http.NewRequest(method, "http://"+addr+path, strings.NewReader(body))
-		if err != nil {
-			t.Fatal(err)
-		}
-		req.Header.Set("Content-Type", "application/json")
-		hr, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer hr.Body.Close()
-		got, _ := io.ReadAll(hr.Body)
-		if hr.StatusCode != want {
-			t.Fatalf("%s %s: %d %s, want %d", method, path, hr.StatusCode, got, want)
-		}
-		return string(got)
+		return daemonCall(t, addr, method, path, body, want)
 	}
 	aDir := t.TempDir()
 	a := startDaemon(t, bin, "--data-dir", aDir, "--keep-block-tree", "--nats-listen", "127.0.0.1:0")
@@ -101,4 +87,25 @@ func TestDaemonPeerRecovery(t *testing.T) {
 	if _, err := os.Stat(logPath); err != nil {
 		t.Errorf("after /reopen_logs: %v", err)
 	}
+}
+
+// daemonCall sends method path with a JSON body to the daemon at addr, fails the test unless
+// the answer's status is want, and returns the answer's body.
+func daemonCall(t *testing.T, addr, method, path, body string, want int) string {
+	t.Helper()
+	req, err := http.NewRequest(method, "http://"+addr+path, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	hr, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hr.Body.Close()
+	got, _ := io.ReadAll(hr.Body)
+	if hr.StatusCode != want {
+		t.Fatalf("%s %s on %s: %d %s, want %d", method, path, addr, hr.StatusCode, got, want)
+	}
+	return string(got)
 }

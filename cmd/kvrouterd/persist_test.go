@@ -434,21 +434,7 @@ func TestReplicas(t *testing.T) {
 	// stream, and each is answered once the replica asked has made it.
 	call := func(d *proc, method, path, body string, want int) string {
 		t.Helper()
-		req, err := http.NewRequest(method, "http://"+d.addr+path, strings.NewReader(body))
-		if err != nil {
-			t.Fatal(err)
-		}
-		req.Header.Set("Content-Type", "application/json")
-		hr, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer hr.Body.Close()
-		got, _ := io.ReadAll(hr.Body)
-		if hr.StatusCode != want {
-			t.Fatalf("%s %s on %s: %d %s, want %d", method, path, d.addr, hr.StatusCode, got, want)
-		}
-		return string(got)
+		return daemonCall(t, d.addr, method, path, body, want)
 	}
 	ranks := func(d *proc, worker uint64) []uint32 {
 		var rs []uint32
