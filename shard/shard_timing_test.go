@@ -183,7 +183,7 @@ func BenchmarkShardMemory(b *testing.B) {
 					}
 					for range b.N {
 						before := memstat.HeapInUse()
-						ix, a, n := buildThroughApplier(res, workers, shared)
+						ix, a, n := buildThroughApplier(res, workers, shared, false)
 						after := memstat.HeapInUse()
 						b.ReportMetric(float64(after-before)/float64(n), "B/residency")
 						b.ReportMetric(float64(n), "residencies")
@@ -196,9 +196,30 @@ func BenchmarkShardMemory(b *testing.B) {
 	}
 }
 
-func buildThroughApplier(residencies, workers int, shared bool) (*radix.Index, *shard.Applier, int64) {
+// BenchmarkShardMemoryTree is BenchmarkShardMemory with --keep-block-tree (Applier.KeepTree):
+// what each block's local hash and parent cost on top.
+func BenchmarkShardMemoryTree(b *testing.B) {
+	for _, workers := range []int{8, 1000} {
+		for _, shared := range []bool{false, true} {
+			kind := map[bool]string{false: "unique", true: "shared"}[shared]
+			b.Run(fmt.Sprintf("residencies=1e+06/workers=%d/%s", workers, kind), func(b *testing.B) {
+				for range b.N {
+					before := memstat.HeapInUse()
+					ix, a, n := buildThroughApplier(1e6, workers, shared, true)
+					after := memstat.HeapInUse()
+					b.ReportMetric(float64(after-before)/float64(n), "B/residency")
+					runtime.KeepAlive(ix)
+					runtime.KeepAlive(a)
+				}
+			})
+		}
+	}
+}
+
+func buildThroughApplier(residencies, workers int, shared, tree bool) (*radix.Index, *shard.Applier, int64) {
 	ix, _ := radix.New(radix.Config{BlockSize: benchBlockSize})
 	a := shard.NewApplier(0, nil)
+	a.KeepTree = tree
 	r := rand.New(rand.NewPCG(uint64(residencies), uint64(workers)))
 	const convBlocks = 56
 	tokens := make([]uint32, (8+convBlocks)*benchBlockSize)
