@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -54,6 +55,14 @@ func TestDynamoGolden(t *testing.T) {
 	d := startDaemon(t, buildDaemon(t), "--data-dir", t.TempDir(), "--nats-listen", "127.0.0.1:0", "--keep-block-tree", "--peers", peer.URL,
 		"--selection-addr", selAddr)
 	defer d.cmd.Process.Kill()
+	// The recovered index dumps the Dynamo dump's device blocks, chains and all (kvrouterd
+	// keeps no lower tier yet).
+	got, want := deviceBlocks(t, []byte(daemonCall(t, d.addr, "GET", "/dump", "", 200))), deviceBlocks(t, dump)
+	for key, w := range want {
+		if !slices.Equal(got[key], w) {
+			t.Errorf("%s: the recovered dump's device blocks\n%v\nwant\n%v", key, got[key], w)
+		}
+	}
 	playGolden(t, "testdata/dynamo/indexer_steps.json", d.addr, peer.URL)
 	playGolden(t, "testdata/dynamo/selection_steps.json", selAddr, peer.URL)
 }
@@ -180,6 +189,51 @@ func lookup(v any, path string) (any, bool) {
 		}
 	}
 	return v, true
+}
+
+// deviceBlocks lists a dump's device-tier blocks per partition, sorted, each as worker, rank,
+// parent, engine hash and local hash.
+func deviceBlocks(t *testing.T, dump []byte) map[string][]string {
+	t.Helper()
+	var d map[string]struct {
+		Events []struct {
+			Worker uint64 `json:"worker_id"`
+			Tier   string `json:"storage_tier"`
+			Event  struct {
+				Rank uint32 `json:"dp_rank"`
+				Data struct {
+					Stored struct {
+						Parent *uint64 `json:"parent_hash"`
+						Blocks []struct {
+							Block  uint64 `json:"block_hash"`
+							Tokens uint64 `json:"tokens_hash"`
+						} `json:"blocks"`
+					} `json:"stored"`
+				} `json:"data"`
+			} `json:"event"`
+		} `json:"events"`
+	}
+	if err := json.Unmarshal(dump, &d); err != nil {
+		t.Fatalf("dump: %v", err)
+	}
+	out := map[string][]string{}
+	for key, p := range d {
+		for _, e := range p.Events {
+			if e.Tier != "device" {
+				continue
+			}
+			parent := "root"
+			if e.Event.Data.Stored.Parent != nil {
+				parent = fmt.Sprint(*e.Event.Data.Stored.Parent)
+			}
+			for _, b := range e.Event.Data.Stored.Blocks {
+				out[key] = append(out[key], fmt.Sprintf("%d/%d/%s/%d/%d", e.Worker, e.Event.Rank, parent, b.Block, b.Tokens))
+				parent = fmt.Sprint(b.Block)
+			}
+		}
+		slices.Sort(out[key])
+	}
+	return out
 }
 
 // checkDumpChains checks that the golden dump's block hashes are Dynamo's chain of its local
