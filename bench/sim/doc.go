@@ -24,6 +24,13 @@
 //     of the step, as in the mocker; every scheduled decoding sequence emits one token.
 //  4. Sequences that emitted their last token complete (Completed) and release their blocks.
 //
+// StepOutput.Emitted lists every sequence that emitted a token in the step, with the count of
+// its output tokens so far, so that a live engine (bench/mocker) can stream them one by one.
+//
+// Worker.Abort removes a request between steps, as an engine does when its client goes away:
+// a waiting request leaves the queue; a running one releases its blocks exactly as if it had
+// completed (its stored prompt blocks stay cached, so an abort publishes no event).
+//
 // # Cache and prefix caching
 //
 // A full prompt block is identified by its engine hash, which is the router's sequence hash of

@@ -66,6 +66,12 @@ type Done struct {
 	Cached int   // prompt tokens that were a prefix-cache hit
 }
 
+// Token is one output token a request emitted in a step, at the step's end.
+type Token struct {
+	ID uint64
+	N  int // the request's output tokens so far, this one included: 1 for the first
+}
+
 // StepOutput is what one Step produced. Step resets and refills it; the slices (and the
 // slices inside Events) are valid until the next Step with the same StepOutput. Reusing one
 // StepOutput across steps makes steady-state steps allocation-free.
@@ -73,8 +79,9 @@ type StepOutput struct {
 	// Events are the KV events of the step, in order, IDs from 1 up per worker: the batch a real
 	// engine would publish after this step.
 	Events      []kvevent.Event
-	PrefillDone []Done // requests whose prefill finished in this step (first token at At)
-	Completed   []Done // requests that finished in this step
+	Emitted     []Token // every request that emitted a token in this step, one token each
+	PrefillDone []Done  // requests whose prefill finished in this step (first token at At)
+	Completed   []Done  // requests that finished in this step
 
 	PrefillTokens int // prompt tokens computed in the step
 	DecodeTokens  int // decoding sequences served in the step (first tokens not counted)
@@ -86,6 +93,7 @@ type StepOutput struct {
 func (o *StepOutput) reset() {
 	clear(o.Events) // drop references into old arenas
 	o.Events = o.Events[:0]
+	o.Emitted = o.Emitted[:0]
 	o.PrefillDone = o.PrefillDone[:0]
 	o.Completed = o.Completed[:0]
 	o.PrefillTokens, o.DecodeTokens = 0, 0
@@ -96,6 +104,7 @@ func (o *StepOutput) reset() {
 // Stats are a worker's cumulative counters.
 type Stats struct {
 	Submitted, Rejected, Admitted, Completed uint64
+	Aborted                                  uint64 // requests removed by Abort
 	PromptTokens                             uint64 // prompt tokens of admitted requests
 	CachedTokens                             uint64 // of which prefix-cache hits
 	StoredBlocks, EvictedBlocks              uint64
@@ -318,6 +327,7 @@ func (w *Worker) Step(now int64, out *StepOutput) int64 {
 			continue
 		}
 		s.emitted = false
+		out.Emitted = append(out.Emitted, Token{ID: s.id, N: s.generated})
 		if s.generated == 1 {
 			out.PrefillDone = append(out.PrefillDone, Done{ID: s.id, At: end, Cached: s.cached})
 		}
@@ -327,6 +337,7 @@ func (w *Worker) Step(now int64, out *StepOutput) int64 {
 		}
 		out.Completed = append(out.Completed, Done{ID: s.id, At: end, Cached: s.cached})
 		w.release(s)
+		w.st.Completed++
 	}
 	clear(w.running[len(kept):])
 	w.running = kept
@@ -343,6 +354,40 @@ func (w *Worker) Step(now int64, out *StepOutput) int64 {
 	}
 	w.out = nil
 	return end
+}
+
+// Abort removes request id, waiting or running, as an engine drops a request whose client went
+// away, and reports whether the worker had it. A running request's blocks are released as a
+// completed one's are: its stored prompt blocks stay cached (no event), the others go back to
+// the free pool. An aborted request is never reported again, and the worker no longer holds its
+// Tokens. Abort is for the goroutine that owns the worker, between steps; it scans the running
+// and waiting requests, so it costs O(Running + Waiting).
+func (w *Worker) Abort(id uint64) bool {
+	for i, s := range w.running {
+		if s.id != id {
+			continue
+		}
+		n := copy(w.running[i:], w.running[i+1:])
+		w.running[i+n] = nil
+		w.running = w.running[:i+n]
+		w.release(s)
+		w.st.Aborted++
+		return true
+	}
+	for i := w.whead; i < len(w.waiting); i++ {
+		s := w.waiting[i]
+		if s.id != id {
+			continue
+		}
+		n := copy(w.waiting[i:], w.waiting[i+1:])
+		w.waiting[i+n] = nil
+		w.waiting = w.waiting[:i+n]
+		s.tokens = nil
+		w.pool = append(w.pool, s)
+		w.st.Aborted++
+		return true
+	}
+	return false
 }
 
 // schedule gives s its work of this step within budget (> 0) and returns the tokens used.
@@ -458,7 +503,7 @@ func (w *Worker) storeFull(s *seq) {
 	s.stored = max(s.stored, full)
 }
 
-// release returns a completed sequence's blocks, tail first, and recycles s.
+// release returns a finished sequence's blocks, tail first, and recycles s.
 func (w *Worker) release(s *seq) {
 	w.reserved -= s.maxBlocks - len(s.blocks)
 	for i := len(s.blocks) - 1; i >= 0; i-- {
@@ -474,7 +519,6 @@ func (w *Worker) release(s *seq) {
 			w.free = append(w.free, b)
 		}
 	}
-	w.st.Completed++
 	s.tokens = nil
 	w.pool = append(w.pool, s)
 }

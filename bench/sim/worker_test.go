@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -399,6 +400,7 @@ type workload struct {
 	cfg      WorkerConfig
 	requests int
 	seed     uint64
+	abort    int // when > 0, after each step one request in abort is aborted (none when 0)
 }
 
 // simulate runs a random workload with shared prefixes through one worker, checking the event
@@ -426,8 +428,8 @@ func simulate(t *testing.T, wl workload) uint64 {
 		prefixes[i] = toks(rng.IntN(1<<20), rng.IntN(8*cfg.BlockSize))
 	}
 	type pending struct {
-		prompt, output int
-		prefill        bool
+		prompt, output, emitted int
+		prefill                 bool
 	}
 	accepted := map[uint64]*pending{}
 	var next int64
@@ -483,6 +485,20 @@ func simulate(t *testing.T, wl workload) uint64 {
 			put(uint64(ev.Kind), ev.ID, ev.Parent)
 			put(ev.Hashes...)
 		}
+		for _, e := range out.Emitted {
+			p := accepted[e.ID]
+			if p == nil || e.N != p.emitted+1 || e.N > p.output {
+				t.Fatalf("bad Emitted %+v (%+v)", e, p)
+			}
+			p.emitted = e.N
+			if (e.N == 1) != slices.ContainsFunc(out.PrefillDone, func(d Done) bool { return d.ID == e.ID }) ||
+				(e.N == p.output) != slices.ContainsFunc(out.Completed, func(d Done) bool { return d.ID == e.ID }) {
+				t.Fatalf("Emitted %+v disagrees with PrefillDone %+v and Completed %+v", e, out.PrefillDone, out.Completed)
+			}
+		}
+		if len(out.Emitted) != out.DecodeTokens+len(out.PrefillDone) {
+			t.Fatalf("%d emitted, %d decoded and %d first tokens", len(out.Emitted), out.DecodeTokens, len(out.PrefillDone))
+		}
 		for _, d := range out.PrefillDone {
 			p := accepted[d.ID]
 			if p == nil || p.prefill || d.Cached%cfg.BlockSize != 0 || d.Cached >= p.prompt {
@@ -498,6 +514,20 @@ func simulate(t *testing.T, wl workload) uint64 {
 			}
 			delete(accepted, d.ID)
 			put(d.ID)
+		}
+		if wl.abort > 0 && len(accepted) > 0 && rng.IntN(wl.abort) == 0 {
+			ids := slices.Sorted(maps.Keys(accepted))
+			id := ids[rng.IntN(len(ids))]
+			if !w.Abort(id) {
+				t.Fatalf("Abort(%d) of a request in flight: false", id)
+			}
+			if w.Abort(id) {
+				t.Fatalf("Abort(%d) twice: true", id)
+			}
+			delete(accepted, id)
+			if err := w.check(); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
 	if len(accepted) != 0 {
@@ -522,6 +552,102 @@ func TestEventStreamMatchesCache(t *testing.T) {
 		t.Run(fmt.Sprintf("%d", i), func(t *testing.T) {
 			simulate(t, workload{cfg: cfg, requests: 3000, seed: uint64(i)})
 		})
+	}
+}
+
+// TestAbortEventStream aborts requests at random, waiting and running, in the random workloads:
+// the events still describe the cache exactly and every other request completes.
+func TestAbortEventStream(t *testing.T) {
+	for i, cfg := range []WorkerConfig{
+		{Blocks: 64, BlockSize: 4, MaxSeqs: 4, MaxBatchedTokens: 32},
+		{Blocks: 128, BlockSize: 16, MaxSeqs: 8, MaxBatchedTokens: 40},
+	} {
+		t.Run(fmt.Sprintf("%d", i), func(t *testing.T) {
+			simulate(t, workload{cfg: cfg, requests: 2000, seed: uint64(100 + i), abort: 3})
+		})
+	}
+}
+
+func TestEmitted(t *testing.T) {
+	w := NewWorker(1, WorkerConfig{Blocks: 100, BlockSize: 4, MaxBatchedTokens: 12})
+	w.Submit(&Request{ID: 1, Tokens: toks(0, 6), Output: 3}, 0)
+	w.Submit(&Request{ID: 2, Tokens: toks(100, 10), Output: 2}, 0)
+	var out StepOutput
+	var got [][]Token
+	for now := int64(0); !w.Idle(); {
+		now = w.Step(now, &out)
+		got = append(got, slices.Clone(out.Emitted))
+	}
+	// Step 1: request 1's prompt (6) and 6 of request 2's; step 2: request 1 decodes, request
+	// 2 finishes its prompt; step 3: both decode, and both are done.
+	want := [][]Token{{{1, 1}}, {{1, 2}, {2, 1}}, {{1, 3}, {2, 2}}}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("Emitted per step %v, want %v", got, want)
+	}
+}
+
+func TestAbort(t *testing.T) {
+	const bs = 4
+	w := NewWorker(1, WorkerConfig{Blocks: 32, BlockSize: bs, MaxSeqs: 2, MaxBatchedTokens: 8})
+	var out StepOutput
+	var now int64
+	step := func() {
+		t.Helper()
+		now = w.Step(now, &out)
+		if err := w.check(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 4 {
+		if err := w.Submit(&Request{ID: uint64(i + 1), Tokens: toks(100*i, 12), Output: 20}, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if w.Abort(99) {
+		t.Error("Abort of an unknown request: true")
+	}
+	// Request 3 leaves the queue before anything ran; 4 moves up behind 1 and 2.
+	if !w.Abort(3) || w.Waiting() != 3 {
+		t.Fatalf("Abort of a waiting request: waiting %d", w.Waiting())
+	}
+	step() // 1 gets 8 prompt tokens (2 full blocks stored); no budget is left to admit 2
+	if w.Running() != 1 || w.Waiting() != 2 || w.CachedBlocks() != 2 {
+		t.Fatalf("running %d, waiting %d, cached %d", w.Running(), w.Waiting(), w.CachedBlocks())
+	}
+	// Request 1 is mid-prefill: its two stored blocks stay cached, nothing is published.
+	if !w.Abort(1) || w.Running() != 0 || w.CachedBlocks() != 2 || w.ActiveUsage() != 0 {
+		t.Fatalf("after aborting 1: running %d, cached %d, active usage %v", w.Running(), w.CachedBlocks(), w.ActiveUsage())
+	}
+	step() // 2 gets 8 prompt tokens: one Stored event, no token yet
+	if len(out.Events) != 1 || len(out.Emitted) != 0 {
+		t.Fatalf("step after the abort: %+v", out)
+	}
+	for w.Waiting() > 0 || len(out.Emitted) == 0 || out.Emitted[0].N < 5 {
+		step()
+	}
+	// Request 2 is decoding; 4 runs beside it.
+	if !w.Abort(2) || w.Running() != 1 {
+		t.Fatalf("Abort of a decoding request: running %d", w.Running())
+	}
+	_, outs := drain(t, w, now)
+	for _, o := range outs {
+		for _, e := range o.Emitted {
+			if e.ID != 4 {
+				t.Fatalf("aborted request %d emitted %+v", e.ID, e)
+			}
+		}
+	}
+	if last := outs[len(outs)-1].Completed; len(last) != 1 || last[0].ID != 4 {
+		t.Fatalf("completed %+v, want request 4", last)
+	}
+	// Request 1's prompt again: the blocks its abort left cached are a hit.
+	w.Submit(&Request{ID: 5, Tokens: toks(0, 12), Output: 1}, now)
+	_, outs = drain(t, w, now)
+	if d := outs[0].PrefillDone; len(d) != 1 || d[0].Cached != 8 {
+		t.Errorf("PrefillDone %+v, want 8 cached tokens", d)
+	}
+	if st := w.Stats(); st.Aborted != 3 || st.Completed != 2 || st.Submitted != 5 {
+		t.Errorf("stats %+v", st)
 	}
 }
 
