@@ -52,6 +52,7 @@ var layer = map[string]int{
 	"bench/fleetsim": 7,
 	"bench/kvrload":  7,
 	"bench/loadgen":  7,
+	"bench/mocker":   7,
 	"bench/replay":   7,
 	"bench/report":   7,
 	"bench/sim":      7,

@@ -1,0 +1,51 @@
+// Package mocker is a mock inference engine, in the spirit of NVIDIA Dynamo's mocker: one
+// simulated worker that looks like a vLLM server to a client and to kvrouterd, for end-to-end
+// tests, demos and users without GPUs. cmd/kvr-mocker runs one per process.
+//
+// # Engine
+//
+// The engine is bench/sim's Worker — the same scheduler, KV cache (prefix caching, LRU
+// eviction) and step-time model as the fleet simulations — driven in real time by one
+// goroutine: it takes the submissions and aborts handed to it, runs a Step, sleeps the step's
+// simulated duration divided by Config.Speedup (on a schedule that absorbs timer lateness),
+// then publishes the step's KV events and reports each request's new token to the handler
+// waiting for it (sim.StepOutput.Emitted). A streamed request whose client is gone is aborted
+// (sim.Worker.Abort) when writing its next token fails; its blocks are released as a finished
+// request's are.
+//
+// # Tokenizer and chat template
+//
+// No model files: AppendTokens turns text into ids by a fixed rule. The special tokens
+// <|pad|> 0, <|bos|> 1, <|eos|> 2, <|im_start|> 3, <|im_end|> 4 are recognized anywhere in the
+// text; white space separates pieces and is dropped; a run of letters, digits and underscores
+// is one piece and any other character a piece of its own; a piece among 100 fixed words has
+// the id 16 + its index, any other one 1024 + FNV-1a-64(piece) mod 30976 (so every id is below
+// VocabSize, 32000). A completion's string prompt gets <|bos|> first unless add_special_tokens
+// is false; a prompt given as token ids is used as is.
+//
+// Chat messages are rendered with ChatML — "<|im_start|>{role}\n{content}<|im_end|>\n" per
+// message, then "<|im_start|>assistant\n" when add_generation_prompt (the default) — and the
+// text tokenized by the same rule (no <|bos|> unless add_special_tokens, as for vLLM's chat
+// requests). /tokenize and the chat endpoint share that code (AppendChat), so the ids /tokenize
+// returns are exactly the prompt the engine caches and publishes.
+//
+// Output token i of a request is the fixed word (last prompt id + i) mod 100; its text is the
+// word, after a space from the second token on. Every request runs to its max_tokens
+// (finish_reason "length"): there is no end-of-sequence.
+//
+// # KV events
+//
+// Each step's events (sim's: engine hash = the router's sequence hash of the prompt prefix,
+// Stored events carrying the blocks' token ids) are one message [topic "", seq 8 bytes
+// big-endian from 0, msgpack payload], the payload written by wire.AppendEngineBatch in vLLM's
+// form (Config.EventsForm), data_parallel_rank 0; a step without events publishes nothing. The
+// optional replay ROUTER socket keeps the last 10,000 batches and answers ["", start] as vLLM's
+// does (internal/enginetest documents the protocol).
+//
+// # Concurrency
+//
+// A Mocker's methods are safe for concurrent use. The engine goroutine is the only one that
+// touches the worker; HTTP handlers (one goroutine per request, fasthttp's) queue work for it
+// under a mutex and wait on their request's wake-up channel; the replay socket has a goroutine
+// of its own that shares only the kept batches with the engine, under a mutex.
+package mocker
