@@ -1,0 +1,561 @@
+package mocker
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync/atomic"
+	"time"
+	"unicode/utf8"
+
+	"github.com/valyala/fasthttp"
+)
+
+// api is the OpenAI-compatible HTTP API (vLLM's routes and shapes) in front of the engine.
+// fasthttp runs each request on its own goroutine; a handler keeps nothing of the request's
+// bytes once it returns (prompts are decoded into fresh slices).
+type api struct {
+	cfg     Config
+	eng     *engine
+	log     *slog.Logger
+	maxLen  int    // max_model_len
+	nonce   uint64 // request ids: nonce and a count, so two mockers' ids differ
+	ids     atomic.Uint64
+	started int64 // the model's "created"
+
+	// inflight counts the handlers running and the streams being written.
+	inflight atomic.Int64
+}
+
+// apiError is an error answer in vLLM's shape.
+type apiError struct {
+	status  int
+	typ     string
+	message string
+}
+
+func badRequest(format string, args ...any) *apiError {
+	return &apiError{fasthttp.StatusBadRequest, "BadRequestError", fmt.Sprintf(format, args...)}
+}
+
+func (a *api) fail(ctx *fasthttp.RequestCtx, e *apiError) {
+	b := append([]byte(nil), `{"object":"error","message":`...)
+	b = appendJSONString(b, e.message)
+	b = append(b, `,"type":`...)
+	b = appendJSONString(b, e.typ)
+	b = append(b, `,"param":null,"code":`...)
+	b = strconv.AppendInt(b, int64(e.status), 10)
+	b = append(b, '}')
+	ctx.SetStatusCode(e.status)
+	ctx.SetContentType("application/json")
+	ctx.SetBody(b)
+	a.log.Debug("request refused", "path", string(ctx.Path()), "status", e.status, "message", e.message)
+}
+
+func (a *api) handle(ctx *fasthttp.RequestCtx) {
+	a.inflight.Add(1)
+	defer a.inflight.Add(-1)
+	method := "POST"
+	var h func(*fasthttp.RequestCtx)
+	switch string(ctx.Path()) {
+	case "/v1/completions":
+		h = a.completions
+	case "/v1/chat/completions":
+		h = a.chat
+	case "/tokenize":
+		h = a.tokenize
+	case "/detokenize":
+		h = a.detokenize
+	case "/v1/models":
+		method, h = "GET", a.models
+	case "/health":
+		method, h = "GET", func(ctx *fasthttp.RequestCtx) {}
+	case "/metrics":
+		method, h = "GET", a.metrics
+	default:
+		ctx.SetStatusCode(fasthttp.StatusNotFound)
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(`{"detail":"Not Found"}`)
+		return
+	}
+	if string(ctx.Method()) != method && !(method == "GET" && ctx.IsHead()) {
+		ctx.SetStatusCode(fasthttp.StatusMethodNotAllowed)
+		ctx.Response.Header.Set("Allow", method)
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(`{"detail":"Method Not Allowed"}`)
+		return
+	}
+	h(ctx)
+}
+
+// checkModel accepts the served model, or none (vLLM's default).
+func (a *api) checkModel(model string) *apiError {
+	if model == "" || model == a.cfg.Model {
+		return nil
+	}
+	return &apiError{fasthttp.StatusNotFound, "NotFoundError", fmt.Sprintf("The model `%s` does not exist.", model)}
+}
+
+// outputLen is the output length of a request of prompt tokens asking for maxTokens (nil:
+// unset), within max_model_len.
+func (a *api) outputLen(prompt int, maxTokens *int) (int, *apiError) {
+	if prompt == 0 {
+		return 0, badRequest("Prompt cannot be empty")
+	}
+	if maxTokens != nil {
+		if *maxTokens < 1 {
+			return 0, badRequest("max_tokens must be at least 1, got %d.", *maxTokens)
+		}
+		if prompt+*maxTokens > a.maxLen {
+			return 0, badRequest("This model's maximum context length is %d tokens. However, you requested %d tokens "+
+				"(%d in the messages, %d in the completion). Please reduce the length of the messages or completion.",
+				a.maxLen, prompt+*maxTokens, prompt, *maxTokens)
+		}
+		return *maxTokens, nil
+	}
+	if prompt >= a.maxLen {
+		return 0, badRequest("This model's maximum context length is %d tokens. However, your request has %d input tokens. "+
+			"Please reduce the length of the input messages.", a.maxLen, prompt)
+	}
+	return min(a.cfg.DefaultMaxTokens, a.maxLen-prompt), nil
+}
+
+func checkCommon(n *int, stream bool, opts *streamOptions) *apiError {
+	if n != nil && *n != 1 {
+		return badRequest("n = %d: kvr-mocker generates one choice per request", *n)
+	}
+	if opts != nil && !stream {
+		return badRequest("Stream options can only be defined when `stream=True`.")
+	}
+	return nil
+}
+
+func (a *api) completions(ctx *fasthttp.RequestCtx) {
+	var req completionRequest
+	if err := decodeBody(ctx.PostBody(), &req); err != nil {
+		a.fail(ctx, badRequest("%v", err))
+		return
+	}
+	if e := a.checkModel(req.Model); e != nil {
+		a.fail(ctx, e)
+		return
+	}
+	if e := checkCommon(req.N, req.Stream, req.StreamOptions); e != nil {
+		a.fail(ctx, e)
+		return
+	}
+	bos := req.AddSpecialTokens == nil || *req.AddSpecialTokens
+	prompt, err := parsePrompt(req.Prompt, bos)
+	if err != nil {
+		a.fail(ctx, badRequest("%v", err))
+		return
+	}
+	if bos && len(prompt) == 1 && prompt[0] == BOSID && isText(req.Prompt) {
+		prompt = nil // text without a piece: empty, whatever special tokens were added
+	}
+	out, e := a.outputLen(len(prompt), req.MaxTokens)
+	if e != nil {
+		a.fail(ctx, e)
+		return
+	}
+	a.generate(ctx, &generation{
+		chat: false, id: a.newID("cmpl-"), created: time.Now().Unix(), model: a.cfg.Model,
+		prompt: prompt, output: out, stream: req.Stream, usage: req.StreamOptions != nil && req.StreamOptions.IncludeUsage,
+	})
+}
+
+func (a *api) chat(ctx *fasthttp.RequestCtx) {
+	var req chatRequest
+	if err := decodeBody(ctx.PostBody(), &req); err != nil {
+		a.fail(ctx, badRequest("%v", err))
+		return
+	}
+	if e := a.checkModel(req.Model); e != nil {
+		a.fail(ctx, e)
+		return
+	}
+	if e := checkCommon(req.N, req.Stream, req.StreamOptions); e != nil {
+		a.fail(ctx, e)
+		return
+	}
+	prompt, err := chatPrompt(&req)
+	if err != nil {
+		a.fail(ctx, badRequest("%v", err))
+		return
+	}
+	maxTokens := req.MaxCompletionTokens
+	if maxTokens == nil {
+		maxTokens = req.MaxTokens
+	}
+	out, e := a.outputLen(len(prompt), maxTokens)
+	if e != nil {
+		a.fail(ctx, e)
+		return
+	}
+	a.generate(ctx, &generation{
+		chat: true, id: a.newID("chatcmpl-"), created: time.Now().Unix(), model: a.cfg.Model,
+		prompt: prompt, output: out, stream: req.Stream, usage: req.StreamOptions != nil && req.StreamOptions.IncludeUsage,
+	})
+}
+
+func (a *api) newID(prefix string) string {
+	return fmt.Sprintf("%s%016x%016x", prefix, a.nonce, a.ids.Add(1))
+}
+
+// generation is one completion or chat completion being answered.
+type generation struct {
+	chat          bool
+	id            string
+	created       int64
+	model         string
+	prompt        []uint32
+	output        int
+	stream, usage bool
+}
+
+// generate submits g to the engine and answers: one JSON body once the request ends, or, with
+// stream, Server-Sent Events as its tokens come.
+func (a *api) generate(ctx *fasthttp.RequestCtx, g *generation) {
+	r := a.eng.submit(g.prompt, g.output)
+	if g.stream {
+		ctx.SetContentType("text/event-stream; charset=utf-8")
+		a.inflight.Add(1) // until the stream ends, after the handler has returned
+		ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
+			defer a.inflight.Add(-1)
+			a.stream(w, g, r)
+		})
+		return
+	}
+	for {
+		<-r.wake
+		n, cached, e, err := r.progress()
+		switch e {
+		case endNone:
+			continue
+		case endFailed:
+			a.fail(ctx, badRequest("%v", err))
+			return
+		}
+		finish := "length"
+		if e == endAborted {
+			finish = "abort"
+		}
+		ctx.SetContentType("application/json")
+		ctx.SetBody(g.appendBody(nil, n, cached, finish))
+		return
+	}
+}
+
+// stream writes r's tokens as vLLM's Server-Sent Events, flushing after each step that brought
+// some, and aborts r when the client is gone (a write or flush fails).
+func (a *api) stream(w *bufio.Writer, g *generation, r *request) {
+	var buf []byte
+	sent := 0
+	for {
+		<-r.wake
+		n, cached, e, err := r.progress()
+		buf = buf[:0]
+		for ; sent < n; sent++ {
+			if g.chat && sent == 0 {
+				buf = g.appendRoleChunk(buf)
+			}
+			finish := ""
+			if sent+1 == g.output {
+				finish = "length"
+			}
+			buf = g.appendTokenChunk(buf, sent, finish)
+		}
+		switch e {
+		case endAborted:
+			buf = g.appendFinishChunk(buf, "abort")
+		case endFailed:
+			buf = append(buf, "data: "...)
+			buf = append(buf, `{"object":"error","message":`...)
+			buf = appendJSONString(buf, err.Error())
+			buf = append(buf, `,"type":"BadRequestError","param":null,"code":400}`...)
+			buf = append(buf, "\n\n"...)
+		}
+		if e != endNone {
+			if g.usage && e != endFailed {
+				buf = g.appendUsageChunk(buf, n, cached)
+			}
+			buf = append(buf, "data: [DONE]\n\n"...)
+		}
+		if len(buf) > 0 {
+			if _, werr := w.Write(buf); werr == nil {
+				werr = w.Flush()
+				if werr != nil && e == endNone {
+					a.log.Debug("client gone: aborting", "id", g.id, "err", werr)
+					a.eng.abort(r)
+					return
+				}
+			} else if e == endNone {
+				a.eng.abort(r)
+				return
+			}
+		}
+		if e != endNone {
+			return
+		}
+	}
+}
+
+// The chunks and bodies, field for field as vLLM writes them (pydantic's declaration order).
+
+func (g *generation) appendHead(dst []byte, object string) []byte {
+	dst = append(dst, `{"id":`...)
+	dst = appendJSONString(dst, g.id)
+	dst = append(dst, `,"object":"`...)
+	dst = append(dst, object...)
+	dst = append(dst, `","created":`...)
+	dst = strconv.AppendInt(dst, g.created, 10)
+	dst = append(dst, `,"model":`...)
+	dst = appendJSONString(dst, g.model)
+	return append(dst, `,"choices":[`...)
+}
+
+func (g *generation) chunkObject() string {
+	if g.chat {
+		return "chat.completion.chunk"
+	}
+	return "text_completion"
+}
+
+func (g *generation) appendRoleChunk(dst []byte) []byte {
+	dst = append(dst, "data: "...)
+	dst = g.appendHead(dst, g.chunkObject())
+	return append(dst, `{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}`+"\n\n"...)
+}
+
+func appendFinish(dst []byte, finish string) []byte {
+	if finish == "" {
+		return append(dst, `,"finish_reason":null`...)
+	}
+	dst = append(dst, `,"finish_reason":"`...)
+	dst = append(dst, finish...)
+	return append(dst, `","stop_reason":null`...)
+}
+
+// appendTokenChunk appends the event of output token i.
+func (g *generation) appendTokenChunk(dst []byte, i int, finish string) []byte {
+	text := OutputText(OutputToken(g.prompt, i), i)
+	dst = append(dst, "data: "...)
+	dst = g.appendHead(dst, g.chunkObject())
+	if g.chat {
+		dst = append(dst, `{"index":0,"delta":{"content":`...)
+		dst = appendJSONString(dst, text)
+		dst = append(dst, `},"logprobs":null`...)
+		dst = appendFinish(dst, finish)
+	} else {
+		dst = append(dst, `{"index":0,"text":`...)
+		dst = appendJSONString(dst, text)
+		dst = append(dst, `,"logprobs":null`...)
+		dst = appendFinish(dst, finish)
+		if finish == "" {
+			dst = append(dst, `,"stop_reason":null`...)
+		}
+	}
+	return append(dst, "}]}\n\n"...)
+}
+
+// appendFinishChunk appends an event that only ends the choice (an abort).
+func (g *generation) appendFinishChunk(dst []byte, finish string) []byte {
+	dst = append(dst, "data: "...)
+	dst = g.appendHead(dst, g.chunkObject())
+	if g.chat {
+		dst = append(dst, `{"index":0,"delta":{},"logprobs":null`...)
+	} else {
+		dst = append(dst, `{"index":0,"text":"","logprobs":null`...)
+	}
+	dst = appendFinish(dst, finish)
+	return append(dst, "}]}\n\n"...)
+}
+
+func (g *generation) appendUsageChunk(dst []byte, n, cached int) []byte {
+	dst = append(dst, "data: "...)
+	dst = g.appendHead(dst, g.chunkObject())
+	dst = append(dst, `],"usage":`...)
+	dst = g.appendUsage(dst, n, cached)
+	return append(dst, "}\n\n"...)
+}
+
+func (g *generation) appendUsage(dst []byte, n, cached int) []byte {
+	p := len(g.prompt)
+	dst = append(dst, `{"prompt_tokens":`...)
+	dst = strconv.AppendInt(dst, int64(p), 10)
+	dst = append(dst, `,"total_tokens":`...)
+	dst = strconv.AppendInt(dst, int64(p+n), 10)
+	dst = append(dst, `,"completion_tokens":`...)
+	dst = strconv.AppendInt(dst, int64(n), 10)
+	dst = append(dst, `,"prompt_tokens_details":{"cached_tokens":`...)
+	dst = strconv.AppendInt(dst, int64(cached), 10)
+	return append(dst, "}}"...)
+}
+
+// appendBody appends the whole answer of a request not streamed: n output tokens, its choice
+// ended by finish.
+func (g *generation) appendBody(dst []byte, n, cached int, finish string) []byte {
+	text := make([]byte, 0, 8*n)
+	for i := range n {
+		text = append(text, OutputText(OutputToken(g.prompt, i), i)...)
+	}
+	if g.chat {
+		dst = g.appendHead(dst, "chat.completion")
+		dst = append(dst, `{"index":0,"message":{"role":"assistant","content":`...)
+		dst = appendJSONString(dst, string(text))
+		dst = append(dst, `},"logprobs":null`...)
+	} else {
+		dst = g.appendHead(dst, "text_completion")
+		dst = append(dst, `{"index":0,"text":`...)
+		dst = appendJSONString(dst, string(text))
+		dst = append(dst, `,"logprobs":null`...)
+	}
+	dst = appendFinish(dst, finish)
+	dst = append(dst, `}],"usage":`...)
+	dst = g.appendUsage(dst, n, cached)
+	return append(dst, '}')
+}
+
+func (a *api) tokenize(ctx *fasthttp.RequestCtx) {
+	var req tokenizeRequest
+	if err := decodeBody(ctx.PostBody(), &req); err != nil {
+		a.fail(ctx, badRequest("%v", err))
+		return
+	}
+	if e := a.checkModel(req.Model); e != nil {
+		a.fail(ctx, e)
+		return
+	}
+	var ids []uint32
+	var err error
+	switch {
+	case req.Messages != nil:
+		ids, err = chatPrompt(&req)
+	case req.Prompt != nil:
+		ids, err = parsePrompt(req.Prompt, req.AddSpecialTokens == nil || *req.AddSpecialTokens)
+	default:
+		err = fmt.Errorf("either prompt or messages is required")
+	}
+	if err != nil {
+		a.fail(ctx, badRequest("%v", err))
+		return
+	}
+	if ids == nil {
+		ids = []uint32{}
+	}
+	var strs []string
+	if req.ReturnTokenStrs {
+		strs = make([]string, len(ids))
+		for i, id := range ids {
+			strs[i] = TokenText(id)
+		}
+	}
+	a.writeJSON(ctx, struct {
+		Count     int      `json:"count"`
+		MaxLen    int      `json:"max_model_len"`
+		Tokens    []uint32 `json:"tokens"`
+		TokenStrs []string `json:"token_strs"`
+	}{len(ids), a.maxLen, ids, strs})
+}
+
+func (a *api) detokenize(ctx *fasthttp.RequestCtx) {
+	var req detokenizeRequest
+	if err := decodeBody(ctx.PostBody(), &req); err != nil {
+		a.fail(ctx, badRequest("%v", err))
+		return
+	}
+	if e := a.checkModel(req.Model); e != nil {
+		a.fail(ctx, e)
+		return
+	}
+	a.writeJSON(ctx, map[string]string{"prompt": Decode(req.Tokens)})
+}
+
+func (a *api) models(ctx *fasthttp.RequestCtx) {
+	type model struct {
+		ID          string  `json:"id"`
+		Object      string  `json:"object"`
+		Created     int64   `json:"created"`
+		OwnedBy     string  `json:"owned_by"`
+		Root        string  `json:"root"`
+		Parent      *string `json:"parent"`
+		MaxModelLen int     `json:"max_model_len"`
+		Permission  []any   `json:"permission"`
+	}
+	a.writeJSON(ctx, struct {
+		Object string  `json:"object"`
+		Data   []model `json:"data"`
+	}{"list", []model{{a.cfg.Model, "model", a.started, "vllm", a.cfg.Model, nil, a.maxLen, []any{}}}})
+}
+
+// metrics writes the engine's gauges and counters under vLLM's metric names, for gateways and
+// scorers that read them (the inference extension's queue and KV-usage scorers, for instance).
+func (a *api) metrics(ctx *fasthttp.RequestCtx) {
+	st := a.eng.stats()
+	var b []byte
+	label := appendJSONString(nil, a.cfg.Model) // a quoted string is a valid label value here
+	metric := func(name, typ, help string, v float64) {
+		b = fmt.Appendf(b, "# HELP %s %s\n# TYPE %s %s\n%s{model_name=%s} %s\n", name, help, name, typ, name, label,
+			strconv.FormatFloat(v, 'g', -1, 64))
+	}
+	metric("vllm:num_requests_running", "gauge", "Requests running in the engine.", float64(st.Running))
+	metric("vllm:num_requests_waiting", "gauge", "Requests waiting to run.", float64(st.Waiting))
+	metric("vllm:kv_cache_usage_perc", "gauge", "Fraction of the KV cache in use (1 = 100%).", st.Usage)
+	metric("vllm:prefix_cache_queries_total", "counter", "Prompt tokens looked up in the prefix cache.", float64(st.PromptTokens))
+	metric("vllm:prefix_cache_hits_total", "counter", "Prompt tokens found in the prefix cache.", float64(st.CachedTokens))
+	metric("vllm:prompt_tokens_total", "counter", "Prompt tokens admitted.", float64(st.PromptTokens))
+	metric("vllm:generation_tokens_total", "counter", "Output tokens generated.", float64(st.Generated))
+	metric("vllm:request_success_total", "counter", "Requests finished.", float64(st.Completed))
+	metric("kvr_mocker_requests_aborted_total", "counter", "Requests aborted (client gone, or shutdown).", float64(st.Aborted))
+	metric("kvr_mocker_cached_blocks", "gauge", "KV blocks stored and published.", float64(st.CachedBlocks))
+	ctx.SetContentType("text/plain; version=0.0.4")
+	ctx.SetBody(b)
+}
+
+func (a *api) writeJSON(ctx *fasthttp.RequestCtx, v any) {
+	b, err := json.Marshal(v)
+	if err != nil { // our own values always marshal
+		a.fail(ctx, &apiError{fasthttp.StatusInternalServerError, "InternalServerError", err.Error()})
+		return
+	}
+	ctx.SetContentType("application/json")
+	ctx.SetBody(b)
+}
+
+// appendJSONString appends s as a JSON string: quotes, backslashes and control characters
+// escaped, invalid UTF-8 as U+FFFD.
+func appendJSONString(dst []byte, s string) []byte {
+	const hex = "0123456789abcdef"
+	dst = append(dst, '"')
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c < utf8.RuneSelf {
+			switch {
+			case c == '"' || c == '\\':
+				dst = append(dst, '\\', c)
+			case c == '\n':
+				dst = append(dst, '\\', 'n')
+			case c == '\r':
+				dst = append(dst, '\\', 'r')
+			case c == '\t':
+				dst = append(dst, '\\', 't')
+			case c < 0x20:
+				dst = append(dst, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
+			default:
+				dst = append(dst, c)
+			}
+			i++
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && size == 1 {
+			dst = append(dst, `\ufffd`...)
+		} else {
+			dst = append(dst, s[i:i+size]...)
+		}
+		i += size
+	}
+	return append(dst, '"')
+}
