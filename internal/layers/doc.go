@@ -12,7 +12,8 @@
 //     test-only reference model.
 //  5. daemon (the assembly of the parts, their start and stop order).
 //  6. cmd/kvrouterd (flags and environment; calls daemon).
-//  7. bench/ and everything under it, kept out of the daemon's dependency tree.
+//  7. bench/ and everything under it, and cmd/kvr-mocker (the mock engine's command, which runs
+//     bench/mocker), kept out of the daemon's dependency tree.
 //
 // A new package has no layer until it is added to the test's table; the test says so. Only what
 // a package's own files import is checked, not its tests' imports: a test may reach across a

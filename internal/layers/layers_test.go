@@ -57,6 +57,7 @@ var layer = map[string]int{
 	"bench/report":   7,
 	"bench/sim":      7,
 	"bench/trace":    7,
+	"cmd/kvr-mocker": 7, // the mock engine's command: a bench tool, out of the daemon's tree
 	"fuzz":           7, // cross-package fuzz targets: drive server, router, ingest and wire together
 }
 
@@ -68,6 +69,7 @@ var sameLayer = []struct{ from, to, why string }{
 	{"scoring", "radix", "scoring decides on the index's matches"},
 	{"router", "shard", "a request's path books into the applier's index"},
 	{"bench/", "bench/", "the benchmarks build on one another"},
+	{"cmd/kvr-mocker", "bench/", "the mock engine's command runs bench/mocker, which shares bench/sim's worker model with the fleet simulations"},
 }
 
 // onlyImports bounds what the design lets a package depend on within the module, transitively;
