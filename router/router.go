@@ -490,6 +490,32 @@ func (r *Router) HTTPEndpoint(id uint64) string {
 	return ""
 }
 
+// HTTPWorker is a worker with an HTTP API: its id and base URL.
+type HTTPWorker struct {
+	ID       uint64
+	Endpoint string
+}
+
+// HTTPWorkers appends to dst the workers of model that have an HTTP endpoint, by id, and
+// returns it. Safe for concurrent use; it holds the registry's lock for one pass over the
+// model's workers.
+func (r *Router) HTTPWorkers(model string, dst []HTTPWorker) []HTTPWorker {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	m := r.model(model)
+	if m == nil {
+		return dst
+	}
+	start := len(dst)
+	for id, reg := range m.regs {
+		if u := reg.http.Load(); u != nil {
+			dst = append(dst, HTTPWorker{id, *u})
+		}
+	}
+	slices.SortFunc(dst[start:], func(a, b HTTPWorker) int { return cmp.Compare(a.ID, b.ID) })
+	return dst
+}
+
 // rankList is what a log line says of ranks: all of them when few.
 func rankList(ranks []uint32) any {
 	if len(ranks) <= 8 {
