@@ -26,7 +26,7 @@ type SnapshotWorker struct {
 	Reports  bool // the worker sends load reports (subject to the worker timeout)
 	// HTTPEndpoint is the worker's OpenAI-compatible API, "" for none (flags bit 3).
 	HTTPEndpoint string
-	Ranks    []SnapshotRank
+	Ranks        []SnapshotRank
 	// Endpoints, if not empty, holds one entry per rank, in the order of Ranks: where each
 	// publishes its KV events (flags bit 1, which also carries each rank's Batch; without it,
 	// Batch is written and read as 0).
