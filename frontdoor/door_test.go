@@ -38,7 +38,7 @@ type engine struct {
 	ranks    chan string
 }
 
-func startEngine(t *testing.T, chunks int) *engine {
+func startEngine(t testing.TB, chunks int) *engine {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -140,7 +140,7 @@ type fixture struct {
 
 // newFixture starts a router with one worker per engine (ids 1, 2, …, two ranks each for the
 // first) and a front door on a loopback port.
-func newFixture(t *testing.T, cfg Config, engines ...*engine) *fixture {
+func newFixture(t testing.TB, cfg Config, engines ...*engine) *fixture {
 	t.Helper()
 	r := router.New(router.Config{BlockSize: bs, Shards: 1, Logger: slog.New(slog.DiscardHandler)})
 	t.Cleanup(r.Close)
