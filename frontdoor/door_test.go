@@ -338,7 +338,7 @@ func TestMigration(t *testing.T) {
 // stream breaks off, and when the request outlives Config.Timeout.
 func TestReleased(t *testing.T) {
 	t.Run("client gone", func(t *testing.T) {
-		e := startEngine(t, 1000)
+		e := startEngine(t, 1<<30) // never ends: only the client's leaving can end it
 		e.gate = make(chan struct{})
 		f := newFixture(t, Config{}, e)
 		resp := f.post(t, "/v1/chat/completions", chatBody)
