@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"strconv"
 	"strings"
@@ -14,6 +15,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvrouterd/kvrouterd/radix"
 	"github.com/kvrouterd/kvrouterd/router"
 	"github.com/kvrouterd/kvrouterd/wire"
 	"github.com/prometheus/client_golang/prometheus"
@@ -163,8 +165,24 @@ func (d *Door) generate(ctx *fasthttp.RequestCtx, path string) {
 		d.fail(ctx, path, fasthttp.StatusNotFound, "model_not_found", "model", fmt.Sprintf("the model `%s` does not exist", model))
 		return
 	}
+	var hints nvext
+	if raw, ok := body["nvext"]; ok && json.Unmarshal(raw, &hints) != nil {
+		d.fail(ctx, path, fasthttp.StatusBadRequest, "invalid_request_error", "nvext", "nvext is not Dynamo's extension object")
+		return
+	}
+	if hints.CacheSalt == "" {
+		_ = json.Unmarshal(body["cache_salt"], &hints.CacheSalt) // vLLM's own field
+	}
 	chat := path == "/v1/chat/completions"
-	toks, rewrite, status, err := d.tokens(ws, model, chat, body)
+	var toks []uint32
+	var rewrite bool
+	var status int
+	var err error
+	if len(hints.TokenData) > 0 {
+		toks = hints.TokenData // Dynamo's pre-tokenized prompt
+	} else {
+		toks, rewrite, status, err = d.tokens(ws, model, chat, body)
+	}
 	if err != nil {
 		typ := "invalid_request_error"
 		if status >= 500 {
@@ -179,7 +197,46 @@ func (d *Door) generate(ctx *fasthttp.RequestCtx, path string) {
 		body["prompt"], _ = json.Marshal(toks)
 		out, _ = json.Marshal(body)
 	}
-	d.forward(ctx, path, model, ws, toks, out, deadline)
+	d.forward(ctx, path, model, ws, toks, &hints, out, deadline)
+}
+
+// nvext is what the front door reads of Dynamo's request extension (lib/llm protocols
+// nvext.rs): a pinned worker and rank, the prompt's token ids, its cache salt, and the
+// router's per-request overrides. The rest of it goes to the engine with the request.
+type nvext struct {
+	BackendInstanceID *uint64  `json:"backend_instance_id"`
+	DPRank            *uint32  `json:"dp_rank"`
+	TokenData         []uint32 `json:"token_data"`
+	CacheSalt         string   `json:"cache_salt"`
+	Override          *struct {
+		OverlapScoreWeight *float64 `json:"overlap_score_weight"`
+		RouterTemperature  *float64 `json:"router_temperature"`
+	} `json:"router_config_override"`
+}
+
+// routeRequest is the route of toks under the hints: by local hashes when the prompt is salted
+// (the router's own hashing of token ids knows no salt), pinned when the request names a worker.
+func (h *nvext) routeRequest(rr *wire.RouteRequest, toks []uint32, bs int) {
+	if h.CacheSalt != "" && bs > 0 && len(toks) >= bs { // a shorter prompt has no block to salt
+		var hs radix.Hasher
+		rr.ByHash, rr.Tokens = true, nil
+		rr.Hashes = hs.AppendLocal(rr.Hashes[:0], toks, bs, radix.Seed("", h.CacheSalt))
+		rr.ISL = uint32(min(len(toks), math.MaxUint32))
+	}
+	if h.BackendInstanceID != nil {
+		rr.HasPinned, rr.PinnedWorker = true, *h.BackendInstanceID
+		if h.DPRank != nil {
+			rr.PinnedRank = *h.DPRank
+		}
+	}
+	if o := h.Override; o != nil {
+		if o.OverlapScoreWeight != nil {
+			rr.HasWeight, rr.Weight = true, *o.OverlapScoreWeight
+		}
+		if o.RouterTemperature != nil {
+			rr.HasTemperature, rr.Temperature = true, *o.RouterTemperature
+		}
+	}
 }
 
 // tokens returns the ids of the request's prompt: a completion's own ids, or a worker's
@@ -280,7 +337,8 @@ func (d *Door) tokenizeAt(endpoint string, body []byte) ([]uint32, int, error) {
 
 // forward routes the request among ws and sends it on, trying another worker when one fails
 // before answering.
-func (d *Door) forward(ctx *fasthttp.RequestCtx, path, model string, ws []router.HTTPWorker, toks []uint32, body []byte, deadline time.Time) {
+func (d *Door) forward(ctx *fasthttp.RequestCtx, path, model string, ws []router.HTTPWorker, toks []uint32, hints *nvext, body []byte, deadline time.Time) {
+	bs, _ := d.r.ModelBlockSize(model)
 	endpoint := make(map[uint64]string, len(ws))
 	allowed := make([]uint64, 0, len(ws))
 	for _, w := range ws {
@@ -291,6 +349,7 @@ func (d *Door) forward(ctx *fasthttp.RequestCtx, path, model string, ws []router
 	for attempt := 0; attempt <= d.cfg.Retries && len(allowed) > 0; attempt++ {
 		id := d.prefix + strconv.FormatUint(d.ids.Add(1), 36)
 		rr := wire.RouteRequest{RequestID: id, Model: model, Tokens: toks, Allowed: allowed}
+		hints.routeRequest(&rr, toks, bs)
 		var rs wire.RouteResponse
 		if err := d.r.Route(&rr, &rs); err != nil {
 			status, typ := fasthttp.StatusServiceUnavailable, "service_unavailable"

@@ -437,3 +437,61 @@ func TestBadInput(t *testing.T) {
 		t.Error("a refused request left a booking")
 	}
 }
+
+// TestHints: Dynamo's nvext steers the route: backend_instance_id pins the worker, token_data
+// is the prompt (no /tokenize), and a cache salt (nvext's or vLLM's own cache_salt) matches
+// only the blocks stored under it.
+func TestHints(t *testing.T) {
+	e1, e2 := startEngine(t, 1), startEngine(t, 1)
+	f := newFixture(t, Config{}, e1, e2)
+	go func() {
+		for {
+			select {
+			case <-e1.received:
+			case <-e1.ranks:
+			case <-e2.received:
+			case <-e2.ranks:
+			}
+		}
+	}()
+	worker := func(body string) string {
+		t.Helper()
+		resp := f.post(t, "/v1/chat/completions", body)
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("%s: %d", body, resp.StatusCode)
+		}
+		return resp.Header.Get("X-Kvrouterd-Worker")
+	}
+	if w := worker(`{"model":"m","messages":[{"role":"user","content":"x"}],"nvext":{"backend_instance_id":2}}`); w != "2" {
+		t.Errorf("pinned to 2, routed to %s", w)
+	}
+	// Worker 2 holds the prompt's blocks under the salt "tenant-a".
+	toks := []uint32{1, 2, 3, 4, 5, 6, 7, 8}
+	if _, err := f.r.ApplyEvents(&wire.EventBatch{Worker: 2, Model: "m", Events: []kvevent.Event{
+		{Kind: kvevent.Stored, ID: 1, Hashes: []uint64{50, 51}, Tokens: toks, Salt: "tenant-a"},
+	}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, body := range []string{
+		`{"model":"m","messages":[],"nvext":{"token_data":[1,2,3,4,5,6,7,8],"cache_salt":"tenant-a"}}`,
+		`{"model":"m","messages":[],"cache_salt":"tenant-a","nvext":{"token_data":[1,2,3,4,5,6,7,8]}}`,
+	} {
+		if w := worker(body); w != "2" {
+			t.Errorf("%s: routed to %s, want 2 (it holds the salted blocks)", body, w)
+		}
+	}
+	// Without the salt the blocks are not the prompt's: the router sees no cache, and a tie
+	// goes to the worker holding fewer blocks, 1.
+	if w := worker(`{"model":"m","messages":[],"nvext":{"token_data":[1,2,3,4,5,6,7,8]}}`); w != "1" {
+		t.Errorf("unsalted: routed to %s, want 1", w)
+	}
+	resp := f.post(t, "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"x"}],"nvext":[]}`)
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 400 || !strings.Contains(string(b), `"param":"nvext"`) {
+		t.Errorf("nvext not an object: %d %s", resp.StatusCode, b)
+	}
+	f.waitIdle(t, "after the hinted requests")
+}
