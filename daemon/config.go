@@ -75,6 +75,9 @@ type Config struct {
 	MinFreeDisk      int64
 
 	// Dynamo's selection service: its own listener, off when empty.
+	FrontendAddr             string
+	FrontendRetries          int
+	FrontendTimeout          time.Duration
 	SelectionAddr            string
 	SelectionCacheTTL        time.Duration
 	SelectionCacheMaxEntries int
@@ -119,6 +122,7 @@ func Defaults() Config {
 		SnapshotInterval:         time.Minute,
 		SnapshotKeep:             3,
 		MinFreeDisk:              64 << 20,
+		FrontendRetries:          2,
 		SelectionCacheTTL:        120 * time.Second,
 		SelectionCacheMaxEntries: 4096,
 		ApproxTTL:                120 * time.Second,
@@ -133,6 +137,9 @@ func Defaults() Config {
 func (c *Config) Flags(fs *flag.FlagSet) {
 	fs.IntVar(&c.Shards, "shards", c.Shards, "event-application shards (goroutines); default: GOMAXPROCS, the CPUs the process may use (a container's CPU limit)")
 	fs.StringVar(&c.HTTPAddr, "http-addr", c.HTTPAddr, "address of the HTTP API")
+	fs.StringVar(&c.FrontendAddr, "frontend-addr", c.FrontendAddr, "address of the OpenAI-compatible front door (/v1/chat/completions, /v1/completions, /v1/models; Dynamo's frontend serves it on :8000): each request tokenized by a worker, routed and forwarded to the chosen worker's http_endpoint; empty: off")
+	fs.IntVar(&c.FrontendRetries, "frontend-retries", c.FrontendRetries, "front door: other workers a request is sent to after one refuses the connection or answers 5xx before its first byte (Dynamo's migration limit); 0: none")
+	fs.DurationVar(&c.FrontendTimeout, "frontend-timeout", c.FrontendTimeout, "front door: the longest a request may take, first byte to last (its booking is freed then); 0: no limit")
 	fs.StringVar(&c.SelectionAddr, "selection-addr", c.SelectionAddr, "address of NVIDIA Dynamo's selection-service API (python -m dynamo.select_service; its default port is 8092: :8092), over the same router and bookings as the HTTP API; empty: off")
 	fs.DurationVar(&c.SelectionCacheTTL, "selection-cache-ttl", c.SelectionCacheTTL, "selection service: how long a /select with a selection_id is kept for its POST /reservations")
 	fs.IntVar(&c.SelectionCacheMaxEntries, "selection-cache-max-entries", c.SelectionCacheMaxEntries, "selection service: selections kept for a POST /reservations at most; past it the oldest go")
@@ -218,6 +225,10 @@ func (c *Config) Check() error {
 		return fmt.Errorf("--nats-stream %q: want a name without spaces, dots, * or >", c.NATSStream)
 	case c.ApproxTTL <= 0 || c.ApproxMaxBlocks < 1 || !(c.ApproxPruneTarget > 0 && c.ApproxPruneTarget <= 1):
 		return fmt.Errorf("--approx-ttl, --approx-max-blocks, --approx-prune-target: want a positive duration, a positive count, a fraction in (0, 1]")
+	case c.FrontendRetries < 0 || c.FrontendRetries > 16:
+		return fmt.Errorf("--frontend-retries %d: want 0 to 16", c.FrontendRetries)
+	case c.FrontendTimeout < 0:
+		return fmt.Errorf("--frontend-timeout %v: must not be negative", c.FrontendTimeout)
 	case c.SelectionCacheTTL <= 0 || c.SelectionCacheMaxEntries < 1 || c.SelectionCacheMaxEntries > 1<<24:
 		return fmt.Errorf("--selection-cache-ttl %v, --selection-cache-max-entries %d: want a positive duration and 1 to 16777216 entries", c.SelectionCacheTTL, c.SelectionCacheMaxEntries)
 	case c.ZMQStaleAfter <= 0:

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/kvrouterd/kvrouterd/approx"
+	"github.com/kvrouterd/kvrouterd/frontdoor"
 	"github.com/kvrouterd/kvrouterd/ingest"
 	"github.com/kvrouterd/kvrouterd/internal/lograte"
 	"github.com/kvrouterd/kvrouterd/replica"
@@ -23,6 +24,7 @@ import (
 	"github.com/kvrouterd/kvrouterd/server"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/valyala/fasthttp"
 )
 
 // processStart is when the process started, for the time to ready.
@@ -36,6 +38,8 @@ type Daemon struct {
 	log  *slog.Logger
 	ln   net.Listener
 	sel  net.Listener // Dynamo's selection service; nil when off
+	fdLn net.Listener // the front door; nil when off
+	fd   *fasthttp.Server
 	srv  *server.Server
 	r    *router.Router
 	p    *persist // nil with --no-snapshots
@@ -71,7 +75,7 @@ func Run(ctx context.Context, c Config, stderr io.Writer) error {
 // has undone what it started, in reverse order: no goroutine, file or port is left. ctx bounds
 // the daemon's background work; Wait ends it.
 func Start(ctx context.Context, c Config, stderr io.Writer) (_ *Daemon, err error) {
-	d := &Daemon{c: c, done: make(chan error, 2)}
+	d := &Daemon{c: c, done: make(chan error, 3)}
 	// Libraries the daemon embeds log every retry of a failing write; the log must stay readable.
 	logOut := stderr
 	if c.LogFile != "" {
@@ -95,6 +99,12 @@ func Start(ctx context.Context, c Config, stderr io.Writer) (_ *Daemon, err erro
 		return nil, fmt.Errorf("--http-addr %s: %w", c.HTTPAddr, err)
 	}
 	d.undo.push(func() { d.ln.Close() })
+	if c.FrontendAddr != "" {
+		if d.fdLn, err = net.Listen("tcp", c.FrontendAddr); err != nil {
+			return nil, fmt.Errorf("--frontend-addr %s: %w", c.FrontendAddr, err)
+		}
+		d.undo.push(func() { d.fdLn.Close() })
+	}
 	if c.SelectionAddr != "" {
 		if d.sel, err = net.Listen("tcp", c.SelectionAddr); err != nil {
 			return nil, fmt.Errorf("--selection-addr %s: %w", c.SelectionAddr, err)
@@ -230,8 +240,14 @@ func Start(ctx context.Context, c Config, stderr io.Writer) (_ *Daemon, err erro
 		// empty.
 		_, _ = d.srv.RecoverFromPeers(ctx, splitList(c.Peers), 10*time.Second)
 	}
+	if d.fdLn != nil {
+		door := frontdoor.New(d.r, frontdoor.Config{Logger: log, Registry: reg, Retries: c.FrontendRetries, Timeout: c.FrontendTimeout})
+		d.fd = &fasthttp.Server{Handler: door.Handle, Name: "kvrouterd", MaxRequestBodySize: c.MaxBodyBytes,
+			ReadTimeout: 30 * time.Second, IdleTimeout: c.HTTPIdleTimeout, NoDefaultServerHeader: true, NoDefaultDate: true,
+			Logger: slogPrintf{log}}
+	}
 	maxConns, perIP := d.srv.ConnLimits()
-	log.Info("kvrouterd ready", "http", d.ln.Addr().String(), "selection", d.selectionAddr(), "nats", streamURL(d.st), "resume_after_seq", d.seq,
+	log.Info("kvrouterd ready", "http", d.ln.Addr().String(), "selection", d.selectionAddr(), "frontend", c.FrontendAddr, "nats", streamURL(d.st), "resume_after_seq", d.seq,
 		"http_max_conns", maxConns, "http_max_conns_per_ip", perIP, "shards", c.Shards, "mode", c.RouterMode, "block_size", c.BlockSize, "data_dir", c.DataDir,
 		"since_start", time.Since(processStart))
 	d.serving = 1
@@ -240,11 +256,28 @@ func Start(ctx context.Context, c Config, stderr io.Writer) (_ *Daemon, err erro
 		d.serving++
 		go func() { d.done <- d.srv.ServeSelection(d.sel) }()
 	}
+	if d.fd != nil {
+		d.serving++
+		go func() { d.done <- d.fd.Serve(d.fdLn) }()
+	}
 	return d, nil
 }
 
 // Addr is the HTTP API's address.
 func (d *Daemon) Addr() net.Addr { return d.ln.Addr() }
+
+// FrontendAddr is the front door's address; nil when it is off.
+func (d *Daemon) FrontendAddr() net.Addr {
+	if d.fdLn == nil {
+		return nil
+	}
+	return d.fdLn.Addr()
+}
+
+// slogPrintf is fasthttp's Logger over the daemon's log.
+type slogPrintf struct{ l *slog.Logger }
+
+func (p slogPrintf) Printf(format string, args ...any) { p.l.Warn(fmt.Sprintf(format, args...)) }
 
 // SelectionAddr is the selection service's address; nil when it is off.
 func (d *Daemon) SelectionAddr() net.Addr {
@@ -275,6 +308,9 @@ func (d *Daemon) Wait(ctx context.Context) error {
 	sctx, cancel := context.WithTimeout(context.Background(), d.c.ShutdownTimeout)
 	defer cancel()
 	start := time.Now()
+	if d.fd != nil {
+		go func() { _ = d.fd.ShutdownWithContext(sctx) }() // its streams end beside the API's requests
+	}
 	if err := d.srv.Shutdown(sctx); err != nil {
 		d.log.Warn("requests still in flight at the shutdown timeout", "err", err)
 	}

@@ -86,6 +86,8 @@ type registrationJSON struct {
 	MaxTokens int64    `json:"max_batched_tokens,omitempty"`
 	Endpoint  string   `json:"endpoint,omitempty"`
 	Replay    string   `json:"replay_endpoint,omitempty"`
+	// HTTPEndpoint: a replica older than it ignores it (the worker's API then unknown there).
+	HTTPEndpoint string `json:"http_endpoint,omitempty"`
 }
 
 // Register publishes g and returns the Router's answer to it.
@@ -95,7 +97,7 @@ func (j *Journal) Register(g router.Registration) error {
 		return err
 	}
 	body, err := json.Marshal(registrationJSON{Worker: g.ID, Model: g.Model, BlockSize: g.BlockSize, Ranks: g.Ranks,
-		Capacity: g.Capacity, MaxTokens: g.MaxTokens, Endpoint: g.Endpoint, Replay: g.Replay})
+		Capacity: g.Capacity, MaxTokens: g.MaxTokens, Endpoint: g.Endpoint, Replay: g.Replay, HTTPEndpoint: g.HTTPEndpoint})
 	if err != nil {
 		return err
 	}
@@ -281,7 +283,7 @@ func (c *Consumer) applyOp(op, model string, worker uint64, data []byte, w *wait
 			return &router.FieldError{Field: "worker_id", Err: router.ErrInvalid, Msg: "the registration's worker or model is not its subject's"}
 		}
 		return ch.Register(router.Registration{ID: j.Worker, Model: j.Model, BlockSize: j.BlockSize, Ranks: j.Ranks,
-			Capacity: j.Capacity, MaxTokens: j.MaxTokens, Endpoint: j.Endpoint, Replay: j.Replay})
+			Capacity: j.Capacity, MaxTokens: j.MaxTokens, Endpoint: j.Endpoint, Replay: j.Replay, HTTPEndpoint: j.HTTPEndpoint})
 	case OpUnregister:
 		return ch.Unregister(worker)
 	case OpUnregisterRank:

@@ -28,6 +28,8 @@ type WorkerInfo struct {
 	MaxTokens int64  `json:"max_batched_tokens,omitempty"`
 	Endpoint  string `json:"endpoint,omitempty"`
 	Replay    string `json:"replay_endpoint,omitempty"`
+	// HTTPEndpoint is the worker's OpenAI-compatible API (every rank's).
+	HTTPEndpoint string `json:"http_endpoint,omitempty"`
 	// Problems says what is known to be wrong with the worker's configuration, such as an
 	// engine block size other than its model's: each a short line naming the setting.
 	Problems []string `json:"problems,omitempty"`
@@ -62,6 +64,9 @@ func (r *Router) Workers() []WorkerInfo {
 				ID: w.key.ID, Rank: w.key.Rank, Model: reg.model.name, BlockSize: reg.model.blockSize,
 				Capacity: reg.capacity, MaxTokens: reg.maxTokens, Endpoint: w.endpoint, Replay: w.replay,
 			})
+			if u := reg.http.Load(); u != nil {
+				out[len(out)-1].HTTPEndpoint = *u
+			}
 			rws = append(rws, w)
 		}
 	}

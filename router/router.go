@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"net/url"
 	"runtime"
 	"slices"
 	"sync"
@@ -218,9 +219,10 @@ type rankWorker struct {
 type registration struct {
 	id        uint64
 	model     *model
-	ranks     []*rankWorker // by rank, at most wire.MaxSnapshotRanks
-	capacity  int64         // KV capacity in blocks, 0 = unknown
-	maxTokens int64         // max batched tokens, 0 = unknown
+	ranks     []*rankWorker          // by rank, at most wire.MaxSnapshotRanks
+	capacity  int64                  // KV capacity in blocks, 0 = unknown
+	maxTokens int64                  // max batched tokens, 0 = unknown
+	http      atomic.Pointer[string] // the OpenAI API's base URL; nil for none
 
 	received, applied atomic.Int64 // events
 	mis               misconfig
@@ -333,6 +335,9 @@ type Registration struct {
 	// its ranks' endpoints, and leaves the worker's other ranks' as they were.
 	Endpoint string
 	Replay   string
+	// HTTPEndpoint is the worker's OpenAI-compatible HTTP API (http://host:port), where the
+	// front door forwards the requests routed to it; "" leaves the worker's as it was.
+	HTTPEndpoint string
 }
 
 // Changer makes the changes the HTTP API is asked for: registrations, their removal, and event
@@ -415,9 +420,14 @@ func (g *Registration) check() ([]uint32, error) {
 	if g.Model == "" {
 		return nil, fieldErr(ErrInvalid, "model", "must not be empty")
 	}
-	for _, f := range [...]struct{ name, v string }{{"model", g.Model}, {"endpoint", g.Endpoint}, {"replay_endpoint", g.Replay}} {
+	for _, f := range [...]struct{ name, v string }{{"model", g.Model}, {"endpoint", g.Endpoint}, {"replay_endpoint", g.Replay}, {"http_endpoint", g.HTTPEndpoint}} {
 		if len(f.v) > wire.MaxString {
 			return nil, fieldErr(ErrTooLong, f.name, "%d bytes, at most %d", len(f.v), wire.MaxString)
+		}
+	}
+	if g.HTTPEndpoint != "" {
+		if err := checkHTTPEndpoint(g.HTTPEndpoint); err != nil {
+			return nil, err
 		}
 	}
 	if g.BlockSize < 0 || g.BlockSize > wire.MaxBlockSize {
@@ -446,6 +456,64 @@ func (g *Registration) check() ([]uint32, error) {
 	}
 	slices.Sort(ranks)
 	return ranks, nil
+}
+
+// checkHTTPEndpoint accepts the base URL of a worker's HTTP API: http or https, a host, and
+// nothing after the path.
+func checkHTTPEndpoint(e string) error {
+	u, err := url.Parse(e)
+	switch {
+	case err != nil:
+		return fieldErr(ErrInvalid, "http_endpoint", "%q: %v", e, err)
+	case u.Scheme != "http" && u.Scheme != "https":
+		return fieldErr(ErrInvalid, "http_endpoint", "%q: want an http:// or https:// URL", e)
+	case u.Host == "":
+		return fieldErr(ErrInvalid, "http_endpoint", "%q: no host", e)
+	case u.RawQuery != "" || u.Fragment != "" || u.User != nil:
+		return fieldErr(ErrInvalid, "http_endpoint", "%q: want a base URL, without user, query or fragment", e)
+	}
+	return nil
+}
+
+// HTTPEndpoint returns the base URL of worker id's HTTP API, "" if it has none or is not
+// registered. Safe for concurrent use; it takes no lock the route path takes.
+func (r *Router) HTTPEndpoint(id uint64) string {
+	r.mu.Lock()
+	reg := r.workers[id]
+	r.mu.Unlock()
+	if reg == nil {
+		return ""
+	}
+	if u := reg.http.Load(); u != nil {
+		return *u
+	}
+	return ""
+}
+
+// HTTPWorker is a worker with an HTTP API: its id and base URL.
+type HTTPWorker struct {
+	ID       uint64
+	Endpoint string
+}
+
+// HTTPWorkers appends to dst the workers of model that have an HTTP endpoint, by id, and
+// returns it. Safe for concurrent use; it holds the registry's lock for one pass over the
+// model's workers.
+func (r *Router) HTTPWorkers(model string, dst []HTTPWorker) []HTTPWorker {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	m := r.model(model)
+	if m == nil {
+		return dst
+	}
+	start := len(dst)
+	for id, reg := range m.regs {
+		if u := reg.http.Load(); u != nil {
+			dst = append(dst, HTTPWorker{id, *u})
+		}
+	}
+	slices.SortFunc(dst[start:], func(a, b HTTPWorker) int { return cmp.Compare(a.ID, b.ID) })
+	return dst
 }
 
 // rankList is what a log line says of ranks: all of them when few.
@@ -545,6 +613,10 @@ func (r *Router) registerLocked(g Registration, eps []RankEndpoint, publish bool
 	}
 	if g.MaxTokens != 0 {
 		reg.maxTokens = g.MaxTokens
+	}
+	if g.HTTPEndpoint != "" {
+		u := g.HTTPEndpoint
+		reg.http.Store(&u)
 	}
 	reg.ranks = slices.Grow(reg.ranks, len(add))
 	for i, key := range keys {

@@ -50,7 +50,7 @@ func (r *Router) Snapshot(chunkSize int, emit func(chunk []byte) error) (Snapsho
 	for _, reg := range r.workers {
 		w := wire.SnapshotWorker{
 			ID: reg.id, Model: reg.model.name, BlockSize: reg.model.blockSize, Capacity: reg.capacity,
-			MaxTokens: reg.maxTokens, Reports: reg.heartbeat.Load(),
+			MaxTokens: reg.maxTokens, Reports: reg.heartbeat.Load(), HTTPEndpoint: deref(reg.http.Load()),
 		}
 		for _, rw := range reg.ranks {
 			w.Ranks = append(w.Ranks, wire.SnapshotRank{Rank: rw.key.Rank})
@@ -265,7 +265,8 @@ func (r *Router) Restore(n int, chunk func(i int, dst []byte) ([]byte, error)) (
 func (r *Router) restoreWorker(w *wire.SnapshotWorker) (*model, error) {
 	// The decoded strings alias the chunk's buffer, which the next chunk reuses.
 	g := Registration{ID: w.ID, Model: strings.Clone(w.Model), BlockSize: w.BlockSize, Capacity: w.Capacity,
-		MaxTokens: w.MaxTokens, Endpoint: strings.Clone(w.Endpoint), Replay: strings.Clone(w.Replay)}
+		MaxTokens: w.MaxTokens, Endpoint: strings.Clone(w.Endpoint), Replay: strings.Clone(w.Replay),
+		HTTPEndpoint: strings.Clone(w.HTTPEndpoint)}
 	for _, rs := range w.Ranks {
 		g.Ranks = append(g.Ranks, rs.Rank)
 	}
@@ -333,4 +334,11 @@ func (r *Router) ClearAll() (int64, error) {
 		}
 	}
 	return n, nil
+}
+
+func deref(p *string) string {
+	if p == nil {
+		return ""
+	}
+	return *p
 }

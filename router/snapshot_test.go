@@ -2,6 +2,7 @@ package router
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"reflect"
@@ -194,5 +195,40 @@ func TestClearAll(t *testing.T) {
 		if w.CachedBlocks != 0 || w.LastEventID != 1 {
 			t.Errorf("worker %d after ClearAll: %d blocks, cursor %d (want 0 and 1, kept)", w.ID, w.CachedBlocks, w.LastEventID)
 		}
+	}
+}
+
+// TestHTTPEndpoint: a worker's HTTP API is registered, listed, updated by a later
+// registration naming another, left as it was by one naming none, refused when it is no
+// http(s) base URL, and kept by a snapshot.
+func TestHTTPEndpoint(t *testing.T) {
+	r := New(Config{Shards: 1, Logger: quiet()})
+	defer r.Close()
+	if err := r.Register(Registration{ID: 1, Model: "m", BlockSize: 4, HTTPEndpoint: "http://w1:8000"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Register(Registration{ID: 1, Model: "m", Ranks: []uint32{1}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := r.HTTPEndpoint(1); got != "http://w1:8000" {
+		t.Fatalf("HTTPEndpoint = %q", got)
+	}
+	for _, bad := range []string{"tcp://w1:5557", "http://", "w1:8000", "http://w1:8000/?x=1", "http://u@w1:8000"} {
+		var fe *FieldError
+		if err := r.Register(Registration{ID: 2, Model: "m", HTTPEndpoint: bad}); !errors.As(err, &fe) || fe.Field != "http_endpoint" {
+			t.Errorf("%q: %v, want a refusal naming http_endpoint", bad, err)
+		}
+	}
+	if err := r.Register(Registration{ID: 1, Model: "m", HTTPEndpoint: "https://w1b:8443/v0"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range r.Workers() {
+		if w.HTTPEndpoint != "https://w1b:8443/v0" {
+			t.Errorf("rank %d lists %q", w.Rank, w.HTTPEndpoint)
+		}
+	}
+	to, _ := restored(t, r, 1<<20)
+	if got := to.HTTPEndpoint(1); got != "https://w1b:8443/v0" {
+		t.Errorf("after a restore: %q", got)
 	}
 }

@@ -68,6 +68,8 @@ type dynRegister struct {
 	// additional_salt (alias additionalsalt): accepted, not mixed into hashes (as Dynamo).
 	Salt      *string `json:"additional_salt"`
 	SaltAlias *string `json:"additionalsalt"`
+	// HTTP is kvrouterd's own: the worker's OpenAI-compatible API, for the front door.
+	HTTP string `json:"http_endpoint"`
 }
 
 type dynUnregister struct {
@@ -241,7 +243,7 @@ func (s *Server) dynamoRegister(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	err := s.ch.Register(router.Registration{
-		ID: id, Model: key, BlockSize: bs, Ranks: []uint32{rank}, Endpoint: j.Endpoint, Replay: replay,
+		ID: id, Model: key, BlockSize: bs, Ranks: []uint32{rank}, Endpoint: j.Endpoint, Replay: replay, HTTPEndpoint: j.HTTP,
 	})
 	if err != nil {
 		s.fail(ctx, epDynamo, dynamoField(err))

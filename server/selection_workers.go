@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"math"
+	"net/url"
 	"slices"
 	"strconv"
 
@@ -449,6 +450,19 @@ func (s *Server) register(rec *selRecord) error {
 		}
 	}
 	g := router.Registration{ID: id, Model: key, BlockSize: bs, Capacity: capacity, MaxTokens: maxTokens}
+	// The catalog's endpoint is where the worker serves requests: the front door's target too,
+	// when it is an HTTP URL.
+	if u, err := url.Parse(deref(rec.Endpoint)); err == nil && (u.Scheme == "http" || u.Scheme == "https") && u.Host != "" {
+		g.HTTPEndpoint = deref(rec.Endpoint)
+	}
+	if g.HTTPEndpoint != "" && g.HTTPEndpoint != s.r.HTTPEndpoint(id) && len(held) > 0 && !moved {
+		// Ranks unchanged, endpoint changed: re-registering a held rank updates it alone.
+		up := g
+		up.Ranks = []uint32{slices.Min(slices.Collect(maps.Keys(held)))}
+		if err := s.ch.Register(up); err != nil {
+			return fail(dynamoField(err))
+		}
+	}
 	if !kvEvents {
 		// No endpoints to tell apart: the ranks not held, in one registration.
 		for _, rank := range slices.Sorted(maps.Keys(want)) {

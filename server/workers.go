@@ -21,6 +21,8 @@ type registerJSON struct {
 	MaxTokens int64    `json:"max_batched_tokens"`
 	Endpoint  string   `json:"endpoint"`
 	Replay    string   `json:"replay_endpoint"`
+	// HTTP is the worker's OpenAI-compatible API, where the front door forwards requests.
+	HTTP string `json:"http_endpoint"`
 }
 
 func (s *Server) registerWorker(ctx *fasthttp.RequestCtx) {
@@ -35,7 +37,7 @@ func (s *Server) registerWorker(ctx *fasthttp.RequestCtx) {
 	}
 	err := s.ch.Register(router.Registration{
 		ID: *j.Worker, Model: j.Model, BlockSize: j.BlockSize, Ranks: j.Ranks,
-		Capacity: j.Capacity, MaxTokens: j.MaxTokens, Endpoint: j.Endpoint, Replay: j.Replay,
+		Capacity: j.Capacity, MaxTokens: j.MaxTokens, Endpoint: j.Endpoint, Replay: j.Replay, HTTPEndpoint: j.HTTP,
 	})
 	if err != nil {
 		s.fail(ctx, epWorkers, err)

@@ -213,7 +213,9 @@ func (a *Applier) stored(w *worker, r *rankState, ev *Event, o *Outcome) {
 		seq := a.seqs[i]
 		if old, ok := r.engine.Get(eh); ok {
 			if old == seq {
-				a.note(r, i, parent, hasParent) // restored without its tree, it gets it back
+				if r.tree != nil {
+					a.note(r, i, parent, hasParent) // restored without its tree, it gets it back
+				}
 				continue
 			}
 			// The engine reuses this hash for other content: the old block is gone.
@@ -224,7 +226,9 @@ func (a *Applier) stored(w *worker, r *rankState, ev *Event, o *Outcome) {
 				// Same content under another engine hash: no new residency, no budget needed.
 				r.engine.Put(eh, seq)
 				r.addDup(seq)
-				a.note(r, i, parent, hasParent)
+				if r.tree != nil {
+					a.note(r, i, parent, hasParent)
+				}
 				continue
 			}
 			o.Status, o.Skipped = OverBudget, n-i
@@ -239,7 +243,9 @@ func (a *Applier) stored(w *worker, r *rankState, ev *Event, o *Outcome) {
 			a.allow++
 			r.addDup(seq)
 		}
-		a.note(r, i, parent, hasParent)
+		if r.tree != nil {
+			a.note(r, i, parent, hasParent)
+		}
 	}
 	if o.Applied != 0 {
 		a.c.stored.Add(int64(o.Applied))
@@ -301,13 +307,10 @@ func (a *Applier) drop(ix *radix.Index, r *rankState, seq uint64) bool {
 	return true
 }
 
-// note records, with KeepTree, block i of the stored event being applied (now held by r): its
-// local hash and its parent, the block before it in the event or, for the first, the event's
-// parent (none at the root of a chain).
+// note records, for a rank with a tree (KeepTree), block i of the stored event being applied
+// (now held by r): its local hash and its parent, the block before it in the event or, for the
+// first, the event's parent (none at the root of a chain).
 func (a *Applier) note(r *rankState, i int, parent uint64, hasParent bool) {
-	if r.tree == nil {
-		return
-	}
 	seq := a.seqs[i]
 	r.tree.local.Put(seq, a.locals[i])
 	switch {

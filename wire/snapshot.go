@@ -24,7 +24,9 @@ type SnapshotWorker struct {
 	Endpoint string
 	Replay   string
 	Reports  bool // the worker sends load reports (subject to the worker timeout)
-	Ranks    []SnapshotRank
+	// HTTPEndpoint is the worker's OpenAI-compatible API, "" for none (flags bit 3).
+	HTTPEndpoint string
+	Ranks        []SnapshotRank
 	// Endpoints, if not empty, holds one entry per rank, in the order of Ranks: where each
 	// publishes its KV events (flags bit 1, which also carries each rank's Batch; without it,
 	// Batch is written and read as 0).
@@ -55,7 +57,8 @@ const (
 	snapReports     = 1 << 0
 	snapEndpoints   = 1 << 1 // each rank carries its endpoints and its last engine batch
 	snapTree        = 1 << 2 // each rank carries its block tree (local hashes and parents)
-	snapFlags       = snapReports | snapEndpoints | snapTree
+	snapHTTP        = 1 << 3 // the worker's HTTP endpoint follows the replay endpoint
+	snapFlags       = snapReports | snapEndpoints | snapTree | snapHTTP
 )
 
 var (
@@ -67,7 +70,7 @@ var (
 // Validate reports the first field of w the format cannot carry (Offset -1).
 func (w *SnapshotWorker) Validate() error {
 	const m = "snapshot worker"
-	for _, f := range [...]struct{ name, v string }{{"model", w.Model}, {"endpoint", w.Endpoint}, {"replay", w.Replay}} {
+	for _, f := range [...]struct{ name, v string }{{"model", w.Model}, {"endpoint", w.Endpoint}, {"replay", w.Replay}, {"http_endpoint", w.HTTPEndpoint}} {
 		if err := validStr(m, f.name, f.v); err != nil {
 			return err
 		}
@@ -108,6 +111,9 @@ func (w *SnapshotWorker) Validate() error {
 
 func (w *SnapshotWorker) size() int {
 	n := snapWorkerFixed + strSize(w.Model) + strSize(w.Endpoint) + strSize(w.Replay) + 4
+	if w.HTTPEndpoint != "" {
+		n += strSize(w.HTTPEndpoint)
+	}
 	tree := w.hasTree()
 	for i := range w.Ranks {
 		n += snapRankFixed + 16*len(w.Ranks[i].Seqs)
@@ -150,12 +156,18 @@ func AppendSnapshotWorker(dst []byte, w *SnapshotWorker) []byte {
 	if tree {
 		flags |= snapTree
 	}
+	if w.HTTPEndpoint != "" {
+		flags |= snapHTTP
+	}
 	dst = le.AppendUint32(dst, flags)
 	dst = le.AppendUint64(dst, uint64(w.Capacity))
 	dst = le.AppendUint64(dst, uint64(w.MaxTokens))
 	dst = appendStr(dst, w.Model)
 	dst = appendStr(dst, w.Endpoint)
 	dst = appendStr(dst, w.Replay)
+	if w.HTTPEndpoint != "" {
+		dst = appendStr(dst, w.HTTPEndpoint)
+	}
 	dst = appendCount(dst, len(w.Ranks))
 	for i := range w.Ranks {
 		r := &w.Ranks[i]
@@ -219,6 +231,12 @@ func DecodeSnapshotWorker(b []byte, w *SnapshotWorker) error {
 	replay, err := d.str("replay")
 	if err != nil {
 		return err
+	}
+	var httpEndpoint string
+	if flags&snapHTTP != 0 {
+		if httpEndpoint, err = d.str("http_endpoint"); err != nil {
+			return err
+		}
 	}
 	start := d.off
 	nr, err := d.count("n_ranks", "ranks", snapRankFixed)
@@ -296,5 +314,6 @@ func DecodeSnapshotWorker(b []byte, w *SnapshotWorker) error {
 	}
 	w.ID, w.BlockSize, w.Reports = le.Uint64(p), int(bs), flags&snapReports != 0
 	w.Capacity, w.MaxTokens, w.Model, w.Endpoint, w.Replay = capacity, maxTokens, model, endpoint, replay
+	w.HTTPEndpoint = httpEndpoint
 	return nil
 }

@@ -191,28 +191,31 @@ func lookup(v any, path string) (any, bool) {
 	return v, true
 }
 
+// goldenDump is a Dynamo dump's JSON, as far as the tests read it.
+type goldenDump map[string]struct {
+	Events []struct {
+		Worker uint64 `json:"worker_id"`
+		Tier   string `json:"storage_tier"`
+		Event  struct {
+			Rank uint32 `json:"dp_rank"`
+			Data struct {
+				Stored struct {
+					Parent *uint64 `json:"parent_hash"`
+					Blocks []struct {
+						Block  uint64 `json:"block_hash"`
+						Tokens uint64 `json:"tokens_hash"`
+					} `json:"blocks"`
+				} `json:"stored"`
+			} `json:"data"`
+		} `json:"event"`
+	} `json:"events"`
+}
+
 // deviceBlocks lists a dump's device-tier blocks per partition, sorted, each as worker, rank,
 // parent, engine hash and local hash.
 func deviceBlocks(t *testing.T, dump []byte) map[string][]string {
 	t.Helper()
-	var d map[string]struct {
-		Events []struct {
-			Worker uint64 `json:"worker_id"`
-			Tier   string `json:"storage_tier"`
-			Event  struct {
-				Rank uint32 `json:"dp_rank"`
-				Data struct {
-					Stored struct {
-						Parent *uint64 `json:"parent_hash"`
-						Blocks []struct {
-							Block  uint64 `json:"block_hash"`
-							Tokens uint64 `json:"tokens_hash"`
-						} `json:"blocks"`
-					} `json:"stored"`
-				} `json:"data"`
-			} `json:"event"`
-		} `json:"events"`
-	}
+	var d goldenDump
 	if err := json.Unmarshal(dump, &d); err != nil {
 		t.Fatalf("dump: %v", err)
 	}
@@ -239,21 +242,7 @@ func deviceBlocks(t *testing.T, dump []byte) map[string][]string {
 // checkDumpChains checks that the golden dump's block hashes are Dynamo's chain of its local
 // hashes (compute_seq_hash_for_block), as its test helper built them.
 func checkDumpChains(t *testing.T, dump []byte) {
-	var d map[string]struct {
-		Events []struct {
-			Event struct {
-				Data struct {
-					Stored struct {
-						Parent *uint64 `json:"parent_hash"`
-						Blocks []struct {
-							Block  uint64 `json:"block_hash"`
-							Tokens uint64 `json:"tokens_hash"`
-						} `json:"blocks"`
-					} `json:"stored"`
-				} `json:"data"`
-			} `json:"event"`
-		} `json:"events"`
-	}
+	var d goldenDump
 	if err := json.Unmarshal(dump, &d); err != nil {
 		t.Fatal(err)
 	}

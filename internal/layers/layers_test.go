@@ -38,6 +38,7 @@ var layer = map[string]int{
 	"shard":               3,
 
 	"client":            4,
+	"frontdoor":         4,
 	"ingest":            4,
 	"internal/refmodel": 4, // models radix and shard for their tests, so it sits above them
 	"replica":           4,
