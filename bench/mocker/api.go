@@ -211,6 +211,7 @@ type generation struct {
 	created       int64
 	model         string
 	prompt        []uint32
+	seed          uint64 // OutputSeed(prompt)
 	output        int
 	stream, usage bool
 }
@@ -218,6 +219,7 @@ type generation struct {
 // generate submits g to the engine and answers: one JSON body once the request ends, or, with
 // stream, Server-Sent Events as its tokens come.
 func (a *api) generate(ctx *fasthttp.RequestCtx, g *generation) {
+	g.seed = OutputSeed(g.prompt)
 	r := a.eng.submit(g.prompt, g.output)
 	if g.stream {
 		ctx.SetContentType("text/event-stream; charset=utf-8")
@@ -340,7 +342,7 @@ func appendFinish(dst []byte, finish string) []byte {
 
 // appendTokenChunk appends the event of output token i.
 func (g *generation) appendTokenChunk(dst []byte, i int, finish string) []byte {
-	text := OutputText(OutputToken(g.prompt, i), i)
+	text := OutputText(OutputToken(g.seed, i), i)
 	dst = append(dst, "data: "...)
 	dst = g.appendHead(dst, g.chunkObject())
 	if g.chat {
@@ -399,7 +401,7 @@ func (g *generation) appendUsage(dst []byte, n, cached int) []byte {
 func (g *generation) appendBody(dst []byte, n, cached int, finish string) []byte {
 	text := make([]byte, 0, 8*n)
 	for i := range n {
-		text = append(text, OutputText(OutputToken(g.prompt, i), i)...)
+		text = append(text, OutputText(OutputToken(g.seed, i), i)...)
 	}
 	if g.chat {
 		dst = g.appendHead(dst, "chat.completion")

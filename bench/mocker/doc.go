@@ -29,7 +29,8 @@
 // requests). /tokenize and the chat endpoint share that code (AppendChat), so the ids /tokenize
 // returns are exactly the prompt the engine caches and publishes.
 //
-// Output token i of a request is the fixed word (last prompt id + i) mod 100; its text is the
+// Output token i of a request is the fixed word (OutputSeed(prompt) + i) mod 100, the seed an
+// FNV-1a hash of the prompt ids, so that equal prompts get equal answers; its text is the
 // word, after a space from the second token on. Every request runs to its max_tokens
 // (finish_reason "length"): there is no end-of-sequence.
 //

@@ -130,7 +130,7 @@ func decodeAnswer(t *testing.T, b []byte) answer {
 func expectText(prompt []uint32, n int) string {
 	var s strings.Builder
 	for i := range n {
-		s.WriteString(OutputText(OutputToken(prompt, i), i))
+		s.WriteString(OutputText(OutputToken(OutputSeed(prompt), i), i))
 	}
 	return s.String()
 }
@@ -292,7 +292,7 @@ func TestTokenByToken(t *testing.T) {
 			t.Fatal(err)
 		}
 		a := decodeAnswer(t, []byte(strings.TrimPrefix(line, "data: ")))
-		if a.Object != "text_completion" || len(a.Choices) != 1 || *a.Choices[0].Text != OutputText(OutputToken(AppendTokens(nil, "tell me", true), i), i) {
+		if a.Object != "text_completion" || len(a.Choices) != 1 || *a.Choices[0].Text != OutputText(OutputToken(OutputSeed(AppendTokens(nil, "tell me", true)), i), i) {
 			t.Fatalf("event %d: %s", i, line)
 		}
 		if blank, _ := r.ReadString('\n'); blank != "\n" {

@@ -141,12 +141,25 @@ func Decode(ids []uint32) string {
 	return b.String()
 }
 
-// OutputToken is the i-th output token (from 0) of a request whose prompt is prompt (not
-// empty): the fixed word (prompt's last id + i) mod the number of words. Every output token is
-// a fixed word, so the generated text tokenizes back to the generated ids.
-func OutputToken(prompt []uint32, i int) uint32 {
-	last := uint64(prompt[len(prompt)-1])
-	return firstWordID + uint32((last+uint64(i))%uint64(len(words)))
+// OutputSeed is what a request's output is drawn from: FNV-1a-64 of its prompt ids (each as 4
+// bytes, little-endian), so that different prompts get different answers.
+func OutputSeed(prompt []uint32) uint64 {
+	h := uint64(14695981039346656037)
+	for _, id := range prompt {
+		for range 4 {
+			h ^= uint64(id & 0xff)
+			h *= 1099511628211
+			id >>= 8
+		}
+	}
+	return h
+}
+
+// OutputToken is the i-th output token (from 0) of a request whose prompt has OutputSeed seed:
+// the fixed word (seed + i) mod the number of words. Every output token is a fixed word, so the
+// generated text tokenizes back to the generated ids.
+func OutputToken(seed uint64, i int) uint32 {
+	return firstWordID + uint32((seed%uint64(len(words))+uint64(i))%uint64(len(words)))
 }
 
 // OutputText is the text of the i-th output token: its word, after a space except for the

@@ -66,13 +66,22 @@ func TestDecodeAndOutput(t *testing.T) {
 	}
 
 	// The generated text tokenizes back to the generated ids, which cycle through the words
-	// from the prompt's last id on.
+	// from the prompt's seed on.
 	prompt := []uint32{7, 50000}
+	seed := OutputSeed(prompt)
+	h := fnv.New64a()
+	h.Write([]byte{7, 0, 0, 0, 0x50, 0xc3, 0, 0})
+	if seed != h.Sum64() {
+		t.Fatalf("OutputSeed = %x, want FNV-1a of the ids' bytes %x", seed, h.Sum64())
+	}
+	if OutputSeed([]uint32{50000, 7}) == seed {
+		t.Errorf("the seed ignores the order of the ids")
+	}
 	var out []uint32
 	var text strings.Builder
 	for i := range 250 {
-		id := OutputToken(prompt, i)
-		if want := firstWordID + uint32((50000+i)%len(words)); id != want {
+		id := OutputToken(seed, i)
+		if want := firstWordID + uint32((seed%uint64(len(words))+uint64(i))%uint64(len(words))); id != want {
 			t.Fatalf("OutputToken(%d) = %d, want %d", i, id, want)
 		}
 		out = append(out, id)
@@ -81,7 +90,7 @@ func TestDecodeAndOutput(t *testing.T) {
 	if got := AppendTokens(nil, text.String(), false); !slices.Equal(got, out) {
 		t.Errorf("generated text tokenizes to %v, want %v", got[:8], out[:8])
 	}
-	if !strings.HasPrefix(text.String(), words[0]+" "+words[1]) {
+	if first := TokenText(out[0]); !strings.HasPrefix(text.String(), first+" "+TokenText(out[1])) {
 		t.Errorf("text %.30q", text.String())
 	}
 }
