@@ -7,7 +7,7 @@ BENCHCOUNT ?= 6
 BENCHSTAT  := golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9c6c9d4da
 OUT        := bench/out
 
-.PHONY: build run test vet bench bench-quick micro micro-ab load load-1cpu fuzz clean
+.PHONY: build run test vet bench bench-quick demo micro micro-ab load load-1cpu fuzz clean
 
 build:
 	$(GO) build ./...
@@ -37,6 +37,12 @@ bench:
 
 bench-quick:
 	$(GO) run ./bench/report --quick --out $(OUT)
+
+# kvrouterd with its front door and four mock engines, the Mooncake conversation trace through
+# the front door in kv mode and round robin: TTFT and ITL of each, beside the simulator's
+# (about two minutes on 2 cores).
+demo:
+	$(GO) run ./bench/demo --out $(OUT)
 
 # Microbenchmarks, BENCHCOUNT runs each, summarized as medians; memory benchmarks once (they do
 # not depend on timing). Raw output in bench/out/.

@@ -48,6 +48,7 @@ var layer = map[string]int{
 
 	"cmd/kvrouterd": 6,
 
+	"bench/demo":     7,
 	"bench/e2e":      7,
 	"bench/fleet":    7,
 	"bench/fleetsim": 7,

@@ -1,0 +1,382 @@
+// Command demo shows what kvrouterd does, through real sockets: kvrouterd with its OpenAI front
+// door, four mock engines (cmd/kvr-mocker) registered with it, and the Mooncake conversation
+// trace replayed through the front door at a loaded rate, once with kv routing and once round
+// robin. It prints each mode's mean and p99 time to first token and inter-token latency, the
+// simulator's figures for the same trace, fleet and rate (bench/fleet, the same worker model),
+// and writes a plot. `make demo` runs it; about two minutes on 2 cores.
+//
+// Time: the mock engines run their simulated clock --speedup times faster than wall time, and
+// the trace is replayed as fast; every latency printed is in the engines' simulated time
+// (wall time × speedup), which is what the simulator reports too.
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/kvrouterd/kvrouterd/bench/fleet"
+	"github.com/kvrouterd/kvrouterd/bench/sim"
+	"github.com/kvrouterd/kvrouterd/bench/trace"
+	"github.com/kvrouterd/kvrouterd/scoring"
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/plotutil"
+	"gonum.org/v1/plot/vg"
+)
+
+type config struct {
+	trace     string
+	requests  int
+	timeScale float64
+	speedup   float64
+	workers   int
+	blocks    int
+	blockSize int
+	out       string
+}
+
+func main() {
+	var c config
+	flag.StringVar(&c.trace, "trace", "../shared/traces/mooncake/conversation_trace.jsonl", "Mooncake trace (JSON lines)")
+	flag.IntVar(&c.requests, "requests", 600, "the trace's first requests replayed")
+	flag.Float64Var(&c.timeScale, "time-scale", 1, "multiplies the trace's arrival times (below 1: more load)")
+	flag.Float64Var(&c.speedup, "speedup", 4, "simulated seconds per wall second, for the engines and the replay alike")
+	flag.IntVar(&c.workers, "workers", 4, "mock engines")
+	flag.IntVar(&c.blocks, "blocks", 16384, "each engine's KV cache, in blocks")
+	flag.IntVar(&c.blockSize, "block-size", 16, "tokens per KV block")
+	flag.StringVar(&c.out, "out", "bench/out", "directory of demo.png")
+	flag.Parse()
+	if err := run(c); err != nil {
+		fmt.Fprintln(os.Stderr, "demo:", err)
+		os.Exit(1)
+	}
+}
+
+// stats are one mode's latencies, in simulated time.
+type stats struct {
+	mode           string
+	ttft, itl      []time.Duration // per request: its TTFT, its mean gap between tokens
+	failed         int
+	simTTFT        []time.Duration // the simulator's TTFTs for the same requests
+	simHit, hit    float64         // the simulator's cache hit rate; the engines' (cached / prompt tokens)
+	cached, prompt int64
+}
+
+func run(c config) error {
+	reqs, err := trace.LoadMooncake(c.trace, trace.MooncakeOptions{TimeScale: c.timeScale, Limit: c.requests})
+	if err != nil {
+		return err
+	}
+	bin, err := os.MkdirTemp("", "kvr-demo-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(bin)
+	for _, cmd := range []string{"kvrouterd", "kvr-mocker"} {
+		b := exec.Command("go", "build", "-o", filepath.Join(bin, cmd), "./cmd/"+cmd)
+		b.Stdout, b.Stderr = os.Stderr, os.Stderr
+		if err := b.Run(); err != nil {
+			return fmt.Errorf("building %s: %w", cmd, err)
+		}
+	}
+	fmt.Printf("kvrouterd demo: %d requests of %s (time ×%.2f), %d mock engines of %d blocks of %d tokens, speedup %g\n\n",
+		len(reqs), filepath.Base(c.trace), c.timeScale, c.workers, c.blocks, c.blockSize, c.speedup)
+	var all []*stats
+	for _, mode := range []string{"kv", "round_robin"} {
+		st, err := runMode(c, bin, mode, reqs)
+		if err != nil {
+			return fmt.Errorf("%s: %w", mode, err)
+		}
+		if err := simulate(c, mode, reqs, st); err != nil {
+			return err
+		}
+		all = append(all, st)
+	}
+	fmt.Printf("%-12s %12s %12s %12s %12s %10s | %14s %10s\n", "mode", "TTFT mean", "TTFT p99", "ITL mean", "ITL p99", "hit rate", "sim TTFT mean", "sim hit")
+	for _, s := range all {
+		fmt.Printf("%-12s %12s %12s %12s %12s %9.1f%% | %14s %9.1f%%   (%d failed)\n", s.mode,
+			ms(mean(s.ttft)), ms(pct(s.ttft, 0.99)), ms(mean(s.itl)), ms(pct(s.itl, 0.99)), 100*s.hit,
+			ms(mean(s.simTTFT)), 100*s.simHit, s.failed)
+	}
+	return writePlot(filepath.Join(c.out, "demo.png"), all)
+}
+
+// runMode starts kvrouterd in mode and the engines, replays reqs through the front door, and
+// stops them all.
+func runMode(c config, bin, mode string, reqs []trace.Request) (*stats, error) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	dir, err := os.MkdirTemp("", "kvr-demo-data-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	api, front := freeAddr(), freeAddr()
+	var procs []*exec.Cmd
+	defer func() {
+		for _, p := range procs {
+			_ = p.Process.Signal(os.Interrupt)
+		}
+		for _, p := range procs {
+			_ = p.Wait()
+		}
+	}()
+	start := func(name string, args ...string) error {
+		p := exec.CommandContext(ctx, filepath.Join(bin, name), args...)
+		p.Stderr = io.Discard
+		if err := p.Start(); err != nil {
+			return err
+		}
+		procs = append(procs, p)
+		return nil
+	}
+	if err := start("kvrouterd", "--http-addr", api, "--frontend-addr", front, "--data-dir", dir, "--nats-listen", "127.0.0.1:0",
+		"--router-mode", mode, "--no-snapshots", "--block-size", strconv.Itoa(c.blockSize), "--log-level", "warn"); err != nil {
+		return nil, err
+	}
+	if err := waitFor(func() bool { return get("http://"+api+"/readyz") == 200 }); err != nil {
+		return nil, fmt.Errorf("kvrouterd never ready: %w", err)
+	}
+	for w := 1; w <= c.workers; w++ {
+		if err := start("kvr-mocker", "--http-addr", freeAddr(), "--model", "demo", "--worker-id", strconv.Itoa(w),
+			"--block-size", strconv.Itoa(c.blockSize), "--blocks", strconv.Itoa(c.blocks), "--speedup", fmt.Sprint(c.speedup),
+			"--kv-events-addr", "tcp://"+freeAddr(), "--replay-addr", "tcp://"+freeAddr(),
+			"--register", "http://"+api, "--log-level", "warn"); err != nil {
+			return nil, err
+		}
+	}
+	if err := waitFor(func() bool { return workersUp("http://"+api, c.workers) }); err != nil {
+		return nil, fmt.Errorf("the engines never registered: %w", err)
+	}
+	st := &stats{mode: mode, ttft: make([]time.Duration, len(reqs)), itl: make([]time.Duration, len(reqs))}
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1024}}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	t0 := time.Now()
+	first := reqs[0].At
+	for i, r := range reqs {
+		due := t0.Add(time.Duration(float64(r.At-first) / c.speedup))
+		time.Sleep(time.Until(due))
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ttft, itl, cached, err := send(client, "http://"+front, r)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				st.failed++
+				st.ttft[i], st.itl[i] = -1, -1
+				return
+			}
+			st.ttft[i] = time.Duration(float64(ttft) * c.speedup)
+			st.itl[i] = time.Duration(float64(itl) * c.speedup)
+			st.cached += int64(cached)
+			st.prompt += int64(len(r.Tokens))
+		}()
+	}
+	wg.Wait()
+	st.ttft, st.itl = slices.DeleteFunc(st.ttft, neg), slices.DeleteFunc(st.itl, neg)
+	if st.prompt > 0 {
+		st.hit = float64(st.cached) / float64(st.prompt)
+	}
+	fmt.Printf("%s: %d requests in %v wall\n", mode, len(reqs), time.Since(t0).Round(time.Second))
+	return st, nil
+}
+
+func neg(d time.Duration) bool { return d < 0 }
+
+// send streams one completion through the front door and returns its time to first token, its
+// mean gap between tokens (wall time) and the prompt tokens the engine found cached.
+func send(c *http.Client, front string, r trace.Request) (ttft, itl time.Duration, cached int, err error) {
+	body, _ := json.Marshal(map[string]any{"model": "demo", "prompt": r.Tokens, "max_tokens": max(r.Output, 1), "stream": true,
+		"stream_options": map[string]bool{"include_usage": true}})
+	start := time.Now()
+	resp, err := c.Post(front+"/v1/completions", "application/json", bytes.NewReader(body))
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		b, _ := io.ReadAll(resp.Body)
+		return 0, 0, 0, fmt.Errorf("%d: %.200s", resp.StatusCode, b)
+	}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	var last time.Time
+	var gaps time.Duration
+	tokens := 0
+	for sc.Scan() {
+		line := sc.Bytes()
+		if !bytes.HasPrefix(line, []byte("data: ")) || bytes.Equal(line, []byte("data: [DONE]")) {
+			continue
+		}
+		var chunk struct {
+			Choices []struct{ Text string } `json:"choices"`
+			Usage   *struct {
+				Details *struct {
+					Cached int `json:"cached_tokens"`
+				} `json:"prompt_tokens_details"`
+			} `json:"usage"`
+		}
+		_ = json.Unmarshal(line[6:], &chunk)
+		if chunk.Usage != nil && chunk.Usage.Details != nil {
+			cached = chunk.Usage.Details.Cached
+		}
+		if len(chunk.Choices) == 0 {
+			continue
+		}
+		now := time.Now()
+		if tokens == 0 {
+			ttft = now.Sub(start)
+		} else {
+			gaps += now.Sub(last)
+		}
+		last = now
+		tokens++
+	}
+	if err := sc.Err(); err != nil {
+		return 0, 0, 0, err
+	}
+	if tokens == 0 {
+		return 0, 0, 0, errors.New("no token")
+	}
+	if tokens > 1 {
+		itl = gaps / time.Duration(tokens-1)
+	}
+	return ttft, itl, cached, nil
+}
+
+// simulate runs the simulator on the same trace and fleet in mode.
+func simulate(c config, mode string, reqs []trace.Request, st *stats) error {
+	m, err := scoring.ParseMode(mode)
+	if err != nil {
+		return err
+	}
+	wc := sim.DefaultWorkerConfig()
+	wc.Blocks, wc.BlockSize = c.blocks, c.blockSize
+	res, err := fleet.Run(fleet.Config{Workers: c.workers, Mode: m, Worker: wc}, reqs)
+	if err != nil {
+		return err
+	}
+	st.simTTFT, st.simHit = res.TTFT, res.HitRate()
+	return nil
+}
+
+func writePlot(path string, all []*stats) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	p := plot.New()
+	p.Title.Text = "kvrouterd demo: time to first token (simulated ms)"
+	p.Y.Label.Text = "ms"
+	w := vg.Points(14)
+	for i, s := range all {
+		vals := plotter.Values{msf(mean(s.ttft)), msf(pct(s.ttft, 0.99)), msf(mean(s.simTTFT)), msf(pct(s.simTTFT, 0.99))}
+		b, err := plotter.NewBarChart(vals, w)
+		if err != nil {
+			return err
+		}
+		b.Offset = vg.Length(2*i-len(all)+1) * w / 2
+		b.Color = plotutil.Color(i)
+		b.LineStyle.Width = 0
+		p.Add(b)
+		p.Legend.Add(s.mode, b)
+	}
+	p.NominalX("mean (e2e)", "p99 (e2e)", "mean (simulator)", "p99 (simulator)")
+	p.Legend.Top, p.Legend.Left = true, true
+	if err := p.Save(7*vg.Inch, 4*vg.Inch, path); err != nil {
+		return err
+	}
+	fmt.Println("plot:", path)
+	return nil
+}
+
+func mean(d []time.Duration) time.Duration {
+	if len(d) == 0 {
+		return 0
+	}
+	var s time.Duration
+	for _, x := range d {
+		s += x
+	}
+	return s / time.Duration(len(d))
+}
+
+func pct(d []time.Duration, q float64) time.Duration {
+	if len(d) == 0 {
+		return 0
+	}
+	s := slices.Clone(d)
+	slices.Sort(s)
+	return s[min(len(s)-1, int(q*float64(len(s))))]
+}
+
+func ms(d time.Duration) string { return fmt.Sprintf("%.0f ms", msf(d)) }
+
+func msf(d time.Duration) float64 { return float64(d) / 1e6 }
+
+func freeAddr() string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		panic(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+func get(url string) int {
+	resp, err := http.Get(url)
+	if err != nil {
+		return 0
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+func workersUp(api string, n int) bool {
+	resp, err := http.Get(api + "/v1/workers")
+	if err != nil {
+		return false
+	}
+	defer resp.Body.Close()
+	var ws struct {
+		Workers []struct {
+			HTTP string `json:"http_endpoint"`
+		} `json:"workers"`
+	}
+	if json.NewDecoder(resp.Body).Decode(&ws) != nil {
+		return false
+	}
+	up := 0
+	for _, w := range ws.Workers {
+		if w.HTTP != "" {
+			up++
+		}
+	}
+	return up >= n
+}
+
+func waitFor(ok func() bool) error {
+	for deadline := time.Now().Add(60 * time.Second); !ok(); {
+		if time.Now().After(deadline) {
+			return errors.New("timed out")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return nil
+}
