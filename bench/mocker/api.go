@@ -132,18 +132,27 @@ func checkCommon(n *int, stream bool, opts *streamOptions) *apiError {
 	return nil
 }
 
+// begin decodes a generation request's body into req and checks what both endpoints check,
+// answering a refusal itself.
+func (a *api) begin(ctx *fasthttp.RequestCtx, req any, g *generationRequest) bool {
+	if err := decodeBody(ctx.PostBody(), req); err != nil {
+		a.fail(ctx, badRequest("%v", err))
+		return false
+	}
+	if e := a.checkModel(g.Model); e != nil {
+		a.fail(ctx, e)
+		return false
+	}
+	if e := checkCommon(g.N, g.Stream, g.StreamOptions); e != nil {
+		a.fail(ctx, e)
+		return false
+	}
+	return true
+}
+
 func (a *api) completions(ctx *fasthttp.RequestCtx) {
 	var req completionRequest
-	if err := decodeBody(ctx.PostBody(), &req); err != nil {
-		a.fail(ctx, badRequest("%v", err))
-		return
-	}
-	if e := a.checkModel(req.Model); e != nil {
-		a.fail(ctx, e)
-		return
-	}
-	if e := checkCommon(req.N, req.Stream, req.StreamOptions); e != nil {
-		a.fail(ctx, e)
+	if !a.begin(ctx, &req, &req.generationRequest) {
 		return
 	}
 	bos := req.AddSpecialTokens == nil || *req.AddSpecialTokens
@@ -168,16 +177,7 @@ func (a *api) completions(ctx *fasthttp.RequestCtx) {
 
 func (a *api) chat(ctx *fasthttp.RequestCtx) {
 	var req chatRequest
-	if err := decodeBody(ctx.PostBody(), &req); err != nil {
-		a.fail(ctx, badRequest("%v", err))
-		return
-	}
-	if e := a.checkModel(req.Model); e != nil {
-		a.fail(ctx, e)
-		return
-	}
-	if e := checkCommon(req.N, req.Stream, req.StreamOptions); e != nil {
-		a.fail(ctx, e)
+	if !a.begin(ctx, &req, &req.generationRequest) {
 		return
 	}
 	prompt, err := chatPrompt(&req)

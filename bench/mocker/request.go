@@ -16,13 +16,18 @@ type streamOptions struct {
 	IncludeUsage bool `json:"include_usage"`
 }
 
+// generationRequest is what a completion and a chat completion both carry and both check.
+type generationRequest struct {
+	Model         string         `json:"model"`
+	N             *int           `json:"n"`
+	Stream        bool           `json:"stream"`
+	StreamOptions *streamOptions `json:"stream_options"`
+}
+
 type completionRequest struct {
-	Model            string          `json:"model"`
+	generationRequest
 	Prompt           json.RawMessage `json:"prompt"`
 	MaxTokens        *int            `json:"max_tokens"`
-	N                *int            `json:"n"`
-	Stream           bool            `json:"stream"`
-	StreamOptions    *streamOptions  `json:"stream_options"`
 	AddSpecialTokens *bool           `json:"add_special_tokens"` // vLLM's extension; default true
 }
 
@@ -32,13 +37,10 @@ type chatMessage struct {
 }
 
 type chatRequest struct {
-	Model                string          `json:"model"`
+	generationRequest
 	Messages             []chatMessage   `json:"messages"`
 	MaxTokens            *int            `json:"max_tokens"`
 	MaxCompletionTokens  *int            `json:"max_completion_tokens"`
-	N                    *int            `json:"n"`
-	Stream               bool            `json:"stream"`
-	StreamOptions        *streamOptions  `json:"stream_options"`
 	AddGenerationPrompt  *bool           `json:"add_generation_prompt"` // default true
 	ContinueFinalMessage bool            `json:"continue_final_message"`
 	AddSpecialTokens     *bool           `json:"add_special_tokens"` // default false for a chat, true for a /tokenize prompt
