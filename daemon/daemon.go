@@ -242,9 +242,10 @@ func Start(ctx context.Context, c Config, stderr io.Writer) (_ *Daemon, err erro
 	}
 	if d.fdLn != nil {
 		door := frontdoor.New(d.r, frontdoor.Config{Logger: log, Registry: reg, Retries: c.FrontendRetries, Timeout: c.FrontendTimeout})
-		d.fd = &fasthttp.Server{Handler: door.Handle, Name: "kvrouterd", MaxRequestBodySize: c.MaxBodyBytes,
-			ReadTimeout: 30 * time.Second, IdleTimeout: c.HTTPIdleTimeout, NoDefaultServerHeader: true, NoDefaultDate: true,
-			Logger: slogPrintf{log}}
+		// The API's transport settings, but for the write timeout: a streamed answer may last
+		// minutes (--frontend-timeout bounds it).
+		d.fd = server.HTTPServer(door.Handle, scfg)
+		d.fd.WriteTimeout = 0
 	}
 	maxConns, perIP := d.srv.ConnLimits()
 	log.Info("kvrouterd ready", "http", d.ln.Addr().String(), "selection", d.selectionAddr(), "frontend", c.FrontendAddr, "nats", streamURL(d.st), "resume_after_seq", d.seq,
@@ -273,11 +274,6 @@ func (d *Daemon) FrontendAddr() net.Addr {
 	}
 	return d.fdLn.Addr()
 }
-
-// slogPrintf is fasthttp's Logger over the daemon's log.
-type slogPrintf struct{ l *slog.Logger }
-
-func (p slogPrintf) Printf(format string, args ...any) { p.l.Warn(fmt.Sprintf(format, args...)) }
 
 // SelectionAddr is the selection service's address; nil when it is off.
 func (d *Daemon) SelectionAddr() net.Addr {

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -372,7 +373,7 @@ func (d *Door) forward(ctx *fasthttp.RequestCtx, path, model string, ws []router
 		lastErr = fmt.Sprintf("worker %d: %v", worker, err)
 		d.log.Warn("front door: worker failed before answering; trying another", "worker", worker, "model", model, "err", err, "attempt", attempt+1)
 		d.m.upstream.WithLabelValues("forward").Inc()
-		if i := indexOf(allowed, worker); i >= 0 {
+		if i := slices.Index(allowed, worker); i >= 0 {
 			allowed = append(allowed[:i], allowed[i+1:]...)
 		}
 		if attempt < d.cfg.Retries && len(allowed) > 0 {
@@ -380,15 +381,6 @@ func (d *Door) forward(ctx *fasthttp.RequestCtx, path, model string, ws []router
 		}
 	}
 	d.fail(ctx, path, fasthttp.StatusBadGateway, "upstream_error", "", "no worker answered: "+lastErr)
-}
-
-func indexOf(s []uint64, x uint64) int {
-	for i, v := range s {
-		if v == x {
-			return i
-		}
-	}
-	return -1
 }
 
 // errUpstream5xx is a worker's 5xx answer before any body byte, which counts as its failure.

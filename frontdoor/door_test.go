@@ -36,6 +36,7 @@ type engine struct {
 	mode     atomic.Value
 	received chan []byte // the bodies of generation requests, with their headers' rank
 	ranks    chan string
+	auth     atomic.Value // the last generation request's Authorization header
 }
 
 func startEngine(t testing.TB, chunks int) *engine {
@@ -93,6 +94,7 @@ func (e *engine) handle(ctx *fasthttp.RequestCtx) {
 	}
 	e.received <- bytes.Clone(ctx.PostBody())
 	e.ranks <- string(ctx.Request.Header.Peek("X-Data-Parallel-Rank"))
+	e.auth.Store(string(ctx.Request.Header.Peek("Authorization")))
 	switch e.mode.Load().(string) {
 	case "500":
 		ctx.SetStatusCode(500)
@@ -194,12 +196,19 @@ func (f *fixture) waitIdle(t *testing.T, what string) {
 const chatBody = `{"model":"m","stream":true,"messages":[{"role":"user","content":"hello there, how are you"}]}`
 
 // TestChatStreams: a streamed chat answer comes back chunk by chunk as the engine sends it,
-// the booking's prefill is done at the first chunk and the request complete at the end.
+// the booking's prefill is done at the first chunk and the request complete at the end; the
+// engine gets the client's Authorization header.
 func TestChatStreams(t *testing.T) {
 	e := startEngine(t, 3)
 	e.gate = make(chan struct{})
 	f := newFixture(t, Config{}, e)
-	resp := f.post(t, "/v1/chat/completions", chatBody)
+	req, _ := http.NewRequest("POST", f.addr+"/v1/chat/completions", strings.NewReader(chatBody))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer engine-key")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer resp.Body.Close()
 	if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "text/event-stream" || resp.Header.Get("X-Kvrouterd-Worker") != "1" {
 		t.Fatalf("%d %v", resp.StatusCode, resp.Header)
@@ -248,6 +257,9 @@ func TestChatStreams(t *testing.T) {
 	}
 	if rank := <-e.ranks; rank != "0" {
 		t.Errorf("X-Data-Parallel-Rank %q", rank)
+	}
+	if auth := e.auth.Load(); auth != "Bearer engine-key" {
+		t.Errorf("the client's Authorization reached the engine as %q", auth)
 	}
 }
 
@@ -439,7 +451,7 @@ func TestBadInput(t *testing.T) {
 }
 
 // TestHints: Dynamo's nvext steers the route: backend_instance_id pins the worker, token_data
-// is the prompt (no /tokenize), and a cache salt (nvext's or vLLM's own cache_salt) matches
+// is the prompt (no /tokenize), router_config_override sets the weight, and a cache salt (nvext's or vLLM's own cache_salt) matches
 // only the blocks stored under it.
 func TestHints(t *testing.T) {
 	e1, e2 := startEngine(t, 1), startEngine(t, 1)
@@ -481,6 +493,11 @@ func TestHints(t *testing.T) {
 		if w := worker(body); w != "2" {
 			t.Errorf("%s: routed to %s, want 2 (it holds the salted blocks)", body, w)
 		}
+	}
+	// With overlap_score_weight 0 the cache counts for nothing: a tie, which goes to the worker
+	// holding fewer blocks, 1.
+	if w := worker(`{"model":"m","messages":[],"nvext":{"token_data":[1,2,3,4,5,6,7,8],"cache_salt":"tenant-a","router_config_override":{"overlap_score_weight":0}}}`); w != "1" {
+		t.Errorf("weight 0: routed to %s, want 1", w)
 	}
 	// Without the salt the blocks are not the prompt's: the router sees no cache, and a tie
 	// goes to the worker holding fewer blocks, 1.

@@ -414,12 +414,14 @@ func (s *Server) dynamoQuery(ctx *fasthttp.RequestCtx, byHash bool) {
 			in.DP[rank] = tokens
 			in.GPU = max(in.GPU, tokens)
 			in.CPU, in.Disk, in.Longest = in.GPU, in.GPU, in.GPU
+			// Counted at its depth here, summed over the deeper ones below.
 			for len(frequencies) < int(c.CachedBlocks) {
 				frequencies = append(frequencies, 0)
 			}
-			for i := range int(c.CachedBlocks) {
-				frequencies[i]++
-			}
+			frequencies[c.CachedBlocks-1]++
+		}
+		for i := len(frequencies) - 2; i >= 0; i-- {
+			frequencies[i] += frequencies[i+1]
 		}
 	}
 	s.writeJSON(ctx, map[string]any{"scores": scores, "frequencies": frequencies, "instances": instances, "tree_sizes": trees})
