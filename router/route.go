@@ -135,6 +135,9 @@ func (r *Router) params(m *model, req *wire.RouteRequest, prefix bool, p *scorin
 		}
 		p.Temperature = req.Temperature
 	}
+	if math.IsNaN(req.PriorityJump) || math.IsInf(req.PriorityJump, 0) {
+		return fieldErr(ErrInvalid, "priority_jump", "%v is not a finite number", req.PriorityJump)
+	}
 	if p.Mode == scoring.Direct && !req.HasPinned {
 		return fieldErr(ErrInvalid, "pinned_worker", "direct mode needs a pinned worker")
 	}

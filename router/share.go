@@ -135,6 +135,7 @@ func (r *Router) PrefillDoneRemote(replica, id string) error {
 	if r.tracker.PrefillDone(keyString(appendRemoteKey(buf[:0], replica, id))) != nil {
 		return fieldErr(ErrUnknownRequest, "request_id", "no active request %q of replica %q", id, replica)
 	}
+	r.drain()
 	return nil
 }
 
@@ -147,6 +148,7 @@ func (r *Router) CompleteRemote(replica, id string) error {
 	if r.tracker.Complete(keyString(appendRemoteKey(buf[:0], replica, id))) != nil {
 		return fieldErr(ErrUnknownRequest, "request_id", "no active request %q of replica %q", id, replica)
 	}
+	r.drain()
 	return nil
 }
 
