@@ -135,6 +135,7 @@ func Start(ctx context.Context, c Config, stderr io.Writer) (_ *Daemon, err erro
 			Temperature:     c.RouterTemperature,
 			NoTrackPrefill:  !c.TrackPrefillTokens,
 			Queue:           c.queue(),
+			Affinity:        c.affinity(),
 			RequestExpiry:   c.RequestExpiry,
 			MaxCandidates:   c.MaxCandidates,
 			Shards:          c.Shards,

@@ -80,6 +80,9 @@ type Config struct {
 	// Queue, if set, turns on the router queue: requests wait while every worker rank they may
 	// go to is busy prefilling (see queue.go); nil admits every request at once.
 	Queue *QueueConfig
+	// Affinity, if set, keeps each session (a request's SessionID) on the worker it was first
+	// routed to (see affinity.go); nil ignores session ids.
+	Affinity *AffinityConfig
 	// HitSample: one routed or matched request in HitSample (a power of two, 64) notes which
 	// workers hold some of its blocks, for the zero-hit check (misconfig.go); 1 notes every
 	// one. ZeroHits (500) is how many sampled requests that found blocks on other workers of
@@ -177,6 +180,7 @@ type Router struct {
 	snapshotSkipped atomic.Int64 // workers Snapshot left out (see SnapshotStats.Skipped)
 
 	approx *approxMode // nil unless Config.Approximate
+	aff    *affinity   // nil unless Config.Affinity
 
 	general bool // tests: score every request on the general path (see scorekv.go)
 
@@ -266,6 +270,9 @@ func New(cfg Config) *Router {
 		}
 		r.approx = &approxMode{c: c}
 	}
+	if cfg.Affinity != nil {
+		r.aff = newAffinity(*cfg.Affinity)
+	}
 	go r.expireLoop()
 	if cfg.Queue != nil {
 		r.qdone = make(chan struct{})
@@ -307,6 +314,9 @@ func (r *Router) expireLoop() {
 		case <-t.C:
 			r.ExpireRequests()
 			r.checkHits()
+			if r.aff != nil {
+				r.expireAffinity()
+			}
 			if r.approx != nil {
 				r.expireApprox()
 			}

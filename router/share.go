@@ -43,6 +43,8 @@ type LoadSharer interface {
 	PrefillDone(id string)
 	// Completed: request id finished; its load is freed.
 	Completed(id string)
+	// SessionBound: session of model is bound to worker for ttl (session affinity).
+	SessionBound(model, session string, worker radix.WorkerKey, ttl time.Duration)
 }
 
 // MaxReplicaID is the longest replica id BookRemote and the other Remote methods accept, in
