@@ -5,6 +5,12 @@
 // and request completions go back to the router when the simulated step that produced them
 // ends, as they would from real engines.
 //
+// With Config.Queue the router queue stands in front of the fleet, as the front door or a
+// gateway holds a request while kvrouterd's queue does: each arrival goes through
+// router.Router.Enqueue, and a request the queue holds back starts on its worker at the simulated
+// time of the prefill-done or completion that admitted it. Its TTFT counts from its arrival, the
+// wait included.
+//
 // The router is a Router: by default a router.Router in process, unpaced. Package bench/e2e
 // supplies one that drives a running daemon over HTTP and NATS; such a router applies events
 // when they arrive, so the simulation must then keep to wall time (Config.Pace), and is no
@@ -16,6 +22,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"strconv"
@@ -59,6 +66,20 @@ type Config struct {
 	// arrival)/Pace. 0 runs unpaced, as fast as possible, which suits only a router that
 	// applies events before Router.Events returns (the default one).
 	Pace float64
+
+	// Queue, if set, turns on the router queue of Run's own router (router.Config.Queue) and
+	// routes every arrival through it; a caller's Router must then be a Queuer, whose queue is
+	// its own business. Workers register MaxBatchedTokens as their max batched tokens, so a rank
+	// is busy above Threshold × that many booked prompt tokens not yet prefilled. A request
+	// waits until a prefill-done or completion admits it, or, at the simulated time its longest
+	// wait (MaxWait, 30 s when 0; the router's default) passes, is refused as the daemon's
+	// RouteWait refuses it (Result.QueueTimedOut; it then has no TTFT). Recheck is ignored:
+	// every change of a rank's load in a simulation reaches the router as a call that drains
+	// the queue, and a wall-clock recheck would admit requests at no simulated time.
+	Queue *router.QueueConfig
+	// Priority, if set, gives request i (its index in the trace) a priority jump in seconds
+	// (wire.RouteRequest.PriorityJump, Dynamo's nvext.agent_hints.priority); 0 is none.
+	Priority func(i int) float64
 }
 
 // Result is what one simulation measured; plain data.
@@ -84,6 +105,18 @@ type Result struct {
 	// wall time between an event's due time and its handling. A run whose lag grows with the
 	// trace could not keep pace.
 	MaxLag time.Duration
+
+	// With Config.Queue: Queued counts the requests that waited in the router queue, QueueWait
+	// is each request's wait from arrival to admission (0: routed at once), MaxQueued the
+	// longest the queue grew, QueueTimedOut the requests refused when their longest wait passed
+	// (a full queue counts as a route failure).
+	Queued        int
+	QueueWait     []time.Duration
+	MaxQueued     int
+	QueueTimedOut int
+	// Booked is the requests Run's own router still counted active at the end (Stats'
+	// ActiveRequests): 0 when every admitted request was completed and none leaked a booking.
+	Booked int64
 }
 
 // LoadSample is the fleet's load at one simulated instant.
@@ -152,8 +185,15 @@ func Run(cfg Config, reqs []trace.Request) (*Result, error) {
 		clock atomic.Int64
 	)
 	rt := cfg.Router
+	var own *router.Router
 	if rt == nil {
-		r := router.New(router.Config{
+		var qc *router.QueueConfig
+		if cfg.Queue != nil {
+			q := *cfg.Queue
+			q.Recheck = noRecheck
+			qc = &q
+		}
+		own = router.New(router.Config{
 			BlockSize:      wc.BlockSize,
 			Mode:           cfg.Mode,
 			OverlapWeight:  cfg.OverlapWeight, // 0: the router's default, 1.0
@@ -164,15 +204,30 @@ func Run(cfg Config, reqs []trace.Request) (*Result, error) {
 			Logger:         slog.New(slog.NewTextHandler(io.Discard, nil)),
 			Rand:           rand.New(rand.NewPCG(cfg.Seed, 0x666c656574)),
 			Now:            clock.Load,
+			Queue:          qc,
 		})
-		defer r.Close()
-		rt = &local{r: r}
+		defer own.Close()
+		rt = &local{r: own}
+	}
+	var qr Queuer
+	maxWait := int64(0)
+	if cfg.Queue != nil {
+		var ok bool
+		if qr, ok = rt.(Queuer); !ok {
+			return nil, fmt.Errorf("fleet: Config.Queue needs a router with a queue (a Queuer); %T is not one", rt)
+		}
+		maxWait = int64(cfg.Queue.MaxWait)
+		if maxWait <= 0 {
+			maxWait = int64(30 * time.Second)
+		}
 	}
 	ws := make([]*worker, cfg.Workers)
 	for i := range ws {
 		id := uint64(i + 1)
 		ws[i] = &worker{id: id, w: sim.NewWorker(id, wc)}
-		if err := rt.Register(router.Registration{ID: id, Model: model, BlockSize: wc.BlockSize}); err != nil {
+		g := router.Registration{ID: id, Model: model, BlockSize: wc.BlockSize,
+			MaxTokens: int64(ws[i].w.Config().MaxBatchedTokens)}
+		if err := rt.Register(g); err != nil {
 			return nil, fmt.Errorf("fleet: register worker %d: %w", id, err)
 		}
 	}
@@ -204,6 +259,61 @@ func Run(cfg Config, reqs []trace.Request) (*Result, error) {
 	}
 	var batch wire.EventBatch
 	ids := make([]string, len(reqs))
+	// The router queue: the requests waiting (their tickets), their deadlines, and the ones a
+	// router call admitted or refused, to be placed once that call has returned.
+	var (
+		tickets   []*router.Ticket
+		deadlines deadlineHeap
+		admitted  []admission
+		depth     int
+	)
+	if qr != nil {
+		tickets = make([]*router.Ticket, len(reqs))
+		res.QueueWait = make([]time.Duration, len(reqs))
+	}
+	routeFailed := func(err error) {
+		if res.RouteFailures == 0 {
+			res.RouteErr = err.Error()
+		}
+		res.RouteFailures++
+	}
+	// place starts request i, routed to worker, on its simulated worker.
+	place := func(i int, worker uint64) {
+		if worker < 1 || worker > uint64(len(ws)) {
+			routeFailed(fmt.Errorf("fleet: routed to worker %d, not a simulated one", worker))
+			return
+		}
+		q := &reqs[i]
+		w := ws[worker-1]
+		res.PerWorker[worker-1]++
+		res.PromptTokens += int64(len(q.Tokens))
+		res.OutputTokens += int64(max(q.Output, 1))
+		if err := w.w.Submit(&sim.Request{ID: uint64(i), Tokens: q.Tokens, Output: max(q.Output, 1)}, now); err != nil {
+			// Larger than the worker's whole cache: no engine could serve it.
+			res.Refused++
+			if rt.Complete(ids[i]) != nil {
+				res.CallErrors++
+			}
+			return
+		}
+		start(w, now)
+	}
+	// placeAdmitted places the requests the queue let go, in the order it did (placing one may
+	// complete it at once, which admits more).
+	placeAdmitted := func() {
+		for k := 0; k < len(admitted); k++ {
+			a := admitted[k]
+			tickets[a.i] = nil
+			depth--
+			if a.err != nil {
+				routeFailed(a.err)
+				continue
+			}
+			res.QueueWait[a.i] = time.Duration(now - arrival[a.i])
+			place(a.i, a.resp.Worker)
+		}
+		admitted = admitted[:0]
+	}
 	// deliver hands the router what worker w's finished step produced.
 	deliver := func(w *worker) error {
 		if len(w.out.Events) > 0 {
@@ -241,10 +351,23 @@ func Run(cfg Config, reqs []trace.Request) (*Result, error) {
 	if len(reqs) > 0 {
 		pace.origin, pace.start = int64(reqs[0].At), time.Now()
 	}
-	for next < len(reqs) || h.Len() > 0 {
-		// Step ends first at equal times: the router sees what the workers did by then.
-		if h.Len() > 0 && (next == len(reqs) || h.peek().end <= int64(reqs[next].At)) {
-			pace.wait(h.peek().end)
+	const never = math.MaxInt64
+	for next < len(reqs) || h.Len() > 0 || deadlines.Len() > 0 {
+		// At equal times a step's end comes first (the router sees what the workers did by
+		// then), then a deadline, then an arrival.
+		tStep, tDead, tArr := int64(never), int64(never), int64(never)
+		if h.Len() > 0 {
+			tStep = h.peek().end
+		}
+		if deadlines.Len() > 0 {
+			tDead = deadlines[0].at
+		}
+		if next < len(reqs) {
+			tArr = int64(reqs[next].At)
+		}
+		switch {
+		case tStep <= tDead && tStep <= tArr:
+			pace.wait(tStep)
 			w := heap.Pop(&h).(*worker)
 			now = w.end
 			clock.Store(now)
@@ -252,7 +375,25 @@ func Run(cfg Config, reqs []trace.Request) (*Result, error) {
 			if err := deliver(w); err != nil {
 				return nil, err
 			}
+			placeAdmitted()
 			start(w, now)
+			continue
+		case tDead <= tArr:
+			d := heap.Pop(&deadlines).(deadline)
+			t := tickets[d.i]
+			if t == nil {
+				continue // admitted before its deadline
+			}
+			pace.wait(d.at)
+			now = d.at
+			clock.Store(now)
+			if qr.Cancel(t) {
+				tickets[d.i] = nil
+				depth--
+				res.QueueTimedOut++
+			} else {
+				placeAdmitted() // decided already: its done function ran or is about to
+			}
 			continue
 		}
 		q := &reqs[next]
@@ -267,44 +408,54 @@ func Run(cfg Config, reqs []trace.Request) (*Result, error) {
 			res.Samples = append(res.Samples, s)
 			sampleT += int64(cfg.Sample)
 		}
-		arrival[next] = now
-		ids[next] = strconv.Itoa(next)
-		req = req0
-		req.RequestID, req.Tokens = ids[next], q.Tokens
-		t0 := time.Now()
-		err := rt.Route(&req, &resp)
-		if res.RouteLatency != nil {
-			res.RouteLatency[next] = time.Since(t0)
+		i := next
+		next++
+		arrival[i] = now
+		ids[i] = strconv.Itoa(i)
+		rq, rs := &req, &resp
+		if qr != nil {
+			// A request that waits keeps its own: the router holds them until admission.
+			rq, rs = new(wire.RouteRequest), new(wire.RouteResponse)
 		}
-		if err == nil && (resp.Worker < 1 || resp.Worker > uint64(len(ws))) {
-			err = fmt.Errorf("fleet: routed to worker %d, not a simulated one", resp.Worker)
+		*rq = req0
+		rq.RequestID, rq.Tokens = ids[i], q.Tokens
+		if cfg.Priority != nil {
+			rq.PriorityJump = cfg.Priority(i)
+		}
+		t0 := time.Now()
+		var err error
+		if qr == nil {
+			err = rt.Route(rq, rs)
+		} else {
+			var t *router.Ticket
+			t, err = qr.Enqueue(rq, rs, func(t *router.Ticket) { admitted = append(admitted, admission{i, rs, t.Err}) })
+			if t != nil {
+				tickets[i] = t
+				depth++
+				res.Queued++
+				res.MaxQueued = max(res.MaxQueued, depth)
+				heap.Push(&deadlines, deadline{at: now + maxWait, i: i})
+				if res.RouteLatency != nil {
+					res.RouteLatency[i] = time.Since(t0)
+				}
+				continue
+			}
+		}
+		if res.RouteLatency != nil {
+			res.RouteLatency[i] = time.Since(t0)
 		}
 		if err != nil {
-			if res.RouteFailures == 0 {
-				res.RouteErr = err.Error()
-			}
-			res.RouteFailures++
-			next++
+			routeFailed(err)
 			continue
 		}
-		w := ws[resp.Worker-1]
-		res.PerWorker[resp.Worker-1]++
-		res.PromptTokens += int64(len(q.Tokens))
-		res.OutputTokens += int64(max(q.Output, 1))
-		if err := w.w.Submit(&sim.Request{ID: uint64(next), Tokens: q.Tokens, Output: max(q.Output, 1)}, now); err != nil {
-			// Larger than the worker's whole cache: no engine could serve it.
-			res.Refused++
-			if rt.Complete(ids[next]) != nil {
-				res.CallErrors++
-			}
-			next++
-			continue
-		}
-		start(w, now)
-		next++
+		place(i, rs.Worker)
+		placeAdmitted() // a refused placement completes at once, which may admit others
 	}
 	if len(reqs) > 0 {
 		res.Makespan -= reqs[0].At
+	}
+	if own != nil {
+		res.Booked = own.Stats().ActiveRequests
 	}
 	res.MaxLag = pace.maxLag
 	res.Blocks = make([]int, len(ws))
@@ -313,3 +464,31 @@ func Run(cfg Config, reqs []trace.Request) (*Result, error) {
 	}
 	return res, nil
 }
+
+// noRecheck is the period of the router queue's wall-clock recheck in a simulation: longer than
+// any run.
+const noRecheck = 1000 * time.Hour
+
+// admission is a request the router queue let go (err nil: routed to resp.Worker) or refused.
+type admission struct {
+	i    int
+	resp *wire.RouteResponse
+	err  error
+}
+
+// deadline is when a waiting request's longest wait passes.
+type deadline struct {
+	at int64
+	i  int
+}
+
+// deadlineHeap orders deadlines by time, then by arrival.
+type deadlineHeap []deadline
+
+func (h deadlineHeap) Len() int { return len(h) }
+func (h deadlineHeap) Less(i, j int) bool {
+	return h[i].at < h[j].at || h[i].at == h[j].at && h[i].i < h[j].i
+}
+func (h deadlineHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
+func (h *deadlineHeap) Push(x any)   { *h = append(*h, x.(deadline)) }
+func (h *deadlineHeap) Pop() any     { old := *h; d := old[len(old)-1]; *h = old[:len(old)-1]; return d }

@@ -156,3 +156,101 @@ func TestPace(t *testing.T) {
 		t.Fatalf("max lag %v", res.MaxLag)
 	}
 }
+
+// saturated is a minute of the small workload's kind with arrivals 50× closer: more than 4
+// small workers can prefill, so the router queue fills.
+func saturated() []trace.Request {
+	cfg := trace.DefaultSynthetic()
+	cfg.Duration = time.Minute
+	return trace.Scale(trace.Synthetic(cfg), 0.02)
+}
+
+// TestQueueSaturated: with the router queue on and the workers saturated, requests wait, every
+// one is admitted and served (its TTFT from arrival, the wait included), and the router holds
+// no booking at the end; the run is deterministic.
+func TestQueueSaturated(t *testing.T) {
+	reqs := saturated()
+	for _, policy := range []router.QueuePolicy{router.FCFS, router.WSPT, router.LCFS} {
+		t.Run(policy.String(), func(t *testing.T) {
+			cfg := Config{Workers: 4, Mode: scoring.KV, Worker: smallWorker(), Seed: 1,
+				Queue:    &router.QueueConfig{Threshold: 0.5, Policy: policy, MaxRequests: 1 << 20, MaxWait: time.Hour},
+				Priority: func(i int) float64 { return float64(i % 3) }}
+			res, err := Run(cfg, reqs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.Queued < len(reqs)/4 || res.MaxQueued < 10 {
+				t.Fatalf("%d of %d requests queued, at most %d at once: not saturated", res.Queued, len(reqs), res.MaxQueued)
+			}
+			if res.RouteFailures != 0 || res.QueueTimedOut != 0 || res.Refused != 0 || res.CallErrors != 0 {
+				t.Fatalf("%d route failures (%s), %d timed out, %d refused, %d call errors", res.RouteFailures, res.RouteErr,
+					res.QueueTimedOut, res.Refused, res.CallErrors)
+			}
+			if res.Booked != 0 {
+				t.Fatalf("%d requests still booked at the end", res.Booked)
+			}
+			waited := 0
+			for i, d := range res.E2E {
+				if d <= 0 || res.TTFT[i] <= 0 || res.TTFT[i] > d {
+					t.Fatalf("request %d: ttft %v, e2e %v", i, res.TTFT[i], d)
+				}
+				if w := res.QueueWait[i]; w > 0 {
+					waited++
+					if res.TTFT[i] <= w {
+						t.Fatalf("request %d: ttft %v within its wait %v", i, res.TTFT[i], w)
+					}
+				}
+			}
+			if waited == 0 || waited > res.Queued {
+				t.Fatalf("%d requests with a wait, %d queued", waited, res.Queued)
+			}
+			again, err := Run(cfg, reqs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(res, again) {
+				t.Fatalf("two runs differ:\n%+v\n%+v", summary(res), summary(again))
+			}
+			t.Logf("%d of %d queued, at most %d at once; %s", res.Queued, len(reqs), res.MaxQueued, summary(res))
+		})
+	}
+}
+
+// TestQueueMaxWait: a request whose longest wait passes in the queue is refused at that
+// simulated time, as the daemon refuses it, and leaves nothing booked.
+func TestQueueMaxWait(t *testing.T) {
+	reqs := saturated()
+	res, err := Run(Config{Workers: 4, Mode: scoring.KV, Worker: smallWorker(), Seed: 1,
+		Queue: &router.QueueConfig{Threshold: 0, MaxWait: 50 * time.Millisecond}}, reqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.QueueTimedOut == 0 || res.Booked != 0 {
+		t.Fatalf("%d timed out, %d left booked", res.QueueTimedOut, res.Booked)
+	}
+	served := 0
+	for i, d := range res.TTFT {
+		if d > 0 {
+			served++
+			if res.QueueWait[i] > 50*time.Millisecond {
+				t.Fatalf("request %d admitted after %v", i, res.QueueWait[i])
+			}
+		}
+	}
+	if served+res.QueueTimedOut+res.RouteFailures != len(reqs) {
+		t.Fatalf("%d served + %d timed out + %d failed ≠ %d requests", served, res.QueueTimedOut, res.RouteFailures, len(reqs))
+	}
+}
+
+// noQueue is a Router without a queue.
+type noQueue struct{ Router }
+
+// TestQueueNeedsQueuer: the queue needs a router that has one.
+func TestQueueNeedsQueuer(t *testing.T) {
+	r := router.New(router.Config{BlockSize: 16, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	defer r.Close()
+	_, err := Run(Config{Workers: 1, Worker: smallWorker(), Router: noQueue{&local{r: r}}, Queue: &router.QueueConfig{}}, smallWorkload())
+	if err == nil {
+		t.Fatal("no error")
+	}
+}

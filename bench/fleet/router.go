@@ -24,6 +24,15 @@ type Router interface {
 	Complete(id string) error
 }
 
+// Queuer is a Router with kvrouterd's router queue in front of it (router.Router.Enqueue and
+// Cancel), called as Router is. Enqueue routes req at once (nil ticket) or holds it back; done
+// then runs later, inside the PrefillDone, Complete or Events call that frees room, with the
+// outcome in the ticket. Run needs one for Config.Queue.
+type Queuer interface {
+	Enqueue(req *wire.RouteRequest, resp *wire.RouteResponse, done func(*router.Ticket)) (*router.Ticket, error)
+	Cancel(t *router.Ticket) bool
+}
+
 // local is Run's default Router: a router.Router in process that applies each batch before
 // Events returns, so a simulation sees exactly what the workers published by then.
 type local struct {
@@ -36,6 +45,12 @@ func (l *local) Register(g router.Registration) error { return l.r.Register(g) }
 func (l *local) Route(req *wire.RouteRequest, resp *wire.RouteResponse) error {
 	return l.r.Route(req, resp)
 }
+
+func (l *local) Enqueue(req *wire.RouteRequest, resp *wire.RouteResponse, done func(*router.Ticket)) (*router.Ticket, error) {
+	return l.r.Enqueue(req, resp, done)
+}
+
+func (l *local) Cancel(t *router.Ticket) bool { return l.r.Cancel(t) }
 
 func (l *local) Events(b *wire.EventBatch) error {
 	var err error
