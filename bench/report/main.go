@@ -6,7 +6,9 @@
 // Sections, each skippable with --skip:
 //
 //	quality  routing quality: the Mooncake conversation and synthetic traces and the built-in
-//	         generator on 8 simulated workers (package bench/fleet), per routing mode
+//	         generator on 8 simulated workers (package bench/fleet), per routing mode; then the
+//	         router queue on the conversation trace where kv saturates the workers: off and each
+//	         policy, priority classes, and a sweep of the threshold
 //	e2e      the same simulation against a whole daemon over HTTP and NATS (package bench/e2e)
 //	index    the index replaying the conversation trace's own KV events at 8, 1,000 and 10,000
 //	         workers (package bench/replay)

@@ -78,28 +78,34 @@ type qualityRun struct {
 
 // simulate runs one fleet simulation of w at arrival scale s.
 func (r *report) simulate(w workload, mode scoring.Mode, s float64, blocks int, weight float64, sample time.Duration) (qualityRun, error) {
+	return r.simulateFleet(w, s, fleet.Config{Mode: mode, OverlapWeight: weight, Sample: sample}, blocks, mode.String())
+}
+
+// simulateFleet runs one fleet simulation of w at arrival scale s with fc's routing and queue
+// settings (its workers, worker model and seed are the section's); label names it in the log.
+func (r *report) simulateFleet(w workload, s float64, fc fleet.Config, blocks int, label string) (qualityRun, error) {
 	wc := sim.DefaultWorkerConfig()
 	wc.BlockSize, wc.Blocks = blockSize, blocks
+	fc.Workers, fc.Worker, fc.Seed = fleetWorkers, wc, r.cfg.Seed
 	t0 := time.Now()
-	res, err := fleet.Run(fleet.Config{Workers: fleetWorkers, Mode: mode, OverlapWeight: weight, Worker: wc,
-		Seed: r.cfg.Seed, Sample: sample}, trace.Scale(w.reqs, s))
+	res, err := fleet.Run(fc, trace.Scale(w.reqs, s))
 	if err != nil {
-		return qualityRun{}, fmt.Errorf("%s ×%g %s: %w", w.name, s, mode, err)
+		return qualityRun{}, fmt.Errorf("%s ×%g %s: %w", w.name, s, label, err)
 	}
-	q := qualityRun{mode: mode, scale: s, res: res, ttft: summarize(res.TTFT), e2e: summarize(res.E2E)}
-	r.logf("quality: %s ×%g %-12s TTFT mean %7.0f ms, hit %4.1f %%  (%v)", w.name, s, mode, ms(q.ttft.mean),
+	q := qualityRun{mode: fc.Mode, scale: s, res: res, ttft: summarize(res.TTFT), e2e: summarize(res.E2E)}
+	r.logf("quality: %s ×%g %-12s TTFT mean %7.0f ms, hit %4.1f %%  (%v)", w.name, s, label, ms(q.ttft.mean),
 		100*res.HitRate(), time.Since(t0).Round(10*time.Millisecond))
 	return q, nil
 }
 
-// loadPoint finds the lightest load of the ladder at which round robin's mean TTFT is at least
-// loadFactor × its unloaded value, and returns both round-robin runs.
-func (r *report) loadPoint(w workload, blocks int) (unloaded, loaded qualityRun, err error) {
-	if unloaded, err = r.simulate(w, scoring.RoundRobin, unloadedScale, blocks, 0, 0); err != nil {
+// loadPoint finds the lightest load of the ladder at which mode's mean TTFT is at least
+// loadFactor × its unloaded value, and returns both runs.
+func (r *report) loadPoint(w workload, mode scoring.Mode, blocks int) (unloaded, loaded qualityRun, err error) {
+	if unloaded, err = r.simulate(w, mode, unloadedScale, blocks, 0, 0); err != nil {
 		return
 	}
 	for _, s := range ladder {
-		if loaded, err = r.simulate(w, scoring.RoundRobin, s, blocks, 0, 0); err != nil {
+		if loaded, err = r.simulate(w, mode, s, blocks, 0, 0); err != nil {
 			return
 		}
 		if loaded.ttft.mean >= loadFactor*unloaded.ttft.mean {
@@ -135,6 +141,11 @@ func (r *report) quality() error {
 			return err
 		}
 	}
+	if conv != nil {
+		if err := r.queue(conv.w); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
@@ -150,7 +161,7 @@ func (r *report) qualityWorkload(w workload, blocks int) (*loadedSet, error) {
 	pooled := trace.CountLRUHits(w.reqs, blockSize, fleetWorkers*blocks).TokenBound()
 	r.logf("quality: %s: %d requests over %v; bounds: infinite %.1f %%, pooled %.1f %%", w.name, st.Requests,
 		st.Duration.Round(time.Second), 100*inf, 100*pooled)
-	unloaded, loaded, err := r.loadPoint(w, blocks)
+	unloaded, loaded, err := r.loadPoint(w, scoring.RoundRobin, blocks)
 	if err != nil {
 		return nil, err
 	}
@@ -296,7 +307,7 @@ func (r *report) sensitivity(set *loadedSet) error {
 		}
 	}
 	const more = 4 * kvBlocks
-	_, loaded, err := r.loadPoint(w, more)
+	_, loaded, err := r.loadPoint(w, scoring.RoundRobin, more)
 	if err != nil {
 		return err
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -9,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvrouterd/kvrouterd/bench/trace"
 )
 
 // TestQuickReportGenerated runs the quality section on the built-in workload alone (no trace
@@ -102,4 +105,43 @@ func TestCDF(t *testing.T) {
 	if len(xy) > 600 || xy[len(xy)-1].Y != 1 || xy[len(xy)-1].X != 10.007 {
 		t.Errorf("thinned to %d points ending at %v", len(xy), xy[len(xy)-1])
 	}
+}
+
+// TestQueueRows runs the router-queue section on a short generated workload standing in for
+// the conversation trace and checks that every row the issue names exists, with its plot.
+func TestQueueRows(t *testing.T) {
+	if testing.Short() {
+		t.Skip("simulates a workload a few dozen times")
+	}
+	out := t.TempDir()
+	g := trace.DefaultSynthetic()
+	g.Duration = time.Minute
+	r := &report{cfg: config{Quick: true, Out: out, Seed: 1}, start: time.Now(), progress: io.Discard}
+	if err := r.queue(workload{"conversation", "generated stand-in", trace.Synthetic(g)}); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, m := range r.ms {
+		if _, dup := got[m.Name]; dup {
+			t.Errorf("measurement %q twice", m.Name)
+		}
+		got[m.Name] = m.Value
+	}
+	want := []string{"quality.conversation.priority.high.ttft_mean", "quality.conversation.priority.low.ttft_mean"}
+	for _, p := range queuePolicies {
+		want = append(want, "quality.conversation.queue."+p+".ttft_mean", "quality.conversation.queue."+p+".ttft_p99")
+	}
+	for _, th := range queueThresholds {
+		want = append(want, fmt.Sprintf("quality.conversation.queue.fcfs.threshold%g.ttft_mean", th))
+	}
+	for _, name := range want {
+		if v, ok := got[name]; !ok || !(v > 0) {
+			t.Errorf("%s: %v, %v", name, v, ok)
+		}
+	}
+	if st, err := os.Stat(filepath.Join(out, "queue-ttft-cdf-conversation.png")); err != nil || st.Size() == 0 {
+		t.Errorf("plot: %v", err)
+	}
+	t.Logf("off %.0f, fcfs %.0f, wspt %.0f, lcfs %.0f ms; high %.0f, low %.0f ms", got[want[2]], got[want[4]], got[want[6]],
+		got[want[8]], got[want[0]], got[want[1]])
 }
