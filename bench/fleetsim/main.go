@@ -12,6 +12,11 @@
 // behind its pace the simulation fell, and how long the daemon took to apply the last events.
 //
 //	go run ./bench/fleetsim --trace ../shared/traces/mooncake/conversation_trace.jsonl --limit 600 --e2e --pace 10
+//
+// --router-queue-threshold puts the router queue (unbounded, --router-queue-policy) in front of
+// the in-process router; a daemon is routed without it.
+//
+//	go run ./bench/fleetsim --trace ../shared/traces/mooncake/conversation_trace.jsonl --modes kv --time-scale 0.12 --router-queue-threshold 4 --router-queue-policy wspt
 package main
 
 import (
@@ -27,6 +32,7 @@ import (
 	"github.com/kvrouterd/kvrouterd/bench/sim"
 	"github.com/kvrouterd/kvrouterd/bench/trace"
 	"github.com/kvrouterd/kvrouterd/ingest"
+	"github.com/kvrouterd/kvrouterd/router"
 	"github.com/kvrouterd/kvrouterd/scoring"
 )
 
@@ -48,9 +54,21 @@ func main() {
 		prefix    = flag.String("nats-subject-prefix", ingest.DefaultPrefix, "subject prefix of the kvrouterd of --addr")
 		stream    = flag.String("nats-stream", ingest.DefaultStream, "event stream of the kvrouterd of --addr")
 		pace      = flag.Float64("pace", 0, "simulated seconds per wall second; 0: unpaced (in process only: a daemon needs a pace)")
+		qThresh   = flag.Float64("router-queue-threshold", -1, "turns the router queue on (in process only): a rank is busy above this × max_num_batched_tokens of prompt tokens booked and not prefilled; negative: off")
+		qPolicy   = flag.String("router-queue-policy", "fcfs", "the router queue's order: fcfs, wspt or lcfs")
 	)
 	flag.Parse()
 	e2eMode := *inProc || *addr != ""
+	var queue *router.QueueConfig
+	if *qThresh >= 0 {
+		p, err := router.ParseQueuePolicy(*qPolicy)
+		if err != nil || e2eMode {
+			fmt.Fprintln(os.Stderr, "fleetsim: --router-queue-threshold: the queue runs in process only, with fcfs, wspt or lcfs")
+			os.Exit(2)
+		}
+		// Unbounded: every request is served and measured.
+		queue = &router.QueueConfig{Threshold: *qThresh, Policy: p, MaxRequests: 1 << 30, MaxWait: 1000 * time.Hour}
+	}
 	if *addr != "" && (*inProc || *natsURL == "") {
 		fmt.Fprintln(os.Stderr, "fleetsim: --addr needs --nats-url, and excludes --e2e")
 		os.Exit(2)
@@ -96,7 +114,8 @@ func main() {
 			os.Exit(2)
 		}
 		t1 := time.Now()
-		fc := fleet.Config{Workers: *workers, Mode: mode, Worker: wc, Seed: *seed, Pace: *pace, OverlapWeight: *weight, Temperature: *temp}
+		fc := fleet.Config{Workers: *workers, Mode: mode, Worker: wc, Seed: *seed, Pace: *pace, OverlapWeight: *weight, Temperature: *temp,
+			Queue: queue}
 		var (
 			res *fleet.Result
 			er  *e2e.Result
@@ -129,6 +148,10 @@ func main() {
 				er.Published.Errors, ms(res.MaxLag), ms(er.Drain))
 		}
 		fmt.Println()
+		if queue != nil {
+			fmt.Fprintf(os.Stderr, "fleetsim: %s: %d requests waited in the router queue (%s, threshold %g), at most %d at once\n",
+				name, res.Queued, queue.Policy, queue.Threshold, res.MaxQueued)
+		}
 		if res.RouteErr != "" {
 			fmt.Fprintf(os.Stderr, "fleetsim: %s: %d route failures; the first: %s\n", name, res.RouteFailures, res.RouteErr)
 		}
