@@ -108,7 +108,7 @@ func (r *report) queue(w workload) error {
 		if n > 0 {
 			wait /= time.Duration(n)
 		}
-		longest := fmt.Sprint(res.MaxQueued)
+		longest := mdPrinter.Sprint(res.MaxQueued)
 		if in != nil {
 			longest = "—"
 		}
