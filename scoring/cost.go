@@ -26,6 +26,9 @@ type Candidate struct {
 	ActiveBlocks   int64
 	ActivePrefill  int64
 	ActiveRequests int64
+	// DeviceWeight is the worker's capacity relative to the others' for DeviceAwareWeighted
+	// (0 counts as 1).
+	DeviceWeight float64
 
 	// PrefillTokens is what the worker would prefill: its active prefill tokens (if tracked) and
 	// this request's uncached tokens.
@@ -159,7 +162,8 @@ func sample(c []Candidate, temperature float64, rng *rand.Rand) int {
 
 // Chooser applies a routing mode. It keeps the round-robin position; safe for concurrent use.
 type Chooser struct {
-	next atomic.Uint64
+	next     atomic.Uint64
+	weighted atomic.Uint64 // DeviceAwareWeighted's round-robin start (mode.go)
 }
 
 // Choose scores the candidates (every mode fills the scores, so callers can show them) and returns
@@ -182,6 +186,10 @@ func (ch *Chooser) Choose(c []Candidate, p *Params, rng *rand.Rand) (int, error)
 		return leastLoaded(c, rng), nil
 	case Direct:
 		return 0, nil
+	case PowerOfTwo:
+		return powerOfTwo(c, rng), nil
+	case DeviceAwareWeighted:
+		return ch.deviceAware(c), nil
 	case KV, Default:
 		return Select(c, p.Temperature, rng), nil
 	}
