@@ -29,17 +29,25 @@ type Config struct {
 	RequestExpiry      time.Duration
 	MaxCandidates      int
 	MaxBlocks          int64
-	QueueLen           int
-	MaxBodyBytes       int
-	HTTPReadBuffer     int
-	HTTPWriteBuffer    int
-	HTTPMaxConns       int
-	HTTPMaxConnsPerIP  int // 0: a quarter of HTTPMaxConns
-	HTTPIdleTimeout    time.Duration
-	ShutdownTimeout    time.Duration
-	LogLevel           string
-	LogFormat          string
-	LogFile            string // "" logs to stderr
+
+	// Busy thresholds (busy.go): unset unless given. OverloadStatus answers a route refused
+	// as every eligible worker is overloaded.
+	ActiveDecodeBlocksThreshold      OptFloat
+	ActivePrefillTokensThreshold     OptUint
+	ActivePrefillTokensThresholdFrac OptFloat
+	OverloadStatus                   int
+
+	QueueLen          int
+	MaxBodyBytes      int
+	HTTPReadBuffer    int
+	HTTPWriteBuffer   int
+	HTTPMaxConns      int
+	HTTPMaxConnsPerIP int // 0: a quarter of HTTPMaxConns
+	HTTPIdleTimeout   time.Duration
+	ShutdownTimeout   time.Duration
+	LogLevel          string
+	LogFormat         string
+	LogFile           string // "" logs to stderr
 
 	// Dynamo's indexer peers: recovery from their /dump at start, and the block tree that
 	// lets this one's /dump answer in Dynamo's form.
@@ -101,6 +109,7 @@ func Defaults() Config {
 		RouterTemperature:        0.0,
 		TrackPrefillTokens:       true,
 		RequestExpiry:            300 * time.Second,
+		OverloadStatus:           529,
 		QueueLen:                 256,
 		MaxBodyBytes:             8 << 20,
 		HTTPReadBuffer:           16 << 10,
@@ -145,12 +154,13 @@ func (c *Config) Flags(fs *flag.FlagSet) {
 	fs.IntVar(&c.SelectionCacheMaxEntries, "selection-cache-max-entries", c.SelectionCacheMaxEntries, "selection service: selections kept for a POST /reservations at most; past it the oldest go")
 	fs.StringVar(&c.DataDir, "data-dir", c.DataDir, "directory for the embedded NATS server and snapshots")
 	fs.IntVar(&c.BlockSize, "block-size", c.BlockSize, "tokens per KV block of models registered without one")
-	fs.StringVar(&c.RouterMode, "router-mode", c.RouterMode, "routing mode: kv, round_robin, random, least_loaded or direct")
+	fs.StringVar(&c.RouterMode, "router-mode", c.RouterMode, "routing mode: "+scoring.ModeNames+" (Dynamo's spellings with dashes too)")
 	fs.Float64Var(&c.OverlapScoreWeight, "overlap-score-weight", c.OverlapScoreWeight, "weight of prefill cost against decode load in the kv cost")
 	fs.Float64Var(&c.RouterTemperature, "router-temperature", c.RouterTemperature, "softmax temperature of worker selection; 0 picks the cheapest")
 	fs.BoolVar(&c.TrackPrefillTokens, "track-prefill-tokens", c.TrackPrefillTokens, "charge and book each request's uncached prompt tokens as prefill; false routes on decode load alone, as Dynamo's decode stage")
 	fs.DurationVar(&c.RequestExpiry, "request-expiry", c.RequestExpiry, "free routed requests not completed after this long")
 	fs.IntVar(&c.MaxCandidates, "max-candidates", c.MaxCandidates, "candidates in a route or match answer when the request does not say: the chosen worker, then the lowest costs; 0 = every worker")
+	c.busyFlags(fs)
 	fs.Int64Var(&c.MaxBlocks, "max-blocks", c.MaxBlocks, "bound on (block, worker) residencies over all models; 0 = none")
 	fs.IntVar(&c.QueueLen, "queue-len", c.QueueLen, "event batches each shard queue holds before producers wait")
 	fs.IntVar(&c.MaxBodyBytes, "max-body-bytes", c.MaxBodyBytes, "largest HTTP request body accepted")
@@ -245,7 +255,10 @@ func (c *Config) Check() error {
 		return fmt.Errorf("--bootstrap-from needs snapshots; drop --no-snapshots")
 	}
 	if m, err := scoring.ParseMode(c.RouterMode); err != nil || m == scoring.Default {
-		return fmt.Errorf("--router-mode %q: want kv, round_robin, random, least_loaded or direct", c.RouterMode)
+		return fmt.Errorf("--router-mode %q: want %s", c.RouterMode, scoring.ModeNames)
+	}
+	if err := c.checkBusy(); err != nil {
+		return err
 	}
 	if err := CheckPrefix(c.NATSPrefix); err != nil {
 		return err

@@ -136,6 +136,7 @@ func Start(ctx context.Context, c Config, stderr io.Writer) (_ *Daemon, err erro
 			NoTrackPrefill:  !c.TrackPrefillTokens,
 			RequestExpiry:   c.RequestExpiry,
 			MaxCandidates:   c.MaxCandidates,
+			Busy:            c.BusyThresholds(),
 			Shards:          c.Shards,
 			QueueLen:        c.QueueLen,
 			MaxBlocks:       c.MaxBlocks,
@@ -204,7 +205,8 @@ func Start(ctx context.Context, c Config, stderr io.Writer) (_ *Daemon, err erro
 	}
 	scfg := server.Config{MaxBodyBytes: c.MaxBodyBytes, ReadBufferSize: c.HTTPReadBuffer, WriteBufferSize: c.HTTPWriteBuffer,
 		MaxConns: c.HTTPMaxConns, MaxConnsPerIP: c.HTTPMaxConnsPerIP, IdleTimeout: c.HTTPIdleTimeout, Logger: log, Registry: reg,
-		SelectionCacheTTL: c.SelectionCacheTTL, SelectionCacheMaxEntries: c.SelectionCacheMaxEntries, NoKVEvents: c.NoKVEvents}
+		SelectionCacheTTL: c.SelectionCacheTTL, SelectionCacheMaxEntries: c.SelectionCacheMaxEntries, NoKVEvents: c.NoKVEvents,
+		OverloadStatus: c.OverloadStatus}
 	// Background work that ends before the stream and the router close.
 	bgCtx, stopBackground := context.WithCancel(ctx)
 	var background sync.WaitGroup

@@ -30,6 +30,8 @@ type WorkerInfo struct {
 	Replay    string `json:"replay_endpoint,omitempty"`
 	// HTTPEndpoint is the worker's OpenAI-compatible API (every rank's).
 	HTTPEndpoint string `json:"http_endpoint,omitempty"`
+	// Weight is the worker's device-aware weight (Registration.Weight), 0 when never set.
+	Weight float64 `json:"weight,omitempty"`
 	// Problems says what is known to be wrong with the worker's configuration, such as an
 	// engine block size other than its model's: each a short line naming the setting.
 	Problems []string `json:"problems,omitempty"`
@@ -62,7 +64,7 @@ func (r *Router) Workers() []WorkerInfo {
 		for _, w := range reg.ranks {
 			out = append(out, WorkerInfo{
 				ID: w.key.ID, Rank: w.key.Rank, Model: reg.model.name, BlockSize: reg.model.blockSize,
-				Capacity: reg.capacity, MaxTokens: reg.maxTokens, Endpoint: w.endpoint, Replay: w.replay,
+				Capacity: reg.capacity.Load(), MaxTokens: reg.maxTokens.Load(), Weight: reg.getWeight(), Endpoint: w.endpoint, Replay: w.replay,
 			})
 			if u := reg.http.Load(); u != nil {
 				out[len(out)-1].HTTPEndpoint = *u

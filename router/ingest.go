@@ -201,7 +201,7 @@ func (r *Router) Report(rep *LoadReport) error {
 		}
 	}
 	if rep.MaxBatchedTokens > 0 {
-		reg.maxTokens = rep.MaxBatchedTokens
+		reg.maxTokens.Store(rep.MaxBatchedTokens)
 	}
 	r.mu.Unlock()
 	reg.heartbeat.Store(true)

@@ -27,6 +27,8 @@ type scratch struct {
 	at      []int32 // unless all: worker list position → candidate, -1 when filtered out
 	pos     []int32 // unless all: candidate → worker list position
 	allowed []uint64
+	th      *Thresholds // the model's busy thresholds while route's general path runs, else nil
+	over    []bool      // with th: worker list position → its worker is overloaded
 
 	// scoreKV's working memory (scorekv.go)
 	depth  []int32
@@ -198,14 +200,19 @@ func (r *Router) route(req *wire.RouteRequest, resp *wire.RouteResponse, book bo
 	}
 	var pos, cached int32
 	encoded := false
-	if p.Mode == scoring.KV && p.Temperature == 0 && !req.HasPinned && len(req.Allowed) == 0 &&
+	th := m.busy.Load()
+	if p.Mode == scoring.KV && p.Temperature == 0 && !req.HasPinned && len(req.Allowed) == 0 && th == nil &&
 		len(list.keys) > 0 && !r.general && !r.log.Enabled(context.Background(), slog.LevelDebug) {
 		if err := p.Check(); err != nil {
 			return fieldErr(ErrInvalid, "request", "%v", err)
 		}
 		pos, cached, encoded = s.scoreKV(r, m.ix, list, &p, req, resp, limit, book, enc)
 	} else {
+		if book {
+			s.th = th // a match answers for every worker, as Dynamo's /query
+		}
 		chosen, err := s.general(r, m.ix, list, &p, req, book)
+		s.th = nil
 		if err != nil {
 			return err
 		}
@@ -247,7 +254,7 @@ func (r *Router) route(req *wire.RouteRequest, resp *wire.RouteResponse, book bo
 // position in s.cands (if book).
 func (s *scratch) general(r *Router, ix *radix.Index, list *workerList, p *scoring.Params, req *wire.RouteRequest, book bool) (int, error) {
 	r.tracker.Match(s.seqs, &s.am)
-	if err := s.candidates(ix, list, req); err != nil {
+	if err := s.candidates(r, ix, list, req); err != nil {
 		return 0, err
 	}
 	for i, slot := range s.m.Slots {
@@ -286,18 +293,25 @@ func (s *scratch) general(r *Router, ix *radix.Index, list *workerList, p *scori
 	return chosen, nil
 }
 
-// candidates fills s.cands with the allowed workers of list and their loads.
-func (s *scratch) candidates(ix *radix.Index, list *workerList, req *wire.RouteRequest) error {
+// candidates fills s.cands with the allowed workers of list and their loads, less the
+// overloaded ones when s.th is set.
+func (s *scratch) candidates(r *Router, ix *radix.Index, list *workerList, req *wire.RouteRequest) error {
 	n := len(list.keys)
 	s.tree = slices.Grow(s.tree[:0], n)[:n]
 	ix.FillBlocks(list.slots, s.tree)
-	s.all = !req.HasPinned && len(req.Allowed) == 0
+	nOver := 0
+	if s.th != nil {
+		s.over = slices.Grow(s.over[:0], n)[:n]
+		nOver = r.markOverloaded(s.th, list, s.over, req.Model, true)
+	}
+	s.all = !req.HasPinned && len(req.Allowed) == 0 && nOver == 0
 	if s.all {
 		s.cands = slices.Grow(s.cands[:0], n)[:n]
 		for i, k := range list.keys {
 			l, c := list.loads[i], &s.cands[i]
 			c.Worker, c.Rank, c.Cached, c.Shared, c.Tree = k.ID, k.Rank, 0, 0, s.tree[i]
 			c.ActiveBlocks, c.ActivePrefill, c.ActiveRequests = l.ActiveBlocks(), l.ActivePrefill(), l.Requests()
+			c.DeviceWeight = list.ws[i].reg.getWeight()
 		}
 		if n == 0 {
 			return fieldErr(ErrUnknownWorker, "model", "model %q has no registered worker", req.Model)
@@ -312,6 +326,7 @@ func (s *scratch) candidates(ix *radix.Index, list *workerList, req *wire.RouteR
 		slices.Sort(s.allowed)
 		allowed = s.allowed
 	}
+	eligible := 0 // allowed, overloaded or not
 	for i, k := range list.keys {
 		s.at[i] = -1
 		switch {
@@ -328,6 +343,10 @@ func (s *scratch) candidates(ix *radix.Index, list *workerList, req *wire.RouteR
 				continue
 			}
 		}
+		eligible++
+		if nOver > 0 && s.over[i] {
+			continue
+		}
 		l := list.loads[i]
 		s.at[i] = int32(len(s.cands))
 		s.pos = append(s.pos, int32(i))
@@ -338,7 +357,15 @@ func (s *scratch) candidates(ix *radix.Index, list *workerList, req *wire.RouteR
 			ActiveBlocks:   l.ActiveBlocks(),
 			ActivePrefill:  l.ActivePrefill(),
 			ActiveRequests: l.Requests(),
+			DeviceWeight:   list.ws[i].reg.getWeight(),
 		})
+	}
+	if len(s.cands) == 0 && eligible > 0 {
+		r.overloadRejected.Add(1)
+		if req.HasPinned {
+			return fieldErr(ErrOverloaded, "pinned_worker", "pinned worker %d is overloaded (busy thresholds: %s)", req.PinnedWorker, s.th)
+		}
+		return fieldErr(ErrOverloaded, "model", "all eligible workers are overloaded (%d worker ranks of model %q; busy thresholds: %s)", eligible, req.Model, s.th)
 	}
 	if len(s.cands) == 0 {
 		if req.HasPinned {

@@ -38,6 +38,9 @@ type Config struct {
 	NoTrackPrefill bool
 	// MaxCandidates caps the candidates of an answer when the request does not say (0: all).
 	MaxCandidates int
+	// Busy is every new model's busy thresholds (overload.go); SetBusyThresholds changes a
+	// model's at run time. The zero value sets none: no worker is ever overloaded.
+	Busy Thresholds
 	// Approximate, if set, turns on approximate mode (for workers that publish no KV events):
 	// each routed request's blocks count as cached on the chosen worker, with a TTL, a cap and
 	// pruning (see package approx).
@@ -169,6 +172,8 @@ type Router struct {
 
 	approx *approxMode // nil unless Config.Approximate
 
+	overloadRejected atomic.Int64 // requests refused as every eligible worker was overloaded
+
 	general bool // tests: score every request on the general path (see scorekv.go)
 
 	stop chan struct{}
@@ -187,6 +192,10 @@ type model struct {
 	// seenSampledHits is its value at the last zero-hit check (the check's own).
 	sampledHits     atomic.Int64
 	seenSampledHits int64
+
+	// busy is the model's busy thresholds (overload.go), nil while none is set: the route
+	// path reads it lock-free.
+	busy atomic.Pointer[Thresholds]
 }
 
 // workerList is a model's registered (worker, rank) pairs, immutable once published.
@@ -217,12 +226,16 @@ type rankWorker struct {
 // registration is one worker id: a model and the ranks it serves. Fields other than the atomics
 // change only under Router.mu.
 type registration struct {
-	id        uint64
-	model     *model
-	ranks     []*rankWorker          // by rank, at most wire.MaxSnapshotRanks
-	capacity  int64                  // KV capacity in blocks, 0 = unknown
-	maxTokens int64                  // max batched tokens, 0 = unknown
-	http      atomic.Pointer[string] // the OpenAI API's base URL; nil for none
+	id    uint64
+	model *model
+	ranks []*rankWorker          // by rank, at most wire.MaxSnapshotRanks
+	http  atomic.Pointer[string] // the OpenAI API's base URL; nil for none
+
+	// Atomic, as the route path reads them without Router.mu for the busy thresholds
+	// (overload.go); written under Router.mu.
+	capacity  atomic.Int64  // KV capacity in blocks, 0 = unknown
+	maxTokens atomic.Int64  // max batched tokens, 0 = unknown
+	weight    atomic.Uint64 // math.Float64bits of the device-aware weight, 0 = unset (weight.go)
 
 	received, applied atomic.Int64 // events
 	mis               misconfig
@@ -338,6 +351,10 @@ type Registration struct {
 	// HTTPEndpoint is the worker's OpenAI-compatible HTTP API (http://host:port), where the
 	// front door forwards the requests routed to it; "" leaves the worker's as it was.
 	HTTPEndpoint string
+	// Weight is the worker's capacity relative to the others' for mode
+	// device_aware_weighted (weight.go): a finite number > 0; 0 leaves the worker's as it was
+	// (1 for a new worker).
+	Weight float64
 }
 
 // Changer makes the changes the HTTP API is asked for: registrations, their removal, and event
@@ -438,6 +455,9 @@ func (g *Registration) check() ([]uint32, error) {
 	}
 	if g.MaxTokens < 0 {
 		return nil, fieldErr(ErrInvalid, "max_batched_tokens", "%d: must not be negative", g.MaxTokens)
+	}
+	if err := checkWeight(g.Weight); err != nil {
+		return nil, err
 	}
 	if len(g.Ranks) == 0 {
 		return []uint32{0}, nil
@@ -571,6 +591,7 @@ func (r *Router) registerLocked(g Registration, eps []RankEndpoint, publish bool
 		}
 		m = &model{name: g.Model, ix: ix, blockSize: bs, regs: make(map[uint64]*registration)}
 		m.list.Store(&workerList{})
+		r.initBusy(m)
 	}
 	// Slots, then loads; on a failure the slots taken here go back, and nothing else changed.
 	keys := make([]radix.WorkerKey, len(add))
@@ -609,10 +630,13 @@ func (r *Router) registerLocked(g Registration, eps []RankEndpoint, publish bool
 		m.regs[g.ID] = reg
 	}
 	if g.Capacity != 0 {
-		reg.capacity = g.Capacity
+		reg.capacity.Store(g.Capacity)
 	}
 	if g.MaxTokens != 0 {
-		reg.maxTokens = g.MaxTokens
+		reg.maxTokens.Store(g.MaxTokens)
+	}
+	if g.Weight != 0 {
+		reg.setWeight(g.Weight)
 	}
 	if g.HTTPEndpoint != "" {
 		u := g.HTTPEndpoint

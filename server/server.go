@@ -72,6 +72,9 @@ type Config struct {
 	SelectionCacheTTL        time.Duration
 	SelectionCacheMaxEntries int
 	SelectionCacheMaxBytes   int64
+	// OverloadStatus answers a route refused as every eligible worker, or the pinned one, is
+	// overloaded (router.ErrOverloaded): 529, Dynamo's frontend's (its older releases: 503).
+	OverloadStatus int
 	// NoKVEvents says that workers publish no KV events (the daemon's approximate mode): the
 	// selection service's catalog then needs no kv_events endpoint, as Dynamo's with KV events
 	// off.
@@ -373,6 +376,9 @@ func (s *Server) dispatch(ctx *fasthttp.RequestCtx, start time.Time) endpoint {
 	case "/metrics":
 		s.metrics(ctx)
 		return epMetrics
+	case "/busy_threshold":
+		s.busyThresholds(ctx)
+		return epBusy
 	case "/v1/snapshot":
 		if s.method(ctx, epSnapshot, method, mGet) {
 			s.snapshot(ctx)
@@ -448,6 +454,8 @@ func (s *Server) fail(ctx *fasthttp.RequestCtx, ep endpoint, err error) {
 		status, reason = fasthttp.StatusServiceUnavailable, "closed"
 	case errors.Is(err, router.ErrUnavailable):
 		status, reason = fasthttp.StatusServiceUnavailable, "unavailable"
+	case errors.Is(err, router.ErrOverloaded):
+		status, reason = s.cfg.overloadStatus(), "overloaded"
 	}
 	field := ""
 	var fe *router.FieldError

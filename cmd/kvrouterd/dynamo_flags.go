@@ -37,6 +37,11 @@ var dynamoFlags = []dynFlag{
 	{name: "no-router-replica-sync", target: "share-load", negate: true},
 	{name: "router-ttl-secs", target: "approx-ttl", seconds: true, env: "DYN_ROUTER_TTL_SECS"},
 	{name: "router-event-threads", target: "shards", env: "DYN_ROUTER_EVENT_THREADS"},
+	{name: "", target: "active-decode-blocks-threshold", env: "DYN_ACTIVE_DECODE_BLOCKS_THRESHOLD"},
+	{name: "", target: "active-prefill-tokens-threshold", env: "DYN_ACTIVE_PREFILL_TOKENS_THRESHOLD"},
+	{name: "", target: "active-prefill-tokens-threshold-frac", env: "DYN_ACTIVE_PREFILL_TOKENS_THRESHOLD_FRAC"},
+	// The frontend's status for a request refused as every worker is overloaded.
+	{name: "", target: "overload-status", env: "DYN_HTTP_OVERLOAD_STATUS_CODE"},
 	// The frontend's migration limit: other workers a request is sent to after one fails.
 	{name: "migration-limit", target: "frontend-retries"},
 	// The standalone indexer's --peers is kvrouterd's; the selection service calls it so.
