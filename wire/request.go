@@ -12,7 +12,8 @@ const (
 	reqTemperature = 1 << 1
 	reqPinned      = 1 << 2
 	reqByHash      = 1 << 3
-	reqKnown       = reqWeight | reqTemperature | reqPinned | reqByHash
+	reqExt         = 1 << 4 // the admission and load-model extension follows the items
+	reqKnown       = reqWeight | reqTemperature | reqPinned | reqByHash | reqExt
 	// reqUnencodable is set by AppendRouteRequest on a request the format cannot carry
 	// faithfully, so that the receiver rejects it (an unknown bit) instead of reading another
 	// request. See Validate.
@@ -20,6 +21,22 @@ const (
 )
 
 const requestFixed = 40 // bytes of the body before request_id
+
+// The extension's flags (ext_flags).
+const (
+	extTrackPrefill = 3 << 0 // an Opt: track_prefill_tokens
+	extAssumeReuse  = 3 << 2 // an Opt: assume_kv_reuse
+	extCredit       = 1 << 4 // overlap_score_credit set
+	extLoadScale    = 1 << 5 // prefill_load_scale set
+	extKnown        = extTrackPrefill | extAssumeReuse | extCredit | extLoadScale
+)
+
+const extFixed = 40 // bytes of the extension before session_id
+
+var extLayout = [...]field{
+	{"ext_flags", 4}, {"strict_priority", 4}, {"priority_jump", 8}, {"overlap_score_credit", 8},
+	{"prefill_load_scale", 8}, {"max_wait_ms", 4}, {"expected_output_tokens", 4},
+}
 
 var requestLayout = [...]field{
 	{"flags", 4}, {"mode", 1}, {"reserved", 1}, {"max_candidates", 2}, {"overlap_score_weight", 8},
@@ -55,6 +72,58 @@ type RouteRequest struct {
 	ByHash        bool     // the prompt is given as Hashes (local block hashes), else as Tokens
 	Tokens        []uint32 // must be empty when ByHash
 	Hashes        []uint64 // must be empty unless ByHash
+
+	// Admission and the load model (the binary format's extension, sent when any is set).
+	//
+	// PriorityJump is how many seconds ahead of its arrival a queued request is ordered (Dynamo's
+	// nvext.agent_hints.priority, negative values counting as 0); StrictPriority is compared
+	// before any policy score; MaxWaitMs bounds the time in the router's queue (0: the server's
+	// default); ExpectedOSL is the expected output length in tokens (0: unknown); SessionID
+	// keeps a session on one worker when the server has affinity on.
+	PriorityJump   float64
+	StrictPriority uint32
+	MaxWaitMs      uint32
+	ExpectedOSL    uint32
+	SessionID      string
+	// Dynamo's router_config_override members beyond weight and temperature.
+	TrackPrefill     Opt // track_prefill_tokens
+	AssumeReuse      Opt // assume_kv_reuse
+	HasCredit        bool
+	OverlapCredit    float64 // overlap_score_credit
+	HasLoadScale     bool
+	PrefillLoadScale float64 // prefill_load_scale
+}
+
+// Opt is an optional boolean: unset (the server's setting), false or true.
+type Opt uint8
+
+const (
+	Unset Opt = iota
+	False
+	True
+)
+
+// OptOf returns False or True.
+func OptOf(b bool) Opt {
+	if b {
+		return True
+	}
+	return False
+}
+
+// Or returns o's value, or def when o is Unset.
+func (o Opt) Or(def bool) bool {
+	if o == Unset {
+		return def
+	}
+	return o == True
+}
+
+// hasExt reports whether r needs the extension.
+func (r *RouteRequest) hasExt() bool {
+	return r.PriorityJump != 0 || r.StrictPriority != 0 || r.MaxWaitMs != 0 || r.ExpectedOSL != 0 ||
+		r.SessionID != "" || r.TrackPrefill != Unset || r.AssumeReuse != Unset || r.HasCredit ||
+		r.HasLoadScale || math.Float64bits(r.OverlapCredit) != 0 || math.Float64bits(r.PrefillLoadScale) != 0
 }
 
 // Validate reports the first field of r that the format cannot carry as it is, as an *Error
@@ -84,6 +153,21 @@ func (r *RouteRequest) Validate() error {
 	}
 	if !r.HasPinned && r.PinnedRank != 0 {
 		return invalid(m, "pinned_rank", ErrInvalid, fmt.Sprintf("PinnedRank is %d but HasPinned is false", r.PinnedRank))
+	}
+	if err := validStr(m, "session_id", r.SessionID); err != nil {
+		return err
+	}
+	if r.TrackPrefill > True {
+		return invalid(m, "track_prefill_tokens", ErrInvalid, fmt.Sprintf("%d is not an Opt", r.TrackPrefill))
+	}
+	if r.AssumeReuse > True {
+		return invalid(m, "assume_kv_reuse", ErrInvalid, fmt.Sprintf("%d is not an Opt", r.AssumeReuse))
+	}
+	if !r.HasCredit && math.Float64bits(r.OverlapCredit) != 0 {
+		return invalid(m, "overlap_score_credit", ErrInvalid, fmt.Sprintf("OverlapCredit is %v but HasCredit is false", r.OverlapCredit))
+	}
+	if !r.HasLoadScale && math.Float64bits(r.PrefillLoadScale) != 0 {
+		return invalid(m, "prefill_load_scale", ErrInvalid, fmt.Sprintf("PrefillLoadScale is %v but HasLoadScale is false", r.PrefillLoadScale))
 	}
 	if r.ByHash && len(r.Tokens) > 0 {
 		return invalid(m, "token_ids", ErrInvalid, fmt.Sprintf("%d tokens in a request by block hashes", len(r.Tokens)))
@@ -132,11 +216,18 @@ func AppendRouteRequest(dst []byte, r *RouteRequest) []byte {
 	if r.HasPinned {
 		flags |= reqPinned
 	}
+	ext := r.hasExt()
+	if ext {
+		flags |= reqExt
+	}
 	if r.unencodable() {
 		flags |= reqUnencodable
 	}
 	body := requestFixed + strSize(r.RequestID) + strSize(r.Model) + strSize(r.LoRA) +
 		4 + 8*len(r.Allowed) + 4 + items
+	if ext {
+		body += extFixed + strSize(r.SessionID)
+	}
 	dst = slices.Grow(dst, HeaderSize+body)
 	dst = appendHeader(dst, TypeRouteRequest, body)
 	dst = le.AppendUint32(dst, flags)
@@ -154,10 +245,35 @@ func AppendRouteRequest(dst []byte, r *RouteRequest) []byte {
 	dst = appendHashes(dst, r.Allowed)
 	if r.ByHash {
 		dst = appendCount(dst, len(r.Hashes))
-		return appendHashes(dst, r.Hashes)
+		dst = appendHashes(dst, r.Hashes)
+	} else {
+		dst = appendCount(dst, len(r.Tokens))
+		dst = appendTokens(dst, r.Tokens)
 	}
-	dst = appendCount(dst, len(r.Tokens))
-	return appendTokens(dst, r.Tokens)
+	if !ext {
+		return dst
+	}
+	// Opts out of range are written as they are (into the neighbouring bits or beyond the known
+	// ones), so that the decoder rejects them or reads a different Opt pair only when Validate
+	// would have refused r.
+	xf := uint32(r.TrackPrefill) | uint32(r.AssumeReuse)<<2
+	if r.HasCredit {
+		xf |= extCredit
+	}
+	if r.HasLoadScale {
+		xf |= extLoadScale
+	}
+	if r.TrackPrefill > True || r.AssumeReuse > True {
+		xf |= 1 << 31
+	}
+	dst = le.AppendUint32(dst, xf)
+	dst = le.AppendUint32(dst, r.StrictPriority)
+	dst = le.AppendUint64(dst, math.Float64bits(r.PriorityJump))
+	dst = le.AppendUint64(dst, math.Float64bits(r.OverlapCredit))
+	dst = le.AppendUint64(dst, math.Float64bits(r.PrefillLoadScale))
+	dst = le.AppendUint32(dst, r.MaxWaitMs)
+	dst = le.AppendUint32(dst, r.ExpectedOSL)
+	return appendStr(dst, r.SessionID)
 }
 
 // DecodeRouteRequest decodes the message b into r, reusing the backing arrays of r.Allowed,
@@ -230,6 +346,13 @@ func DecodeRouteRequest(b []byte, r *RouteRequest) error {
 		r.Tokens = appendU32s(r.Tokens[:0], d.take(4*n))
 		r.Hashes = r.Hashes[:0]
 	}
+	if flags&reqExt != 0 {
+		if err := decodeExt(&d, r); err != nil {
+			return err
+		}
+	} else {
+		r.clearExt()
+	}
 	if err := d.end(); err != nil {
 		return err
 	}
@@ -240,6 +363,50 @@ func DecodeRouteRequest(b []byte, r *RouteRequest) error {
 	r.ISL = isl
 	r.MaxCandidates = le.Uint16(p[6:])
 	return nil
+}
+
+// decodeExt reads the admission and load-model extension into r.
+func decodeExt(d *decoder, r *RouteRequest) error {
+	p, err := d.fixed(extLayout[:], extFixed)
+	if err != nil {
+		return err
+	}
+	base := d.off - extFixed
+	xf := le.Uint32(p[0:])
+	if xf&^extKnown != 0 {
+		return d.errAt("ext_flags", base, ErrInvalid, "unknown bits %#x", xf&^uint32(extKnown))
+	}
+	tp, ar := Opt(xf&3), Opt(xf>>2&3)
+	if tp > True {
+		return d.errAt("ext_flags", base, ErrInvalid, "track_prefill_tokens %d, want 0 unset, 1 false or 2 true", tp)
+	}
+	if ar > True {
+		return d.errAt("ext_flags", base, ErrInvalid, "assume_kv_reuse %d, want 0 unset, 1 false or 2 true", ar)
+	}
+	credit, scale := le.Uint64(p[16:]), le.Uint64(p[24:])
+	if xf&extCredit == 0 && credit != 0 {
+		return d.unset("overlap_score_credit", base+16, credit, "ext_flags bit 4")
+	}
+	if xf&extLoadScale == 0 && scale != 0 {
+		return d.unset("prefill_load_scale", base+24, scale, "ext_flags bit 5")
+	}
+	if r.SessionID, err = d.str("session_id"); err != nil {
+		return err
+	}
+	r.TrackPrefill, r.AssumeReuse = tp, ar
+	r.StrictPriority = le.Uint32(p[4:])
+	r.PriorityJump = math.Float64frombits(le.Uint64(p[8:]))
+	r.HasCredit, r.OverlapCredit = xf&extCredit != 0, math.Float64frombits(credit)
+	r.HasLoadScale, r.PrefillLoadScale = xf&extLoadScale != 0, math.Float64frombits(scale)
+	r.MaxWaitMs, r.ExpectedOSL = le.Uint32(p[32:]), le.Uint32(p[36:])
+	return nil
+}
+
+// clearExt zeroes the extension's fields.
+func (r *RouteRequest) clearExt() {
+	r.PriorityJump, r.StrictPriority, r.MaxWaitMs, r.ExpectedOSL, r.SessionID = 0, 0, 0, 0, ""
+	r.TrackPrefill, r.AssumeReuse = Unset, Unset
+	r.HasCredit, r.OverlapCredit, r.HasLoadScale, r.PrefillLoadScale = false, 0, false, 0
 }
 
 func validStr(msg, field, s string) error {

@@ -235,6 +235,20 @@ func randRequest(r *rand.Rand, tokens, hashes int) *wire.RouteRequest {
 	for range r.IntN(10) {
 		req.Allowed = append(req.Allowed, r.Uint64())
 	}
+	if r.IntN(2) == 0 {
+		req.PriorityJump, req.StrictPriority = r.Float64()*100, r.Uint32()
+		req.MaxWaitMs, req.ExpectedOSL = r.Uint32(), r.Uint32()
+		req.TrackPrefill, req.AssumeReuse = wire.Opt(r.IntN(3)), wire.Opt(r.IntN(3))
+		if r.IntN(2) == 0 {
+			req.SessionID = randString(r, r.IntN(30))
+		}
+		if r.IntN(2) == 0 {
+			req.HasCredit, req.OverlapCredit = true, r.Float64()
+		}
+		if r.IntN(2) == 0 {
+			req.HasLoadScale, req.PrefillLoadScale = true, r.Float64()*2
+		}
+	}
 	if hashes > 0 {
 		req.ByHash = true
 		for range hashes {
@@ -600,6 +614,57 @@ func TestHeaderErrors(t *testing.T) {
 	}
 }
 
+func TestRouteRequestExtension(t *testing.T) {
+	req := wire.RouteRequest{RequestID: "r", Model: "m", Tokens: []uint32{1, 2, 3}, PriorityJump: 2.5,
+		StrictPriority: 3, MaxWaitMs: 1500, ExpectedOSL: 128, SessionID: "s-1",
+		TrackPrefill: wire.False, AssumeReuse: wire.True, HasCredit: true, OverlapCredit: 0.5}
+	b := wire.AppendRouteRequest(nil, &req)
+	var got wire.RouteRequest
+	if err := wire.DecodeRouteRequest(b, &got); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, req) {
+		t.Fatalf("round trip:\n got %+v\nwant %+v", got, req)
+	}
+	// A request without the extension clears a reused value's.
+	plain := wire.RouteRequest{RequestID: "r", Model: "m", Tokens: []uint32{1}}
+	if err := wire.DecodeRouteRequest(wire.AppendRouteRequest(nil, &plain), &got); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, plain) {
+		t.Fatalf("reused value kept extension fields: %+v", got)
+	}
+	ext := len(b) - 40 - (2 + len(req.SessionID)) // ext_flags' offset
+	for _, tc := range []struct {
+		off   int
+		v     byte
+		field string
+		at    int
+	}{
+		{ext, 0x03, "ext_flags", ext},         // track_prefill_tokens 3
+		{ext, 0x0c | 0x01, "ext_flags", ext},  // assume_kv_reuse 3
+		{ext + 3, 0x01, "ext_flags", ext},     // unknown bit 24
+		{ext, 0x09 &^ 0x10, "ext_flags", ext}, // (valid Opts) credit bit cleared: its value must be 0
+		{ext + 31, 0x3f, "prefill_load_scale", ext + 24},
+	} {
+		c := slices.Clone(b)
+		c[tc.off] = tc.v
+		field, at := tc.field, tc.at
+		if tc.v == 0x09&^0x10 {
+			field, at = "overlap_score_credit", ext+16
+		}
+		checkError(t, wire.DecodeRouteRequest(c, &got), "route request", wire.ErrInvalid, field, at)
+	}
+	if err := (&wire.RouteRequest{TrackPrefill: 3}).Validate(); err == nil {
+		t.Error("Validate accepted an Opt of 3")
+	}
+	bad := req
+	bad.TrackPrefill = 3
+	if err := wire.DecodeRouteRequest(wire.AppendRouteRequest(nil, &bad), &got); err == nil {
+		t.Error("an Opt of 3 was encoded into a valid message")
+	}
+}
+
 func TestRouteRequestErrors(t *testing.T) {
 	golden := readHex(t, "route_request_tokens.hex")
 	hashes := readHex(t, "route_request_hashes.hex")
@@ -618,7 +683,8 @@ func TestRouteRequestErrors(t *testing.T) {
 	}
 	set := func(off int, v byte) func([]byte) { return func(b []byte) { b[off] = v } }
 
-	f(golden, set(12, 0x13), wire.ErrInvalid, "flags", 12)
+	f(golden, set(12, 0x23), wire.ErrInvalid, "flags", 12)
+	f(golden, set(12, 0x13), wire.ErrTruncated, "ext_flags", 108) // bit 4 without the extension
 	f(golden, set(15, 0x80), wire.ErrInvalid, "flags", 12)
 	f(golden, set(16, 6), wire.ErrInvalid, "mode", 16)
 	f(golden, set(16, 0xff), wire.ErrInvalid, "mode", 16)
