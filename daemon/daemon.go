@@ -134,6 +134,8 @@ func Start(ctx context.Context, c Config, stderr io.Writer) (_ *Daemon, err erro
 			NoOverlapWeight: c.OverlapScoreWeight == 0,
 			Temperature:     c.RouterTemperature,
 			NoTrackPrefill:  !c.TrackPrefillTokens,
+			Queue:           c.queue(),
+			Affinity:        c.affinity(),
 			RequestExpiry:   c.RequestExpiry,
 			MaxCandidates:   c.MaxCandidates,
 			Busy:            c.BusyThresholds(),

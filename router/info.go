@@ -191,6 +191,7 @@ func (r *Router) PrefillDone(id string) error {
 	if r.cfg.Share != nil {
 		r.cfg.Share.PrefillDone(id)
 	}
+	r.drain()
 	return nil
 }
 
@@ -202,6 +203,7 @@ func (r *Router) Complete(id string) error {
 	if r.cfg.Share != nil {
 		r.cfg.Share.Completed(id)
 	}
+	r.drain()
 	return nil
 }
 

@@ -206,6 +206,7 @@ func (r *Router) Report(rep *LoadReport) error {
 	r.mu.Unlock()
 	reg.heartbeat.Store(true)
 	reg.lastSeen.Store(r.cfg.Now())
+	r.drain()
 	return nil
 }
 

@@ -37,10 +37,6 @@ import (
 // answers 529 by default.
 var ErrOverloaded = errors.New("router: overloaded")
 
-// defaultMaxTokens is a worker's max_batched_tokens while it has not said, Dynamo's: the
-// fractional prefill check cannot fire with it.
-const defaultMaxTokens = 10_000_000
-
 // Thresholds are a model's busy thresholds, Dynamo's LoadThresholdConfig; a plain value. Each
 // is set only when its Has field is true; an unset one never fires.
 type Thresholds struct {

@@ -80,6 +80,12 @@ type Config struct {
 	Rand *rand.Rand
 	// Now is the clock for request expiry, in nanoseconds (a monotonic clock by default).
 	Now func() int64
+	// Queue, if set, turns on the router queue: requests wait while every worker rank they may
+	// go to is busy prefilling (see queue.go); nil admits every request at once.
+	Queue *QueueConfig
+	// Affinity, if set, keeps each session (a request's SessionID) on the worker it was first
+	// routed to (see affinity.go); nil ignores session ids.
+	Affinity *AffinityConfig
 	// HitSample: one routed or matched request in HitSample (a power of two, 64) notes which
 	// workers hold some of its blocks, for the zero-hit check (misconfig.go); 1 notes every
 	// one. ZeroHits (500) is how many sampled requests that found blocks on other workers of
@@ -114,6 +120,11 @@ func (c *Config) defaults() {
 	}
 	if c.ZeroHitBlocks <= 0 {
 		c.ZeroHitBlocks = 64
+	}
+	if c.Queue != nil {
+		q := *c.Queue
+		q.defaults()
+		c.Queue = &q
 	}
 	if c.Now == nil {
 		start := time.Now()
@@ -164,6 +175,7 @@ type Router struct {
 	models  atomic.Pointer[map[string]*model] // copy-on-write; written under mu
 	workers map[uint64]*registration          // REQUIRES mu
 
+	queued          atomic.Int64 // requests waiting in every model's queue
 	routed, matched atomic.Int64
 	expired         atomic.Int64
 	discovered      atomic.Int64 // workers registered by their first event or report
@@ -171,13 +183,15 @@ type Router struct {
 	snapshotSkipped atomic.Int64 // workers Snapshot left out (see SnapshotStats.Skipped)
 
 	approx *approxMode // nil unless Config.Approximate
+	aff    *affinity   // nil unless Config.Affinity
 
 	overloadRejected atomic.Int64 // requests refused as every eligible worker was overloaded
 
 	general bool // tests: score every request on the general path (see scorekv.go)
 
-	stop chan struct{}
-	done chan struct{}
+	stop  chan struct{}
+	done  chan struct{}
+	qdone chan struct{} // closed when queueLoop has returned; nil without the queue
 }
 
 // model is one model's index and its registered workers.
@@ -196,6 +210,8 @@ type model struct {
 	// busy is the model's busy thresholds (overload.go), nil while none is set: the route
 	// path reads it lock-free.
 	busy atomic.Pointer[Thresholds]
+
+	queue *modelQueue // nil without Config.Queue
 }
 
 // workerList is a model's registered (worker, rank) pairs, immutable once published.
@@ -267,7 +283,17 @@ func New(cfg Config) *Router {
 		}
 		r.approx = &approxMode{c: c}
 	}
+	if cfg.Affinity != nil {
+		r.aff = newAffinity(*cfg.Affinity)
+	}
 	go r.expireLoop()
+	if cfg.Queue != nil {
+		r.qdone = make(chan struct{})
+		go func() {
+			defer close(r.qdone)
+			r.queueLoop()
+		}()
+	}
 	return r
 }
 
@@ -280,6 +306,9 @@ func (r *Router) Close() {
 	}
 	close(r.stop)
 	<-r.done
+	if r.qdone != nil {
+		<-r.qdone
+	}
 	r.set.Close()
 }
 
@@ -298,6 +327,9 @@ func (r *Router) expireLoop() {
 		case <-t.C:
 			r.ExpireRequests()
 			r.checkHits()
+			if r.aff != nil {
+				r.expireAffinity()
+			}
 			if r.approx != nil {
 				r.expireApprox()
 			}
@@ -313,6 +345,7 @@ func (r *Router) expireLoop() {
 func (r *Router) ExpireRequests() int {
 	n := r.tracker.Expire(r.cfg.Now())
 	if n > 0 {
+		r.drain()
 		r.expired.Add(int64(n))
 		r.log.Warn("expired requests never completed", "count", n, "expiry", r.cfg.RequestExpiry)
 	}
@@ -415,6 +448,7 @@ func (r *Router) register(g Registration) ([]RankEndpoint, error) {
 	if len(added) > 0 {
 		r.log.Info("worker registered", "worker", g.ID, "model", g.Model, "dp_ranks", rankList(added))
 	}
+	r.drain() // a new rank, or a rank's max batched tokens, may admit waiting requests
 	return eps, nil
 }
 
@@ -590,6 +624,9 @@ func (r *Router) registerLocked(g Registration, eps []RankEndpoint, publish bool
 			return nil, fieldErr(ErrInvalid, "block_size", "%v", err)
 		}
 		m = &model{name: g.Model, ix: ix, blockSize: bs, regs: make(map[uint64]*registration)}
+		if r.cfg.Queue != nil {
+			m.queue = &modelQueue{}
+		}
 		m.list.Store(&workerList{})
 		r.initBusy(m)
 	}
@@ -776,6 +813,7 @@ func (r *Router) UnregisterRank(id uint64, rank uint32) error {
 		r.cfg.Endpoints.UnregisteredRank(id, rank)
 	}
 	r.log.Info("worker rank unregistered", "worker", id, "model", reg.model.name, "dp_rank", rank)
+	r.drain()
 	return nil
 }
 
@@ -794,6 +832,7 @@ func (r *Router) unregister(id uint64) error {
 		return err
 	}
 	r.log.Info("worker unregistered", "worker", id, "model", reg.model.name)
+	r.drain() // requests pinned to it are refused now
 	return nil
 }
 

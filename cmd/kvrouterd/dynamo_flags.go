@@ -42,6 +42,11 @@ var dynamoFlags = []dynFlag{
 	{name: "", target: "active-prefill-tokens-threshold-frac", env: "DYN_ACTIVE_PREFILL_TOKENS_THRESHOLD_FRAC"},
 	// The frontend's status for a request refused as every worker is overloaded.
 	{name: "", target: "overload-status", env: "DYN_HTTP_OVERLOAD_STATUS_CODE"},
+	{name: "", target: "router-queue-threshold", env: "DYN_ROUTER_QUEUE_THRESHOLD"},
+	{name: "", target: "router-queue-policy", env: "DYN_ROUTER_QUEUE_POLICY"},
+	{name: "router-session-affinity-ttl-secs", target: "router-session-affinity-ttl", seconds: true, env: "DYN_ROUTER_SESSION_AFFINITY_TTL_SECS"},
+	{name: "session-affinity-ttl-secs", target: "router-session-affinity-ttl", seconds: true},
+	{name: "", target: "router-session-affinity-mode", env: "DYN_ROUTER_SESSION_AFFINITY_MODE"},
 	// The frontend's migration limit: other workers a request is sent to after one fails.
 	{name: "migration-limit", target: "frontend-retries"},
 	// The standalone indexer's --peers is kvrouterd's; the selection service calls it so.
