@@ -68,7 +68,7 @@ type cost struct {
 
 // idleCost is the cost of a worker with depth cached blocks and nothing booked.
 func idleCost(p *scoring.Params, depth int32) cost {
-	prefill, decode, logit := p.Cost(depth, 0, 0, 0)
+	prefill, decode, logit := p.Cost(depth, 0, 0, 0, 0)
 	return cost{prefill, decode, logit}
 }
 
@@ -134,7 +134,7 @@ func (s *scratch) scoreKV(r *Router, ix *radix.Index, list *workerList, p *scori
 	}
 	for i := range rows {
 		c := &rows[i].c
-		_, _, ub := p.Cost(c.Cached, 0, c.ActiveBlocks, c.ActivePrefill)
+		_, _, ub := p.Cost(c.Cached, 0, c.ActiveBlocks, c.ActivePrefill, c.ActiveRequests)
 		bounds = append(bounds, ub)
 	}
 	slices.Sort(bounds)
@@ -148,11 +148,11 @@ func (s *scratch) scoreKV(r *Router, ix *radix.Index, list *workerList, p *scori
 		row := &rows[i]
 		c := &row.c
 		most := int32(min(int64(p.Blocks), max(c.ActiveBlocks, 0)))
-		if _, _, lb := p.Cost(c.Cached, most, c.ActiveBlocks, c.ActivePrefill); lb > bound {
+		if _, _, lb := p.Cost(c.Cached, most, c.ActiveBlocks, c.ActivePrefill, c.ActiveRequests); lb > bound {
 			continue
 		}
 		c.Shared = int32(r.tracker.Shared(list.loads[row.pos], s.seqs))
-		c.PrefillTokens, c.DecodeBlocks, c.Logit = p.Cost(c.Cached, c.Shared, c.ActiveBlocks, c.ActivePrefill)
+		c.PrefillTokens, c.DecodeBlocks, c.Logit = p.Cost(c.Cached, c.Shared, c.ActiveBlocks, c.ActivePrefill, c.ActiveRequests)
 		row.exact = true
 		pool = append(pool, ranked{c.Logit, row.pos})
 	}
