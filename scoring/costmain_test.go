@@ -21,8 +21,8 @@ import (
 //     decay = 1 / (1 + credit_decay × ((active − min) / bs) / request_blocks);
 //     overlap_credit_blocks = credit × decay × device_overlap_blocks;
 //     adjusted = max(raw_prefill_blocks − overlap_credit_blocks, 0);
-//     logit = prefill_load_scale × adjusted + decode_cost_blocks
-//   - decode_active_request_weight × active_requests.
+//     logit = prefill_load_scale × adjusted + decode_cost_blocks plus
+//     decode_active_request_weight × active_requests.
 //   - lib/kv-router/src/scheduling/config.rs, KvRouterConfig::default: credit 1.0, decay 0.0,
 //     prefill_load_scale 1.0, decode_active_request_weight 0.0.
 func TestCostMainTerms(t *testing.T) {
