@@ -209,6 +209,10 @@ func (l *Load) Slot() radix.Slot { return l.slot }
 // output tracking takes off (rounded to the nearest block, as Dynamo rounds its weights).
 func (l *Load) ActiveBlocks() int64 { return l.blocks.Load() - l.disc.Load() }
 
+// Decayed returns the blocks the decay of output tracking takes off ActiveBlocks: ActiveBlocks +
+// Decayed is the count of blocks booked, which bounds how many of them a request can share.
+func (l *Load) Decayed() int64 { return l.disc.Load() }
+
 // ActivePrefill returns the prompt tokens the worker still has to prefill.
 func (l *Load) ActivePrefill() int64 { return l.prefill.Load() }
 
