@@ -35,20 +35,20 @@ type Config struct {
 	DecodeActiveRequestWeight float64
 	NoAssumeKVReuse           bool
 	TrackOutputBlocks         bool
-	RequestExpiry      time.Duration
-	MaxCandidates      int
-	MaxBlocks          int64
-	QueueLen           int
-	MaxBodyBytes       int
-	HTTPReadBuffer     int
-	HTTPWriteBuffer    int
-	HTTPMaxConns       int
-	HTTPMaxConnsPerIP  int // 0: a quarter of HTTPMaxConns
-	HTTPIdleTimeout    time.Duration
-	ShutdownTimeout    time.Duration
-	LogLevel           string
-	LogFormat          string
-	LogFile            string // "" logs to stderr
+	RequestExpiry             time.Duration
+	MaxCandidates             int
+	MaxBlocks                 int64
+	QueueLen                  int
+	MaxBodyBytes              int
+	HTTPReadBuffer            int
+	HTTPWriteBuffer           int
+	HTTPMaxConns              int
+	HTTPMaxConnsPerIP         int // 0: a quarter of HTTPMaxConns
+	HTTPIdleTimeout           time.Duration
+	ShutdownTimeout           time.Duration
+	LogLevel                  string
+	LogFormat                 string
+	LogFile                   string // "" logs to stderr
 
 	// Dynamo's indexer peers: recovery from their /dump at start, and the block tree that
 	// lets this one's /dump answer in Dynamo's form.
