@@ -210,6 +210,10 @@ func (r *Router) OutputTokens(id string, n int64) error {
 	return nil
 }
 
+// TracksOutput reports whether OutputTokens books output blocks (Config.TrackOutputBlocks), so
+// that a caller can skip counting tokens nobody uses.
+func (r *Router) TracksOutput() bool { return r.cfg.TrackOutputBlocks }
+
 // OutputBlock adds one output block to request id, and with hasDecay weighs the request's own
 // blocks by decay (0 to 1): Dynamo's add_output_block, for callers that count blocks themselves.
 // Like OutputTokens its blocks are this replica's.
