@@ -6,10 +6,12 @@ import (
 	"io"
 	"log/slog"
 	"runtime"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/kvrouterd/kvrouterd/ingest"
+	"github.com/kvrouterd/kvrouterd/router"
 	"github.com/kvrouterd/kvrouterd/scoring"
 	"github.com/kvrouterd/kvrouterd/server"
 )
@@ -36,19 +38,29 @@ type Config struct {
 	NoAssumeKVReuse           bool
 	TrackOutputBlocks         bool
 	RequestExpiry             time.Duration
-	MaxCandidates             int
-	MaxBlocks                 int64
-	QueueLen                  int
-	MaxBodyBytes              int
-	HTTPReadBuffer            int
-	HTTPWriteBuffer           int
-	HTTPMaxConns              int
-	HTTPMaxConnsPerIP         int // 0: a quarter of HTTPMaxConns
-	HTTPIdleTimeout           time.Duration
-	ShutdownTimeout           time.Duration
-	LogLevel                  string
-	LogFormat                 string
-	LogFile                   string // "" logs to stderr
+
+	// The router queue: off unless RouterQueueThreshold is set (Dynamo main's rule).
+	RouterQueueThreshold   OptFloat
+	RouterQueuePolicy      string
+	RouterQueueMaxRequests int
+	RouterQueueMaxWait     time.Duration
+
+	// Session affinity: off unless its time to live is set.
+	SessionAffinityTTL  time.Duration
+	SessionAffinityMode string
+	MaxCandidates       int
+	MaxBlocks           int64
+	QueueLen            int
+	MaxBodyBytes        int
+	HTTPReadBuffer      int
+	HTTPWriteBuffer     int
+	HTTPMaxConns        int
+	HTTPMaxConnsPerIP   int // 0: a quarter of HTTPMaxConns
+	HTTPIdleTimeout     time.Duration
+	ShutdownTimeout     time.Duration
+	LogLevel            string
+	LogFormat           string
+	LogFile             string // "" logs to stderr
 
 	// Dynamo's indexer peers: recovery from their /dump at start, and the block tree that
 	// lets this one's /dump answer in Dynamo's form.
@@ -112,6 +124,10 @@ func Defaults() Config {
 		RouterCost:               "v1",
 		OverlapScoreCredit:       1.0,
 		PrefillLoadScale:         1.0,
+		RouterQueuePolicy:        "fcfs",
+		RouterQueueMaxRequests:   1024,
+		RouterQueueMaxWait:       30 * time.Second,
+		SessionAffinityMode:      "hard",
 		RequestExpiry:            300 * time.Second,
 		QueueLen:                 256,
 		MaxBodyBytes:             8 << 20,
@@ -160,6 +176,12 @@ func (c *Config) Flags(fs *flag.FlagSet) {
 	fs.StringVar(&c.RouterMode, "router-mode", c.RouterMode, "routing mode: kv, round_robin, random, least_loaded or direct")
 	fs.Float64Var(&c.OverlapScoreWeight, "overlap-score-weight", c.OverlapScoreWeight, "weight of prefill cost against decode load in the kv cost")
 	fs.Float64Var(&c.RouterTemperature, "router-temperature", c.RouterTemperature, "softmax temperature of worker selection; 0 picks the cheapest")
+	fs.Var(&c.RouterQueueThreshold, "router-queue-threshold", "turns the router queue on: a worker rank is busy when its booked prompt tokens not yet prefilled exceed this × its max_num_batched_tokens, and a request waits while every rank it may go to is busy; unset: off")
+	fs.StringVar(&c.RouterQueuePolicy, "router-queue-policy", c.RouterQueuePolicy, "router queue order: fcfs (best tail TTFT), wspt (shortest uncached prompt first, best mean TTFT) or lcfs; strict priority first, priority jumps in seconds")
+	fs.IntVar(&c.RouterQueueMaxRequests, "router-queue-max-requests", c.RouterQueueMaxRequests, "router queue: requests a model's queue holds at most; a request that finds it full is refused with 429")
+	fs.DurationVar(&c.SessionAffinityTTL, "router-session-affinity-ttl", c.SessionAffinityTTL, "session affinity: a request's session id (session_id, nvext.session_control, the X-Dynamo-Session-ID header) keeps it on the worker its session was first routed to, for this long after the session's last request; shared with the other replicas; 0: off")
+	fs.StringVar(&c.SessionAffinityMode, "router-session-affinity-mode", c.SessionAffinityMode, "session affinity: hard (a session leaves its worker only when the worker is gone) or soft (also when it is overloaded)")
+	fs.DurationVar(&c.RouterQueueMaxWait, "router-queue-max-wait", c.RouterQueueMaxWait, "router queue: the longest a request waits when it does not say (max_wait_ms); past it, 503")
 	fs.BoolVar(&c.TrackPrefillTokens, "track-prefill-tokens", c.TrackPrefillTokens, "charge and book each request's uncached prompt tokens as prefill; false routes on decode load alone, as Dynamo's decode stage")
 	fs.StringVar(&c.RouterCost, "router-cost", c.RouterCost, "cost formula of the kv mode: v1 (--overlap-score-weight × prefill blocks + decode blocks, Dynamo's releases) or main (Dynamo's main branch: cached blocks a credit against the prompt, the rest scaled, active requests weighed; the --router-kv-overlap-score-credit, --router-kv-overlap-score-credit-decay, --router-prefill-load-scale and --router-decode-active-request-weight terms)")
 	fs.Float64Var(&c.OverlapScoreCredit, "router-kv-overlap-score-credit", c.OverlapScoreCredit, "--router-cost main: share of each cached block taken off the prompt's prefill blocks, 0 to 1")
@@ -224,6 +246,18 @@ func (c *Config) Check() error {
 		return fmt.Errorf("--overlap-score-weight %v: want a finite number ≥ 0", c.OverlapScoreWeight)
 	case !(c.RouterTemperature >= 0) || c.RouterTemperature > 1e9:
 		return fmt.Errorf("--router-temperature %v: want a finite number ≥ 0", c.RouterTemperature)
+	case c.RouterQueueThreshold.On && (!(c.RouterQueueThreshold.V >= 0) || c.RouterQueueThreshold.V > 1e9):
+		return fmt.Errorf("--router-queue-threshold %v: want a finite number ≥ 0", c.RouterQueueThreshold.V)
+	case !validQueuePolicy(c.RouterQueuePolicy):
+		return fmt.Errorf("--router-queue-policy %q: want fcfs, wspt or lcfs", c.RouterQueuePolicy)
+	case c.RouterQueueMaxRequests < 1 || c.RouterQueueMaxRequests > 1<<20:
+		return fmt.Errorf("--router-queue-max-requests %d: want 1 to 1048576", c.RouterQueueMaxRequests)
+	case c.SessionAffinityTTL < 0 || c.SessionAffinityTTL > 365*24*time.Hour:
+		return fmt.Errorf("--router-session-affinity-ttl %v: want 0 (off) to a year", c.SessionAffinityTTL)
+	case c.SessionAffinityMode != "hard" && c.SessionAffinityMode != "soft":
+		return fmt.Errorf("--router-session-affinity-mode %q: want hard or soft", c.SessionAffinityMode)
+	case c.RouterQueueMaxWait <= 0:
+		return fmt.Errorf("--router-queue-max-wait %v: want a positive duration", c.RouterQueueMaxWait)
 	case c.MaxCandidates < 0 || c.MaxCandidates > 1<<16-1:
 		return fmt.Errorf("--max-candidates %d: want 0 (every worker) to 65535", c.MaxCandidates)
 	case c.RequestExpiry <= 0:
@@ -361,4 +395,56 @@ func (c *Config) terms() scoring.Terms {
 		}
 	}
 	return t
+}
+
+// OptFloat is a number flag that may be left unset: the router queue's threshold is off unless
+// given. A plain value.
+type OptFloat struct {
+	V  float64
+	On bool
+}
+
+func (o *OptFloat) String() string {
+	if o == nil || !o.On {
+		return ""
+	}
+	return strconv.FormatFloat(o.V, 'g', -1, 64)
+}
+
+// Set parses a number; "" or "none" leaves the setting off.
+func (o *OptFloat) Set(s string) error {
+	if s == "" || strings.EqualFold(s, "none") {
+		*o = OptFloat{}
+		return nil
+	}
+	v, err := strconv.ParseFloat(s, 64)
+	if err != nil {
+		return fmt.Errorf("%q is not a number", s)
+	}
+	*o = OptFloat{V: v, On: true}
+	return nil
+}
+
+// queue is the router's queue configuration, nil when the queue is off.
+func (c *Config) queue() *router.QueueConfig {
+	if !c.RouterQueueThreshold.On {
+		return nil
+	}
+	policy, _ := router.ParseQueuePolicy(c.RouterQueuePolicy) // Check refused any other
+	return &router.QueueConfig{Threshold: c.RouterQueueThreshold.V, Policy: policy,
+		MaxRequests: c.RouterQueueMaxRequests, MaxWait: c.RouterQueueMaxWait}
+}
+
+func validQueuePolicy(s string) bool {
+	_, err := router.ParseQueuePolicy(s)
+	return err == nil
+}
+
+// affinity is the router's session affinity configuration, nil when it is off.
+func (c *Config) affinity() *router.AffinityConfig {
+	if c.SessionAffinityTTL <= 0 {
+		return nil
+	}
+	mode, _ := router.ParseAffinityMode(c.SessionAffinityMode) // Check refused any other
+	return &router.AffinityConfig{TTL: c.SessionAffinityTTL, Mode: mode}
 }

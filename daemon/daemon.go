@@ -140,6 +140,8 @@ func Start(ctx context.Context, c Config, stderr io.Writer) (_ *Daemon, err erro
 			Terms:             &terms,
 			NoAssumeReuse:     c.NoAssumeKVReuse,
 			TrackOutputBlocks: c.TrackOutputBlocks,
+			Queue:             c.queue(),
+			Affinity:          c.affinity(),
 			RequestExpiry:     c.RequestExpiry,
 			MaxCandidates:     c.MaxCandidates,
 			Shards:            c.Shards,

@@ -16,6 +16,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvrouterd/kvrouterd/internal/peer"
 	"github.com/kvrouterd/kvrouterd/radix"
 	"github.com/kvrouterd/kvrouterd/router"
 	"github.com/kvrouterd/kvrouterd/wire"
@@ -217,10 +218,19 @@ type nvext struct {
 		OverlapScoreCredit *float64 `json:"overlap_score_credit"`
 		PrefillLoadScale   *float64 `json:"prefill_load_scale"`
 	} `json:"router_config_override"`
-	// AgentHints.OSL is the expected output length, which output tracking decays toward.
+	// Queue order and the expected output (Dynamo's AgentHints): priority (seconds ahead, its
+	// deprecated latency_sensitivity the fallback), strict priority, output length.
 	AgentHints *struct {
-		OSL *uint32 `json:"osl"`
+		Priority           *int32   `json:"priority"`
+		LatencySensitivity *float64 `json:"latency_sensitivity"`
+		StrictPriority     *uint32  `json:"strict_priority"`
+		OSL                *uint32  `json:"osl"`
 	} `json:"agent_hints"`
+	// Session affinity's key (Dynamo's session_control; the X-Dynamo-Session-ID header when
+	// absent).
+	SessionControl *struct {
+		SessionID string `json:"session_id"`
+	} `json:"session_control"`
 }
 
 // routeRequest is the route of toks under the hints: by local hashes when the prompt is salted
@@ -237,6 +247,23 @@ func (h *nvext) routeRequest(rr *wire.RouteRequest, toks []uint32, bs int) {
 		if h.DPRank != nil {
 			rr.PinnedRank = *h.DPRank
 		}
+	}
+	if a := h.AgentHints; a != nil {
+		switch {
+		case a.Priority != nil:
+			rr.PriorityJump = float64(max(*a.Priority, 0))
+		case a.LatencySensitivity != nil:
+			rr.PriorityJump = *a.LatencySensitivity
+		}
+		if a.StrictPriority != nil {
+			rr.StrictPriority = *a.StrictPriority
+		}
+		if a.OSL != nil {
+			rr.ExpectedOSL = *a.OSL
+		}
+	}
+	if h.SessionControl != nil {
+		rr.SessionID = h.SessionControl.SessionID
 	}
 	if o := h.Override; o != nil {
 		if o.OverlapScoreWeight != nil {
@@ -257,9 +284,6 @@ func (h *nvext) routeRequest(rr *wire.RouteRequest, toks []uint32, bs int) {
 		if o.PrefillLoadScale != nil {
 			rr.HasLoadScale, rr.PrefillLoadScale = true, *o.PrefillLoadScale
 		}
-	}
-	if a := h.AgentHints; a != nil && a.OSL != nil {
-		rr.ExpectedOSL = *a.OSL
 	}
 }
 
@@ -369,16 +393,32 @@ func (d *Door) forward(ctx *fasthttp.RequestCtx, path, model string, ws []router
 		endpoint[w.ID] = w.Endpoint
 		allowed = append(allowed, w.ID)
 	}
+	// Every worker of the model may take it: say none, so that the request goes through the
+	// router queue (a request restricted to some workers bypasses it, as in Dynamo).
+	every := len(ws) == len(d.r.ModelWorkers(model))
+	session := string(ctx.Request.Header.Peek("X-Dynamo-Session-ID"))
+	gone := func() bool { return peer.Gone(ctx.Conn()) }
 	var lastErr string
 	for attempt := 0; attempt <= d.cfg.Retries && len(allowed) > 0; attempt++ {
 		id := d.prefix + strconv.FormatUint(d.ids.Add(1), 36)
-		rr := wire.RouteRequest{RequestID: id, Model: model, Tokens: toks, Allowed: allowed}
+		rr := wire.RouteRequest{RequestID: id, Model: model, Tokens: toks, Allowed: allowed, SessionID: session}
+		if attempt == 0 && every {
+			rr.Allowed = nil
+		}
 		hints.routeRequest(&rr, toks, bs)
 		var rs wire.RouteResponse
-		if err := d.r.Route(&rr, &rs); err != nil {
+		if err := d.r.RouteWait(&rr, &rs, gone); err != nil {
 			status, typ := fasthttp.StatusServiceUnavailable, "service_unavailable"
 			var fe *router.FieldError
-			if errors.As(err, &fe) && errors.Is(err, router.ErrInvalid) {
+			switch {
+			case errors.Is(err, router.ErrGone):
+				d.m.requests.WithLabelValues(path, "499").Inc()
+				return // nobody to answer
+			case errors.Is(err, router.ErrQueueFull):
+				status, typ = fasthttp.StatusTooManyRequests, "queue_full"
+			case errors.Is(err, router.ErrQueueTimeout):
+				typ = "queue_timeout"
+			case errors.As(err, &fe) && errors.Is(err, router.ErrInvalid):
 				status, typ = fasthttp.StatusBadRequest, "invalid_request_error"
 			}
 			d.fail(ctx, path, status, typ, "", "routing: "+err.Error())

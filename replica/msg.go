@@ -21,6 +21,8 @@ const (
 	OpBooked      Op = 1
 	OpPrefillDone Op = 2
 	OpCompleted   Op = 3
+	// OpSession binds a session to a worker (session affinity); its ID is the session id.
+	OpSession Op = 4
 )
 
 // Limits of load-share messages.
@@ -44,11 +46,12 @@ type Msg struct {
 	Op      Op
 	Replica string
 	ID      string
+	// Booked and session only:
+	Model  string
+	Worker radix.WorkerKey
+	TTL    uint32 // milliseconds
 	// Booked only:
-	Model   string
-	Worker  radix.WorkerKey
 	Prefill uint64
-	TTL     uint32 // milliseconds
 	Seqs    []uint64
 }
 
@@ -60,6 +63,13 @@ func Append(dst []byte, m *Msg) []byte {
 	dst = append(dst, m.Replica...)
 	dst = binary.LittleEndian.AppendUint16(dst, uint16(len(m.ID)))
 	dst = append(dst, m.ID...)
+	if m.Op == OpSession {
+		dst = binary.LittleEndian.AppendUint16(dst, uint16(len(m.Model)))
+		dst = append(dst, m.Model...)
+		dst = binary.LittleEndian.AppendUint64(dst, m.Worker.ID)
+		dst = binary.LittleEndian.AppendUint32(dst, m.Worker.Rank)
+		return binary.LittleEndian.AppendUint32(dst, m.TTL)
+	}
 	if m.Op != OpBooked {
 		return dst
 	}
@@ -156,12 +166,20 @@ func Decode(b []byte, m *Msg) error {
 		d.fail("version", "%d, want %d", v, version)
 	}
 	m.Op = Op(d.u8("op"))
-	if d.err == nil && (m.Op < OpBooked || m.Op > OpCompleted) {
+	if d.err == nil && (m.Op < OpBooked || m.Op > OpSession) {
 		d.fail("op", "unknown op %d", m.Op)
 	}
 	m.Replica = d.str("replica", int(d.u8("replica_length")), router.MaxReplicaID)
 	m.ID = d.str("request_id", int(d.u16("request_id_length")), maxString)
 	m.Model, m.Worker, m.Prefill, m.TTL, m.Seqs = "", radix.WorkerKey{}, 0, 0, m.Seqs[:0]
+	if m.Op == OpSession {
+		m.Model = d.str("model", int(d.u16("model_length")), maxString)
+		m.Worker.ID = d.u64("worker")
+		m.Worker.Rank = d.u32("dp_rank")
+		if m.TTL = d.u32("ttl_ms"); d.err == nil && m.TTL == 0 {
+			d.fail("ttl_ms", "must be at least 1")
+		}
+	}
 	if m.Op == OpBooked {
 		m.Model = d.str("model", int(d.u16("model_length")), maxString)
 		m.Worker.ID = d.u64("worker")

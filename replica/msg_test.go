@@ -19,6 +19,20 @@ func seeds() []*Msg {
 		{Op: OpBooked, Replica: "a", ID: "r", Model: "m", TTL: 1}, // a prompt shorter than a block
 		{Op: OpPrefillDone, Replica: "9f3c2a7be1d04c55", ID: "0b5c1c6e-9a43-4a8e-8f6e-2f0d1e3c4b5a"},
 		{Op: OpCompleted, Replica: "replica-b", ID: strings.Repeat("x", 1024)},
+		{Op: OpSession, Replica: "replica-b", ID: "session-1", Model: "m", Worker: radix.WorkerKey{ID: 3, Rank: 2}, TTL: 600_000},
+	}
+}
+
+// TestSessionLayout pins a session binding's layout (SPEC.md, section 3).
+func TestSessionLayout(t *testing.T) {
+	m := &Msg{Op: OpSession, Replica: "AB", ID: "s1", Model: "m", Worker: radix.WorkerKey{ID: 0x0102, Rank: 3}, TTL: 1000}
+	want := "4b565241" + "01" + "04" + "02" + "4142" + // magic, version, op, replica
+		"0200" + "7331" + // session id
+		"0100" + "6d" + // model
+		"0201000000000000" + "03000000" + // worker, rank
+		"e8030000" // ttl ms
+	if got := hex.EncodeToString(Append(nil, m)); got != want {
+		t.Fatalf("got  %s\nwant %s", got, want)
 	}
 }
 
@@ -90,7 +104,10 @@ func TestDecodeErrors(t *testing.T) {
 	f("magic", patch(0, 'X'), "magic")
 	f("version", patch(4, 2), "version")
 	f("op 0", patch(5, 0), "op")
-	f("op 4", patch(5, 4), "op")
+	f("op 5", patch(5, 5), "op")
+	session := Append(nil, &Msg{Op: OpSession, Replica: "r", ID: "s", Model: "m", TTL: 1})
+	f("session without ttl", append(slices.Clone(session[:len(session)-4]), 0, 0, 0, 0), "ttl_ms")
+	f("session truncated", session[:len(session)-1], "ttl_ms")
 	f("no replica", patch(6, 0), "replica_length")
 	f("long replica", patch(6, 65), "replica_length")
 	f("replica past the end", good[:10], "replica")

@@ -31,6 +31,7 @@ type Sink interface {
 	BookRemote(replica, model string, worker radix.WorkerKey, id string, seqs []uint64, prefill int64, ttl time.Duration) error
 	PrefillDoneRemote(replica, id string) error
 	CompleteRemote(replica, id string) error
+	BindRemote(replica, model, session string, worker radix.WorkerKey, ttl time.Duration) error
 }
 
 // Config configures a Sharer; a plain value.
@@ -203,6 +204,13 @@ func (s *Sharer) Completed(id string) {
 	s.publish(&m)
 }
 
+// SessionBound publishes a session's binding to a worker (router.LoadSharer).
+func (s *Sharer) SessionBound(model, session string, worker radix.WorkerKey, ttl time.Duration) {
+	m := Msg{Op: OpSession, Replica: s.replica, ID: session, Model: model, Worker: worker,
+		TTL: uint32(min(max(ttl.Milliseconds(), 1), int64(^uint32(0))))}
+	s.publish(&m)
+}
+
 func (s *Sharer) publish(m *Msg) {
 	nc := s.nc.Load()
 	if nc == nil || len(m.ID) > maxString || len(m.Model) > maxString || len(m.Seqs) > MaxBlocks {
@@ -251,6 +259,8 @@ func (s *Sharer) handle(msg *nats.Msg, sink Sink) {
 		err = sink.PrefillDoneRemote(m.Replica, m.ID)
 	case OpCompleted:
 		err = sink.CompleteRemote(m.Replica, m.ID)
+	case OpSession:
+		err = sink.BindRemote(m.Replica, m.Model, m.ID, m.Worker, time.Duration(m.TTL)*time.Millisecond)
 	}
 	// Completions of requests booked before this replica started, and bookings of workers not
 	// (yet) registered here, are expected: counted, logged at debug.

@@ -41,12 +41,17 @@ type peer struct {
 // newPeer starts a router with workers 1 and 2 of model "m" (block size 16) and its Sharer
 // on url: on a connection of its own if own, else on a plain one, as if shared.
 func newPeer(t testing.TB, url, id string, own bool) *peer {
+	return newPeerWith(t, url, id, own, nil)
+}
+
+// newPeerWith is newPeer with session affinity (aff non-nil).
+func newPeerWith(t testing.TB, url, id string, own bool, aff *router.AffinityConfig) *peer {
 	t.Helper()
 	sh, err := New(Config{Replica: id, Logger: quietLog()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := router.New(router.Config{Shards: 1, Logger: quietLog(), Share: sh})
+	r := router.New(router.Config{Shards: 1, Logger: quietLog(), Share: sh, Affinity: aff})
 	t.Cleanup(r.Close)
 	for w := uint64(1); w <= 2; w++ {
 		if err := r.Register(router.Registration{ID: w, Model: "m", BlockSize: 16}); err != nil {
@@ -139,6 +144,28 @@ func TestSharerReplicas(t *testing.T) {
 				t.Fatalf("%d rejected for %s", n, reason)
 			}
 		}
+	}
+}
+
+// TestSharerAffinity: a session bound on one replica is honoured by the other, through NATS.
+func TestSharerAffinity(t *testing.T) {
+	s := embedded(t)
+	aff := &router.AffinityConfig{TTL: time.Minute}
+	a := newPeerWith(t, s.ClientURL(), "A", false, aff)
+	b := newPeerWith(t, s.ClientURL(), "B", true, aff)
+	var resp wire.RouteResponse
+	if err := a.r.Route(&wire.RouteRequest{RequestID: "r1", Model: "m", Tokens: toks(0, 128), SessionID: "sess"}, &resp); err != nil {
+		t.Fatal(err)
+	}
+	bound := resp.Worker
+	waitFor(t, "B to learn the binding", func() bool { st, _ := b.r.AffinityStats(); return st.Remote == 1 })
+	// On B the other worker is idle and A's worker carries A's booking: without the binding B
+	// would choose the other one.
+	if err := b.r.Route(&wire.RouteRequest{RequestID: "r2", Model: "m", Tokens: toks(9000, 128), SessionID: "sess"}, &resp); err != nil {
+		t.Fatal(err)
+	}
+	if resp.Worker != bound {
+		t.Fatalf("B sent the session to %d, want %d (bound on A)", resp.Worker, bound)
 	}
 }
 
@@ -263,6 +290,9 @@ func (nopSink) BookRemote(string, string, radix.WorkerKey, string, []uint64, int
 }
 func (nopSink) PrefillDoneRemote(string, string) error { return nil }
 func (nopSink) CompleteRemote(string, string) error    { return nil }
+func (nopSink) BindRemote(string, string, string, radix.WorkerKey, time.Duration) error {
+	return nil
+}
 
 // TestSharerSinkPanic: a panic while applying another replica's message is recovered on NATS's
 // goroutine, counted as rejected for "panic", and the next message is applied.

@@ -62,7 +62,7 @@ func (r *Router) Workers() []WorkerInfo {
 		for _, w := range reg.ranks {
 			out = append(out, WorkerInfo{
 				ID: w.key.ID, Rank: w.key.Rank, Model: reg.model.name, BlockSize: reg.model.blockSize,
-				Capacity: reg.capacity, MaxTokens: reg.maxTokens, Endpoint: w.endpoint, Replay: w.replay,
+				Capacity: reg.capacity, MaxTokens: reg.maxTokens.Load(), Endpoint: w.endpoint, Replay: w.replay,
 			})
 			if u := reg.http.Load(); u != nil {
 				out[len(out)-1].HTTPEndpoint = *u
@@ -189,6 +189,7 @@ func (r *Router) PrefillDone(id string) error {
 	if r.cfg.Share != nil {
 		r.cfg.Share.PrefillDone(id)
 	}
+	r.drain()
 	return nil
 }
 
@@ -235,6 +236,7 @@ func (r *Router) Complete(id string) error {
 	if r.cfg.Share != nil {
 		r.cfg.Share.Completed(id)
 	}
+	r.drain()
 	return nil
 }
 

@@ -201,11 +201,12 @@ func (r *Router) Report(rep *LoadReport) error {
 		}
 	}
 	if rep.MaxBatchedTokens > 0 {
-		reg.maxTokens = rep.MaxBatchedTokens
+		reg.maxTokens.Store(rep.MaxBatchedTokens)
 	}
 	r.mu.Unlock()
 	reg.heartbeat.Store(true)
 	reg.lastSeen.Store(r.cfg.Now())
+	r.drain()
 	return nil
 }
 

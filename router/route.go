@@ -163,6 +163,9 @@ func (r *Router) params(m *model, req *wire.RouteRequest, prefix bool, p *scorin
 		}
 		p.Temperature = req.Temperature
 	}
+	if math.IsNaN(req.PriorityJump) || math.IsInf(req.PriorityJump, 0) {
+		return fieldErr(ErrInvalid, "priority_jump", "%v is not a finite number", req.PriorityJump)
+	}
 	if p.Mode == scoring.Direct && !req.HasPinned {
 		return fieldErr(ErrInvalid, "pinned_worker", "direct mode needs a pinned worker")
 	}
@@ -208,6 +211,14 @@ func (r *Router) route(req *wire.RouteRequest, resp *wire.RouteResponse, book bo
 	}
 	if book && isRemoteKey(req.RequestID) {
 		return fieldErr(ErrInvalid, "request_id", "ids starting with a NUL byte are reserved for other replicas' requests")
+	}
+	sticky := false
+	if req.SessionID != "" && r.aff != nil && book && !req.HasPinned {
+		if k, ok := r.sticky(m, req.SessionID); ok {
+			cp := *req
+			cp.HasPinned, cp.PinnedWorker, cp.PinnedRank = true, k.ID, k.Rank
+			req, sticky = &cp, true
+		}
 	}
 	var p scoring.Params
 	if err := r.params(m, req, false, &p); err != nil {
@@ -274,6 +285,9 @@ func (r *Router) route(req *wire.RouteRequest, resp *wire.RouteResponse, book bo
 		}
 		if r.approx != nil {
 			r.recordApprox(m, w, s.seqs)
+		}
+		if req.SessionID != "" && r.aff != nil && (sticky || !req.HasPinned) {
+			r.bind(m.name, req.SessionID, w.key)
 		}
 		resp.Cached = uint32(cached)
 		r.routed.Add(1)

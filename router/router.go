@@ -92,6 +92,12 @@ type Config struct {
 	Rand *rand.Rand
 	// Now is the clock for request expiry, in nanoseconds (a monotonic clock by default).
 	Now func() int64
+	// Queue, if set, turns on the router queue: requests wait while every worker rank they may
+	// go to is busy prefilling (see queue.go); nil admits every request at once.
+	Queue *QueueConfig
+	// Affinity, if set, keeps each session (a request's SessionID) on the worker it was first
+	// routed to (see affinity.go); nil ignores session ids.
+	Affinity *AffinityConfig
 	// HitSample: one routed or matched request in HitSample (a power of two, 64) notes which
 	// workers hold some of its blocks, for the zero-hit check (misconfig.go); 1 notes every
 	// one. ZeroHits (500) is how many sampled requests that found blocks on other workers of
@@ -130,6 +136,11 @@ func (c *Config) defaults() {
 	}
 	if c.ZeroHitBlocks <= 0 {
 		c.ZeroHitBlocks = 64
+	}
+	if c.Queue != nil {
+		q := *c.Queue
+		q.defaults()
+		c.Queue = &q
 	}
 	if c.Now == nil {
 		start := time.Now()
@@ -180,6 +191,7 @@ type Router struct {
 	models  atomic.Pointer[map[string]*model] // copy-on-write; written under mu
 	workers map[uint64]*registration          // REQUIRES mu
 
+	queued          atomic.Int64 // requests waiting in every model's queue
 	routed, matched atomic.Int64
 	expired         atomic.Int64
 	discovered      atomic.Int64 // workers registered by their first event or report
@@ -187,11 +199,13 @@ type Router struct {
 	snapshotSkipped atomic.Int64 // workers Snapshot left out (see SnapshotStats.Skipped)
 
 	approx *approxMode // nil unless Config.Approximate
+	aff    *affinity   // nil unless Config.Affinity
 
 	general bool // tests: score every request on the general path (see scorekv.go)
 
-	stop chan struct{}
-	done chan struct{}
+	stop  chan struct{}
+	done  chan struct{}
+	qdone chan struct{} // closed when queueLoop has returned; nil without the queue
 }
 
 // model is one model's index and its registered workers.
@@ -206,6 +220,8 @@ type model struct {
 	// seenSampledHits is its value at the last zero-hit check (the check's own).
 	sampledHits     atomic.Int64
 	seenSampledHits int64
+
+	queue *modelQueue // nil without Config.Queue
 }
 
 // workerList is a model's registered (worker, rank) pairs, immutable once published.
@@ -240,7 +256,7 @@ type registration struct {
 	model     *model
 	ranks     []*rankWorker          // by rank, at most wire.MaxSnapshotRanks
 	capacity  int64                  // KV capacity in blocks, 0 = unknown
-	maxTokens int64                  // max batched tokens, 0 = unknown
+	maxTokens atomic.Int64           // max batched tokens, 0 = unknown; written under Router.mu, read anywhere
 	http      atomic.Pointer[string] // the OpenAI API's base URL; nil for none
 
 	received, applied atomic.Int64 // events
@@ -273,7 +289,17 @@ func New(cfg Config) *Router {
 		}
 		r.approx = &approxMode{c: c}
 	}
+	if cfg.Affinity != nil {
+		r.aff = newAffinity(*cfg.Affinity)
+	}
 	go r.expireLoop()
+	if cfg.Queue != nil {
+		r.qdone = make(chan struct{})
+		go func() {
+			defer close(r.qdone)
+			r.queueLoop()
+		}()
+	}
 	return r
 }
 
@@ -286,6 +312,9 @@ func (r *Router) Close() {
 	}
 	close(r.stop)
 	<-r.done
+	if r.qdone != nil {
+		<-r.qdone
+	}
 	r.set.Close()
 }
 
@@ -304,6 +333,9 @@ func (r *Router) expireLoop() {
 		case <-t.C:
 			r.ExpireRequests()
 			r.checkHits()
+			if r.aff != nil {
+				r.expireAffinity()
+			}
 			if r.approx != nil {
 				r.expireApprox()
 			}
@@ -319,6 +351,7 @@ func (r *Router) expireLoop() {
 func (r *Router) ExpireRequests() int {
 	n := r.tracker.Expire(r.cfg.Now())
 	if n > 0 {
+		r.drain()
 		r.expired.Add(int64(n))
 		r.log.Warn("expired requests never completed", "count", n, "expiry", r.cfg.RequestExpiry)
 	}
@@ -417,6 +450,7 @@ func (r *Router) register(g Registration) ([]RankEndpoint, error) {
 	if len(added) > 0 {
 		r.log.Info("worker registered", "worker", g.ID, "model", g.Model, "dp_ranks", rankList(added))
 	}
+	r.drain() // a new rank, or a rank's max batched tokens, may admit waiting requests
 	return eps, nil
 }
 
@@ -589,6 +623,9 @@ func (r *Router) registerLocked(g Registration, eps []RankEndpoint, publish bool
 			return nil, fieldErr(ErrInvalid, "block_size", "%v", err)
 		}
 		m = &model{name: g.Model, ix: ix, blockSize: bs, regs: make(map[uint64]*registration)}
+		if r.cfg.Queue != nil {
+			m.queue = &modelQueue{}
+		}
 		m.list.Store(&workerList{})
 	}
 	// Slots, then loads; on a failure the slots taken here go back, and nothing else changed.
@@ -631,7 +668,7 @@ func (r *Router) registerLocked(g Registration, eps []RankEndpoint, publish bool
 		reg.capacity = g.Capacity
 	}
 	if g.MaxTokens != 0 {
-		reg.maxTokens = g.MaxTokens
+		reg.maxTokens.Store(g.MaxTokens)
 	}
 	if g.HTTPEndpoint != "" {
 		u := g.HTTPEndpoint
@@ -771,6 +808,7 @@ func (r *Router) UnregisterRank(id uint64, rank uint32) error {
 		r.cfg.Endpoints.UnregisteredRank(id, rank)
 	}
 	r.log.Info("worker rank unregistered", "worker", id, "model", reg.model.name, "dp_rank", rank)
+	r.drain()
 	return nil
 }
 
@@ -789,6 +827,7 @@ func (r *Router) unregister(id uint64) error {
 		return err
 	}
 	r.log.Info("worker unregistered", "worker", id, "model", reg.model.name)
+	r.drain() // requests pinned to it are refused now
 	return nil
 }
 

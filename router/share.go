@@ -43,6 +43,8 @@ type LoadSharer interface {
 	PrefillDone(id string)
 	// Completed: request id finished; its load is freed.
 	Completed(id string)
+	// SessionBound: session of model is bound to worker for ttl (session affinity).
+	SessionBound(model, session string, worker radix.WorkerKey, ttl time.Duration)
 }
 
 // MaxReplicaID is the longest replica id BookRemote and the other Remote methods accept, in
@@ -135,6 +137,7 @@ func (r *Router) PrefillDoneRemote(replica, id string) error {
 	if r.tracker.PrefillDone(keyString(appendRemoteKey(buf[:0], replica, id))) != nil {
 		return fieldErr(ErrUnknownRequest, "request_id", "no active request %q of replica %q", id, replica)
 	}
+	r.drain()
 	return nil
 }
 
@@ -147,6 +150,7 @@ func (r *Router) CompleteRemote(replica, id string) error {
 	if r.tracker.Complete(keyString(appendRemoteKey(buf[:0], replica, id))) != nil {
 		return fieldErr(ErrUnknownRequest, "request_id", "no active request %q of replica %q", id, replica)
 	}
+	r.drain()
 	return nil
 }
 

@@ -38,6 +38,9 @@ func (f *fakeSharer) Booked(model string, worker radix.WorkerKey, id string, seq
 }
 func (f *fakeSharer) PrefillDone(id string) { f.add(shareCall{op: "prefill", id: strings.Clone(id)}) }
 func (f *fakeSharer) Completed(id string)   { f.add(shareCall{op: "completed", id: strings.Clone(id)}) }
+func (f *fakeSharer) SessionBound(model, session string, worker radix.WorkerKey, ttl time.Duration) {
+	f.add(shareCall{op: "session", model: strings.Clone(model), worker: worker, id: strings.Clone(session), ttl: ttl})
+}
 
 func (f *fakeSharer) add(c shareCall) {
 	f.mu.Lock()
@@ -375,3 +378,4 @@ type nopSharer struct{}
 func (nopSharer) Booked(string, radix.WorkerKey, string, []uint64, int64, time.Duration) {}
 func (nopSharer) PrefillDone(string)                                                     {}
 func (nopSharer) Completed(string)                                                       {}
+func (nopSharer) SessionBound(string, string, radix.WorkerKey, time.Duration)            {}

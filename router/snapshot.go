@@ -50,7 +50,7 @@ func (r *Router) Snapshot(chunkSize int, emit func(chunk []byte) error) (Snapsho
 	for _, reg := range r.workers {
 		w := wire.SnapshotWorker{
 			ID: reg.id, Model: reg.model.name, BlockSize: reg.model.blockSize, Capacity: reg.capacity,
-			MaxTokens: reg.maxTokens, Reports: reg.heartbeat.Load(), HTTPEndpoint: deref(reg.http.Load()),
+			MaxTokens: reg.maxTokens.Load(), Reports: reg.heartbeat.Load(), HTTPEndpoint: deref(reg.http.Load()),
 		}
 		for _, rw := range reg.ranks {
 			w.Ranks = append(w.Ranks, wire.SnapshotRank{Rank: rw.key.Rank})

@@ -119,6 +119,9 @@ type conn struct {
 	slot   int // REQUIRES: c.mu
 }
 
+// NetConn returns the connection it wraps (peer.Gone looks at its socket).
+func (cn *conn) NetConn() net.Conn { return cn.Conn }
+
 // Read marks the connection busy when its first request arrives.
 func (cn *conn) Read(p []byte) (int, error) {
 	n, err := cn.Conn.Read(p)

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/kvrouterd/kvrouterd/internal/freelist"
+	"github.com/kvrouterd/kvrouterd/internal/peer"
 	"github.com/kvrouterd/kvrouterd/radix"
 	"github.com/kvrouterd/kvrouterd/router"
 	"github.com/kvrouterd/kvrouterd/shard"
@@ -182,7 +183,28 @@ type buffers struct {
 	out  []byte // the events answer (a route answer is encoded into the response's own body)
 	oc   []shard.Outcome
 	h    radix.Hasher // Dynamo's /query hashes its tokens here
+
+	// conn is the connection of the request a queued route waits for; isGone, bound once,
+	// looks at it (peer.Gone) without a closure per request.
+	conn   net.Conn
+	isGone func() bool
 }
+
+// gone returns the function RouteWait polls while the request waits in the router queue.
+func (b *buffers) gone(ctx *fasthttp.RequestCtx) func() bool {
+	b.conn = ctx.Conn()
+	if b.isGone == nil {
+		b.isGone = func() bool { return b.conn != nil && peer.Gone(b.conn) }
+	}
+	return b.isGone
+}
+
+// statusClientGone answers a request whose client left while it waited (nobody reads it; the
+// status is for the logs and metrics, as nginx's 499).
+const statusClientGone = 499
+
+// sessionHeader carries a session id on the JSON route API (Dynamo's header).
+const sessionHeader = "X-Dynamo-Session-ID"
 
 // New returns a Server for r.
 func New(r *router.Router, cfg Config) *Server {
@@ -455,6 +477,12 @@ func (s *Server) fail(ctx *fasthttp.RequestCtx, ep endpoint, err error) {
 		status, reason = fasthttp.StatusServiceUnavailable, "closed"
 	case errors.Is(err, router.ErrUnavailable):
 		status, reason = fasthttp.StatusServiceUnavailable, "unavailable"
+	case errors.Is(err, router.ErrQueueFull):
+		status, reason = fasthttp.StatusTooManyRequests, "queue_full"
+	case errors.Is(err, router.ErrQueueTimeout):
+		status, reason = fasthttp.StatusServiceUnavailable, "queue_timeout"
+	case errors.Is(err, router.ErrGone):
+		status, reason = statusClientGone, "client_gone"
 	}
 	field := ""
 	var fe *router.FieldError
@@ -488,11 +516,14 @@ func (s *Server) route(ctx *fasthttp.RequestCtx, book bool, start time.Time) {
 	var err error
 	switch {
 	case binary(ctx) && book:
-		out, err = s.r.AppendRoute(out, &b.req, &b.resp)
+		out, err = s.r.AppendRouteWait(out, &b.req, &b.resp, b.gone(ctx))
 	case binary(ctx):
 		out, err = s.r.AppendMatch(out, &b.req, &b.resp)
 	case book:
-		err = s.r.Route(&b.req, &b.resp)
+		if b.req.SessionID == "" {
+			b.req.SessionID = string(ctx.Request.Header.Peek(sessionHeader))
+		}
+		err = s.r.RouteWait(&b.req, &b.resp, b.gone(ctx))
 	default:
 		err = s.r.Match(&b.req, &b.resp)
 	}

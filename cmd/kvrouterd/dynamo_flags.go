@@ -45,6 +45,11 @@ var dynamoFlags = []dynFlag{
 	{name: "no-router-replica-sync", target: "share-load", negate: true},
 	{name: "router-ttl-secs", target: "approx-ttl", seconds: true, env: "DYN_ROUTER_TTL_SECS"},
 	{name: "router-event-threads", target: "shards", env: "DYN_ROUTER_EVENT_THREADS"},
+	{name: "", target: "router-queue-threshold", env: "DYN_ROUTER_QUEUE_THRESHOLD"},
+	{name: "", target: "router-queue-policy", env: "DYN_ROUTER_QUEUE_POLICY"},
+	{name: "router-session-affinity-ttl-secs", target: "router-session-affinity-ttl", seconds: true, env: "DYN_ROUTER_SESSION_AFFINITY_TTL_SECS"},
+	{name: "session-affinity-ttl-secs", target: "router-session-affinity-ttl", seconds: true},
+	{name: "", target: "router-session-affinity-mode", env: "DYN_ROUTER_SESSION_AFFINITY_MODE"},
 	// The frontend's migration limit: other workers a request is sent to after one fails.
 	{name: "migration-limit", target: "frontend-retries"},
 	// The standalone indexer's --peers is kvrouterd's; the selection service calls it so.

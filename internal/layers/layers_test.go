@@ -23,6 +23,7 @@ var layer = map[string]int{
 	"internal/lograte":  1,
 	"internal/memstat":  1,
 	"internal/panics":   1,
+	"internal/peer":     1,
 	"internal/prefetch": 1,
 	"internal/u64map":   1,
 	"kvevent":           1,

@@ -1,0 +1,569 @@
+package router
+
+import (
+	"container/heap"
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvrouterd/kvrouterd/scoring"
+	"github.com/kvrouterd/kvrouterd/wire"
+)
+
+// The router queue (Dynamo's "router queue"): when every rank a request may go to is busy, the
+// request waits in its model's queue instead of piling onto a worker that is already prefilling
+// more than it can batch; the queue is served by policy and priority as capacity frees.
+//
+// A (worker, rank) is busy when the prompt tokens booked on it and not yet prefilled exceed
+// Threshold × its max batched tokens (registered, or from its load reports; unknown counts as
+// 10,000,000, so a rank that never said is never busy). A request waits when its model's queue
+// already holds requests (no overtaking) or every eligible rank is busy: a pinned request's
+// eligible rank is its own; a request restricted to some workers without a pin bypasses the
+// queue, as in Dynamo. The queue is a heap served highest key first, key = (strict priority,
+// policy score) with pj = max(priority jump, 0) seconds and arrival in seconds since the router
+// started:
+//
+//	fcfs: pj − arrival
+//	lcfs: pj + arrival
+//	wspt: (1 + pj) / max(1, ISL − the best cached prefix among the eligible ranks, in tokens)
+//
+// equal keys in arrival order. The head blocks the line: it is admitted when a rank it may go to
+// has room, and nothing behind it passes it. Admission re-scores the request against the index
+// and books it as Route does. The queue drains on every prefill-done, completion, registration,
+// removal and load report, and on a periodic recheck.
+
+// QueuePolicy orders a model's queue.
+type QueuePolicy uint8
+
+// Queue policies.
+const (
+	FCFS QueuePolicy = iota // first come first served: the best tail TTFT
+	WSPT                    // weighted shortest processing time: the best mean TTFT
+	LCFS                    // last come first served, for comparison only
+)
+
+var queuePolicyNames = [...]string{"fcfs", "wspt", "lcfs"}
+
+func (p QueuePolicy) String() string {
+	if int(p) < len(queuePolicyNames) {
+		return queuePolicyNames[p]
+	}
+	return fmt.Sprintf("policy(%d)", uint8(p))
+}
+
+// ParseQueuePolicy parses fcfs, wspt or lcfs.
+func ParseQueuePolicy(s string) (QueuePolicy, error) {
+	for i, n := range queuePolicyNames {
+		if strings.EqualFold(s, n) {
+			return QueuePolicy(i), nil
+		}
+	}
+	return 0, fmt.Errorf("unknown queue policy %q (want fcfs, wspt or lcfs)", s)
+}
+
+// QueueConfig turns the router queue on (Config.Queue). Zero values take the defaults listed.
+type QueueConfig struct {
+	// Threshold: a rank is busy when its active prefill tokens exceed Threshold × its max
+	// batched tokens. 0 is valid (busy as soon as anything is prefilling).
+	Threshold float64
+	// Policy orders the queue (FCFS).
+	Policy QueuePolicy
+	// MaxRequests bounds each model's queue; a request that finds it full is refused at once
+	// with ErrQueueFull (1,024).
+	MaxRequests int
+	// MaxWait is how long a request may wait when it does not say (30 s); past it, RouteWait
+	// refuses it with ErrQueueTimeout.
+	MaxWait time.Duration
+	// Recheck is the period of the drain that does not wait for an event (100 ms).
+	Recheck time.Duration
+}
+
+func (c *QueueConfig) defaults() {
+	if c.MaxRequests <= 0 {
+		c.MaxRequests = 1024
+	}
+	if c.MaxWait <= 0 {
+		c.MaxWait = 30 * time.Second
+	}
+	if c.Recheck <= 0 {
+		c.Recheck = 100 * time.Millisecond
+	}
+}
+
+// Check reports a setting that cannot work.
+func (c *QueueConfig) Check() error {
+	if !(c.Threshold >= 0) || math.IsInf(c.Threshold, 1) {
+		return fieldErr(ErrInvalid, "router_queue_threshold", "%v is not a finite number ≥ 0", c.Threshold)
+	}
+	if int(c.Policy) >= len(queuePolicyNames) {
+		return fieldErr(ErrInvalid, "router_queue_policy", "unknown policy %d", c.Policy)
+	}
+	return nil
+}
+
+// defaultMaxTokens is a rank's max batched tokens when it never said: never busy in practice
+// (Dynamo's DEFAULT_MAX_BATCHED_TOKENS).
+const defaultMaxTokens = 10_000_000
+
+// Errors of the queue.
+var (
+	// ErrQueueFull: the model's queue holds Config.Queue.MaxRequests requests (HTTP 429).
+	ErrQueueFull = errors.New("router: queue full")
+	// ErrQueueTimeout: the request waited its longest wait without a rank freeing (HTTP 503).
+	ErrQueueTimeout = errors.New("router: queue wait timed out")
+	// ErrGone: the client left while its request waited.
+	ErrGone = errors.New("router: client gone")
+)
+
+// Ticket is a request waiting in a model's queue, from Enqueue until its done function runs
+// (admitted: Err nil and the response filled; refused: Err set). Its request and response
+// belong to the router until then: the caller must not touch them.
+type Ticket struct {
+	// Err is the outcome once done has run: nil (routed and booked), or the error Route would
+	// have returned at admission.
+	Err error
+
+	req  *wire.RouteRequest
+	resp *wire.RouteResponse
+	enc  *[]byte
+	done func(*Ticket)
+	m    *model
+
+	strict  uint32
+	score   float64
+	seq     uint64
+	arrival int64 // Config.Now at enqueue
+	high    bool  // priority class for metrics: strict priority or a priority jump
+	idx     int   // heap position, -1 once out of the heap
+}
+
+// modelQueue is one model's queue. REQUIRES mu for everything but the atomics.
+type modelQueue struct {
+	mu   sync.Mutex
+	h    ticketHeap
+	seq  uint64
+	n    atomic.Int64 // len(h), readable without mu
+	high atomic.Int64 // of them, the high-priority class
+
+	// counters, for metrics
+	queued, admitted, full, timedOut, gone atomic.Int64
+	waitNs                                 [2]atomic.Int64 // total wait of admitted requests by class
+	waits                                  [2]atomic.Int64
+}
+
+type ticketHeap []*Ticket
+
+func (h ticketHeap) Len() int { return len(h) }
+func (h ticketHeap) Less(i, j int) bool {
+	a, b := h[i], h[j]
+	if a.strict != b.strict {
+		return a.strict > b.strict
+	}
+	if a.score != b.score {
+		return a.score > b.score
+	}
+	return a.seq < b.seq
+}
+func (h ticketHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i]; h[i].idx = i; h[j].idx = j }
+func (h *ticketHeap) Push(x any)   { t := x.(*Ticket); t.idx = len(*h); *h = append(*h, t) }
+func (h *ticketHeap) Pop() any {
+	old := *h
+	t := old[len(old)-1]
+	old[len(old)-1] = nil
+	*h = old[:len(old)-1]
+	t.idx = -1
+	return t
+}
+
+// queueKey computes a request's key under policy: strict priority first, then the policy's
+// score (see the comment at the top of this file).
+func queueKey(policy QueuePolicy, req *wire.RouteRequest, arrival int64, isl, cachedTokens int) (uint32, float64) {
+	pj := req.PriorityJump
+	if !(pj > 0) {
+		pj = 0
+	}
+	at := float64(arrival) / 1e9
+	switch policy {
+	case LCFS:
+		return req.StrictPriority, pj + at
+	case WSPT:
+		return req.StrictPriority, (1 + pj) / float64(max(1, isl-cachedTokens))
+	}
+	return req.StrictPriority, pj - at
+}
+
+// queueing reports whether req goes through its model's queue: the queue is on and the request
+// is not restricted to some workers without a pin.
+func (r *Router) queueing(m *model, req *wire.RouteRequest) bool {
+	return m != nil && m.queue != nil && (req.HasPinned || len(req.Allowed) == 0)
+}
+
+// allBusy reports whether every rank req may go to is busy.
+func (r *Router) allBusy(m *model, req *wire.RouteRequest) bool {
+	list := m.list.Load()
+	th := r.cfg.Queue.Threshold
+	for i, w := range list.ws {
+		if req.HasPinned && (w.key.ID != req.PinnedWorker || w.key.Rank != req.PinnedRank) {
+			continue
+		}
+		maxTokens := w.reg.maxTokens.Load()
+		if maxTokens <= 0 {
+			maxTokens = defaultMaxTokens
+		}
+		if float64(list.loads[i].ActivePrefill()) <= th*float64(maxTokens) {
+			return false
+		}
+	}
+	// No eligible rank at all is an error for Route to report, not a reason to wait.
+	return len(list.ws) > 0 && (!req.HasPinned || r.hasRank(list, req.PinnedWorker, req.PinnedRank))
+}
+
+func (r *Router) hasRank(list *workerList, id uint64, rank uint32) bool {
+	for _, w := range list.ws {
+		if w.key.ID == id && w.key.Rank == rank {
+			return true
+		}
+	}
+	return false
+}
+
+// Enqueue routes req as Route does, or, when the router queue holds it back, queues it. Routed
+// at once, it returns a nil Ticket and Route's error. Queued, it returns the Ticket and nil:
+// done(t) runs once, on the goroutine that admits or refuses it (a prefill-done, a completion,
+// the periodic recheck, or Cancel's caller), never under a lock of the router; t.Err is the
+// outcome. Without the queue (Config.Queue nil) it is Route. req's strings must stay valid
+// while it waits.
+func (r *Router) Enqueue(req *wire.RouteRequest, resp *wire.RouteResponse, done func(*Ticket)) (*Ticket, error) {
+	return r.enqueue(req, resp, nil, done)
+}
+
+func (r *Router) enqueue(req *wire.RouteRequest, resp *wire.RouteResponse, enc *[]byte, done func(*Ticket)) (*Ticket, error) {
+	m := r.model(req.Model)
+	if !r.queueing(m, req) || m.queue.n.Load() == 0 && !r.allBusy(m, req) {
+		return nil, r.route(req, resp, true, enc)
+	}
+	// Check the request as Route would, and find its best cached prefix for wspt.
+	cached, err := r.bestCached(m, req)
+	if err != nil {
+		return nil, err
+	}
+	q := m.queue
+	q.mu.Lock()
+	if len(q.h) == 0 && !r.allBusy(m, req) || !r.hasEligible(m, req) {
+		q.mu.Unlock()
+		return nil, r.route(req, resp, true, enc)
+	}
+	if len(q.h) >= r.cfg.Queue.MaxRequests {
+		q.mu.Unlock()
+		q.full.Add(1)
+		r.log.Warn("request refused: queue full", "request", strings.Clone(req.RequestID), "model", m.name, "queued", r.cfg.Queue.MaxRequests)
+		return nil, fieldErr(ErrQueueFull, "model", "the router queue of model %q holds %d requests, its limit; retry later", m.name, r.cfg.Queue.MaxRequests)
+	}
+	now := r.cfg.Now()
+	t := &Ticket{req: req, resp: resp, enc: enc, done: done, m: m, arrival: now}
+	t.strict, t.score = queueKey(r.cfg.Queue.Policy, req, now, isl(req, m), cached)
+	t.high = req.StrictPriority > 0 || req.PriorityJump > 0
+	q.seq++
+	t.seq = q.seq
+	heap.Push(&q.h, t)
+	q.n.Add(1)
+	if t.high {
+		q.high.Add(1)
+	}
+	q.queued.Add(1)
+	r.queued.Add(1)
+	q.mu.Unlock()
+	r.log.Debug("request waits: every eligible rank is busy or requests wait before it",
+		"request", strings.Clone(req.RequestID), "model", m.name, "queued", q.n.Load(),
+		"strict_priority", t.strict, "score", t.score, "policy", r.cfg.Queue.Policy.String())
+	return t, nil
+}
+
+// isl is the prompt length of a request Route accepted.
+func isl(req *wire.RouteRequest, m *model) int {
+	if req.ByHash {
+		if req.ISL != 0 {
+			return int(req.ISL)
+		}
+		return len(req.Hashes) * m.blockSize
+	}
+	return len(req.Tokens)
+}
+
+// bestCached checks req as Route would and returns the longest prefix, in tokens, that one of
+// the ranks it may go to holds.
+func (r *Router) bestCached(m *model, req *wire.RouteRequest) (int, error) {
+	if req.RequestID == "" {
+		return 0, fieldErr(ErrInvalid, "request_id", "a routed request needs an id")
+	}
+	s := r.scratch.Get()
+	defer r.scratch.Put(s)
+	var p scoring.Params
+	if err := r.params(m, req, false, &p); err != nil {
+		return 0, err
+	}
+	s.match(m, req, &p)
+	list := m.list.Load()
+	best := int32(0)
+	for i, slot := range s.m.Slots {
+		if req.HasPinned {
+			if int(slot) >= len(list.bySlot) || list.bySlot[slot] < 0 {
+				continue
+			}
+			if k := list.keys[list.bySlot[slot]]; k.ID != req.PinnedWorker || k.Rank != req.PinnedRank {
+				continue
+			}
+		}
+		best = max(best, s.m.Depth[i])
+	}
+	return int(best) * m.blockSize, nil
+}
+
+// Cancel takes t out of its queue if it still waits there, without running its done function,
+// and reports whether it did. False means t's outcome is decided: its done function has run or
+// is about to.
+func (r *Router) Cancel(t *Ticket) bool {
+	q := t.m.queue
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if t.idx < 0 {
+		return false
+	}
+	q.remove(t)
+	r.queued.Add(-1)
+	return true
+}
+
+// remove takes t out of the heap. REQUIRES q.mu.
+func (q *modelQueue) remove(t *Ticket) {
+	heap.Remove(&q.h, t.idx)
+	q.n.Add(-1)
+	if t.high {
+		q.high.Add(-1)
+	}
+}
+
+// drain admits, in every model with requests waiting, the heads whose ranks have room.
+func (r *Router) drain() {
+	if r.queued.Load() == 0 {
+		return
+	}
+	for _, m := range *r.models.Load() {
+		if m.queue != nil && m.queue.n.Load() > 0 {
+			r.drainModel(m)
+		}
+	}
+}
+
+// drainModel admits m's heads while a rank they may go to has room. Admission is serialized
+// per model (each pick sees the bookings of the one before); done functions run after the
+// queue's lock is released.
+func (r *Router) drainModel(m *model) {
+	q := m.queue
+	var ready []*Ticket
+	q.mu.Lock()
+	for len(q.h) > 0 {
+		t := q.h[0]
+		if r.allBusy(m, t.req) {
+			break
+		}
+		heap.Pop(&q.h)
+		q.n.Add(-1)
+		if t.high {
+			q.high.Add(-1)
+		}
+		r.queued.Add(-1)
+		t.Err = r.route(t.req, t.resp, true, t.enc)
+		if t.Err == nil {
+			c := 0
+			if t.high {
+				c = 1
+			}
+			q.admitted.Add(1)
+			q.waitNs[c].Add(r.cfg.Now() - t.arrival)
+			q.waits[c].Add(1)
+		}
+		ready = append(ready, t)
+	}
+	q.mu.Unlock()
+	for _, t := range ready {
+		t.done(t)
+	}
+}
+
+// hasEligible reports whether req may go to some rank of m; a request that may not is refused
+// by Route at once rather than queued.
+func (r *Router) hasEligible(m *model, req *wire.RouteRequest) bool {
+	list := m.list.Load()
+	if req.HasPinned {
+		return r.hasRank(list, req.PinnedWorker, req.PinnedRank)
+	}
+	return len(list.ws) > 0
+}
+
+// queueLoop drains the queues periodically, for capacity that frees without an event this
+// router sees (a load report of another replica's completions, a clock).
+func (r *Router) queueLoop() {
+	t := time.NewTicker(r.cfg.Queue.Recheck)
+	defer t.Stop()
+	for {
+		select {
+		case <-r.stop:
+			r.refuseQueued()
+			return
+		case <-t.C:
+			r.drain()
+		}
+	}
+}
+
+// refuseQueued refuses every waiting request with ErrClosed (the router is closing).
+func (r *Router) refuseQueued() {
+	for _, m := range *r.models.Load() {
+		if m.queue == nil {
+			continue
+		}
+		q := m.queue
+		q.mu.Lock()
+		ts := append([]*Ticket(nil), q.h...)
+		for _, t := range ts {
+			q.remove(t)
+			r.queued.Add(-1)
+			t.Err = ErrClosed
+		}
+		q.mu.Unlock()
+		for _, t := range ts {
+			t.done(t)
+		}
+	}
+}
+
+// RouteWait is Route through the router queue: when the queue holds the request back it waits
+// until the request is admitted (and routed), its longest wait passes (req.MaxWaitMs, else
+// Config.Queue.MaxWait: ErrQueueTimeout), or gone, polled every 50 ms while it waits, reports
+// that the client left (ErrGone; nil gone never does). A request refused leaves nothing booked.
+// With nothing waiting and a rank with room it is Route, and allocates nothing.
+func (r *Router) RouteWait(req *wire.RouteRequest, resp *wire.RouteResponse, gone func() bool) error {
+	if r.admitNow(req) {
+		return r.route(req, resp, true, nil)
+	}
+	return r.wait(req, resp, nil, gone)
+}
+
+// AppendRouteWait is RouteWait answering in the binary format, as AppendRoute is Route.
+func (r *Router) AppendRouteWait(dst []byte, req *wire.RouteRequest, resp *wire.RouteResponse, gone func() bool) ([]byte, error) {
+	if r.admitNow(req) {
+		return r.appendAnswer(dst, req, resp, true)
+	}
+	out := new([]byte) // the ticket keeps it while the request waits
+	*out = dst
+	if err := r.wait(req, resp, out, gone); err != nil {
+		return dst, err
+	}
+	return *out, nil
+}
+
+// admitNow reports whether req is routed without looking at the queue: the queue is off, or
+// nothing waits in it and a rank req may go to has room.
+func (r *Router) admitNow(req *wire.RouteRequest) bool {
+	if r.cfg.Queue == nil {
+		return true
+	}
+	m := r.model(req.Model)
+	return !r.queueing(m, req) || m.queue.n.Load() == 0 && !r.allBusy(m, req)
+}
+
+func (r *Router) wait(req *wire.RouteRequest, resp *wire.RouteResponse, enc *[]byte, gone func() bool) error {
+	m := r.model(req.Model)
+	ch := make(chan struct{})
+	t, err := r.enqueue(req, resp, enc, func(*Ticket) { close(ch) })
+	if t == nil {
+		return err
+	}
+	maxWait := r.cfg.Queue.MaxWait
+	if req.MaxWaitMs > 0 {
+		maxWait = time.Duration(req.MaxWaitMs) * time.Millisecond
+	}
+	deadline := time.NewTimer(maxWait)
+	defer deadline.Stop()
+	var poll <-chan time.Time
+	if gone != nil {
+		tk := time.NewTicker(50 * time.Millisecond)
+		defer tk.Stop()
+		poll = tk.C
+	}
+	q := m.queue
+	for {
+		select {
+		case <-ch:
+			return t.Err
+		case <-deadline.C:
+			if r.Cancel(t) {
+				q.timedOut.Add(1)
+				r.log.Warn("request refused: waited its longest wait in the queue", "request", strings.Clone(req.RequestID), "model", m.name, "max_wait", maxWait)
+				return fieldErr(ErrQueueTimeout, "max_wait_ms", "waited %v in the router queue of model %q without a worker freeing; retry later", maxWait, m.name)
+			}
+			<-ch
+			return t.Err
+		case <-poll:
+			if !gone() {
+				continue
+			}
+			if r.Cancel(t) {
+				q.gone.Add(1)
+				r.log.Debug("queued request left: the client disconnected", "request", strings.Clone(req.RequestID), "model", m.name)
+				return fieldErr(ErrGone, "request", "the client disconnected while its request waited")
+			}
+			<-ch
+			if t.Err == nil {
+				// Admitted as the client left: nobody will complete it.
+				_ = r.Complete(req.RequestID)
+				q.gone.Add(1)
+				return fieldErr(ErrGone, "request", "the client disconnected while its request waited")
+			}
+			return t.Err
+		}
+	}
+}
+
+// QueueStats is one model's queue, for metrics.
+type QueueStats struct {
+	Model string
+	// Pending is the requests waiting now, by priority class: [0] normal, [1] high (a strict
+	// priority or a priority jump).
+	Pending [2]int64
+	// Queued counts the requests that waited; Admitted those admitted from the queue; Full,
+	// TimedOut and Gone those refused for a full queue, a wait past its longest, a client that
+	// left.
+	Queued, Admitted, Full, TimedOut, Gone int64
+	// WaitSeconds and Waits sum the waits of admitted requests, by class.
+	WaitSeconds [2]float64
+	Waits       [2]int64
+}
+
+// QueueStats appends each model's queue statistics to dst (none without the queue).
+func (r *Router) QueueStats(dst []QueueStats) []QueueStats {
+	if r.cfg.Queue == nil {
+		return dst
+	}
+	for _, m := range *r.models.Load() {
+		q := m.queue
+		if q == nil {
+			continue
+		}
+		n, high := q.n.Load(), q.high.Load()
+		st := QueueStats{Model: m.name, Pending: [2]int64{n - high, high},
+			Queued: q.queued.Load(), Admitted: q.admitted.Load(), Full: q.full.Load(),
+			TimedOut: q.timedOut.Load(), Gone: q.gone.Load()}
+		for c := range 2 {
+			st.WaitSeconds[c] = float64(q.waitNs[c].Load()) / 1e9
+			st.Waits[c] = q.waits[c].Load()
+		}
+		dst = append(dst, st)
+	}
+	return dst
+}
