@@ -36,6 +36,21 @@ type Config struct {
 	// Dynamo's track_prefill_tokens=false (a decode stage's routing, on load alone); by
 	// default they are (see scoring.Params.TrackPrefill).
 	NoTrackPrefill bool
+	// Cost is the cost formula (scoring.CostV1, the default, or scoring.CostMain); Terms, if
+	// set, are CostMain's weights (scoring.DefaultTerms otherwise). A request's
+	// overlap_score_credit and prefill_load_scale override them; its overlap_score_weight does,
+	// under CostMain, as Dynamo main reads it: the prefill load scale, and 0 also zeroes the
+	// credit.
+	Cost  scoring.CostModel
+	Terms *scoring.Terms
+	// NoAssumeReuse books each request's blocks under random hashes, so that concurrent requests
+	// share no active blocks (Dynamo's router_assume_kv_reuse=false, for engines without prefix
+	// caching); a request's assume_kv_reuse overrides it.
+	NoAssumeReuse bool
+	// TrackOutputBlocks books an output block each time a request's prompt and output cross a
+	// block boundary, as OutputTokens reports them (Dynamo's router_track_output_blocks), decayed
+	// toward the request's expected output length when it gives one.
+	TrackOutputBlocks bool
 	// MaxCandidates caps the candidates of an answer when the request does not say (0: all).
 	MaxCandidates int
 	// Busy is every new model's busy thresholds (overload.go); SetBusyThresholds changes a
@@ -105,6 +120,10 @@ func (c *Config) defaults() {
 	}
 	if c.OverlapWeight == 0 && !c.NoOverlapWeight {
 		c.OverlapWeight = 1
+	}
+	if c.Terms == nil {
+		t := scoring.DefaultTerms()
+		c.Terms = &t
 	}
 	if c.RequestExpiry <= 0 {
 		c.RequestExpiry = 300 * time.Second

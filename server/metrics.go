@@ -19,6 +19,7 @@ const (
 	epMatch
 	epPrefillDone
 	epComplete
+	epOutput
 	epEvents
 	epWorkers
 	epDynamo
@@ -31,7 +32,7 @@ const (
 	numEndpoints
 )
 
-var endpointNames = [numEndpoints]string{"route", "match", "prefill_done", "complete", "events", "workers", "dynamo", "health", "metrics", "snapshot", "selection", "busy_threshold", "other"}
+var endpointNames = [numEndpoints]string{"route", "match", "prefill_done", "complete", "output", "events", "workers", "dynamo", "health", "metrics", "snapshot", "selection", "busy_threshold", "other"}
 
 type metrics struct {
 	reg      *prometheus.Registry

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -333,6 +334,7 @@ var (
 	pRequests  = []byte("/v1/requests/")
 	sPrefill   = []byte("/prefill_done")
 	sComplete  = []byte("/complete")
+	sOutput    = []byte("/output")
 	mPost      = []byte("POST")
 	mGet       = []byte("GET")
 	mDelete    = []byte("DELETE")
@@ -365,6 +367,11 @@ func (s *Server) dispatch(ctx *fasthttp.RequestCtx, start time.Time) endpoint {
 				s.lifecycle(ctx, epComplete, rest[:len(rest)-len(sComplete)])
 			}
 			return epComplete
+		case bytes.HasSuffix(rest, sOutput):
+			if s.method(ctx, epOutput, method, mPost) {
+				s.output(ctx, rest[:len(rest)-len(sOutput)])
+			}
+			return epOutput
 		}
 	case bytes.Equal(path, pEvents):
 		if s.method(ctx, epEvents, method, mPost) {
@@ -559,6 +566,41 @@ func (s *Server) lifecycle(ctx *fasthttp.RequestCtx, ep endpoint, id []byte) {
 	}
 	if err != nil {
 		s.fail(ctx, ep, err)
+		return
+	}
+	ctx.SetStatusCode(fasthttp.StatusNoContent)
+}
+
+// output answers POST /v1/requests/{id}/output: the request has generated generated_tokens
+// tokens in all (a JSON body {"generated_tokens": n}, or the query argument). With
+// --router-track-output-blocks the booking grows a block at each boundary crossed.
+func (s *Server) output(ctx *fasthttp.RequestCtx, id []byte) {
+	if len(id) == 0 || bytes.IndexByte(id, '/') >= 0 {
+		s.reject(ctx, epOutput, fasthttp.StatusBadRequest, "invalid", "id", -1, "the path must be /v1/requests/{id}/output")
+		return
+	}
+	var j struct {
+		Generated *int64 `json:"generated_tokens"`
+	}
+	if q := ctx.QueryArgs().Peek("generated_tokens"); len(q) > 0 {
+		n, err := strconv.ParseInt(string(q), 10, 64)
+		if err != nil {
+			s.reject(ctx, epOutput, fasthttp.StatusBadRequest, "invalid", "generated_tokens", -1, "not an integer")
+			return
+		}
+		j.Generated = &n
+	} else if body := ctx.PostBody(); len(body) > 0 {
+		if err := json.Unmarshal(body, &j); err != nil {
+			s.reject(ctx, epOutput, fasthttp.StatusBadRequest, "invalid", "body", -1, err.Error())
+			return
+		}
+	}
+	if j.Generated == nil {
+		s.reject(ctx, epOutput, fasthttp.StatusBadRequest, "invalid", "generated_tokens", -1, "give the tokens generated so far")
+		return
+	}
+	if err := s.r.OutputTokens(string(id), *j.Generated); err != nil {
+		s.fail(ctx, epOutput, err)
 		return
 	}
 	ctx.SetStatusCode(fasthttp.StatusNoContent)
