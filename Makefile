@@ -7,7 +7,7 @@ BENCHCOUNT ?= 6
 BENCHSTAT  := golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9c6c9d4da
 OUT        := bench/out
 
-.PHONY: build run test vet bench bench-quick demo micro micro-ab load load-1cpu fuzz clean
+.PHONY: build run test vet bench bench-quick demo micro micro-ab frontdoor-overhead load load-1cpu fuzz clean
 
 build:
 	$(GO) build ./...
@@ -54,6 +54,18 @@ micro:
 	$(GO) run $(BENCHSTAT) $(OUT)/micro.txt | tee $(OUT)/micro-medians.txt
 	$(GO) test -run '^$$' -bench 'NATSIngest|ZMQIngest' -benchtime 3000x -count $(BENCHCOUNT) ./ingest/ | tee $(OUT)/ingest.txt
 	$(GO) run $(BENCHSTAT) $(OUT)/ingest.txt | tee $(OUT)/ingest-medians.txt
+
+# What the front door adds to a request over loopback: against two mock engines, one request
+# at a time (bench/mocker at the highest speedup, max_tokens 4; chat, chat with
+# nvext.token_data, completion of ids; 64 and 1,024 prompt tokens), and against the fake engine
+# of frontdoor's tests (one client per CPU); BENCHCOUNT runs each, medians in
+# bench/out/frontdoor-medians.txt. About 3 minutes.
+FDBENCHTIME ?= 3000x
+frontdoor-overhead:
+	mkdir -p $(OUT)
+	$(GO) test -run '^$$' -bench FrontDoorMocker -benchtime $(FDBENCHTIME) -count $(BENCHCOUNT) ./bench/mocker/ | tee $(OUT)/frontdoor.txt
+	$(GO) test -run '^$$' -bench '^BenchmarkFrontDoor$$' -benchtime $(FDBENCHTIME) -count $(BENCHCOUNT) ./frontdoor/ | tee -a $(OUT)/frontdoor.txt
+	$(GO) run $(BENCHSTAT) $(OUT)/frontdoor.txt | tee $(OUT)/frontdoor-medians.txt
 
 # The hot paths (match, apply, route) of BASE against the working tree, the two builds run
 # alternately ROUNDS times, compared with benchstat: bench/out/ab/ab.txt. About 9 minutes.

@@ -28,7 +28,16 @@ type Config struct {
 	OverlapScoreWeight float64
 	RouterTemperature  float64
 	TrackPrefillTokens bool
-	RequestExpiry      time.Duration
+	// The load model: Dynamo main's cost formula and its terms (--router-cost main), booking
+	// without assumed reuse, output blocks.
+	RouterCost                string
+	OverlapScoreCredit        float64
+	OverlapScoreCreditDecay   float64
+	PrefillLoadScale          float64
+	DecodeActiveRequestWeight float64
+	NoAssumeKVReuse           bool
+	TrackOutputBlocks         bool
+	RequestExpiry             time.Duration
 
 	// The router queue: off unless RouterQueueThreshold is set (Dynamo main's rule).
 	RouterQueueThreshold   OptFloat
@@ -40,18 +49,26 @@ type Config struct {
 	SessionAffinityTTL  time.Duration
 	SessionAffinityMode string
 	MaxCandidates       int
-	MaxBlocks           int64
-	QueueLen            int
-	MaxBodyBytes        int
-	HTTPReadBuffer      int
-	HTTPWriteBuffer     int
-	HTTPMaxConns        int
-	HTTPMaxConnsPerIP   int // 0: a quarter of HTTPMaxConns
-	HTTPIdleTimeout     time.Duration
-	ShutdownTimeout     time.Duration
-	LogLevel            string
-	LogFormat           string
-	LogFile             string // "" logs to stderr
+
+	// Busy thresholds (busy.go): unset unless given. OverloadStatus answers a route refused
+	// as every eligible worker is overloaded.
+	ActiveDecodeBlocksThreshold      OptFloat
+	ActivePrefillTokensThreshold     OptUint
+	ActivePrefillTokensThresholdFrac OptFloat
+	OverloadStatus                   int
+
+	MaxBlocks         int64
+	QueueLen          int
+	MaxBodyBytes      int
+	HTTPReadBuffer    int
+	HTTPWriteBuffer   int
+	HTTPMaxConns      int
+	HTTPMaxConnsPerIP int // 0: a quarter of HTTPMaxConns
+	HTTPIdleTimeout   time.Duration
+	ShutdownTimeout   time.Duration
+	LogLevel          string
+	LogFormat         string
+	LogFile           string // "" logs to stderr
 
 	// Dynamo's indexer peers: recovery from their /dump at start, and the block tree that
 	// lets this one's /dump answer in Dynamo's form.
@@ -112,11 +129,15 @@ func Defaults() Config {
 		OverlapScoreWeight:       1.0,
 		RouterTemperature:        0.0,
 		TrackPrefillTokens:       true,
+		RouterCost:               "v1",
+		OverlapScoreCredit:       1.0,
+		PrefillLoadScale:         1.0,
 		RouterQueuePolicy:        "fcfs",
 		RouterQueueMaxRequests:   1024,
 		RouterQueueMaxWait:       30 * time.Second,
 		SessionAffinityMode:      "hard",
 		RequestExpiry:            300 * time.Second,
+		OverloadStatus:           529,
 		QueueLen:                 256,
 		MaxBodyBytes:             8 << 20,
 		HTTPReadBuffer:           16 << 10,
@@ -161,7 +182,7 @@ func (c *Config) Flags(fs *flag.FlagSet) {
 	fs.IntVar(&c.SelectionCacheMaxEntries, "selection-cache-max-entries", c.SelectionCacheMaxEntries, "selection service: selections kept for a POST /reservations at most; past it the oldest go")
 	fs.StringVar(&c.DataDir, "data-dir", c.DataDir, "directory for the embedded NATS server and snapshots")
 	fs.IntVar(&c.BlockSize, "block-size", c.BlockSize, "tokens per KV block of models registered without one")
-	fs.StringVar(&c.RouterMode, "router-mode", c.RouterMode, "routing mode: kv, round_robin, random, least_loaded or direct")
+	fs.StringVar(&c.RouterMode, "router-mode", c.RouterMode, "routing mode: "+scoring.ModeNames+" (Dynamo's spellings with dashes too)")
 	fs.Float64Var(&c.OverlapScoreWeight, "overlap-score-weight", c.OverlapScoreWeight, "weight of prefill cost against decode load in the kv cost")
 	fs.Float64Var(&c.RouterTemperature, "router-temperature", c.RouterTemperature, "softmax temperature of worker selection; 0 picks the cheapest")
 	fs.Var(&c.RouterQueueThreshold, "router-queue-threshold", "turns the router queue on: a worker rank is busy when its booked prompt tokens not yet prefilled exceed this × its max_num_batched_tokens, and a request waits while every rank it may go to is busy; unset: off")
@@ -171,8 +192,16 @@ func (c *Config) Flags(fs *flag.FlagSet) {
 	fs.StringVar(&c.SessionAffinityMode, "router-session-affinity-mode", c.SessionAffinityMode, "session affinity: hard (a session leaves its worker only when the worker is gone) or soft (also when it is overloaded)")
 	fs.DurationVar(&c.RouterQueueMaxWait, "router-queue-max-wait", c.RouterQueueMaxWait, "router queue: the longest a request waits when it does not say (max_wait_ms); past it, 503")
 	fs.BoolVar(&c.TrackPrefillTokens, "track-prefill-tokens", c.TrackPrefillTokens, "charge and book each request's uncached prompt tokens as prefill; false routes on decode load alone, as Dynamo's decode stage")
+	fs.StringVar(&c.RouterCost, "router-cost", c.RouterCost, "cost formula of the kv mode: v1 (--overlap-score-weight × prefill blocks + decode blocks, Dynamo's releases) or main (Dynamo's main branch: cached blocks a credit against the prompt, the rest scaled, active requests weighed; the --router-kv-overlap-score-credit, --router-kv-overlap-score-credit-decay, --router-prefill-load-scale and --router-decode-active-request-weight terms)")
+	fs.Float64Var(&c.OverlapScoreCredit, "router-kv-overlap-score-credit", c.OverlapScoreCredit, "--router-cost main: share of each cached block taken off the prompt's prefill blocks, 0 to 1")
+	fs.Float64Var(&c.OverlapScoreCreditDecay, "router-kv-overlap-score-credit-decay", c.OverlapScoreCreditDecay, "--router-cost main: shrink a worker's credit by 1 / (1 + decay × its prefill backlog above the least loaded worker's, in request sizes); 0: no decay")
+	fs.Float64Var(&c.PrefillLoadScale, "router-prefill-load-scale", c.PrefillLoadScale, "--router-cost main: weight of the prefill blocks left after the credit (Dynamo main reads --overlap-score-weight as this when it is given other than 1)")
+	fs.Float64Var(&c.DecodeActiveRequestWeight, "router-decode-active-request-weight", c.DecodeActiveRequestWeight, "--router-cost main: cost in blocks of each request active on a worker")
+	fs.BoolVar(&c.NoAssumeKVReuse, "no-router-assume-kv-reuse", c.NoAssumeKVReuse, "book each request's blocks under random hashes, so that concurrent requests share no active block (engines without prefix caching); a request's assume_kv_reuse overrides it")
+	fs.BoolVar(&c.TrackOutputBlocks, "router-track-output-blocks", c.TrackOutputBlocks, "grow a request's booking by a block each time its prompt and generated tokens cross a block boundary, as the front door or POST /v1/requests/{id}/output reports them, decayed toward its expected output length when it gives one")
 	fs.DurationVar(&c.RequestExpiry, "request-expiry", c.RequestExpiry, "free routed requests not completed after this long")
 	fs.IntVar(&c.MaxCandidates, "max-candidates", c.MaxCandidates, "candidates in a route or match answer when the request does not say: the chosen worker, then the lowest costs; 0 = every worker")
+	c.busyFlags(fs)
 	fs.Int64Var(&c.MaxBlocks, "max-blocks", c.MaxBlocks, "bound on (block, worker) residencies over all models; 0 = none")
 	fs.IntVar(&c.QueueLen, "queue-len", c.QueueLen, "event batches each shard queue holds before producers wait")
 	fs.IntVar(&c.MaxBodyBytes, "max-body-bytes", c.MaxBodyBytes, "largest HTTP request body accepted")
@@ -278,8 +307,18 @@ func (c *Config) Check() error {
 	case c.BootstrapFrom != "" && c.NoSnapshots:
 		return fmt.Errorf("--bootstrap-from needs snapshots; drop --no-snapshots")
 	}
+	if _, err := scoring.ParseCost(c.RouterCost); err != nil {
+		return fmt.Errorf("--router-cost %q: want v1 or main", c.RouterCost)
+	}
+	if t := c.terms(); t.Check() != nil {
+		err := t.Check()
+		return fmt.Errorf("--router-kv-overlap-score-credit, --router-kv-overlap-score-credit-decay, --router-prefill-load-scale, --router-decode-active-request-weight: %w", err)
+	}
 	if m, err := scoring.ParseMode(c.RouterMode); err != nil || m == scoring.Default {
-		return fmt.Errorf("--router-mode %q: want kv, round_robin, random, least_loaded or direct", c.RouterMode)
+		return fmt.Errorf("--router-mode %q: want %s", c.RouterMode, scoring.ModeNames)
+	}
+	if err := c.checkBusy(); err != nil {
+		return err
 	}
 	if err := CheckPrefix(c.NATSPrefix); err != nil {
 		return err
@@ -354,6 +393,21 @@ func (l *SourceList) Set(v string) error {
 		*l.P = append(*l.P, src)
 	}
 	return nil
+}
+
+// terms are the weights of Dynamo main's cost. As Dynamo main reads its deprecated overlap score
+// weight, a --overlap-score-weight other than its default 1 is the prefill load scale, and 0
+// also takes the credit away.
+func (c *Config) terms() scoring.Terms {
+	t := scoring.Terms{Credit: c.OverlapScoreCredit, CreditDecay: c.OverlapScoreCreditDecay,
+		LoadScale: c.PrefillLoadScale, RequestWeight: c.DecodeActiveRequestWeight}
+	if c.OverlapScoreWeight != 1 {
+		t.LoadScale = c.OverlapScoreWeight
+		if c.OverlapScoreWeight == 0 {
+			t.Credit = 0
+		}
+	}
+	return t
 }
 
 // OptFloat is a number flag that may be left unset: the router queue's threshold is off unless

@@ -119,6 +119,8 @@ func Start(ctx context.Context, c Config, stderr io.Writer) (_ *Daemon, err erro
 		return nil, fmt.Errorf("%w: the embedded NATS server could store no event; free space, or give --nats-url", full)
 	}
 	mode, _ := scoring.ParseMode(c.RouterMode)
+	cost, _ := scoring.ParseCost(c.RouterCost)
+	terms := c.terms()
 	watch := &engineWatcher{}
 	var share *replica.Sharer
 	if c.ShareLoad && !c.NoKVEvents {
@@ -128,26 +130,31 @@ func Start(ctx context.Context, c Config, stderr io.Writer) (_ *Daemon, err erro
 	}
 	newRouter := func() *router.Router {
 		cfg := router.Config{
-			BlockSize:       c.BlockSize,
-			Mode:            mode,
-			OverlapWeight:   c.OverlapScoreWeight,
-			NoOverlapWeight: c.OverlapScoreWeight == 0,
-			Temperature:     c.RouterTemperature,
-			NoTrackPrefill:  !c.TrackPrefillTokens,
-			Queue:           c.queue(),
-			Affinity:        c.affinity(),
-			RequestExpiry:   c.RequestExpiry,
-			MaxCandidates:   c.MaxCandidates,
-			Shards:          c.Shards,
-			QueueLen:        c.QueueLen,
-			MaxBlocks:       c.MaxBlocks,
-			WorkerTimeout:   c.WorkerTimeout,
-			ClearOnGap:      c.ClearOnGap,
-			KeepTree:        c.KeepBlockTree,
-			Approximate:     c.approx(),
-			Endpoints:       watch,
-			Sources:         watch,
-			Logger:          log,
+			BlockSize:         c.BlockSize,
+			Mode:              mode,
+			OverlapWeight:     c.OverlapScoreWeight,
+			NoOverlapWeight:   c.OverlapScoreWeight == 0,
+			Temperature:       c.RouterTemperature,
+			NoTrackPrefill:    !c.TrackPrefillTokens,
+			Cost:              cost,
+			Terms:             &terms,
+			NoAssumeReuse:     c.NoAssumeKVReuse,
+			TrackOutputBlocks: c.TrackOutputBlocks,
+			Queue:             c.queue(),
+			Affinity:          c.affinity(),
+			RequestExpiry:     c.RequestExpiry,
+			MaxCandidates:     c.MaxCandidates,
+			Busy:              c.BusyThresholds(),
+			Shards:            c.Shards,
+			QueueLen:          c.QueueLen,
+			MaxBlocks:         c.MaxBlocks,
+			WorkerTimeout:     c.WorkerTimeout,
+			ClearOnGap:        c.ClearOnGap,
+			KeepTree:          c.KeepBlockTree,
+			Approximate:       c.approx(),
+			Endpoints:         watch,
+			Sources:           watch,
+			Logger:            log,
 		}
 		if share != nil {
 			cfg.Share = share // never a typed nil
@@ -206,7 +213,8 @@ func Start(ctx context.Context, c Config, stderr io.Writer) (_ *Daemon, err erro
 	}
 	scfg := server.Config{MaxBodyBytes: c.MaxBodyBytes, ReadBufferSize: c.HTTPReadBuffer, WriteBufferSize: c.HTTPWriteBuffer,
 		MaxConns: c.HTTPMaxConns, MaxConnsPerIP: c.HTTPMaxConnsPerIP, IdleTimeout: c.HTTPIdleTimeout, Logger: log, Registry: reg,
-		SelectionCacheTTL: c.SelectionCacheTTL, SelectionCacheMaxEntries: c.SelectionCacheMaxEntries, NoKVEvents: c.NoKVEvents}
+		SelectionCacheTTL: c.SelectionCacheTTL, SelectionCacheMaxEntries: c.SelectionCacheMaxEntries, NoKVEvents: c.NoKVEvents,
+		OverloadStatus: c.OverloadStatus}
 	// Background work that ends before the stream and the router close.
 	bgCtx, stopBackground := context.WithCancel(ctx)
 	var background sync.WaitGroup

@@ -213,6 +213,10 @@ type nvext struct {
 	Override          *struct {
 		OverlapScoreWeight *float64 `json:"overlap_score_weight"`
 		RouterTemperature  *float64 `json:"router_temperature"`
+		TrackPrefillTokens *bool    `json:"track_prefill_tokens"`
+		AssumeKVReuse      *bool    `json:"assume_kv_reuse"`
+		OverlapScoreCredit *float64 `json:"overlap_score_credit"`
+		PrefillLoadScale   *float64 `json:"prefill_load_scale"`
 	} `json:"router_config_override"`
 	// Queue order and the expected output (Dynamo's AgentHints): priority (seconds ahead, its
 	// deprecated latency_sensitivity the fallback), strict priority, output length.
@@ -267,6 +271,18 @@ func (h *nvext) routeRequest(rr *wire.RouteRequest, toks []uint32, bs int) {
 		}
 		if o.RouterTemperature != nil {
 			rr.HasTemperature, rr.Temperature = true, *o.RouterTemperature
+		}
+		if o.TrackPrefillTokens != nil {
+			rr.TrackPrefill = wire.OptOf(*o.TrackPrefillTokens)
+		}
+		if o.AssumeKVReuse != nil {
+			rr.AssumeReuse = wire.OptOf(*o.AssumeKVReuse)
+		}
+		if o.OverlapScoreCredit != nil {
+			rr.HasCredit, rr.OverlapCredit = true, *o.OverlapScoreCredit
+		}
+		if o.PrefillLoadScale != nil {
+			rr.HasLoadScale, rr.PrefillLoadScale = true, *o.PrefillLoadScale
 		}
 	}
 }
@@ -467,7 +483,8 @@ func (d *Door) send(ctx *fasthttp.RequestCtx, url string, rank uint32, body []by
 }
 
 // relay streams the worker's answer to the client and moves the booking along: prefill done
-// at the first body bytes, complete at the end, whatever ends it (the answer's end, the
+// at the first body bytes, the tokens generated as the stream brings them (with output
+// tracking, see outputCounter), complete at the end, whatever ends it (the answer's end, the
 // client gone, the worker's error, the deadline).
 func (d *Door) relay(ctx *fasthttp.RequestCtx, ures *fasthttp.Response, id string, worker uint64) {
 	ctx.SetStatusCode(ures.StatusCode())
@@ -488,12 +505,17 @@ func (d *Door) relay(ctx *fasthttp.RequestCtx, ures *fasthttp.Response, id strin
 			return
 		}
 		first := true
+		var oc outputCounter
+		track := d.r.TracksOutput()
 		for {
 			n, err := src.Read(*bp)
 			if n > 0 {
 				if first {
 					first = false
 					_ = d.r.PrefillDone(id)
+				}
+				if track && oc.scan((*bp)[:n]) {
+					_ = d.r.OutputTokens(id, oc.generated())
 				}
 				if _, werr := w.Write((*bp)[:n]); werr != nil {
 					d.m.ended.WithLabelValues("client_gone").Inc()

@@ -88,6 +88,8 @@ type registrationJSON struct {
 	Replay    string   `json:"replay_endpoint,omitempty"`
 	// HTTPEndpoint: a replica older than it ignores it (the worker's API then unknown there).
 	HTTPEndpoint string `json:"http_endpoint,omitempty"`
+	// Weight: a replica older than it ignores it (the worker's weight then 1 there).
+	Weight float64 `json:"weight,omitempty"`
 }
 
 // Register publishes g and returns the Router's answer to it.
@@ -97,7 +99,7 @@ func (j *Journal) Register(g router.Registration) error {
 		return err
 	}
 	body, err := json.Marshal(registrationJSON{Worker: g.ID, Model: g.Model, BlockSize: g.BlockSize, Ranks: g.Ranks,
-		Capacity: g.Capacity, MaxTokens: g.MaxTokens, Endpoint: g.Endpoint, Replay: g.Replay, HTTPEndpoint: g.HTTPEndpoint})
+		Capacity: g.Capacity, MaxTokens: g.MaxTokens, Endpoint: g.Endpoint, Replay: g.Replay, HTTPEndpoint: g.HTTPEndpoint, Weight: g.Weight})
 	if err != nil {
 		return err
 	}
@@ -283,7 +285,7 @@ func (c *Consumer) applyOp(op, model string, worker uint64, data []byte, w *wait
 			return &router.FieldError{Field: "worker_id", Err: router.ErrInvalid, Msg: "the registration's worker or model is not its subject's"}
 		}
 		return ch.Register(router.Registration{ID: j.Worker, Model: j.Model, BlockSize: j.BlockSize, Ranks: j.Ranks,
-			Capacity: j.Capacity, MaxTokens: j.MaxTokens, Endpoint: j.Endpoint, Replay: j.Replay, HTTPEndpoint: j.HTTPEndpoint})
+			Capacity: j.Capacity, MaxTokens: j.MaxTokens, Endpoint: j.Endpoint, Replay: j.Replay, HTTPEndpoint: j.HTTPEndpoint, Weight: j.Weight})
 	case OpUnregister:
 		return ch.Unregister(worker)
 	case OpUnregisterRank:

@@ -18,6 +18,24 @@ func formatDecision(c *scoring.Candidate, p *scoring.Params) string {
 	}
 	b = append(b, ": logit "...)
 	b = strconv.AppendFloat(b, c.Logit, 'f', 3, 64)
+	if p.Formula == scoring.CostMain {
+		// Dynamo main's terms: prefill_load_scale × adjusted prefill blocks + decode blocks +
+		// decode_active_request_weight × active requests.
+		b = append(b, " = "...)
+		b = strconv.AppendFloat(b, p.LoadScale, 'f', 1, 64)
+		b = append(b, " × prefill (credit "...)
+		b = strconv.AppendFloat(b, p.Credit, 'f', 2, 64)
+		b = append(b, ") + "...)
+		b = strconv.AppendFloat(b, float64(c.DecodeBlocks), 'f', 1, 64)
+		b = append(b, " + "...)
+		b = strconv.AppendFloat(b, p.RequestWeight, 'f', 1, 64)
+		b = append(b, " × "...)
+		b = strconv.AppendInt(b, c.ActiveRequests, 10)
+		b = append(b, " requests (cached blocks "...)
+		b = strconv.AppendInt(b, int64(c.Cached), 10)
+		b = append(b, ')')
+		return string(b)
+	}
 	b = append(b, " = "...)
 	b = strconv.AppendFloat(b, p.Weight, 'f', 1, 64)
 	b = append(b, " × "...)

@@ -30,6 +30,8 @@ type WorkerInfo struct {
 	Replay    string `json:"replay_endpoint,omitempty"`
 	// HTTPEndpoint is the worker's OpenAI-compatible API (every rank's).
 	HTTPEndpoint string `json:"http_endpoint,omitempty"`
+	// Weight is the worker's device-aware weight (Registration.Weight), 0 when never set.
+	Weight float64 `json:"weight,omitempty"`
 	// Problems says what is known to be wrong with the worker's configuration, such as an
 	// engine block size other than its model's: each a short line naming the setting.
 	Problems []string `json:"problems,omitempty"`
@@ -62,7 +64,7 @@ func (r *Router) Workers() []WorkerInfo {
 		for _, w := range reg.ranks {
 			out = append(out, WorkerInfo{
 				ID: w.key.ID, Rank: w.key.Rank, Model: reg.model.name, BlockSize: reg.model.blockSize,
-				Capacity: reg.capacity, MaxTokens: reg.maxTokens.Load(), Endpoint: w.endpoint, Replay: w.replay,
+				Capacity: reg.capacity.Load(), MaxTokens: reg.maxTokens.Load(), Weight: reg.getWeight(), Endpoint: w.endpoint, Replay: w.replay,
 			})
 			if u := reg.http.Load(); u != nil {
 				out[len(out)-1].HTTPEndpoint = *u
@@ -190,6 +192,41 @@ func (r *Router) PrefillDone(id string) error {
 		r.cfg.Share.PrefillDone(id)
 	}
 	r.drain()
+	return nil
+}
+
+// OutputTokens records that request id has generated n output tokens in all (a count that only
+// grows; a smaller or equal one changes nothing). With Config.TrackOutputBlocks it books an
+// output block at each block boundary the prompt and output cross (see
+// scoring.Tracker.Generated); without, it only checks that the request is booked. It allocates
+// nothing. Output blocks are this replica's: they are not shared with other replicas.
+func (r *Router) OutputTokens(id string, n int64) error {
+	if isRemoteKey(id) {
+		return fieldErr(ErrUnknownRequest, "id", "no active request %q", id)
+	}
+	if n < 0 {
+		return fieldErr(ErrInvalid, "generated_tokens", "%d: want a count ≥ 0", n)
+	}
+	if _, err := r.tracker.Generated(id, n); err != nil {
+		return fieldErr(ErrUnknownRequest, "id", "no active request %q", id)
+	}
+	return nil
+}
+
+// TracksOutput reports whether OutputTokens books output blocks (Config.TrackOutputBlocks), so
+// that a caller can skip counting tokens nobody uses.
+func (r *Router) TracksOutput() bool { return r.cfg.TrackOutputBlocks }
+
+// OutputBlock adds one output block to request id, and with hasDecay weighs the request's own
+// blocks by decay (0 to 1): Dynamo's add_output_block, for callers that count blocks themselves.
+// Like OutputTokens its blocks are this replica's.
+func (r *Router) OutputBlock(id string, decay float64, hasDecay bool) error {
+	if hasDecay && !(decay >= 0 && decay <= 1) {
+		return fieldErr(ErrInvalid, "decay_fraction", "%v: want 0.0 to 1.0", decay)
+	}
+	if isRemoteKey(id) || r.tracker.OutputBlock(id, decay, hasDecay) != nil {
+		return fieldErr(ErrUnknownRequest, "id", "no active request %q", id)
+	}
 	return nil
 }
 

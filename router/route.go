@@ -27,6 +27,12 @@ type scratch struct {
 	at      []int32 // unless all: worker list position → candidate, -1 when filtered out
 	pos     []int32 // unless all: candidate → worker list position
 	allowed []uint64
+	th      *Thresholds // the model's busy thresholds while route's general path runs, else nil
+	over    []bool      // with th: worker list position → its worker is overloaded
+	// noReuse: the request's blocks are booked under the random hashes rseqs and share no
+	// active block with another request (assume_kv_reuse off).
+	noReuse bool
+	rseqs   []uint64
 
 	// scoreKV's working memory (scorekv.go)
 	depth  []int32
@@ -106,7 +112,8 @@ func (s *scratch) match(m *model, req *wire.RouteRequest, p *scoring.Params) {
 }
 
 // params checks req for model m and fills p with its scoring parameters: the router's, then
-// the request's mode, weight and temperature, and the prompt's length. The hashes of a request
+// the request's mode, weight, temperature, prefill tracking and cost terms (Dynamo's
+// router_config_override), and the prompt's length. The hashes of a request
 // by hash are a whole prompt's (its ISL within their last block), or with prefix a longer
 // prompt's first blocks (Dynamo's selection service's isl_tokens).
 func (r *Router) params(m *model, req *wire.RouteRequest, prefix bool, p *scoring.Params) error {
@@ -115,7 +122,9 @@ func (r *Router) params(m *model, req *wire.RouteRequest, prefix bool, p *scorin
 		BlockSize:    m.blockSize,
 		Weight:       r.cfg.OverlapWeight,
 		Temperature:  r.cfg.Temperature,
-		TrackPrefill: !r.cfg.NoTrackPrefill,
+		TrackPrefill: req.TrackPrefill.Or(!r.cfg.NoTrackPrefill),
+		Formula:      r.cfg.Cost,
+		Terms:        *r.cfg.Terms,
 	}
 	if p.Mode == scoring.Default {
 		p.Mode = r.cfg.Mode
@@ -123,11 +132,32 @@ func (r *Router) params(m *model, req *wire.RouteRequest, prefix bool, p *scorin
 	if !p.Mode.Valid() {
 		return fieldErr(ErrInvalid, "mode", "unknown mode %d", req.Mode)
 	}
+	if req.HasCredit {
+		if !(req.OverlapCredit >= 0 && req.OverlapCredit <= 1) {
+			return fieldErr(ErrInvalid, "overlap_score_credit", "%v: want 0.0 to 1.0", req.OverlapCredit)
+		}
+		p.Credit = req.OverlapCredit
+	}
+	if req.HasLoadScale {
+		if !(req.PrefillLoadScale >= 0) || math.IsInf(req.PrefillLoadScale, 1) {
+			return fieldErr(ErrInvalid, "prefill_load_scale", "%v is not a finite number ≥ 0", req.PrefillLoadScale)
+		}
+		p.LoadScale = req.PrefillLoadScale
+	}
 	if req.HasWeight {
 		if !(req.Weight >= 0) || math.IsInf(req.Weight, 1) {
 			return fieldErr(ErrInvalid, "overlap_score_weight", "%v is not a finite number ≥ 0", req.Weight)
 		}
 		p.Weight = req.Weight
+		if p.Formula == scoring.CostMain {
+			// Dynamo main reads the deprecated weight as the prefill load scale, over the
+			// override's own, and a weight of 0 as no credit either (config.rs,
+			// RouterConfigOverride's TryFrom).
+			p.LoadScale = req.Weight
+			if req.Weight == 0 {
+				p.Credit = 0
+			}
+		}
 	}
 	if req.HasTemperature {
 		if !(req.Temperature >= 0) || math.IsInf(req.Temperature, 1) {
@@ -198,6 +228,7 @@ func (r *Router) route(req *wire.RouteRequest, resp *wire.RouteResponse, book bo
 	}
 	s := r.scratch.Get()
 	defer r.scratch.Put(s)
+	s.noReuse = !req.AssumeReuse.Or(!r.cfg.NoAssumeReuse)
 	s.match(m, req, &p)
 	list := m.list.Load()
 	if len(s.m.Slots) > 0 && rand.Uint32()&uint32(r.cfg.HitSample-1) == 0 {
@@ -209,14 +240,19 @@ func (r *Router) route(req *wire.RouteRequest, resp *wire.RouteResponse, book bo
 	}
 	var pos, cached int32
 	encoded := false
-	if p.Mode == scoring.KV && p.Temperature == 0 && !req.HasPinned && len(req.Allowed) == 0 &&
+	th := m.busy.Load()
+	if p.Mode == scoring.KV && p.Temperature == 0 && !req.HasPinned && len(req.Allowed) == 0 && th == nil &&
 		len(list.keys) > 0 && !r.general && !r.log.Enabled(context.Background(), slog.LevelDebug) {
 		if err := p.Check(); err != nil {
 			return fieldErr(ErrInvalid, "request", "%v", err)
 		}
 		pos, cached, encoded = s.scoreKV(r, m.ix, list, &p, req, resp, limit, book, enc)
 	} else {
+		if book {
+			s.th = th // a match answers for every worker, as Dynamo's /query
+		}
 		chosen, err := s.general(r, m.ix, list, &p, req, book)
+		s.th = nil
 		if err != nil {
 			return err
 		}
@@ -231,14 +267,28 @@ func (r *Router) route(req *wire.RouteRequest, resp *wire.RouteResponse, book bo
 		if !p.TrackPrefill {
 			prefill = 0 // not tracked: not booked either (Dynamo's track_prefill_tokens=false)
 		}
-		if err := r.tracker.Book(req.RequestID, w.load, s.seqs, prefill, r.cfg.Now()+int64(r.cfg.RequestExpiry)); err != nil {
+		seqs := s.seqs
+		if s.noReuse {
+			// Dynamo's assume_kv_reuse=false: the request's blocks under random hashes, which
+			// no other request's share (the index still matched the real ones).
+			s.rseqs = slices.Grow(s.rseqs[:0], len(seqs))[:len(seqs)]
+			for i := range s.rseqs {
+				s.rseqs[i] = rand.Uint64()
+			}
+			seqs = s.rseqs
+		}
+		var out scoring.Output
+		if r.cfg.TrackOutputBlocks {
+			out = scoring.Output{ISL: int64(p.ISL), BlockSize: int32(m.blockSize), Expected: int64(req.ExpectedOSL)}
+		}
+		if err := r.tracker.BookOutput(req.RequestID, w.load, seqs, prefill, r.cfg.Now()+int64(r.cfg.RequestExpiry), out); err != nil {
 			if err == scoring.ErrDuplicateRequest {
 				return fieldErr(ErrConflict, "request_id", "request %q is already active", req.RequestID)
 			}
 			return fieldErr(ErrUnknownWorker, "worker", "%v", err)
 		}
 		if r.cfg.Share != nil {
-			r.cfg.Share.Booked(m.name, w.key, req.RequestID, s.seqs, prefill, r.cfg.RequestExpiry)
+			r.cfg.Share.Booked(m.name, w.key, req.RequestID, seqs, prefill, r.cfg.RequestExpiry)
 		}
 		if r.approx != nil {
 			r.recordApprox(m, w, s.seqs)
@@ -260,8 +310,12 @@ func (r *Router) route(req *wire.RouteRequest, resp *wire.RouteResponse, book bo
 // general scores every allowed worker of list one by one and returns the chosen candidate's
 // position in s.cands (if book).
 func (s *scratch) general(r *Router, ix *radix.Index, list *workerList, p *scoring.Params, req *wire.RouteRequest, book bool) (int, error) {
-	r.tracker.Match(s.seqs, &s.am)
-	if err := s.candidates(ix, list, req); err != nil {
+	if s.noReuse {
+		s.am.Slots, s.am.Depth = s.am.Slots[:0], s.am.Depth[:0] // nothing booked is shared
+	} else {
+		r.tracker.Match(s.seqs, &s.am)
+	}
+	if err := s.candidates(r, ix, list, req); err != nil {
 		return 0, err
 	}
 	for i, slot := range s.m.Slots {
@@ -300,18 +354,25 @@ func (s *scratch) general(r *Router, ix *radix.Index, list *workerList, p *scori
 	return chosen, nil
 }
 
-// candidates fills s.cands with the allowed workers of list and their loads.
-func (s *scratch) candidates(ix *radix.Index, list *workerList, req *wire.RouteRequest) error {
+// candidates fills s.cands with the allowed workers of list and their loads, less the
+// overloaded ones when s.th is set.
+func (s *scratch) candidates(r *Router, ix *radix.Index, list *workerList, req *wire.RouteRequest) error {
 	n := len(list.keys)
 	s.tree = slices.Grow(s.tree[:0], n)[:n]
 	ix.FillBlocks(list.slots, s.tree)
-	s.all = !req.HasPinned && len(req.Allowed) == 0
+	nOver := 0
+	if s.th != nil {
+		s.over = slices.Grow(s.over[:0], n)[:n]
+		nOver = r.markOverloaded(s.th, list, s.over, req.Model, true)
+	}
+	s.all = !req.HasPinned && len(req.Allowed) == 0 && nOver == 0
 	if s.all {
 		s.cands = slices.Grow(s.cands[:0], n)[:n]
 		for i, k := range list.keys {
 			l, c := list.loads[i], &s.cands[i]
 			c.Worker, c.Rank, c.Cached, c.Shared, c.Tree = k.ID, k.Rank, 0, 0, s.tree[i]
 			c.ActiveBlocks, c.ActivePrefill, c.ActiveRequests = l.ActiveBlocks(), l.ActivePrefill(), l.Requests()
+			c.DeviceWeight = list.ws[i].reg.getWeight()
 		}
 		if n == 0 {
 			return fieldErr(ErrUnknownWorker, "model", "model %q has no registered worker", req.Model)
@@ -326,6 +387,7 @@ func (s *scratch) candidates(ix *radix.Index, list *workerList, req *wire.RouteR
 		slices.Sort(s.allowed)
 		allowed = s.allowed
 	}
+	eligible := 0 // allowed, overloaded or not
 	for i, k := range list.keys {
 		s.at[i] = -1
 		switch {
@@ -342,6 +404,10 @@ func (s *scratch) candidates(ix *radix.Index, list *workerList, req *wire.RouteR
 				continue
 			}
 		}
+		eligible++
+		if nOver > 0 && s.over[i] {
+			continue
+		}
 		l := list.loads[i]
 		s.at[i] = int32(len(s.cands))
 		s.pos = append(s.pos, int32(i))
@@ -352,7 +418,15 @@ func (s *scratch) candidates(ix *radix.Index, list *workerList, req *wire.RouteR
 			ActiveBlocks:   l.ActiveBlocks(),
 			ActivePrefill:  l.ActivePrefill(),
 			ActiveRequests: l.Requests(),
+			DeviceWeight:   list.ws[i].reg.getWeight(),
 		})
+	}
+	if len(s.cands) == 0 && eligible > 0 {
+		r.overloadRejected.Add(1)
+		if req.HasPinned {
+			return fieldErr(ErrOverloaded, "pinned_worker", "pinned worker %d is overloaded (busy thresholds: %s)", req.PinnedWorker, s.th)
+		}
+		return fieldErr(ErrOverloaded, "model", "all eligible workers are overloaded (%d worker ranks of model %q; busy thresholds: %s)", eligible, req.Model, s.th)
 	}
 	if len(s.cands) == 0 {
 		if req.HasPinned {

@@ -36,8 +36,26 @@ type Config struct {
 	// Dynamo's track_prefill_tokens=false (a decode stage's routing, on load alone); by
 	// default they are (see scoring.Params.TrackPrefill).
 	NoTrackPrefill bool
+	// Cost is the cost formula (scoring.CostV1, the default, or scoring.CostMain); Terms, if
+	// set, are CostMain's weights (scoring.DefaultTerms otherwise). A request's
+	// overlap_score_credit and prefill_load_scale override them; its overlap_score_weight does,
+	// under CostMain, as Dynamo main reads it: the prefill load scale, and 0 also zeroes the
+	// credit.
+	Cost  scoring.CostModel
+	Terms *scoring.Terms
+	// NoAssumeReuse books each request's blocks under random hashes, so that concurrent requests
+	// share no active blocks (Dynamo's router_assume_kv_reuse=false, for engines without prefix
+	// caching); a request's assume_kv_reuse overrides it.
+	NoAssumeReuse bool
+	// TrackOutputBlocks books an output block each time a request's prompt and output cross a
+	// block boundary, as OutputTokens reports them (Dynamo's router_track_output_blocks), decayed
+	// toward the request's expected output length when it gives one.
+	TrackOutputBlocks bool
 	// MaxCandidates caps the candidates of an answer when the request does not say (0: all).
 	MaxCandidates int
+	// Busy is every new model's busy thresholds (overload.go); SetBusyThresholds changes a
+	// model's at run time. The zero value sets none: no worker is ever overloaded.
+	Busy Thresholds
 	// Approximate, if set, turns on approximate mode (for workers that publish no KV events):
 	// each routed request's blocks count as cached on the chosen worker, with a TTL, a cap and
 	// pruning (see package approx).
@@ -102,6 +120,10 @@ func (c *Config) defaults() {
 	}
 	if c.OverlapWeight == 0 && !c.NoOverlapWeight {
 		c.OverlapWeight = 1
+	}
+	if c.Terms == nil {
+		t := scoring.DefaultTerms()
+		c.Terms = &t
 	}
 	if c.RequestExpiry <= 0 {
 		c.RequestExpiry = 300 * time.Second
@@ -182,6 +204,8 @@ type Router struct {
 	approx *approxMode // nil unless Config.Approximate
 	aff    *affinity   // nil unless Config.Affinity
 
+	overloadRejected atomic.Int64 // requests refused as every eligible worker was overloaded
+
 	general bool // tests: score every request on the general path (see scorekv.go)
 
 	stop  chan struct{}
@@ -201,6 +225,10 @@ type model struct {
 	// seenSampledHits is its value at the last zero-hit check (the check's own).
 	sampledHits     atomic.Int64
 	seenSampledHits int64
+
+	// busy is the model's busy thresholds (overload.go), nil while none is set: the route
+	// path reads it lock-free.
+	busy atomic.Pointer[Thresholds]
 
 	queue *modelQueue // nil without Config.Queue
 }
@@ -233,12 +261,16 @@ type rankWorker struct {
 // registration is one worker id: a model and the ranks it serves. Fields other than the atomics
 // change only under Router.mu.
 type registration struct {
-	id        uint64
-	model     *model
-	ranks     []*rankWorker          // by rank, at most wire.MaxSnapshotRanks
-	capacity  int64                  // KV capacity in blocks, 0 = unknown
-	maxTokens atomic.Int64           // max batched tokens, 0 = unknown; written under Router.mu, read anywhere
-	http      atomic.Pointer[string] // the OpenAI API's base URL; nil for none
+	id    uint64
+	model *model
+	ranks []*rankWorker          // by rank, at most wire.MaxSnapshotRanks
+	http  atomic.Pointer[string] // the OpenAI API's base URL; nil for none
+
+	// Atomic, as the route path reads them without Router.mu for the busy thresholds
+	// (overload.go); written under Router.mu.
+	capacity  atomic.Int64  // KV capacity in blocks, 0 = unknown
+	maxTokens atomic.Int64  // max batched tokens, 0 = unknown
+	weight    atomic.Uint64 // math.Float64bits of the device-aware weight, 0 = unset (weight.go)
 
 	received, applied atomic.Int64 // events
 	mis               misconfig
@@ -371,6 +403,10 @@ type Registration struct {
 	// HTTPEndpoint is the worker's OpenAI-compatible HTTP API (http://host:port), where the
 	// front door forwards the requests routed to it; "" leaves the worker's as it was.
 	HTTPEndpoint string
+	// Weight is the worker's capacity relative to the others' for mode
+	// device_aware_weighted (weight.go): a finite number > 0; 0 leaves the worker's as it was
+	// (1 for a new worker).
+	Weight float64
 }
 
 // Changer makes the changes the HTTP API is asked for: registrations, their removal, and event
@@ -472,6 +508,9 @@ func (g *Registration) check() ([]uint32, error) {
 	}
 	if g.MaxTokens < 0 {
 		return nil, fieldErr(ErrInvalid, "max_batched_tokens", "%d: must not be negative", g.MaxTokens)
+	}
+	if err := checkWeight(g.Weight); err != nil {
+		return nil, err
 	}
 	if len(g.Ranks) == 0 {
 		return []uint32{0}, nil
@@ -608,6 +647,7 @@ func (r *Router) registerLocked(g Registration, eps []RankEndpoint, publish bool
 			m.queue = &modelQueue{}
 		}
 		m.list.Store(&workerList{})
+		r.initBusy(m)
 	}
 	// Slots, then loads; on a failure the slots taken here go back, and nothing else changed.
 	keys := make([]radix.WorkerKey, len(add))
@@ -646,10 +686,13 @@ func (r *Router) registerLocked(g Registration, eps []RankEndpoint, publish bool
 		m.regs[g.ID] = reg
 	}
 	if g.Capacity != 0 {
-		reg.capacity = g.Capacity
+		reg.capacity.Store(g.Capacity)
 	}
 	if g.MaxTokens != 0 {
 		reg.maxTokens.Store(g.MaxTokens)
+	}
+	if g.Weight != 0 {
+		reg.setWeight(g.Weight)
 	}
 	if g.HTTPEndpoint != "" {
 		u := g.HTTPEndpoint

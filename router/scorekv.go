@@ -68,7 +68,7 @@ type cost struct {
 
 // idleCost is the cost of a worker with depth cached blocks and nothing booked.
 func idleCost(p *scoring.Params, depth int32) cost {
-	prefill, decode, logit := p.Cost(depth, 0, 0, 0)
+	prefill, decode, logit := p.Cost(depth, 0, 0, 0, 0)
 	return cost{prefill, decode, logit}
 }
 
@@ -107,6 +107,16 @@ func (s *scratch) scoreKV(r *Router, ix *radix.Index, list *workerList, p *scori
 		depth[pos] = ^depth[pos]
 	}
 	s.rows = rows
+	if p.NeedsMinPrefill() {
+		// The least active prefill among the candidates: an idle worker's 0, if there is one.
+		p.MinActivePrefill = 0
+		if len(rows) == n {
+			p.MinActivePrefill = math.MaxInt64
+			for i := range rows {
+				p.MinActivePrefill = min(p.MinActivePrefill, rows[i].c.ActivePrefill)
+			}
+		}
+	}
 
 	// An idle worker's cost by its depth, to the deepest depth any worker has.
 	nt := min(int(deepest)+1, maxCostTable)
@@ -134,7 +144,7 @@ func (s *scratch) scoreKV(r *Router, ix *radix.Index, list *workerList, p *scori
 	}
 	for i := range rows {
 		c := &rows[i].c
-		_, _, ub := p.Cost(c.Cached, 0, c.ActiveBlocks, c.ActivePrefill)
+		_, _, ub := p.Cost(c.Cached, 0, c.ActiveBlocks, c.ActivePrefill, c.ActiveRequests)
 		bounds = append(bounds, ub)
 	}
 	slices.Sort(bounds)
@@ -147,12 +157,17 @@ func (s *scratch) scoreKV(r *Router, ix *radix.Index, list *workerList, p *scori
 	for i := range rows {
 		row := &rows[i]
 		c := &row.c
-		most := int32(min(int64(p.Blocks), max(c.ActiveBlocks, 0)))
-		if _, _, lb := p.Cost(c.Cached, most, c.ActiveBlocks, c.ActivePrefill); lb > bound {
+		most := int32(min(int64(p.Blocks), max(c.ActiveBlocks+list.loads[row.pos].Decayed(), 0)))
+		if s.noReuse {
+			most = 0 // nothing booked is shared: the bound is exact
+		}
+		if _, _, lb := p.Cost(c.Cached, most, c.ActiveBlocks, c.ActivePrefill, c.ActiveRequests); lb > bound {
 			continue
 		}
-		c.Shared = int32(r.tracker.Shared(list.loads[row.pos], s.seqs))
-		c.PrefillTokens, c.DecodeBlocks, c.Logit = p.Cost(c.Cached, c.Shared, c.ActiveBlocks, c.ActivePrefill)
+		if !s.noReuse {
+			c.Shared = int32(r.tracker.Shared(list.loads[row.pos], s.seqs))
+		}
+		c.PrefillTokens, c.DecodeBlocks, c.Logit = p.Cost(c.Cached, c.Shared, c.ActiveBlocks, c.ActivePrefill, c.ActiveRequests)
 		row.exact = true
 		pool = append(pool, ranked{c.Logit, row.pos})
 	}

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/kvrouterd/kvrouterd/kvevent"
+	"github.com/kvrouterd/kvrouterd/scoring"
 	"github.com/kvrouterd/kvrouterd/shard"
 	"github.com/kvrouterd/kvrouterd/wire"
 )
@@ -35,6 +36,14 @@ func TestScoreKVMatchesGeneral(t *testing.T) {
 		case 2:
 			cfg.OverlapWeight = 4
 		}
+		if rng.IntN(2) == 0 { // Dynamo main's cost, its terms at random
+			pick := func(v ...float64) float64 { return v[rng.IntN(len(v))] }
+			cfg.Cost = scoring.CostMain
+			cfg.Terms = &scoring.Terms{Credit: pick(1, 0.5, 0), CreditDecay: pick(0, 0.5, 3),
+				LoadScale: pick(1, 2, 0.3), RequestWeight: pick(0, 0.5, 3)}
+		}
+		cfg.NoAssumeReuse = rng.IntN(4) == 0
+		cfg.TrackOutputBlocks = rng.IntN(2) == 0
 		r := New(cfg)
 		families := 1 + rng.IntN(4)
 		prompt := func(fam, blocks int) []uint32 {
@@ -117,6 +126,16 @@ func TestScoreKVMatchesGeneral(t *testing.T) {
 			if rng.IntN(4) == 0 {
 				req.HasWeight, req.Weight = true, []float64{0, 0.5, 2}[rng.IntN(3)]
 			}
+			// Dynamo's router_config_override members, now and then.
+			req.TrackPrefill = wire.Opt(rng.IntN(3))
+			req.AssumeReuse = wire.Opt(rng.IntN(3))
+			req.ExpectedOSL = uint32([]int{0, 20}[rng.IntN(2)])
+			if rng.IntN(4) == 0 {
+				req.HasCredit, req.OverlapCredit = true, []float64{0, 0.25, 1}[rng.IntN(3)]
+			}
+			if rng.IntN(4) == 0 {
+				req.HasLoadScale, req.PrefillLoadScale = true, []float64{0, 1.5}[rng.IntN(2)]
+			}
 			var fast, slow wire.RouteResponse
 			// The fast answer is encoded (AppendRoute) in half the steps: then it must be the
 			// bytes of the general answer's encoding, and decode to it.
@@ -167,6 +186,9 @@ func TestScoreKVMatchesGeneral(t *testing.T) {
 			}
 			if encode && !bytes.Equal(msg[2:], wire.AppendRouteResponse(nil, &slow)) {
 				t.Fatalf("round %d step %d: the encoded answer differs from the general answer's encoding", round, step)
+			}
+			if len(inFlight) > 0 && rng.IntN(3) == 0 { // output grows a request's blocks
+				_ = r.OutputTokens(inFlight[rng.IntN(len(inFlight))], int64(rng.IntN(40)))
 			}
 			if len(inFlight) > 0 && rng.IntN(keep) == 0 {
 				k := rng.IntN(len(inFlight))

@@ -26,13 +26,16 @@ type Candidate struct {
 	ActiveBlocks   int64
 	ActivePrefill  int64
 	ActiveRequests int64
+	// DeviceWeight is the worker's capacity relative to the others' for DeviceAwareWeighted
+	// (0 counts as 1).
+	DeviceWeight float64
 
 	// PrefillTokens is what the worker would prefill: its active prefill tokens (if tracked) and
 	// this request's uncached tokens.
 	PrefillTokens int64
 	// DecodeBlocks is the worker's active blocks with this request added.
 	DecodeBlocks int64
-	// Logit is the cost: OverlapWeight × PrefillTokens/BlockSize + DecodeBlocks. Lower is better.
+	// Logit is the cost (see Params.Cost). Lower is better.
 	Logit float64
 
 	weight float64 // softmax scratch
@@ -50,6 +53,13 @@ type Params struct {
 	// them); off, they are neither charged nor booked, as in Dynamo, so that routing sees only
 	// the workers' load (a decode stage's routing). A worker's active prefill counts either way.
 	TrackPrefill bool
+
+	// Formula is the cost formula; CostMain reads Terms (Weight is CostV1's alone).
+	Formula CostModel
+	Terms
+	// MinActivePrefill is the least active prefill among the request's candidates, which
+	// CostMain's credit decay measures backlogs from; set it when NeedsMinPrefill.
+	MinActivePrefill int64
 }
 
 // Errors of Choose.
@@ -70,29 +80,54 @@ func (p *Params) Check() error {
 	if p.BlockSize <= 0 || p.ISL < 0 || p.Blocks < 0 {
 		return errors.New("scoring: block size, isl and blocks must be positive")
 	}
+	if p.Formula == CostMain {
+		return p.Terms.Check()
+	}
+	if p.Formula >= numCosts {
+		return ErrCost
+	}
 	return nil
 }
 
-// Score computes PrefillTokens, DecodeBlocks and Logit for every candidate.
+// Score computes PrefillTokens, DecodeBlocks and Logit for every candidate; for a formula that
+// needs it, it sets p.MinActivePrefill from c first (c being every candidate of the request).
 func Score(c []Candidate, p *Params) {
+	if p.NeedsMinPrefill() {
+		p.MinActivePrefill = MinPrefill(c)
+	}
 	for i := range c {
 		x := &c[i]
-		x.PrefillTokens, x.DecodeBlocks, x.Logit = p.Cost(x.Cached, x.Shared, x.ActiveBlocks, x.ActivePrefill)
+		x.PrefillTokens, x.DecodeBlocks, x.Logit = p.Cost(x.Cached, x.Shared, x.ActiveBlocks, x.ActivePrefill, x.ActiveRequests)
 	}
+}
+
+// MinPrefill returns the least ActivePrefill of c (0 for none): Params.MinActivePrefill.
+func MinPrefill(c []Candidate) int64 {
+	if len(c) == 0 {
+		return 0
+	}
+	lo := c[0].ActivePrefill
+	for i := range c[1:] {
+		lo = min(lo, c[i+1].ActivePrefill)
+	}
+	return lo
 }
 
 // Cost is the cost function for one worker: from the request's blocks it holds (cached) and has
 // active (shared), and its booked load, the tokens it would prefill, its active blocks with the
-// request added, and the logit, OverlapWeight × prefill/BlockSize + decode blocks. Score is Cost
-// for each candidate; a caller that scores workers its own way calls Cost, so that its numbers
-// are Score's to the bit.
-func (p *Params) Cost(cached, shared int32, activeBlocks, activePrefill int64) (prefill, decode int64, logit float64) {
+// request added, and the logit: with CostV1, Weight × prefill/BlockSize + decode blocks; with
+// CostMain, Dynamo main's formula (see mainLogit). Score is Cost for each candidate; a caller
+// that scores workers its own way calls Cost, so that its numbers are Score's to the bit.
+func (p *Params) Cost(cached, shared int32, activeBlocks, activePrefill, activeRequests int64) (prefill, decode int64, logit float64) {
 	bs := int64(p.BlockSize)
 	prefill = activePrefill
 	if p.TrackPrefill {
 		prefill += max(int64(p.ISL)-int64(cached)*bs, 0)
 	}
 	decode = activeBlocks + int64(p.Blocks) - int64(shared)
+	if p.Formula == CostMain {
+		return prefill, decode, p.mainLogit(cached, decode, activePrefill, activeRequests)
+	}
 	return prefill, decode, p.Weight*float64(prefill)/float64(bs) + float64(decode)
 }
 
@@ -159,7 +194,8 @@ func sample(c []Candidate, temperature float64, rng *rand.Rand) int {
 
 // Chooser applies a routing mode. It keeps the round-robin position; safe for concurrent use.
 type Chooser struct {
-	next atomic.Uint64
+	next     atomic.Uint64
+	weighted atomic.Uint64 // DeviceAwareWeighted's round-robin start (mode.go)
 }
 
 // Choose scores the candidates (every mode fills the scores, so callers can show them) and returns
@@ -182,6 +218,10 @@ func (ch *Chooser) Choose(c []Candidate, p *Params, rng *rand.Rand) (int, error)
 		return leastLoaded(c, rng), nil
 	case Direct:
 		return 0, nil
+	case PowerOfTwo:
+		return powerOfTwo(c, rng), nil
+	case DeviceAwareWeighted:
+		return ch.deviceAware(c), nil
 	case KV, Default:
 		return Select(c, p.Temperature, rng), nil
 	}

@@ -2,6 +2,7 @@ package scoring
 
 import (
 	"errors"
+	"math"
 	"math/bits"
 	"sync"
 	"sync/atomic"
@@ -68,6 +69,23 @@ type booking struct {
 	prefillDone bool
 	deadline    int64
 	at          int // position in load.active while booked on a registered worker
+
+	// Output blocks (see Generated and OutputBlock), under the worker's lock.
+	output   Output
+	tokBlock int64   // ⌈(isl + generated) / block size⌉ last counted
+	out      int64   // output blocks booked
+	disc     float64 // blocks this request's decay takes off the worker's active blocks
+}
+
+// Output is what Generated needs of a request to count its output blocks as it generates them
+// (Dynamo's router_track_output_blocks). A zero Output counts none. A plain value.
+type Output struct {
+	ISL       int64 // prompt tokens
+	BlockSize int32 // tokens per block; 0: the request's output blocks are not counted
+	// Expected is the expected output length in tokens (Dynamo's agent_hints.osl); when known,
+	// the request's blocks that no other request uses weigh 1 − generated/expected (at least
+	// 0) once generation starts, Dynamo's decay.
+	Expected int64
 }
 
 // Load is one worker's (id, dp rank) booked load. Its accessors are safe for concurrent use.
@@ -84,7 +102,13 @@ type Load struct {
 	mapped       bool
 	gone         bool
 
+	// out is the output blocks of the active requests and discF what their decay takes off
+	// the active blocks (disc, rounded); both under mu.
+	out   int64
+	discF float64
+
 	blocks   atomic.Int64
+	disc     atomic.Int64
 	prefill  atomic.Int64
 	requests atomic.Int64
 }
@@ -168,6 +192,8 @@ func (t *Tracker) Unregister(l *Load) {
 	clear(l.active)
 	l.active = l.active[:0]
 	l.blocks.Store(0)
+	l.out, l.discF = 0, 0
+	l.disc.Store(0)
 	l.prefill.Store(0)
 	_ = t.roots.Release(l.slot)
 }
@@ -178,8 +204,14 @@ func (l *Load) Key() radix.WorkerKey { return l.key }
 // Slot returns the worker's slot in the Tracker's match results.
 func (l *Load) Slot() radix.Slot { return l.slot }
 
-// ActiveBlocks returns the blocks the worker's active requests occupy.
-func (l *Load) ActiveBlocks() int64 { return l.blocks.Load() }
+// ActiveBlocks returns the blocks the worker's active requests occupy: their prompts' blocks
+// (each once however many requests share it) and their output blocks, less what the decay of
+// output tracking takes off (rounded to the nearest block, as Dynamo rounds its weights).
+func (l *Load) ActiveBlocks() int64 { return l.blocks.Load() - l.disc.Load() }
+
+// Decayed returns the blocks the decay of output tracking takes off ActiveBlocks: ActiveBlocks +
+// Decayed is the count of blocks booked, which bounds how many of them a request can share.
+func (l *Load) Decayed() int64 { return l.disc.Load() }
 
 // ActivePrefill returns the prompt tokens the worker still has to prefill.
 func (l *Load) ActivePrefill() int64 { return l.prefill.Load() }
@@ -285,7 +317,7 @@ func (l *Load) mapRefs() {
 		}
 	}
 	l.mapped = true
-	l.blocks.Store(int64(l.refs.Len()))
+	l.blocks.Store(int64(l.refs.Len()) + l.out)
 }
 
 // unmapRefs drops refs and firsts, and restates the active blocks as the requests' prefixes count
@@ -303,7 +335,7 @@ func (l *Load) unmapRefs() {
 		}
 		n += int64(len(b.seqs) - best)
 	}
-	l.blocks.Store(n)
+	l.blocks.Store(n + l.out)
 }
 
 // Shared returns how many leading blocks of seqs (chained hashes, as Book's) are active on l: the
@@ -401,6 +433,11 @@ func (t *Tracker) shard(id string) (*reqShard, uint64) {
 // block first) and prefill uncached prompt tokens. The request expires at deadline (any monotonic
 // clock in nanoseconds, as passed to Expire). It allocates nothing in steady state.
 func (t *Tracker) Book(id string, l *Load, seqs []uint64, prefill int64, deadline int64) error {
+	return t.BookOutput(id, l, seqs, prefill, deadline, Output{})
+}
+
+// BookOutput is Book for a request whose output blocks Generated counts as described by o.
+func (t *Tracker) BookOutput(id string, l *Load, seqs []uint64, prefill int64, deadline int64, o Output) error {
 	if len(id) == 0 || len(id) > MaxRequestID {
 		return ErrRequestID
 	}
@@ -408,6 +445,10 @@ func (t *Tracker) Book(id string, l *Load, seqs []uint64, prefill int64, deadlin
 	b := t.pool.Get()
 	b.id = append(b.id[:0], id...)
 	b.load, b.prefill, b.prefillDone, b.deadline = l, prefill, false, deadline
+	b.output, b.out, b.disc, b.tokBlock = o, 0, 0, 0
+	if o.BlockSize > 0 {
+		b.tokBlock = ceilDiv(max(o.ISL, 0), int64(o.BlockSize))
+	}
 	b.seqs = append(b.seqs[:0], seqs...)
 	// The worker's lock is held until the blocks are booked, so a Complete or Expire that finds
 	// the booking as soon as it is visible waits for it to take effect. Lock order: worker, then
@@ -504,7 +545,12 @@ func (t *Tracker) release(b *booking) {
 	l := b.load
 	l.mu.Lock()
 	if !l.gone {
-		freed := t.own(l, b, false)
+		freed := t.own(l, b, false) + b.out
+		l.out -= b.out
+		if b.disc != 0 {
+			l.discF -= b.disc
+			l.storeDisc()
+		}
 		l.blocks.Add(-freed)
 		if !b.prefillDone {
 			l.prefill.Add(-b.prefill)
@@ -517,6 +563,8 @@ func (t *Tracker) release(b *booking) {
 			t.setBusy(l.slot, false)
 			// Nothing is active, whatever blocks a replica sent that were not chained.
 			l.blocks.Store(0)
+			l.out, l.discF = 0, 0
+			l.disc.Store(0)
 		}
 		if l.mapped && len(l.active) <= scanRequests/2 {
 			l.unmapRefs()
@@ -551,4 +599,132 @@ func (t *Tracker) Expire(now int64) int {
 		n += len(old)
 	}
 	return n
+}
+
+func ceilDiv(a, b int64) int64 { return (a + b - 1) / b }
+
+// lockBooking returns the booking of id with its worker's lock and its request shard's lock
+// held, in that order (the order Book takes them); nil with neither held if id is not booked.
+// The caller unlocks both.
+func (t *Tracker) lockBooking(id string) (*booking, *reqShard) {
+	sh, h := t.shard(id)
+	for {
+		sh.mu.Lock()
+		b := findLocked(sh, h, id)
+		if b == nil {
+			sh.mu.Unlock()
+			return nil, nil
+		}
+		l := b.load
+		sh.mu.Unlock()
+		// The booking may complete, and its value be reused, while no lock is held: look again
+		// with both held.
+		l.mu.Lock()
+		sh.mu.Lock()
+		if b2 := findLocked(sh, h, id); b2 == b && b.load == l {
+			return b, sh
+		}
+		sh.mu.Unlock()
+		l.mu.Unlock()
+	}
+}
+
+// Generated records that request id has generated n output tokens in all, and returns how many
+// output blocks that added: one each time ⌈(prompt + n) / block size⌉ passes the count already
+// booked (Dynamo's router_track_output_blocks, which counts a block at each boundary a stream
+// crosses). With an expected output length each call also weighs the request's own blocks by
+// max(0, 1 − n/expected), as OutputBlock does. A request booked without output tracking, or a
+// count that does not pass a boundary, changes nothing. It allocates nothing.
+func (t *Tracker) Generated(id string, n int64) (int, error) {
+	b, sh := t.lockBooking(id)
+	if b == nil {
+		return 0, ErrUnknownRequest
+	}
+	l := b.load
+	defer l.mu.Unlock()
+	defer sh.mu.Unlock()
+	o := b.output
+	if o.BlockSize <= 0 || n <= 0 {
+		return 0, nil
+	}
+	total := ceilDiv(max(o.ISL, 0)+n, int64(o.BlockSize))
+	grown := total - b.tokBlock
+	if grown <= 0 {
+		return 0, nil
+	}
+	b.tokBlock = total
+	t.addOutputLocked(l, b, grown)
+	if o.Expected > 0 {
+		t.decayLocked(l, b, max(0, 1-float64(n)/float64(o.Expected)))
+	}
+	return int(grown), nil
+}
+
+// OutputBlock adds one output block to request id, and with hasDecay weighs the blocks of the
+// request no other active request uses (its output blocks and the end of its prompt that is
+// its own) by decay, a fraction in [0, 1]: Dynamo's add_output_block(decay_fraction), for a
+// caller that counts blocks itself (the selection service's /reservations/{id}/output_block).
+func (t *Tracker) OutputBlock(id string, decay float64, hasDecay bool) error {
+	if hasDecay && !(decay >= 0 && decay <= 1) {
+		return errors.New("scoring: decay fraction must be between 0.0 and 1.0")
+	}
+	b, sh := t.lockBooking(id)
+	if b == nil {
+		return ErrUnknownRequest
+	}
+	l := b.load
+	defer l.mu.Unlock()
+	defer sh.mu.Unlock()
+	t.addOutputLocked(l, b, 1)
+	if hasDecay {
+		t.decayLocked(l, b, decay)
+	}
+	return nil
+}
+
+// addOutputLocked books n output blocks of b on l. Output blocks are the request's own: no
+// other request shares them. REQUIRES l.mu.
+func (t *Tracker) addOutputLocked(l *Load, b *booking, n int64) {
+	b.out += n
+	if l.gone {
+		return
+	}
+	l.out += n
+	l.blocks.Add(n)
+}
+
+// decayLocked weighs b's own blocks by frac: its output blocks and the prompt blocks no other
+// active request uses, counted now. Dynamo marks the same blocks fractional in its block
+// tracker; a block that another request starts to share afterwards keeps its weight there and
+// here alike, until the request that set it completes. REQUIRES l.mu.
+func (t *Tracker) decayLocked(l *Load, b *booking, frac float64) {
+	if l.gone {
+		return
+	}
+	own := b.out
+	if len(b.seqs) > 0 {
+		if l.mapped {
+			for _, s := range b.seqs {
+				if c, ok := l.refs.Get(s); ok && c == 1 {
+					own++
+				}
+			}
+		} else {
+			own += int64(len(b.seqs) - l.longestShared(b.seqs, b))
+		}
+	}
+	d := (1 - frac) * float64(own)
+	l.discF += d - b.disc
+	b.disc = d
+	l.storeDisc()
+}
+
+// storeDisc publishes discF rounded so that ActiveBlocks, blocks − disc, is the active weight
+// rounded half away from zero, as Dynamo's round(): for an integer x, round(x − d) =
+// x − ⌈d − ½⌉. REQUIRES l.mu.
+func (l *Load) storeDisc() {
+	if l.discF < 1e-9 {
+		l.discF = 0 // what floating point leaves of sums that cancel
+	}
+	l.disc.Store(int64(math.Ceil(l.discF - 0.5)))
 }

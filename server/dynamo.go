@@ -70,6 +70,10 @@ type dynRegister struct {
 	SaltAlias *string `json:"additionalsalt"`
 	// HTTP is kvrouterd's own: the worker's OpenAI-compatible API, for the front door.
 	HTTP string `json:"http_endpoint"`
+	// Weight and DeviceType are kvrouterd's own too: the worker's weight for mode
+	// device_aware_weighted (router.DeviceWeight).
+	Weight     float64 `json:"weight"`
+	DeviceType string  `json:"device_type"`
 }
 
 type dynUnregister struct {
@@ -244,6 +248,7 @@ func (s *Server) dynamoRegister(ctx *fasthttp.RequestCtx) {
 	}
 	err := s.ch.Register(router.Registration{
 		ID: id, Model: key, BlockSize: bs, Ranks: []uint32{rank}, Endpoint: j.Endpoint, Replay: replay, HTTPEndpoint: j.HTTP,
+		Weight: router.DeviceWeight(j.DeviceType, j.Weight),
 	})
 	if err != nil {
 		s.fail(ctx, epDynamo, dynamoField(err))

@@ -18,7 +18,7 @@ import (
 // fuzzPaths are the endpoints FuzzHandle sends to, by the input's first byte; "{}" is replaced
 // by the input's id.
 var fuzzPaths = []struct{ method, path string }{
-	{"POST", "/v1/route"}, {"POST", "/v1/match"}, {"POST", "/v1/requests/{}/prefill_done"},
+	{"POST", "/v1/route"}, {"POST", "/v1/match"}, {"POST", "/v1/requests/{}/prefill_done"}, {"POST", "/v1/requests/{}/output"},
 	{"POST", "/v1/requests/{}/complete"}, {"POST", "/v1/events"}, {"POST", "/v1/workers"},
 	{"GET", "/v1/workers"}, {"DELETE", "/v1/workers/{}"}, {"POST", "/register"},
 	{"POST", "/unregister"}, {"GET", "/workers"}, {"POST", "/query"}, {"POST", "/query_by_hash"},

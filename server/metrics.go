@@ -19,6 +19,7 @@ const (
 	epMatch
 	epPrefillDone
 	epComplete
+	epOutput
 	epEvents
 	epWorkers
 	epDynamo
@@ -26,11 +27,12 @@ const (
 	epMetrics
 	epSnapshot
 	epSelection
+	epBusy
 	epOther
 	numEndpoints
 )
 
-var endpointNames = [numEndpoints]string{"route", "match", "prefill_done", "complete", "events", "workers", "dynamo", "health", "metrics", "snapshot", "selection", "other"}
+var endpointNames = [numEndpoints]string{"route", "match", "prefill_done", "complete", "output", "events", "workers", "dynamo", "health", "metrics", "snapshot", "selection", "busy_threshold", "other"}
 
 type metrics struct {
 	reg      *prometheus.Registry
@@ -63,7 +65,7 @@ func newMetrics(reg *prometheus.Registry, r *router.Router) *metrics {
 	}, []string{"path"})
 	m.dyn = newDynamoMetrics(reg, r)
 	m.selRequests = newSelMetrics(reg)
-	reg.MustRegister(lat, m.rejected, m.unknownFields, &routerCollector{r: r}, &queueCollector{r: r},
+	reg.MustRegister(lat, m.rejected, m.unknownFields, &routerCollector{r: r}, &queueCollector{r: r}, overloadCollector{r},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -49,11 +49,14 @@ type selBlockInfo struct {
 }
 
 // selOverride is the part of Dynamo's RouterConfigOverride kvrouterd applies; its other members
-// (assume_kv_reuse, …) are accepted and ignored.
+// (assume_kv_reuse: a selection books the prompt's real hashes, shared_cache_multiplier) are
+// accepted and ignored.
 type selOverride struct {
 	OverlapScoreWeight *float64 `json:"overlap_score_weight"`
 	RouterTemperature  *float64 `json:"router_temperature"`
 	TrackPrefillTokens *bool    `json:"track_prefill_tokens"`
+	OverlapScoreCredit *float64 `json:"overlap_score_credit"`
+	PrefillLoadScale   *float64 `json:"prefill_load_scale"`
 }
 
 type selWorkerRef struct {
@@ -247,6 +250,12 @@ func (in *selInput) routeRequest(p *selPart, o *selOverride) wire.RouteRequest {
 	}
 	if o != nil && o.RouterTemperature != nil {
 		req.HasTemperature, req.Temperature = true, *o.RouterTemperature
+	}
+	if o != nil && o.OverlapScoreCredit != nil {
+		req.HasCredit, req.OverlapCredit = true, *o.OverlapScoreCredit
+	}
+	if o != nil && o.PrefillLoadScale != nil {
+		req.HasLoadScale, req.PrefillLoadScale = true, *o.PrefillLoadScale
 	}
 	return req
 }
@@ -592,9 +601,10 @@ func (s *Server) selFree(ctx *fasthttp.RequestCtx, id string) {
 	s.writeJSON(ctx, map[string]string{"status": "ok"})
 }
 
-// selOutputBlock answers POST /reservations/{id}/output_block. kvrouterd does not count a
-// request's output blocks (its load is its prompt's blocks until it completes), so a valid
-// call for a live reservation changes nothing.
+// selOutputBlock answers POST /reservations/{id}/output_block: one more output block booked for
+// the reservation, and with decay_fraction its own blocks weighed by it, as Dynamo's
+// add_output_block (router.Router.OutputBlock, the mechanism the front door and
+// /v1/requests/{id}/output use too).
 func (s *Server) selOutputBlock(ctx *fasthttp.RequestCtx, id string) {
 	var j struct {
 		DecayFraction *float64 `json:"decay_fraction"`
@@ -606,7 +616,11 @@ func (s *Server) selOutputBlock(ctx *fasthttp.RequestCtx, id string) {
 		s.selError(ctx, fasthttp.StatusBadRequest, "invalid", "decay_fraction must be between 0.0 and 1.0")
 		return
 	}
-	if !s.r.Booked(id) {
+	var decay float64
+	if d := j.DecayFraction; d != nil {
+		decay = *d
+	}
+	if s.r.OutputBlock(id, decay, j.DecayFraction != nil) != nil {
 		s.selError(ctx, fasthttp.StatusNotFound, "not_found", fmt.Sprintf("reservation %s not found", id))
 		return
 	}

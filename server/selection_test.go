@@ -302,6 +302,9 @@ func TestSelectionLifecycle(t *testing.T) {
 	h.want("POST", "/reservations/select-123/output_block", `{"decay_fraction":0.5}`, 200, `{"status":"ok"}`)
 	h.want("POST", "/reservations/select-123/output_block", `{}`, 200, `{"status":"ok"}`)
 	h.want("POST", "/reservations/select-123/output_block", `{"decay_fraction":null}`, 200, `{"status":"ok"}`)
+	// Three output blocks of its own (the prompt's 4 are shared with sel-1), the first weighed
+	// 0.5 when it was added: 4 + 3 − 0.5 = 6.5, rounded half away from zero as Dynamo does: 7.
+	h.wantLoad(1, 0, 6, 7, 2)
 	h.wantError("POST", "/reservations/select-123/output_block", `{"decay_fraction":1.5}`, 400, "decay_fraction must be between 0.0 and 1.0")
 	h.wantError("POST", "/reservations/select-123/output_block", `{"decay_fraction":-0.1}`, 400, "decay_fraction must be between 0.0 and 1.0")
 	if code, _ := h.doCT("POST", "/reservations/select-123/output_block", "", `{}`); code != 415 {

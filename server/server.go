@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -73,6 +74,9 @@ type Config struct {
 	SelectionCacheTTL        time.Duration
 	SelectionCacheMaxEntries int
 	SelectionCacheMaxBytes   int64
+	// OverloadStatus answers a route refused as every eligible worker, or the pinned one, is
+	// overloaded (router.ErrOverloaded): 529, Dynamo's frontend's (its older releases: 503).
+	OverloadStatus int
 	// NoKVEvents says that workers publish no KV events (the daemon's approximate mode): the
 	// selection service's catalog then needs no kv_events endpoint, as Dynamo's with KV events
 	// off.
@@ -330,6 +334,7 @@ var (
 	pRequests  = []byte("/v1/requests/")
 	sPrefill   = []byte("/prefill_done")
 	sComplete  = []byte("/complete")
+	sOutput    = []byte("/output")
 	mPost      = []byte("POST")
 	mGet       = []byte("GET")
 	mDelete    = []byte("DELETE")
@@ -362,6 +367,11 @@ func (s *Server) dispatch(ctx *fasthttp.RequestCtx, start time.Time) endpoint {
 				s.lifecycle(ctx, epComplete, rest[:len(rest)-len(sComplete)])
 			}
 			return epComplete
+		case bytes.HasSuffix(rest, sOutput):
+			if s.method(ctx, epOutput, method, mPost) {
+				s.output(ctx, rest[:len(rest)-len(sOutput)])
+			}
+			return epOutput
 		}
 	case bytes.Equal(path, pEvents):
 		if s.method(ctx, epEvents, method, mPost) {
@@ -395,6 +405,9 @@ func (s *Server) dispatch(ctx *fasthttp.RequestCtx, start time.Time) endpoint {
 	case "/metrics":
 		s.metrics(ctx)
 		return epMetrics
+	case "/busy_threshold":
+		s.busyThresholds(ctx)
+		return epBusy
 	case "/v1/snapshot":
 		if s.method(ctx, epSnapshot, method, mGet) {
 			s.snapshot(ctx)
@@ -470,6 +483,8 @@ func (s *Server) fail(ctx *fasthttp.RequestCtx, ep endpoint, err error) {
 		status, reason = fasthttp.StatusServiceUnavailable, "closed"
 	case errors.Is(err, router.ErrUnavailable):
 		status, reason = fasthttp.StatusServiceUnavailable, "unavailable"
+	case errors.Is(err, router.ErrOverloaded):
+		status, reason = s.cfg.overloadStatus(), "overloaded"
 	case errors.Is(err, router.ErrQueueFull):
 		status, reason = fasthttp.StatusTooManyRequests, "queue_full"
 	case errors.Is(err, router.ErrQueueTimeout):
@@ -551,6 +566,41 @@ func (s *Server) lifecycle(ctx *fasthttp.RequestCtx, ep endpoint, id []byte) {
 	}
 	if err != nil {
 		s.fail(ctx, ep, err)
+		return
+	}
+	ctx.SetStatusCode(fasthttp.StatusNoContent)
+}
+
+// output answers POST /v1/requests/{id}/output: the request has generated generated_tokens
+// tokens in all (a JSON body {"generated_tokens": n}, or the query argument). With
+// --router-track-output-blocks the booking grows a block at each boundary crossed.
+func (s *Server) output(ctx *fasthttp.RequestCtx, id []byte) {
+	if len(id) == 0 || bytes.IndexByte(id, '/') >= 0 {
+		s.reject(ctx, epOutput, fasthttp.StatusBadRequest, "invalid", "id", -1, "the path must be /v1/requests/{id}/output")
+		return
+	}
+	var j struct {
+		Generated *int64 `json:"generated_tokens"`
+	}
+	if q := ctx.QueryArgs().Peek("generated_tokens"); len(q) > 0 {
+		n, err := strconv.ParseInt(string(q), 10, 64)
+		if err != nil {
+			s.reject(ctx, epOutput, fasthttp.StatusBadRequest, "invalid", "generated_tokens", -1, "not an integer")
+			return
+		}
+		j.Generated = &n
+	} else if body := ctx.PostBody(); len(body) > 0 {
+		if err := json.Unmarshal(body, &j); err != nil {
+			s.reject(ctx, epOutput, fasthttp.StatusBadRequest, "invalid", "body", -1, err.Error())
+			return
+		}
+	}
+	if j.Generated == nil {
+		s.reject(ctx, epOutput, fasthttp.StatusBadRequest, "invalid", "generated_tokens", -1, "give the tokens generated so far")
+		return
+	}
+	if err := s.r.OutputTokens(string(id), *j.Generated); err != nil {
+		s.fail(ctx, epOutput, err)
 		return
 	}
 	ctx.SetStatusCode(fasthttp.StatusNoContent)

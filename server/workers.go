@@ -23,6 +23,10 @@ type registerJSON struct {
 	Replay    string   `json:"replay_endpoint"`
 	// HTTP is the worker's OpenAI-compatible API, where the front door forwards requests.
 	HTTP string `json:"http_endpoint"`
+	// Weight and DeviceType set the worker's weight for mode device_aware_weighted
+	// (router.DeviceWeight).
+	Weight     float64 `json:"weight"`
+	DeviceType string  `json:"device_type"`
 }
 
 func (s *Server) registerWorker(ctx *fasthttp.RequestCtx) {
@@ -38,6 +42,7 @@ func (s *Server) registerWorker(ctx *fasthttp.RequestCtx) {
 	err := s.ch.Register(router.Registration{
 		ID: *j.Worker, Model: j.Model, BlockSize: j.BlockSize, Ranks: j.Ranks,
 		Capacity: j.Capacity, MaxTokens: j.MaxTokens, Endpoint: j.Endpoint, Replay: j.Replay, HTTPEndpoint: j.HTTP,
+		Weight: router.DeviceWeight(j.DeviceType, j.Weight),
 	})
 	if err != nil {
 		s.fail(ctx, epWorkers, err)

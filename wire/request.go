@@ -139,8 +139,8 @@ func (r *RouteRequest) Validate() error {
 	if err := validStr(m, "lora_name", r.LoRA); err != nil {
 		return err
 	}
-	if r.Mode > ModeDirect {
-		return invalid(m, "mode", ErrInvalid, fmt.Sprintf("mode %d, max %d", r.Mode, ModeDirect))
+	if r.Mode > ModeMax {
+		return invalid(m, "mode", ErrInvalid, fmt.Sprintf("mode %d, max %d", r.Mode, ModeMax))
 	}
 	if !r.HasWeight && math.Float64bits(r.Weight) != 0 {
 		return invalid(m, "overlap_score_weight", ErrInvalid, fmt.Sprintf("Weight is %v but HasWeight is false", r.Weight))
@@ -298,8 +298,8 @@ func DecodeRouteRequest(b []byte, r *RouteRequest) error {
 		return d.errAt("flags", base, ErrInvalid, "unknown bits %#x", flags&^uint32(reqKnown))
 	}
 	mode := Mode(p[4])
-	if mode > ModeDirect {
-		return d.errAt("mode", base+4, ErrInvalid, "mode %d, max %d", mode, ModeDirect)
+	if mode > ModeMax {
+		return d.errAt("mode", base+4, ErrInvalid, "mode %d, max %d", mode, ModeMax)
 	}
 	if err := d.zero("reserved", base+5, p[5:6]); err != nil {
 		return err

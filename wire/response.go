@@ -75,8 +75,8 @@ func (r *RouteResponse) Validate() error {
 	if err := validStr(m, "request_id", r.RequestID); err != nil {
 		return err
 	}
-	if r.Mode == ModeDefault || r.Mode > ModeDirect {
-		return invalid(m, "mode", ErrInvalid, fmt.Sprintf("mode %d, want 1 to %d", r.Mode, ModeDirect))
+	if r.Mode == ModeDefault || r.Mode > ModeMax {
+		return invalid(m, "mode", ErrInvalid, fmt.Sprintf("mode %d, want 1 to %d", r.Mode, ModeMax))
 	}
 	if !r.Chosen && r.Worker != 0 {
 		return invalid(m, "worker", ErrInvalid, fmt.Sprintf("Worker is %d but Chosen is false", r.Worker))
@@ -185,8 +185,8 @@ func DecodeRouteResponse(b []byte, r *RouteResponse) error {
 		return d.errAt("flags", base, ErrInvalid, "unknown bits %#x", flags&^uint32(respKnown))
 	}
 	mode := Mode(p[4])
-	if mode == ModeDefault || mode > ModeDirect {
-		return d.errAt("mode", base+4, ErrInvalid, "mode %d, want 1 to %d", mode, ModeDirect)
+	if mode == ModeDefault || mode > ModeMax {
+		return d.errAt("mode", base+4, ErrInvalid, "mode %d, want 1 to %d", mode, ModeMax)
 	}
 	if err := d.zero("reserved", base+5, p[5:8]); err != nil {
 		return err

@@ -2,6 +2,7 @@ package wire
 
 import (
 	"fmt"
+	"math"
 	"slices"
 
 	"github.com/kvrouterd/kvrouterd/kvevent"
@@ -26,7 +27,9 @@ type SnapshotWorker struct {
 	Reports  bool // the worker sends load reports (subject to the worker timeout)
 	// HTTPEndpoint is the worker's OpenAI-compatible API, "" for none (flags bit 3).
 	HTTPEndpoint string
-	Ranks        []SnapshotRank
+	// Weight is the worker's weight for mode device_aware_weighted, 0 for none (flags bit 4).
+	Weight float64
+	Ranks  []SnapshotRank
 	// Endpoints, if not empty, holds one entry per rank, in the order of Ranks: where each
 	// publishes its KV events (flags bit 1, which also carries each rank's Batch; without it,
 	// Batch is written and read as 0).
@@ -58,7 +61,8 @@ const (
 	snapEndpoints   = 1 << 1 // each rank carries its endpoints and its last engine batch
 	snapTree        = 1 << 2 // each rank carries its block tree (local hashes and parents)
 	snapHTTP        = 1 << 3 // the worker's HTTP endpoint follows the replay endpoint
-	snapFlags       = snapReports | snapEndpoints | snapTree | snapHTTP
+	snapWeight      = 1 << 4 // the worker's weight (f64) follows the HTTP endpoint's place
+	snapFlags       = snapReports | snapEndpoints | snapTree | snapHTTP | snapWeight
 )
 
 var (
@@ -91,6 +95,9 @@ func (w *SnapshotWorker) Validate() error {
 	if w.Model == "" {
 		return invalid(m, "model", ErrInvalid, "must not be empty")
 	}
+	if w.Weight != 0 && (!(w.Weight > 0) || math.IsInf(w.Weight, 1)) {
+		return invalid(m, "weight", ErrInvalid, fmt.Sprintf("%v, want 0 (none) or a finite number > 0", w.Weight))
+	}
 	if w.BlockSize <= 0 || w.BlockSize > MaxBlockSize {
 		return invalid(m, "block_size", ErrInvalid, fmt.Sprintf("%d, want 1 to %d", w.BlockSize, MaxBlockSize))
 	}
@@ -113,6 +120,9 @@ func (w *SnapshotWorker) size() int {
 	n := snapWorkerFixed + strSize(w.Model) + strSize(w.Endpoint) + strSize(w.Replay) + 4
 	if w.HTTPEndpoint != "" {
 		n += strSize(w.HTTPEndpoint)
+	}
+	if w.Weight != 0 {
+		n += 8
 	}
 	tree := w.hasTree()
 	for i := range w.Ranks {
@@ -159,6 +169,9 @@ func AppendSnapshotWorker(dst []byte, w *SnapshotWorker) []byte {
 	if w.HTTPEndpoint != "" {
 		flags |= snapHTTP
 	}
+	if w.Weight != 0 {
+		flags |= snapWeight
+	}
 	dst = le.AppendUint32(dst, flags)
 	dst = le.AppendUint64(dst, uint64(w.Capacity))
 	dst = le.AppendUint64(dst, uint64(w.MaxTokens))
@@ -167,6 +180,9 @@ func AppendSnapshotWorker(dst []byte, w *SnapshotWorker) []byte {
 	dst = appendStr(dst, w.Replay)
 	if w.HTTPEndpoint != "" {
 		dst = appendStr(dst, w.HTTPEndpoint)
+	}
+	if w.Weight != 0 {
+		dst = le.AppendUint64(dst, math.Float64bits(w.Weight))
 	}
 	dst = appendCount(dst, len(w.Ranks))
 	for i := range w.Ranks {
@@ -236,6 +252,17 @@ func DecodeSnapshotWorker(b []byte, w *SnapshotWorker) error {
 	if flags&snapHTTP != 0 {
 		if httpEndpoint, err = d.str("http_endpoint"); err != nil {
 			return err
+		}
+	}
+	var weight float64
+	if flags&snapWeight != 0 {
+		bits, err := d.u64("weight")
+		if err != nil {
+			return err
+		}
+		weight = math.Float64frombits(bits)
+		if !(weight > 0) || math.IsInf(weight, 1) {
+			return d.errAt("weight", d.off-8, ErrInvalid, "%v, want a finite number > 0", weight)
 		}
 	}
 	start := d.off
@@ -314,6 +341,6 @@ func DecodeSnapshotWorker(b []byte, w *SnapshotWorker) error {
 	}
 	w.ID, w.BlockSize, w.Reports = le.Uint64(p), int(bs), flags&snapReports != 0
 	w.Capacity, w.MaxTokens, w.Model, w.Endpoint, w.Replay = capacity, maxTokens, model, endpoint, replay
-	w.HTTPEndpoint = httpEndpoint
+	w.HTTPEndpoint, w.Weight = httpEndpoint, weight
 	return nil
 }

@@ -25,7 +25,7 @@ var goldenSnapshotWorker = wire.SnapshotWorker{
 func sameWorker(a, b *wire.SnapshotWorker) bool {
 	if a.ID != b.ID || a.Model != b.Model || a.BlockSize != b.BlockSize || a.Capacity != b.Capacity ||
 		a.MaxTokens != b.MaxTokens || a.Endpoint != b.Endpoint || a.Replay != b.Replay ||
-		a.Reports != b.Reports || a.HTTPEndpoint != b.HTTPEndpoint || len(a.Ranks) != len(b.Ranks) || !slices.Equal(a.Endpoints, b.Endpoints) {
+		a.Reports != b.Reports || a.HTTPEndpoint != b.HTTPEndpoint || a.Weight != b.Weight || len(a.Ranks) != len(b.Ranks) || !slices.Equal(a.Endpoints, b.Endpoints) {
 		return false
 	}
 	for i := range a.Ranks {
@@ -70,6 +70,9 @@ func randSnapshotWorker(r *rand.Rand) *wire.SnapshotWorker {
 	}
 	if r.IntN(2) == 0 {
 		w.HTTPEndpoint = fmt.Sprintf("http://10.0.0.1:%d", 8000+r.IntN(100))
+	}
+	if r.IntN(2) == 0 {
+		w.Weight = 0.125 + r.Float64()*8
 	}
 	for rank := range r.IntN(4) {
 		if w.Endpoints != nil {
@@ -147,7 +150,7 @@ func TestSnapshotWorkerBad(t *testing.T) {
 		{"truncated in the ranks", golden[:len(golden)-20], "", wire.ErrTruncated},
 		{"wrong type", patch(6, 3), "type", wire.ErrType},
 		{"block size 0", patch(body+8, 0, 0, 0, 0), "block_size", wire.ErrInvalid},
-		{"unknown flag", patch(body+12, 17), "flags", wire.ErrInvalid},
+		{"unknown flag", patch(body+12, 33), "flags", wire.ErrInvalid},
 		{"negative capacity", patch(body+16, 0, 0, 0, 0, 0, 0, 0, 0x80), "capacity", wire.ErrInvalid},
 		{"empty model", emptyModel(golden), "model", wire.ErrInvalid},
 		{"rank twice", patch(len(golden)-16, 0), "ranks[1].rank", wire.ErrInvalid},

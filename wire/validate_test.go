@@ -43,7 +43,7 @@ func TestInvalidValues(t *testing.T) {
 		f(func(r *wire.RouteRequest) { r.RequestID = long }, wire.ErrTooLong, "request_id")
 		f(func(r *wire.RouteRequest) { r.Model = huge }, wire.ErrTooLong, "model")
 		f(func(r *wire.RouteRequest) { r.LoRA = long }, wire.ErrTooLong, "lora_name")
-		f(func(r *wire.RouteRequest) { r.Mode = 6 }, wire.ErrInvalid, "mode")
+		f(func(r *wire.RouteRequest) { r.Mode = wire.ModeMax + 1 }, wire.ErrInvalid, "mode")
 		f(func(r *wire.RouteRequest) { r.HasWeight = false }, wire.ErrInvalid, "overlap_score_weight")
 		f(func(r *wire.RouteRequest) { r.HasWeight, r.Weight = false, math.Copysign(0, -1) }, wire.ErrInvalid, "overlap_score_weight")
 		f(func(r *wire.RouteRequest) { r.HasTemperature = false }, wire.ErrInvalid, "router_temperature")

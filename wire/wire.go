@@ -55,12 +55,16 @@ func (t Type) String() string {
 type Mode uint8
 
 const (
-	ModeDefault     Mode = iota // the server's configured mode (requests only)
-	ModeKV                      // KV-cache-aware scoring
-	ModeRoundRobin              // rotate over the allowed workers
-	ModeRandom                  // uniform choice among the allowed workers
-	ModeLeastLoaded             // fewest active blocks
-	ModeDirect                  // the pinned worker, no choice
+	ModeDefault             Mode = iota // the server's configured mode (requests only)
+	ModeKV                              // KV-cache-aware scoring
+	ModeRoundRobin                      // rotate over the allowed workers
+	ModeRandom                          // uniform choice among the allowed workers
+	ModeLeastLoaded                     // fewest active blocks
+	ModeDirect                          // the pinned worker, no choice
+	ModePowerOfTwo                      // the less loaded of two workers drawn at random
+	ModeDeviceAwareWeighted             // fewest requests in flight per unit of the worker's weight
+	// ModeMax is the highest mode a message may carry.
+	ModeMax = ModeDeviceAwareWeighted
 )
 
 func (m Mode) String() string {
@@ -77,6 +81,10 @@ func (m Mode) String() string {
 		return "least_loaded"
 	case ModeDirect:
 		return "direct"
+	case ModePowerOfTwo:
+		return "power_of_two"
+	case ModeDeviceAwareWeighted:
+		return "device_aware_weighted"
 	}
 	return fmt.Sprintf("mode(%d)", uint8(m))
 }

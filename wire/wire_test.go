@@ -686,7 +686,7 @@ func TestRouteRequestErrors(t *testing.T) {
 	f(golden, set(12, 0x23), wire.ErrInvalid, "flags", 12)
 	f(golden, set(12, 0x13), wire.ErrTruncated, "ext_flags", 108) // bit 4 without the extension
 	f(golden, set(15, 0x80), wire.ErrInvalid, "flags", 12)
-	f(golden, set(16, 6), wire.ErrInvalid, "mode", 16)
+	f(golden, set(16, 8), wire.ErrInvalid, "mode", 16)
 	f(golden, set(16, 0xff), wire.ErrInvalid, "mode", 16)
 	f(golden, set(17, 1), wire.ErrInvalid, "reserved", 17)
 
@@ -741,7 +741,7 @@ func TestRouteResponseErrors(t *testing.T) {
 	}
 	f(set(12, 3), wire.ErrInvalid, "flags", 12)
 	f(set(16, 0), wire.ErrInvalid, "mode", 16)
-	f(set(16, 6), wire.ErrInvalid, "mode", 16)
+	f(set(16, 8), wire.ErrInvalid, "mode", 16)
 	f(set(19, 1), wire.ErrInvalid, "reserved", 17)
 	f(set(12, 0), wire.ErrInvalid, "worker", 20) // chosen worker without bit0
 	f(set(43, 1), wire.ErrInvalid, "reserved", 40)

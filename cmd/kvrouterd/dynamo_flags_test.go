@@ -46,8 +46,13 @@ func TestDynamoFlags(t *testing.T) {
 	if _, err := parseConfig(nil, env(map[string]string{"DYN_KV_CACHE_BLOCK_SIZE": "big"}), io.Discard); err == nil || !strings.Contains(err.Error(), "DYN_KV_CACHE_BLOCK_SIZE") {
 		t.Fatalf("a bad Dynamo variable: %v, want it named", err)
 	}
-	if _, err := parseConfig([]string{"--router-mode", "power-of-two"}, env(nil), io.Discard); err == nil || !strings.Contains(err.Error(), "--router-mode") {
-		t.Fatalf("a Dynamo mode kvrouterd lacks: %v, want --router-mode refused", err)
+	for _, m := range []string{"power-of-two", "device-aware-weighted"} {
+		if c, err := parseConfig(nil, env(map[string]string{"DYN_ROUTER_MODE": m}), io.Discard); err != nil || c.RouterMode != m {
+			t.Fatalf("Dynamo's mode %s: %v", m, err)
+		}
+	}
+	if _, err := parseConfig([]string{"--router-mode", "power-of-three"}, env(nil), io.Discard); err == nil || !strings.Contains(err.Error(), "--router-mode") {
+		t.Fatalf("an unknown mode: %v, want --router-mode refused", err)
 	}
 	var help bytes.Buffer
 	if _, err := parseConfig([]string{"--help"}, env(nil), &help); !errors.Is(err, flag.ErrHelp) {

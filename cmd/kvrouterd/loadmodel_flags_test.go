@@ -1,0 +1,49 @@
+package main
+
+import (
+	"io"
+	"testing"
+)
+
+// TestLoadModelFlags: the load model's flags, their KVR_ variables, Dynamo's names and
+// variables, and the checks of their values.
+func TestLoadModelFlags(t *testing.T) {
+	env := func(m map[string]string) func(string) (string, bool) {
+		return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
+	}
+	c, err := parseConfig(nil, env(nil), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.RouterCost != "v1" || c.OverlapScoreCredit != 1 || c.PrefillLoadScale != 1 || c.OverlapScoreCreditDecay != 0 ||
+		c.DecodeActiveRequestWeight != 0 || c.NoAssumeKVReuse || c.TrackOutputBlocks {
+		t.Fatalf("defaults: %+v", c)
+	}
+	c, err = parseConfig([]string{"--router-cost", "main", "--router-kv-overlap-score-credit", "0.5",
+		"--router-kv-overlap-score-credit-decay", "2", "--router-prefill-load-scale", "1.5",
+		"--router-decode-active-request-weight", "0.25", "--router-assume-kv-reuse=false", "--track-output-blocks"}, env(nil), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.RouterCost != "main" || c.OverlapScoreCredit != 0.5 || c.OverlapScoreCreditDecay != 2 || c.PrefillLoadScale != 1.5 ||
+		c.DecodeActiveRequestWeight != 0.25 || !c.NoAssumeKVReuse || !c.TrackOutputBlocks {
+		t.Fatalf("flags: %+v", c)
+	}
+	c, err = parseConfig(nil, env(map[string]string{"KVR_NO_ROUTER_ASSUME_KV_REUSE": "true", "KVR_ROUTER_COST": "main",
+		"DYN_ROUTER_TRACK_OUTPUT_BLOCKS": "1", "DYN_ROUTER_PREFILL_LOAD_SCALE": "3"}), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !c.NoAssumeKVReuse || c.RouterCost != "main" || !c.TrackOutputBlocks || c.PrefillLoadScale != 3 {
+		t.Fatalf("variables: %+v", c)
+	}
+	if c, err = parseConfig([]string{"--no-router-assume-kv-reuse", "--router-assume-kv-reuse"}, env(nil), io.Discard); err != nil || c.NoAssumeKVReuse {
+		t.Fatalf("Dynamo's positive form after ours: %v %+v", err, c.NoAssumeKVReuse)
+	}
+	for _, bad := range [][]string{{"--router-cost", "v2"}, {"--router-kv-overlap-score-credit", "1.5"},
+		{"--router-prefill-load-scale", "-1"}, {"--router-kv-overlap-score-credit-decay", "-1"}} {
+		if _, err := parseConfig(bad, env(nil), io.Discard); err == nil {
+			t.Errorf("%v taken", bad)
+		}
+	}
+}
