@@ -35,6 +35,9 @@ type Config struct {
 	Timeout time.Duration
 	// TokenizeTimeout bounds one /tokenize call (10 s when 0).
 	TokenizeTimeout time.Duration
+	// OverloadStatus answers a request whose workers are all overloaded (their busy
+	// thresholds): 529 when 0, as Dynamo's frontend.
+	OverloadStatus int
 }
 
 // Door is the front door over one Router. Safe for concurrent use.
@@ -62,6 +65,9 @@ func New(r *router.Router, cfg Config) *Door {
 	}
 	if cfg.TokenizeTimeout <= 0 {
 		cfg.TokenizeTimeout = 10 * time.Second
+	}
+	if cfg.OverloadStatus == 0 {
+		cfg.OverloadStatus = 529
 	}
 	d := &Door{r: r, cfg: cfg, log: cfg.Logger,
 		up: &fasthttp.Client{Name: "kvrouterd", StreamResponseBody: true, MaxConnsPerHost: 4096,
@@ -418,6 +424,8 @@ func (d *Door) forward(ctx *fasthttp.RequestCtx, path, model string, ws []router
 				status, typ = fasthttp.StatusTooManyRequests, "queue_full"
 			case errors.Is(err, router.ErrQueueTimeout):
 				typ = "queue_timeout"
+			case errors.Is(err, router.ErrOverloaded):
+				status, typ = d.cfg.OverloadStatus, "overloaded"
 			case errors.As(err, &fe) && errors.Is(err, router.ErrInvalid):
 				status, typ = fasthttp.StatusBadRequest, "invalid_request_error"
 			}

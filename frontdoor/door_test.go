@@ -512,3 +512,26 @@ func TestHints(t *testing.T) {
 	}
 	f.waitIdle(t, "after the hinted requests")
 }
+
+// TestOverloaded: when the busy thresholds take every worker out, the front door answers 529
+// (Config.OverloadStatus) in OpenAI's error shape, and books nothing.
+func TestOverloaded(t *testing.T) {
+	e := startEngine(t, 1)
+	f := newFixture(t, Config{}, e)
+	if _, err := f.r.SetBusyThresholds("m", router.Thresholds{HasPrefillTokens: true, PrefillTokens: 1}); err != nil {
+		t.Fatal(err)
+	}
+	var resp wire.RouteResponse
+	if err := f.r.Route(&wire.RouteRequest{RequestID: "held", Model: "m", Tokens: []uint32{1, 2, 3, 4, 5, 6, 7, 8, 9}}, &resp); err != nil {
+		t.Fatal(err)
+	}
+	r := f.post(t, "/v1/chat/completions", `{"model":"m","messages":[],"nvext":{"token_data":[11,12,13,14]}}`)
+	body, _ := io.ReadAll(r.Body)
+	r.Body.Close()
+	if r.StatusCode != 529 || !strings.Contains(string(body), `"type":"overloaded"`) || !strings.Contains(string(body), "overloaded") {
+		t.Fatalf("%d %s", r.StatusCode, body)
+	}
+	if n := f.active(); n != 1 {
+		t.Fatalf("%d bookings, want the held one", n)
+	}
+}

@@ -12,9 +12,9 @@ import (
 
 // Session affinity: a request that carries a session id goes to the worker rank its session
 // was first routed to, for a time to live that each request of the session renews. In hard
-// mode it always does (while the worker is registered); in soft mode it leaves a worker that is
-// overloaded (its busy thresholds, see overload checks) for the best other one, and the
-// session moves there. A request that names a worker itself is not bound. Bindings are shared
+// mode it always does (while the worker is registered); in soft mode it leaves a rank that is
+// overloaded (over the model's busy thresholds, overload.go; without them, busy under the
+// router queue's threshold) for the best other one, and the session moves there. A request that names a worker itself is not bound. Bindings are shared
 // between replicas through the replica channel (Config.Share), so that any replica honours a
 // session another one started.
 
@@ -147,21 +147,28 @@ func (r *Router) AffinityStats() (AffinityStats, bool) {
 	return AffinityStats{Sessions: a.m.Size(), Hits: a.hits.Load(), Misses: a.misses.Load(), Moved: a.moved.Load(), Remote: a.remote.Load()}, true
 }
 
-// rankOverloaded reports whether worker of m may take no more work now: with the router queue
-// on, busy as the queue counts it.
+// rankOverloaded reports whether worker (a rank) of m may take no more work now: over its
+// model's busy thresholds when they are set, else, with the router queue on, busy as the queue
+// counts it.
 func (r *Router) rankOverloaded(m *model, worker radix.WorkerKey) bool {
-	if r.cfg.Queue == nil {
-		return false
-	}
 	list := m.list.Load()
+	t := m.busy.Load()
 	for i, w := range list.ws {
-		if w.key == worker {
-			maxTokens := w.reg.maxTokens.Load()
-			if maxTokens <= 0 {
-				maxTokens = defaultMaxTokens
-			}
-			return float64(list.loads[i].ActivePrefill()) > r.cfg.Queue.Threshold*float64(maxTokens)
+		if w.key != worker {
+			continue
 		}
+		if t != nil {
+			over, _ := rankOverloaded(t, w)
+			return over
+		}
+		if r.cfg.Queue == nil {
+			return false
+		}
+		maxTokens := w.reg.maxTokens.Load()
+		if maxTokens <= 0 {
+			maxTokens = defaultMaxTokens
+		}
+		return float64(list.loads[i].ActivePrefill()) > r.cfg.Queue.Threshold*float64(maxTokens)
 	}
 	return false
 }

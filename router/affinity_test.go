@@ -104,6 +104,24 @@ func TestAffinitySoft(t *testing.T) {
 	}
 }
 
+// TestAffinitySoftThresholds: with busy thresholds set, soft affinity leaves a rank over them.
+func TestAffinitySoftThresholds(t *testing.T) {
+	r, _ := affine(t, AffinitySoft, nil, nil)
+	if _, err := r.SetBusyThresholds("m", Thresholds{HasPrefillTokens: true, PrefillTokens: 50}); err != nil {
+		t.Fatal(err)
+	}
+	var resp wire.RouteResponse
+	if err := r.Route(&wire.RouteRequest{RequestID: "a", Model: "m", Tokens: append(seq(0, 64), seq(5000, 64)...), SessionID: "s"}, &resp); err != nil || resp.Worker != 2 {
+		t.Fatalf("first request: worker %d, %v", resp.Worker, err)
+	}
+	if err := r.Route(&wire.RouteRequest{RequestID: "b", Model: "m", Tokens: seq(9000, 32), SessionID: "s"}, &resp); err != nil || resp.Worker == 2 {
+		t.Fatalf("soft session stayed on its overloaded worker: %d, %v", resp.Worker, err)
+	}
+	if st, _ := r.AffinityStats(); st.Moved != 1 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
 // forward is a LoadSharer that hands every session binding to another router, as the replica
 // channel does.
 type forward struct {
