@@ -1,10 +1,11 @@
 package daemon
 
 import (
+	"errors"
 	"flag"
 	"fmt"
-	"math"
 	"strconv"
+	"strings"
 
 	"github.com/kvrouterd/kvrouterd/router"
 )
@@ -57,11 +58,13 @@ func (c *Config) BusyThresholds() router.Thresholds {
 }
 
 func (c *Config) checkBusy() error {
-	if t := c.ActiveDecodeBlocksThreshold; t.On && !(t.V >= 0 && t.V <= 1) {
-		return fmt.Errorf("--active-decode-blocks-threshold %v: want a fraction from 0 to 1", t.V)
-	}
-	if t := c.ActivePrefillTokensThresholdFrac; t.On && (!(t.V >= 0) || math.IsInf(t.V, 1)) {
-		return fmt.Errorf("--active-prefill-tokens-threshold-frac %v: want a finite number ≥ 0", t.V)
+	if err := c.BusyThresholds().Check(); err != nil {
+		// The router names the threshold as /busy_threshold does: the flag has its name.
+		var fe *router.FieldError
+		if errors.As(err, &fe) {
+			return fmt.Errorf("--%s: %s", strings.ReplaceAll(fe.Field, "_", "-"), fe.Msg)
+		}
+		return err
 	}
 	if c.OverloadStatus < 400 || c.OverloadStatus > 599 {
 		return fmt.Errorf("--overload-status %d: want an HTTP error status, 400 to 599", c.OverloadStatus)

@@ -314,6 +314,9 @@ func (d *Daemon) Wait(ctx context.Context) error {
 	sctx, cancel := context.WithTimeout(context.Background(), d.c.ShutdownTimeout)
 	defer cancel()
 	start := time.Now()
+	// Requests waiting in the router queue would hold the shutdown for their whole wait: they
+	// are refused now (503), as new ones are from here on.
+	d.r.RefuseWaiting()
 	if d.fd != nil {
 		go func() { _ = d.fd.ShutdownWithContext(sctx) }() // its streams end beside the API's requests
 	}

@@ -2,11 +2,13 @@ package router
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/kvrouterd/kvrouterd/radix"
+	"github.com/kvrouterd/kvrouterd/wire"
 	"github.com/puzpuzpuz/xsync/v4"
 )
 
@@ -71,21 +73,41 @@ func newAffinity(cfg AffinityConfig) *affinity {
 }
 
 // sticky returns the worker req's session is bound to in m, if the binding lives and the
-// worker may take it: registered, and in soft mode not overloaded.
-func (r *Router) sticky(m *model, session string) (radix.WorkerKey, bool) {
+// worker may take it: registered, among req's allowed workers if it names some, and in soft
+// mode not overloaded. count says to count the outcome (a route does; the queue's look does
+// not).
+func (r *Router) sticky(m *model, req *wire.RouteRequest, count bool) (radix.WorkerKey, bool) {
 	a := r.aff
-	b, ok := a.m.Load(affKey{m.name, session})
+	b, ok := a.m.Load(affKey{m.name, req.SessionID})
 	if !ok || b.expires < r.cfg.Now() {
-		a.misses.Add(1)
+		if count {
+			a.misses.Add(1)
+		}
 		return radix.WorkerKey{}, false
 	}
-	list := m.list.Load()
-	if !r.hasRank(list, b.worker.ID, b.worker.Rank) || a.cfg.Mode == AffinitySoft && r.rankOverloaded(m, b.worker) {
-		a.moved.Add(1)
+	if !r.hasRank(m.list.Load(), b.worker.ID, b.worker.Rank) || len(req.Allowed) > 0 && !slices.Contains(req.Allowed, b.worker.ID) ||
+		a.cfg.Mode == AffinitySoft && r.rankOverloaded(m, b.worker) {
+		if count {
+			a.moved.Add(1)
+		}
 		return radix.WorkerKey{}, false
 	}
-	a.hits.Add(1)
+	if count {
+		a.hits.Add(1)
+	}
 	return b.worker, true
+}
+
+// pin returns the (worker, rank) req goes to whatever the scores: its pinned one, or its
+// session's. ok is false for a request free to go anywhere it is allowed.
+func (r *Router) pin(m *model, req *wire.RouteRequest) (k radix.WorkerKey, ok bool) {
+	if req.HasPinned {
+		return radix.WorkerKey{ID: req.PinnedWorker, Rank: req.PinnedRank}, true
+	}
+	if req.SessionID != "" && r.aff != nil {
+		return r.sticky(m, req, false)
+	}
+	return k, false
 }
 
 // bind records that session of model went to worker, and tells the other replicas when the
@@ -95,7 +117,8 @@ func (r *Router) bind(model, session string, worker radix.WorkerKey) {
 	now := r.cfg.Now()
 	ttl := int64(a.cfg.TTL)
 	share := false
-	a.m.Compute(affKey{model, session}, func(old affBinding, loaded bool) (affBinding, xsync.ComputeOp) {
+	// The session id may alias a request buffer that is reused: the map keeps a copy.
+	a.m.Compute(affKey{model, strings.Clone(session)}, func(old affBinding, loaded bool) (affBinding, xsync.ComputeOp) {
 		b := affBinding{worker: worker, expires: now + ttl, shared: old.shared}
 		if !loaded || old.worker != worker || now-old.shared > ttl/2 {
 			b.shared, share = now, true
@@ -132,6 +155,9 @@ func (r *Router) expireAffinity() {
 	r.aff.m.DeleteMatching(func(_ affKey, b affBinding) (bool, bool) { return b.expires < now, false })
 }
 
+// SessionAffinity reports whether session affinity is on (Config.Affinity).
+func (r *Router) SessionAffinity() bool { return r.aff != nil }
+
 // AffinityStats are session affinity's counters, for metrics.
 type AffinityStats struct {
 	Sessions                    int   // bindings held
@@ -161,14 +187,7 @@ func (r *Router) rankOverloaded(m *model, worker radix.WorkerKey) bool {
 			over, _ := rankOverloaded(t, w)
 			return over
 		}
-		if r.cfg.Queue == nil {
-			return false
-		}
-		maxTokens := w.reg.maxTokens.Load()
-		if maxTokens <= 0 {
-			maxTokens = defaultMaxTokens
-		}
-		return float64(list.loads[i].ActivePrefill()) > r.cfg.Queue.Threshold*float64(maxTokens)
+		return r.cfg.Queue != nil && prefillOver(list.loads[i].ActivePrefill(), r.cfg.Queue.Threshold, w)
 	}
 	return false
 }

@@ -1,6 +1,7 @@
 package router
 
 import (
+	"errors"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -145,5 +146,68 @@ func TestAffinityReplicas(t *testing.T) {
 	}
 	if st, _ := b.AffinityStats(); st.Remote == 0 || st.Hits != 1 {
 		t.Fatalf("replica b: %+v", st)
+	}
+}
+
+// TestAffinityBinaryRequest: a session id decoded from a binary request (a string aliasing the
+// buffer, which the server reuses) is bound by value.
+func TestAffinityBinaryRequest(t *testing.T) {
+	r, _ := affine(t, AffinityHard, nil, nil)
+	buf := wire.AppendRouteRequest(nil, &wire.RouteRequest{RequestID: "a", Model: "m", Tokens: seq(9000, 64), SessionID: "sess-1"})
+	var req wire.RouteRequest
+	if err := wire.DecodeRouteRequest(buf, &req); err != nil {
+		t.Fatal(err)
+	}
+	var resp wire.RouteResponse
+	if err := r.Route(&req, &resp); err != nil {
+		t.Fatal(err)
+	}
+	first := resp.Worker
+	for i := range buf {
+		buf[i] = 'X'
+	}
+	if got := routeTo(t, r, "b", "sess-1", seq(0, 64)); got != first {
+		t.Fatalf("the session went to %d after its first request's buffer was reused, want %d", got, first)
+	}
+}
+
+// TestAffinityAllowed: a request restricted to workers that exclude its session's goes to an
+// allowed one, and the session moves there.
+func TestAffinityAllowed(t *testing.T) {
+	r, _ := affine(t, AffinityHard, nil, nil)
+	first := routeTo(t, r, "a", "s", seq(9000, 64))
+	var allowed []uint64
+	for id := uint64(1); id <= 3; id++ {
+		if id != first {
+			allowed = append(allowed, id)
+		}
+	}
+	var resp wire.RouteResponse
+	if err := r.Route(&wire.RouteRequest{RequestID: "b", Model: "m", Tokens: seq(9000, 64), SessionID: "s", Allowed: allowed}, &resp); err != nil {
+		t.Fatal(err)
+	}
+	if resp.Worker == first {
+		t.Fatalf("routed to %d, which the request does not allow", resp.Worker)
+	}
+	if got := routeTo(t, r, "c", "s", seq(9000, 64)); got != resp.Worker {
+		t.Fatalf("the session did not move: %d, want %d", got, resp.Worker)
+	}
+}
+
+// TestAffinityQueue: a hard session bound to a busy rank waits for it in the router queue, as a
+// request pinned there would, while a request without a session routes at once.
+func TestAffinityQueue(t *testing.T) {
+	r, _ := affine(t, AffinityHard, &QueueConfig{Threshold: 0.5}, nil)
+	var resp wire.RouteResponse
+	// 64 uncached tokens on worker 2 (it holds seq(0, 64)): busy.
+	if err := r.RouteWait(&wire.RouteRequest{RequestID: "a", Model: "m", Tokens: append(seq(0, 64), seq(5000, 64)...), SessionID: "s"}, &resp, nil); err != nil || resp.Worker != 2 {
+		t.Fatalf("first request: %d, %v", resp.Worker, err)
+	}
+	err := r.RouteWait(&wire.RouteRequest{RequestID: "b", Model: "m", Tokens: seq(9000, 32), SessionID: "s", MaxWaitMs: 20}, &resp, nil)
+	if !errors.Is(err, ErrQueueTimeout) {
+		t.Fatalf("a session bound to a busy rank: %v, want it to wait and time out", err)
+	}
+	if err := r.RouteWait(&wire.RouteRequest{RequestID: "c", Model: "m", Tokens: seq(9000, 32)}, &resp, nil); err != nil || resp.Worker == 2 {
+		t.Fatalf("without a session: %d, %v", resp.Worker, err)
 	}
 }

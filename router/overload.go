@@ -177,14 +177,8 @@ func rankOverloaded(t *Thresholds, w *rankWorker) (bool, string) {
 	if t.HasPrefillTokens && prefill > 0 && uint64(prefill) > t.PrefillTokens {
 		return true, fmt.Sprintf("active prefill tokens %d > active_prefill_tokens_threshold %d", prefill, t.PrefillTokens)
 	}
-	if t.HasPrefillFrac {
-		maxTokens := w.reg.maxTokens.Load()
-		if maxTokens <= 0 {
-			maxTokens = defaultMaxTokens
-		}
-		if limit := int64(t.PrefillFrac * float64(maxTokens)); prefill > limit {
-			return true, fmt.Sprintf("active prefill tokens %d > %v × max_batched_tokens %d", prefill, t.PrefillFrac, maxTokens)
-		}
+	if t.HasPrefillFrac && prefillOver(prefill, t.PrefillFrac, w) {
+		return true, fmt.Sprintf("active prefill tokens %d > %v × max_batched_tokens %d", prefill, t.PrefillFrac, maxTokensOf(w))
 	}
 	if t.HasDecodeBlocks {
 		total := w.reg.capacity.Load()
@@ -257,3 +251,19 @@ func (r *Router) OverloadedWorkers() map[string]int {
 
 // OverloadRejected returns how many requests were refused with ErrOverloaded.
 func (r *Router) OverloadRejected() int64 { return r.overloadRejected.Load() }
+
+// maxTokensOf is rank w's max batched tokens: registered or reported, else Dynamo's default
+// (10,000,000: a rank that never said is never busy in practice).
+func maxTokensOf(w *rankWorker) int64 {
+	if n := w.reg.maxTokens.Load(); n > 0 {
+		return n
+	}
+	return defaultMaxTokens
+}
+
+// prefillOver reports whether prefill tokens exceed frac × rank w's max batched tokens: the busy
+// measure of the router queue, of soft affinity and of --active-prefill-tokens-threshold-frac.
+// Compared as floats, so that no fraction overflows.
+func prefillOver(prefill int64, frac float64, w *rankWorker) bool {
+	return float64(prefill) > frac*float64(maxTokensOf(w))
+}

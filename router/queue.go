@@ -4,7 +4,6 @@ import (
 	"container/heap"
 	"errors"
 	"fmt"
-	"math"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -94,17 +93,6 @@ func (c *QueueConfig) defaults() {
 	}
 }
 
-// Check reports a setting that cannot work.
-func (c *QueueConfig) Check() error {
-	if !(c.Threshold >= 0) || math.IsInf(c.Threshold, 1) {
-		return fieldErr(ErrInvalid, "router_queue_threshold", "%v is not a finite number ≥ 0", c.Threshold)
-	}
-	if int(c.Policy) >= len(queuePolicyNames) {
-		return fieldErr(ErrInvalid, "router_queue_policy", "unknown policy %d", c.Policy)
-	}
-	return nil
-}
-
 // defaultMaxTokens is a rank's max batched tokens when it never said: never busy in practice
 // (Dynamo's DEFAULT_MAX_BATCHED_TOKENS).
 const defaultMaxTokens = 10_000_000
@@ -151,6 +139,7 @@ type modelQueue struct {
 
 	// counters, for metrics
 	queued, admitted, full, timedOut, gone atomic.Int64
+	failed                                 atomic.Int64    // admitted, then refused by the route (e.g. every worker overloaded)
 	waitNs                                 [2]atomic.Int64 // total wait of admitted requests by class
 	waits                                  [2]atomic.Int64
 }
@@ -202,24 +191,22 @@ func (r *Router) queueing(m *model, req *wire.RouteRequest) bool {
 	return m != nil && m.queue != nil && (req.HasPinned || len(req.Allowed) == 0)
 }
 
-// allBusy reports whether every rank req may go to is busy.
+// allBusy reports whether every rank req may go to is busy: its pinned or session's rank, or
+// any of the model's.
 func (r *Router) allBusy(m *model, req *wire.RouteRequest) bool {
 	list := m.list.Load()
 	th := r.cfg.Queue.Threshold
+	k, pinned := r.pin(m, req)
 	for i, w := range list.ws {
-		if req.HasPinned && (w.key.ID != req.PinnedWorker || w.key.Rank != req.PinnedRank) {
+		if pinned && w.key != k {
 			continue
 		}
-		maxTokens := w.reg.maxTokens.Load()
-		if maxTokens <= 0 {
-			maxTokens = defaultMaxTokens
-		}
-		if float64(list.loads[i].ActivePrefill()) <= th*float64(maxTokens) {
+		if !prefillOver(list.loads[i].ActivePrefill(), th, w) {
 			return false
 		}
 	}
 	// No eligible rank at all is an error for Route to report, not a reason to wait.
-	return len(list.ws) > 0 && (!req.HasPinned || r.hasRank(list, req.PinnedWorker, req.PinnedRank))
+	return len(list.ws) > 0 && (!pinned || r.hasRank(list, k.ID, k.Rank))
 }
 
 func (r *Router) hasRank(list *workerList, id uint64, rank uint32) bool {
@@ -246,6 +233,9 @@ func (r *Router) enqueue(req *wire.RouteRequest, resp *wire.RouteResponse, enc *
 	if !r.queueing(m, req) || m.queue.n.Load() == 0 && !r.allBusy(m, req) {
 		return nil, r.route(req, resp, true, enc)
 	}
+	if r.refusing.Load() {
+		return nil, fieldErr(ErrClosed, "request", "the router is shutting down and queues no request")
+	}
 	// Check the request as Route would, and find its best cached prefix for wspt.
 	cached, err := r.bestCached(m, req)
 	if err != nil {
@@ -253,6 +243,10 @@ func (r *Router) enqueue(req *wire.RouteRequest, resp *wire.RouteResponse, enc *
 	}
 	q := m.queue
 	q.mu.Lock()
+	if r.refusing.Load() { // RefuseWaiting ran meanwhile: this request would never be released
+		q.mu.Unlock()
+		return nil, fieldErr(ErrClosed, "request", "the router is shutting down and queues no request")
+	}
 	if len(q.h) == 0 && !r.allBusy(m, req) || !r.hasEligible(m, req) {
 		q.mu.Unlock()
 		return nil, r.route(req, resp, true, enc)
@@ -297,8 +291,8 @@ func isl(req *wire.RouteRequest, m *model) int {
 // bestCached checks req as Route would and returns the longest prefix, in tokens, that one of
 // the ranks it may go to holds.
 func (r *Router) bestCached(m *model, req *wire.RouteRequest) (int, error) {
-	if req.RequestID == "" {
-		return 0, fieldErr(ErrInvalid, "request_id", "a routed request needs an id")
+	if err := checkBookID(req.RequestID); err != nil {
+		return 0, err
 	}
 	s := r.scratch.Get()
 	defer r.scratch.Put(s)
@@ -309,12 +303,10 @@ func (r *Router) bestCached(m *model, req *wire.RouteRequest) (int, error) {
 	s.match(m, req, &p)
 	list := m.list.Load()
 	best := int32(0)
+	pk, pinned := r.pin(m, req)
 	for i, slot := range s.m.Slots {
-		if req.HasPinned {
-			if int(slot) >= len(list.bySlot) || list.bySlot[slot] < 0 {
-				continue
-			}
-			if k := list.keys[list.bySlot[slot]]; k.ID != req.PinnedWorker || k.Rank != req.PinnedRank {
+		if pinned {
+			if int(slot) >= len(list.bySlot) || list.bySlot[slot] < 0 || list.keys[list.bySlot[slot]] != pk {
 				continue
 			}
 		}
@@ -378,7 +370,9 @@ func (r *Router) drainModel(m *model) {
 		}
 		r.queued.Add(-1)
 		t.Err = r.route(t.req, t.resp, true, t.enc)
-		if t.Err == nil {
+		if t.Err != nil {
+			q.failed.Add(1)
+		} else {
 			c := 0
 			if t.high {
 				c = 1
@@ -399,8 +393,8 @@ func (r *Router) drainModel(m *model) {
 // by Route at once rather than queued.
 func (r *Router) hasEligible(m *model, req *wire.RouteRequest) bool {
 	list := m.list.Load()
-	if req.HasPinned {
-		return r.hasRank(list, req.PinnedWorker, req.PinnedRank)
+	if k, ok := r.pin(m, req); ok {
+		return r.hasRank(list, k.ID, k.Rank)
 	}
 	return len(list.ws) > 0
 }
@@ -413,7 +407,7 @@ func (r *Router) queueLoop() {
 	for {
 		select {
 		case <-r.stop:
-			r.refuseQueued()
+			r.RefuseWaiting()
 			return
 		case <-t.C:
 			r.drain()
@@ -421,7 +415,19 @@ func (r *Router) queueLoop() {
 	}
 }
 
-// refuseQueued refuses every waiting request with ErrClosed (the router is closing).
+// RefuseWaiting refuses every request waiting in the router queue with ErrClosed, and every one
+// that would wait from now on: a shutdown need not wait out their deadlines. Routes that find
+// room go on as before. Close does it too.
+func (r *Router) RefuseWaiting() {
+	if r.cfg.Queue == nil {
+		return
+	}
+	r.refusing.Store(true)
+	r.refuseQueued()
+}
+
+// refuseQueued refuses every waiting request with ErrClosed. REQUIRES r.refusing set, so that
+// none is queued after.
 func (r *Router) refuseQueued() {
 	for _, m := range *r.models.Load() {
 		if m.queue == nil {
@@ -536,10 +542,11 @@ type QueueStats struct {
 	// Pending is the requests waiting now, by priority class: [0] normal, [1] high (a strict
 	// priority or a priority jump).
 	Pending [2]int64
-	// Queued counts the requests that waited; Admitted those admitted from the queue; Full,
+	// Queued counts the requests that waited; Admitted those admitted from the queue and
+	// routed, Failed those whose route then failed (every worker overloaded, say); Full,
 	// TimedOut and Gone those refused for a full queue, a wait past its longest, a client that
 	// left.
-	Queued, Admitted, Full, TimedOut, Gone int64
+	Queued, Admitted, Failed, Full, TimedOut, Gone int64
 	// WaitSeconds and Waits sum the waits of admitted requests, by class.
 	WaitSeconds [2]float64
 	Waits       [2]int64
@@ -557,7 +564,7 @@ func (r *Router) QueueStats(dst []QueueStats) []QueueStats {
 		}
 		n, high := q.n.Load(), q.high.Load()
 		st := QueueStats{Model: m.name, Pending: [2]int64{n - high, high},
-			Queued: q.queued.Load(), Admitted: q.admitted.Load(), Full: q.full.Load(),
+			Queued: q.queued.Load(), Admitted: q.admitted.Load(), Failed: q.failed.Load(), Full: q.full.Load(),
 			TimedOut: q.timedOut.Load(), Gone: q.gone.Load()}
 		for c := range 2 {
 			st.WaitSeconds[c] = float64(q.waitNs[c].Load()) / 1e9

@@ -205,18 +205,16 @@ func (r *Router) route(req *wire.RouteRequest, resp *wire.RouteResponse, book bo
 	if m == nil {
 		return fieldErr(ErrUnknownModel, "model", "no worker is registered for model %q", req.Model)
 	}
-	if book && req.RequestID == "" {
-		return fieldErr(ErrInvalid, "request_id", "a routed request needs an id")
-	}
-	if len(req.RequestID) > scoring.MaxRequestID {
+	if book {
+		if err := checkBookID(req.RequestID); err != nil {
+			return err
+		}
+	} else if len(req.RequestID) > scoring.MaxRequestID {
 		return fieldErr(ErrInvalid, "request_id", "%d bytes, at most %d", len(req.RequestID), scoring.MaxRequestID)
-	}
-	if book && isRemoteKey(req.RequestID) {
-		return fieldErr(ErrInvalid, "request_id", "ids starting with a NUL byte are reserved for other replicas' requests")
 	}
 	sticky := false
 	if req.SessionID != "" && r.aff != nil && book && !req.HasPinned {
-		if k, ok := r.sticky(m, req.SessionID); ok {
+		if k, ok := r.sticky(m, req, true); ok {
 			cp := *req
 			cp.HasPinned, cp.PinnedWorker, cp.PinnedRank = true, k.ID, k.Rank
 			req, sticky = &cp, true
@@ -303,6 +301,19 @@ func (r *Router) route(req *wire.RouteRequest, resp *wire.RouteResponse, book bo
 	}
 	if enc != nil && !encoded {
 		*enc = wire.AppendRouteResponse(*enc, resp)
+	}
+	return nil
+}
+
+// checkBookID checks the id of a request to book.
+func checkBookID(id string) error {
+	switch {
+	case id == "":
+		return fieldErr(ErrInvalid, "request_id", "a routed request needs an id")
+	case len(id) > scoring.MaxRequestID:
+		return fieldErr(ErrInvalid, "request_id", "%d bytes, at most %d", len(id), scoring.MaxRequestID)
+	case isRemoteKey(id):
+		return fieldErr(ErrInvalid, "request_id", "ids starting with a NUL byte are reserved for other replicas' requests")
 	}
 	return nil
 }

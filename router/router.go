@@ -195,6 +195,7 @@ type Router struct {
 	workers map[uint64]*registration          // REQUIRES mu
 
 	queued          atomic.Int64 // requests waiting in every model's queue
+	refusing        atomic.Bool  // RefuseWaiting: the queue takes no more requests
 	routed, matched atomic.Int64
 	expired         atomic.Int64
 	discovered      atomic.Int64 // workers registered by their first event or report

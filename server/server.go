@@ -528,7 +528,7 @@ func (s *Server) route(ctx *fasthttp.RequestCtx, book bool, start time.Time) {
 	case binary(ctx):
 		out, err = s.r.AppendMatch(out, &b.req, &b.resp)
 	case book:
-		if b.req.SessionID == "" {
+		if b.req.SessionID == "" && s.r.SessionAffinity() {
 			b.req.SessionID = string(ctx.Request.Header.Peek(sessionHeader))
 		}
 		err = s.r.RouteWait(&b.req, &b.resp, b.gone(ctx))
@@ -539,6 +539,7 @@ func (s *Server) route(ctx *fasthttp.RequestCtx, book bool, start time.Time) {
 		out = appendRouteJSON(out, &b.resp)
 	}
 	ctx.Response.SwapBody(out)
+	b.conn = nil // the pooled buffers keep no connection
 	if err != nil {
 		s.fail(ctx, ep, err)
 		return

@@ -17,6 +17,8 @@ func FuzzDecodeRouteRequest(f *testing.F) {
 	f.Add(readHex(f, "route_request_tokens.hex"))
 	f.Add(prev)
 	f.Add(wire.AppendRouteRequest(nil, randRequest(rand.New(rand.NewPCG(1, 1)), 20, 0)))
+	f.Add(wire.AppendRouteRequest(nil, &wire.RouteRequest{RequestID: "r", Model: "m", Tokens: []uint32{1, 2},
+		PriorityJump: 2, StrictPriority: 1, SessionID: "s", TrackPrefill: wire.False, HasCredit: true, OverlapCredit: 0.5}))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		var fresh, reused wire.RouteRequest
 		if err := wire.DecodeRouteRequest(prev, &reused); err != nil {

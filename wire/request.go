@@ -121,7 +121,7 @@ func (o Opt) Or(def bool) bool {
 
 // hasExt reports whether r needs the extension.
 func (r *RouteRequest) hasExt() bool {
-	return r.PriorityJump != 0 || r.StrictPriority != 0 || r.MaxWaitMs != 0 || r.ExpectedOSL != 0 ||
+	return math.Float64bits(r.PriorityJump) != 0 || r.StrictPriority != 0 || r.MaxWaitMs != 0 || r.ExpectedOSL != 0 ||
 		r.SessionID != "" || r.TrackPrefill != Unset || r.AssumeReuse != Unset || r.HasCredit ||
 		r.HasLoadScale || math.Float64bits(r.OverlapCredit) != 0 || math.Float64bits(r.PrefillLoadScale) != 0
 }
@@ -399,6 +399,9 @@ func decodeExt(d *decoder, r *RouteRequest) error {
 	r.HasCredit, r.OverlapCredit = xf&extCredit != 0, math.Float64frombits(credit)
 	r.HasLoadScale, r.PrefillLoadScale = xf&extLoadScale != 0, math.Float64frombits(scale)
 	r.MaxWaitMs, r.ExpectedOSL = le.Uint32(p[32:]), le.Uint32(p[36:])
+	if !r.hasExt() { // a writer sets bit 4 only for an extension with something in it
+		return d.errAt("ext_flags", base, ErrInvalid, "an extension that holds nothing: its writer must clear flags bit 4")
+	}
 	return nil
 }
 

@@ -655,6 +655,17 @@ func TestRouteRequestExtension(t *testing.T) {
 		}
 		checkError(t, wire.DecodeRouteRequest(c, &got), "route request", wire.ErrInvalid, field, at)
 	}
+	// An empty extension is not canonical (a writer leaves it out): refused. A priority jump of
+	// −0 is something, and round-trips.
+	empty := wire.AppendRouteRequest(nil, &wire.RouteRequest{RequestID: "r", Model: "m", Tokens: []uint32{1}, PriorityJump: math.Copysign(0, -1)})
+	if err := wire.DecodeRouteRequest(empty, &got); err != nil || math.Float64bits(got.PriorityJump) != 1<<63 {
+		t.Fatalf("−0 priority jump: %v %v", got.PriorityJump, err)
+	}
+	if !bytes.Equal(wire.AppendRouteRequest(nil, &got), empty) {
+		t.Fatal("−0 priority jump re-encodes differently")
+	}
+	binary.LittleEndian.PutUint64(empty[len(empty)-2-40+8:], 0) // priority_jump := +0
+	checkError(t, wire.DecodeRouteRequest(empty, &got), "route request", wire.ErrInvalid, "ext_flags", len(empty)-2-40)
 	if err := (&wire.RouteRequest{TrackPrefill: 3}).Validate(); err == nil {
 		t.Error("Validate accepted an Opt of 3")
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/kvrouterd/kvrouterd/frontdoor"
 	"github.com/kvrouterd/kvrouterd/radix"
 	"github.com/kvrouterd/kvrouterd/router"
+	"github.com/kvrouterd/kvrouterd/wire"
 	"github.com/valyala/fasthttp"
 )
 
@@ -41,10 +42,11 @@ func (b *bookOrder) take() []string {
 }
 
 // TestQueueThroughFrontDoor sends requests through the OpenAI front door to a mock engine while
-// it is saturated: they wait in the router queue, are admitted in Dynamo's FCFS order with
+// it is busy: they wait in the router queue, are admitted in Dynamo's FCFS order with
 // priorities (strict priority first, then arrival less the priority jump), and leave nothing
 // booked. Each prompt has more uncached tokens than the engine batches per step, so every
-// admission makes the worker busy again and the next waits for its first token.
+// admission makes the worker busy again and the next waits for its first token (the front
+// door's prefill done).
 func TestQueueThroughFrontDoor(t *testing.T) {
 	m := start(t, func(c *Config) {
 		c.Speedup = 1
@@ -98,11 +100,13 @@ func TestQueueThroughFrontDoor(t *testing.T) {
 		return st[0].Pending[0] + st[0].Pending[1]
 	}
 	errs := make(chan error, 8)
-	// The front door names its requests in arrival order: <prefix>1, <prefix>2, ...; the
-	// blocker arrives first, then the others, each once the one before waits.
-	// The blocker's 4,000 tokens take 16 prefill steps (about 300 ms): time to queue the others.
-	go send("blocker", "", 100000, 4000, errs)
-	waitUntil(t, "the blocker booked", func() bool { return len(order.take()) == 1 })
+	// The engine is made busy by a booking the test holds (3,000 prompt tokens not prefilled):
+	// the others wait however slow the machine, each once the one before waits, and the front
+	// door names them in arrival order: <prefix>1, <prefix>2, ...
+	var held wire.RouteResponse
+	if err := r.Route(&wire.RouteRequest{RequestID: "held", Model: m.cfg.Model, Tokens: make([]uint32, 3000)}, &held); err != nil {
+		t.Fatal(err)
+	}
 	reqs := []struct{ name, nvext string }{
 		{"low-1", ""},
 		{"jump", `,"nvext":{"agent_hints":{"priority":3600}}`}, // an hour ahead of its arrival
@@ -113,24 +117,30 @@ func TestQueueThroughFrontDoor(t *testing.T) {
 		go send(q.name, q.nvext, 200000+1000*i, 320, errs)
 		waitUntil(t, q.name+" queued", func() bool { return pending() == int64(i+1) })
 	}
-	for range 1 + len(reqs) {
+	if err := r.PrefillDone("held"); err != nil {
+		t.Fatal(err)
+	}
+	for range reqs {
 		if err := <-errs; err != nil {
 			t.Fatal(err)
 		}
 	}
+	if err := r.Complete("held"); err != nil {
+		t.Fatal(err)
+	}
 	ids := order.take()
-	if len(ids) != 5 {
+	if len(ids) != 5 || ids[0] != "held" {
 		t.Fatalf("booked %v", ids)
 	}
-	// By arrival: blocker 1, low-1 2, jump 3, low-2 4, strict 5. Admitted: the blocker, then
-	// strict, jump, low-1, low-2.
+	ids = ids[1:]
+	// By arrival: low-1 1, jump 2, low-2 3, strict 4. Admitted: strict, jump, low-1, low-2.
 	suffix := func(id string) string { return id[len(id)-1:] }
 	got := []string{}
 	for _, id := range ids {
 		got = append(got, suffix(id))
 	}
-	if want := []string{"1", "5", "3", "2", "4"}; !slices.Equal(got, want) {
-		t.Fatalf("booked in arrival positions %v, want %v (blocker, strict, jump, low-1, low-2)", got, want)
+	if want := []string{"4", "2", "1", "3"}; !slices.Equal(got, want) {
+		t.Fatalf("booked in arrival positions %v, want %v (strict, jump, low-1, low-2)", got, want)
 	}
 	waitUntil(t, "every booking freed", func() bool { return r.Stats().ActiveRequests == 0 })
 	st := r.QueueStats(nil)[0]

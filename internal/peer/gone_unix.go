@@ -11,7 +11,8 @@ import (
 // Gone reports whether the peer of c has closed or reset the connection: a peek at c's socket,
 // which consumes nothing and does not block, finds the end of the stream or an error. Data
 // waiting to be read (a pipelined request) means the peer is there. A connection that is not
-// a socket, or one Gone cannot look at (TLS, say), is never reported gone.
+// a socket, or one Gone cannot look at (TLS, say), is never reported gone. A peer that has only
+// shut down its writing side is reported gone too: HTTP clients do not, while awaiting an answer.
 func Gone(c net.Conn) bool {
 	for {
 		u, ok := c.(interface{ NetConn() net.Conn })
