@@ -212,18 +212,11 @@ func (d *Door) generate(ctx *fasthttp.RequestCtx, path string) {
 // nvext.rs): a pinned worker and rank, the prompt's token ids, its cache salt, and the
 // router's per-request overrides. The rest of it goes to the engine with the request.
 type nvext struct {
-	BackendInstanceID *uint64  `json:"backend_instance_id"`
-	DPRank            *uint32  `json:"dp_rank"`
-	TokenData         []uint32 `json:"token_data"`
-	CacheSalt         string   `json:"cache_salt"`
-	Override          *struct {
-		OverlapScoreWeight *float64 `json:"overlap_score_weight"`
-		RouterTemperature  *float64 `json:"router_temperature"`
-		TrackPrefillTokens *bool    `json:"track_prefill_tokens"`
-		AssumeKVReuse      *bool    `json:"assume_kv_reuse"`
-		OverlapScoreCredit *float64 `json:"overlap_score_credit"`
-		PrefillLoadScale   *float64 `json:"prefill_load_scale"`
-	} `json:"router_config_override"`
+	BackendInstanceID *uint64        `json:"backend_instance_id"`
+	DPRank            *uint32        `json:"dp_rank"`
+	TokenData         []uint32       `json:"token_data"`
+	CacheSalt         string         `json:"cache_salt"`
+	Override          *wire.Override `json:"router_config_override"`
 	// Queue order and the expected output (Dynamo's AgentHints): priority (seconds ahead, its
 	// deprecated latency_sensitivity the fallback), strict priority, output length.
 	AgentHints *struct {
@@ -271,26 +264,7 @@ func (h *nvext) routeRequest(rr *wire.RouteRequest, toks []uint32, bs int) {
 	if h.SessionControl != nil {
 		rr.SessionID = h.SessionControl.SessionID
 	}
-	if o := h.Override; o != nil {
-		if o.OverlapScoreWeight != nil {
-			rr.HasWeight, rr.Weight = true, *o.OverlapScoreWeight
-		}
-		if o.RouterTemperature != nil {
-			rr.HasTemperature, rr.Temperature = true, *o.RouterTemperature
-		}
-		if o.TrackPrefillTokens != nil {
-			rr.TrackPrefill = wire.OptOf(*o.TrackPrefillTokens)
-		}
-		if o.AssumeKVReuse != nil {
-			rr.AssumeReuse = wire.OptOf(*o.AssumeKVReuse)
-		}
-		if o.OverlapScoreCredit != nil {
-			rr.HasCredit, rr.OverlapCredit = true, *o.OverlapScoreCredit
-		}
-		if o.PrefillLoadScale != nil {
-			rr.HasLoadScale, rr.PrefillLoadScale = true, *o.PrefillLoadScale
-		}
-	}
+	h.Override.Apply(rr)
 }
 
 // tokens returns the ids of the request's prompt: a completion's own ids, or a worker's

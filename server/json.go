@@ -172,24 +172,12 @@ type routeJSON struct {
 	MaxCandidates uint16 `json:"max_candidates"`
 
 	// Admission: queue order, the longest wait, the expected output, session affinity.
-	PriorityJump   float64            `json:"priority_jump"`
-	StrictPriority uint32             `json:"strict_priority"`
-	MaxWaitMs      uint32             `json:"max_wait_ms"`
-	ExpectedOSL    uint32             `json:"expected_output_tokens"`
-	SessionID      string             `json:"session_id"`
-	Override       *routeOverrideJSON `json:"router_config_override"`
-}
-
-// routeOverrideJSON is Dynamo's RouterConfigOverride; a member given here wins over the same
-// setting given at the top level.
-type routeOverrideJSON struct {
-	Weight        *float64 `json:"overlap_score_weight"`
-	Temperature   *float64 `json:"router_temperature"`
-	TrackPrefill  *bool    `json:"track_prefill_tokens"`
-	AssumeReuse   *bool    `json:"assume_kv_reuse"`
-	Credit        *float64 `json:"overlap_score_credit"`
-	LoadScale     *float64 `json:"prefill_load_scale"`
-	SharedCacheMx *float64 `json:"shared_cache_multiplier"` // accepted; kvrouterd has no shared cache
+	PriorityJump   float64        `json:"priority_jump"`
+	StrictPriority uint32         `json:"strict_priority"`
+	MaxWaitMs      uint32         `json:"max_wait_ms"`
+	ExpectedOSL    uint32         `json:"expected_output_tokens"`
+	SessionID      string         `json:"session_id"`
+	Override       *wire.Override `json:"router_config_override"` // wins over the top-level weight and temperature
 }
 
 func decodeRouteJSON(body []byte, r *wire.RouteRequest) error {
@@ -223,26 +211,7 @@ func decodeRouteJSON(body []byte, r *wire.RouteRequest) error {
 	}
 	r.PriorityJump, r.StrictPriority, r.MaxWaitMs = j.PriorityJump, j.StrictPriority, j.MaxWaitMs
 	r.ExpectedOSL, r.SessionID = j.ExpectedOSL, j.SessionID
-	if o := j.Override; o != nil {
-		if o.Weight != nil {
-			r.HasWeight, r.Weight = true, *o.Weight
-		}
-		if o.Temperature != nil {
-			r.HasTemperature, r.Temperature = true, *o.Temperature
-		}
-		if o.TrackPrefill != nil {
-			r.TrackPrefill = wire.OptOf(*o.TrackPrefill)
-		}
-		if o.AssumeReuse != nil {
-			r.AssumeReuse = wire.OptOf(*o.AssumeReuse)
-		}
-		if o.Credit != nil {
-			r.HasCredit, r.OverlapCredit = true, *o.Credit
-		}
-		if o.LoadScale != nil {
-			r.HasLoadScale, r.PrefillLoadScale = true, *o.LoadScale
-		}
-	}
+	j.Override.Apply(r)
 	return nil
 }
 

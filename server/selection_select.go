@@ -48,17 +48,6 @@ type selBlockInfo struct {
 	} `json:"mm_objects"`
 }
 
-// selOverride is the part of Dynamo's RouterConfigOverride kvrouterd applies; its other members
-// (assume_kv_reuse: a selection books the prompt's real hashes, shared_cache_multiplier) are
-// accepted and ignored.
-type selOverride struct {
-	OverlapScoreWeight *float64 `json:"overlap_score_weight"`
-	RouterTemperature  *float64 `json:"router_temperature"`
-	TrackPrefillTokens *bool    `json:"track_prefill_tokens"`
-	OverlapScoreCredit *float64 `json:"overlap_score_credit"`
-	PrefillLoadScale   *float64 `json:"prefill_load_scale"`
-}
-
 type selWorkerRef struct {
 	WorkerID *uint64 `json:"worker_id"`
 	DPRank   *uint32 `json:"dp_rank"`
@@ -73,15 +62,15 @@ type selReserveRequest struct {
 	Group       string  `json:"routing_group"`
 	SelectionID *string `json:"selection_id"`
 	selPrompt
-	Override             *selOverride  `json:"router_config_override"`
-	ExpectedOutputTokens *uint32       `json:"expected_output_tokens"`
-	PriorityJump         float64       `json:"priority_jump"`
-	StrictPriority       uint32        `json:"strict_priority"`
-	SessionID            *string       `json:"session_id"`
-	SessionContext       *struct{}     `json:"session_context"`
-	AffinityTarget       *selWorkerRef `json:"affinity_target"`
-	PinnedWorker         *selWorkerRef `json:"pinned_worker"`
-	AllowedWorkerIDs     []uint64      `json:"allowed_worker_ids"`
+	Override             *wire.Override `json:"router_config_override"`
+	ExpectedOutputTokens *uint32        `json:"expected_output_tokens"`
+	PriorityJump         float64        `json:"priority_jump"`
+	StrictPriority       uint32         `json:"strict_priority"`
+	SessionID            *string        `json:"session_id"`
+	SessionContext       *struct{}      `json:"session_context"`
+	AffinityTarget       *selWorkerRef  `json:"affinity_target"`
+	PinnedWorker         *selWorkerRef  `json:"pinned_worker"`
+	AllowedWorkerIDs     []uint64       `json:"allowed_worker_ids"`
 	RoutingConstraints   struct {
 		RequiredTaints  []string           `json:"required_taints"`
 		PreferredTaints map[string]float64 `json:"preferred_taints"`
@@ -103,10 +92,10 @@ type selReservationRequest struct {
 	WorkerID    *uint64 `json:"worker_id"`
 	DPRank      *uint32 `json:"dp_rank"`
 	selPrompt
-	Override               *selOverride `json:"router_config_override"`
-	ExpectedOutputTokens   *uint32      `json:"expected_output_tokens"`
-	EffectivePrefillTokens *uint64      `json:"effective_prefill_tokens"`
-	TrackPrefillTokens     *bool        `json:"track_prefill_tokens"`
+	Override               *wire.Override `json:"router_config_override"`
+	ExpectedOutputTokens   *uint32        `json:"expected_output_tokens"`
+	EffectivePrefillTokens *uint64        `json:"effective_prefill_tokens"`
+	TrackPrefillTokens     *bool          `json:"track_prefill_tokens"`
 }
 
 // selLoadsRequest is the body of /potential_loads and /overlap_scores.
@@ -114,7 +103,7 @@ type selLoadsRequest struct {
 	Model string `json:"model_name"`
 	Group string `json:"routing_group"`
 	selPrompt
-	Override *selOverride `json:"router_config_override"`
+	Override *wire.Override `json:"router_config_override"`
 }
 
 // selPart is a partition ready for a request: its schedulable records and block size.
@@ -238,7 +227,10 @@ func signed(v []uint64) []int64 {
 // routeRequest is the route request of a normalized prompt for partition p: by local block
 // hashes, as Dynamo's /query asks the index (the cache salt is in them already), with the
 // override's weight and temperature.
-func (in *selInput) routeRequest(p *selPart, o *selOverride) wire.RouteRequest {
+// routeRequest is the route request of a selection: the override's weight, temperature, credit
+// and load scale apply; its track_prefill_tokens goes through SelectOptions, and its
+// assume_kv_reuse is accepted and ignored (a selection books the prompt's real hashes).
+func (in *selInput) routeRequest(p *selPart, o *wire.Override) wire.RouteRequest {
 	req := wire.RouteRequest{Model: p.key, ByHash: true, Hashes: in.local, ISL: uint32(in.isl)}
 	if len(in.local) == 0 && in.isl < p.bs {
 		// Shorter than a block: nothing to hash or match, only its length counts; a route
@@ -260,7 +252,8 @@ func (in *selInput) routeRequest(p *selPart, o *selOverride) wire.RouteRequest {
 	return req
 }
 
-func (o *selOverride) trackPrefill() *bool {
+// trackPrefill is the override's track_prefill_tokens, nil for none.
+func trackPrefill(o *wire.Override) *bool {
 	if o == nil {
 		return nil
 	}
@@ -351,7 +344,7 @@ func (s *Server) selSelect(ctx *fasthttp.RequestCtx, book bool) {
 		return
 	}
 	var sel router.Selection
-	if err := s.r.Select(&req, router.SelectOptions{TrackPrefill: j.Override.trackPrefill()}, &sel); err != nil {
+	if err := s.r.Select(&req, router.SelectOptions{TrackPrefill: trackPrefill(j.Override)}, &sel); err != nil {
 		s.selRouteFail(ctx, p, err)
 		return
 	}
@@ -533,8 +526,8 @@ func (s *Server) selReserve(ctx *fasthttp.RequestCtx) {
 			track = *j.TrackPrefillTokens
 		case j.EffectivePrefillTokens != nil:
 			track = true
-		case j.Override.trackPrefill() != nil:
-			track = *j.Override.trackPrefill()
+		case trackPrefill(j.Override) != nil:
+			track = *trackPrefill(j.Override)
 		}
 		if e := j.EffectivePrefillTokens; e != nil && *e > uint64(in.isl) {
 			// Dynamo refuses it with a 400 whose text was not found.
@@ -703,7 +696,7 @@ func (s *Server) selPotential(ctx *fasthttp.RequestCtx, overlap bool) {
 	}
 	slices.Sort(req.Allowed)
 	var sel router.Selection
-	if err := s.r.Score(&req, router.SelectOptions{TrackPrefill: j.Override.trackPrefill()}, &sel); err != nil {
+	if err := s.r.Score(&req, router.SelectOptions{TrackPrefill: trackPrefill(j.Override)}, &sel); err != nil {
 		s.selRouteFail(ctx, p, err)
 		return
 	}
