@@ -41,25 +41,30 @@ func (b *bookOrder) take() []string {
 	return slices.Clone(b.ids)
 }
 
-// TestQueueThroughFrontDoor sends requests through the OpenAI front door to a mock engine while
-// it is busy: they wait in the router queue, are admitted in Dynamo's FCFS order with
+// TestQueueThroughFrontDoor sends requests through the OpenAI front door to two mock engines
+// while both are busy: they wait in the router queue, are admitted in Dynamo's FCFS order with
 // priorities (strict priority first, then arrival less the priority jump), and leave nothing
 // booked. Each prompt has more uncached tokens than the engine batches per step, so every
 // admission makes the worker busy again and the next waits for its first token (the front
 // door's prefill done).
 func TestQueueThroughFrontDoor(t *testing.T) {
-	m := start(t, func(c *Config) {
-		c.Speedup = 1
-		c.MaxBatchedTokens = 256
-		c.Blocks = 2048
-		c.LogLevel = "info"
-	})
+	engine := func() *Mocker {
+		return start(t, func(c *Config) {
+			c.Speedup = 1
+			c.MaxBatchedTokens = 256
+			c.Blocks = 2048
+			c.LogLevel = "info"
+		})
+	}
+	m, m2 := engine(), engine()
 	order := &bookOrder{}
 	r := router.New(router.Config{Shards: 1, Share: order, Logger: slog.New(slog.DiscardHandler),
 		Queue: &router.QueueConfig{Threshold: 1, Policy: router.FCFS, MaxWait: 30 * time.Second}})
 	t.Cleanup(r.Close)
-	if err := r.Register(router.Registration{ID: 1, Model: m.cfg.Model, BlockSize: m.cfg.BlockSize, MaxTokens: 256, HTTPEndpoint: m.HTTPEndpoint()}); err != nil {
-		t.Fatal(err)
+	for i, e := range []*Mocker{m, m2} {
+		if err := r.Register(router.Registration{ID: uint64(i + 1), Model: m.cfg.Model, BlockSize: m.cfg.BlockSize, MaxTokens: 256, HTTPEndpoint: e.HTTPEndpoint()}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	door := frontdoor.New(r, frontdoor.Config{})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -100,12 +105,15 @@ func TestQueueThroughFrontDoor(t *testing.T) {
 		return st[0].Pending[0] + st[0].Pending[1]
 	}
 	errs := make(chan error, 8)
-	// The engine is made busy by a booking the test holds (3,000 prompt tokens not prefilled):
-	// the others wait however slow the machine, each once the one before waits, and the front
-	// door names them in arrival order: <prefix>1, <prefix>2, ...
+	// Each engine is made busy by a booking the test holds (3,000 prompt tokens not
+	// prefilled): the others wait however slow the machine, each once the one before waits,
+	// and the front door names them in arrival order: <prefix>1, <prefix>2, ...
 	var held wire.RouteResponse
-	if err := r.Route(&wire.RouteRequest{RequestID: "held", Model: m.cfg.Model, Tokens: make([]uint32, 3000)}, &held); err != nil {
-		t.Fatal(err)
+	for w := uint64(1); w <= 2; w++ {
+		if err := r.Route(&wire.RouteRequest{RequestID: fmt.Sprint("held-", w), Model: m.cfg.Model, Tokens: make([]uint32, 3000),
+			HasPinned: true, PinnedWorker: w, Mode: wire.ModeDirect}, &held); err != nil {
+			t.Fatal(err)
+		}
 	}
 	reqs := []struct{ name, nvext string }{
 		{"low-1", ""},
@@ -117,22 +125,27 @@ func TestQueueThroughFrontDoor(t *testing.T) {
 		go send(q.name, q.nvext, 200000+1000*i, 320, errs)
 		waitUntil(t, q.name+" queued", func() bool { return pending() == int64(i+1) })
 	}
-	if err := r.PrefillDone("held"); err != nil {
-		t.Fatal(err)
+	// Worker 1 frees room: the head goes there and makes it busy again; then worker 2.
+	for _, id := range []string{"held-1", "held-2"} {
+		if err := r.PrefillDone(id); err != nil {
+			t.Fatal(err)
+		}
 	}
 	for range reqs {
 		if err := <-errs; err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := r.Complete("held"); err != nil {
-		t.Fatal(err)
+	for _, id := range []string{"held-1", "held-2"} {
+		if err := r.Complete(id); err != nil {
+			t.Fatal(err)
+		}
 	}
 	ids := order.take()
-	if len(ids) != 5 || ids[0] != "held" {
+	if len(ids) != 6 || ids[0] != "held-1" || ids[1] != "held-2" {
 		t.Fatalf("booked %v", ids)
 	}
-	ids = ids[1:]
+	ids = ids[2:]
 	// By arrival: low-1 1, jump 2, low-2 3, strict 4. Admitted: strict, jump, low-1, low-2.
 	suffix := func(id string) string { return id[len(id)-1:] }
 	got := []string{}
@@ -141,6 +154,9 @@ func TestQueueThroughFrontDoor(t *testing.T) {
 	}
 	if want := []string{"4", "2", "1", "3"}; !slices.Equal(got, want) {
 		t.Fatalf("booked in arrival positions %v, want %v (strict, jump, low-1, low-2)", got, want)
+	}
+	if m.Stats().Generated == 0 || m2.Stats().Generated == 0 {
+		t.Fatalf("an engine served nothing: %d and %d tokens generated", m.Stats().Generated, m2.Stats().Generated)
 	}
 	waitUntil(t, "every booking freed", func() bool { return r.Stats().ActiveRequests == 0 })
 	st := r.QueueStats(nil)[0]
