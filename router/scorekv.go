@@ -30,9 +30,10 @@ import (
 
 // busyRow is a busy worker: its candidate, exact once shared blocks are looked up.
 type busyRow struct {
-	pos   int32
-	exact bool
-	c     scoring.Candidate
+	pos    int32
+	exact  bool
+	booked int64 // blocks booked on the worker, decayed ones included: what a request may share
+	c      scoring.Candidate
 }
 
 // ranked is a worker in the running for the answer: its logit and list position.
@@ -100,9 +101,10 @@ func (s *scratch) scoreKV(r *Router, ix *radix.Index, list *workerList, p *scori
 	rows := s.rows[:0]
 	for _, pos := range bpos {
 		l, k := list.loads[pos], list.keys[pos]
-		rows = append(rows, busyRow{pos: pos, c: scoring.Candidate{
+		active, booked := l.Blocks()
+		rows = append(rows, busyRow{pos: pos, booked: booked, c: scoring.Candidate{
 			Worker: k.ID, Rank: k.Rank, Cached: depth[pos],
-			ActiveBlocks: l.ActiveBlocks(), ActivePrefill: l.ActivePrefill(), ActiveRequests: l.Requests(),
+			ActiveBlocks: active, ActivePrefill: l.ActivePrefill(), ActiveRequests: l.Requests(),
 		}})
 		depth[pos] = ^depth[pos]
 	}
@@ -142,9 +144,15 @@ func (s *scratch) scoreKV(r *Router, ix *radix.Index, list *workerList, p *scori
 	for _, e := range h {
 		bounds = append(bounds, e.logit)
 	}
+	v1 := p.Formula == scoring.CostV1 // CostV1 inlines; Cost does not
 	for i := range rows {
 		c := &rows[i].c
-		_, _, ub := p.Cost(c.Cached, 0, c.ActiveBlocks, c.ActivePrefill, c.ActiveRequests)
+		var ub float64
+		if v1 {
+			_, _, ub = p.CostV1(c.Cached, 0, c.ActiveBlocks, c.ActivePrefill)
+		} else {
+			_, _, ub = p.Cost(c.Cached, 0, c.ActiveBlocks, c.ActivePrefill, c.ActiveRequests)
+		}
 		bounds = append(bounds, ub)
 	}
 	slices.Sort(bounds)
@@ -157,11 +165,17 @@ func (s *scratch) scoreKV(r *Router, ix *radix.Index, list *workerList, p *scori
 	for i := range rows {
 		row := &rows[i]
 		c := &row.c
-		most := int32(min(int64(p.Blocks), max(c.ActiveBlocks+list.loads[row.pos].Decayed(), 0)))
+		most := int32(min(int64(p.Blocks), max(row.booked, 0)))
 		if s.noReuse {
 			most = 0 // nothing booked is shared: the bound is exact
 		}
-		if _, _, lb := p.Cost(c.Cached, most, c.ActiveBlocks, c.ActivePrefill, c.ActiveRequests); lb > bound {
+		var lb float64
+		if v1 {
+			_, _, lb = p.CostV1(c.Cached, most, c.ActiveBlocks, c.ActivePrefill)
+		} else {
+			_, _, lb = p.Cost(c.Cached, most, c.ActiveBlocks, c.ActivePrefill, c.ActiveRequests)
+		}
+		if lb > bound {
 			continue
 		}
 		if !s.noReuse {
@@ -214,6 +228,31 @@ func (s *scratch) scoreKV(r *Router, ix *radix.Index, list *workerList, p *scori
 // position order appended to ties, and that logit. tab is the idle cost by depth, as deep as
 // it goes.
 func cheapestIdle(depth []int32, tab []cost, p *scoring.Params, keep int, h []ranked, ties []tie) ([]ranked, []tie, float64) {
+	if len(tab) == maxCostTable {
+		return cheapestIdleDeep(depth, tab, p, keep, h, ties)
+	}
+	// Every depth is in tab: a loop without a call, whose state stays in registers.
+	lowest := math.Inf(1)
+	for pos, d := range depth {
+		if d < 0 {
+			continue
+		}
+		l := tab[d].logit
+		if l <= lowest {
+			if l < lowest {
+				lowest, ties = l, ties[:0]
+			}
+			ties = append(ties, tie{pos: int32(pos)})
+		}
+		if keep > 0 && (len(h) < keep || l < h[0].logit) {
+			h = keepLowest(h, ranked{l, int32(pos)}, keep)
+		}
+	}
+	return h, ties, lowest
+}
+
+// cheapestIdleDeep is cheapestIdle when some depths may lie beyond the table.
+func cheapestIdleDeep(depth []int32, tab []cost, p *scoring.Params, keep int, h []ranked, ties []tie) ([]ranked, []tie, float64) {
 	lowest := math.Inf(1)
 	for pos, d := range depth {
 		if d < 0 {

@@ -119,15 +119,22 @@ func MinPrefill(c []Candidate) int64 {
 // CostMain, Dynamo main's formula (see mainLogit). Score is Cost for each candidate; a caller
 // that scores workers its own way calls Cost, so that its numbers are Score's to the bit.
 func (p *Params) Cost(cached, shared int32, activeBlocks, activePrefill, activeRequests int64) (prefill, decode int64, logit float64) {
+	prefill, decode, logit = p.CostV1(cached, shared, activeBlocks, activePrefill)
+	if p.Formula == CostMain {
+		logit = p.mainLogit(cached, decode, activePrefill, activeRequests)
+	}
+	return prefill, decode, logit
+}
+
+// CostV1 is Cost under CostV1 (whatever p.Formula says): small enough for the compiler to
+// inline into the router's loops over workers, which call it when p.Formula is CostV1.
+func (p *Params) CostV1(cached, shared int32, activeBlocks, activePrefill int64) (prefill, decode int64, logit float64) {
 	bs := int64(p.BlockSize)
 	prefill = activePrefill
 	if p.TrackPrefill {
 		prefill += max(int64(p.ISL)-int64(cached)*bs, 0)
 	}
 	decode = activeBlocks + int64(p.Blocks) - int64(shared)
-	if p.Formula == CostMain {
-		return prefill, decode, p.mainLogit(cached, decode, activePrefill, activeRequests)
-	}
 	return prefill, decode, p.Weight*float64(prefill)/float64(bs) + float64(decode)
 }
 

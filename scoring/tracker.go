@@ -213,6 +213,13 @@ func (l *Load) ActiveBlocks() int64 { return l.blocks.Load() - l.disc.Load() }
 // Decayed is the count of blocks booked, which bounds how many of them a request can share.
 func (l *Load) Decayed() int64 { return l.disc.Load() }
 
+// Blocks returns ActiveBlocks and the blocks booked (ActiveBlocks + Decayed) from one read of
+// each counter.
+func (l *Load) Blocks() (active, booked int64) {
+	b := l.blocks.Load()
+	return b - l.disc.Load(), b
+}
+
 // ActivePrefill returns the prompt tokens the worker still has to prefill.
 func (l *Load) ActivePrefill() int64 { return l.prefill.Load() }
 
