@@ -42,6 +42,8 @@ func (c *Config) busyFlags(fs *flag.FlagSet) {
 		"busy threshold: a worker rank is overloaded while its booked or reported active blocks, or its reported used blocks (kv_usage × capacity_blocks), exceed this fraction (0 to 1) of its capacity_blocks; a worker whose every rank is overloaded leaves routing. Unset: off. Per model at run time: POST /busy_threshold")
 	fs.Var(optUintValue{&c.ActivePrefillTokensThreshold}, "active-prefill-tokens-threshold",
 		"busy threshold: a worker rank is overloaded while its active prefill tokens exceed this many. Unset: off")
+	fs.Var(optUintValue{&c.WaitingRequestsThreshold}, "waiting-requests-threshold",
+		"busy threshold (kvrouterd's): a worker rank is overloaded while its load reports say more requests than this wait in the engine's own queue. Unset: off")
 	fs.Var(&c.ActivePrefillTokensThresholdFrac, "active-prefill-tokens-threshold-frac",
 		"busy threshold: a worker rank is overloaded while its active prefill tokens exceed this fraction (≥ 0) of its max_batched_tokens. Unset: off")
 	fs.IntVar(&c.OverloadStatus, "overload-status", c.OverloadStatus,
@@ -54,6 +56,7 @@ func (c *Config) BusyThresholds() router.Thresholds {
 		DecodeBlocks: c.ActiveDecodeBlocksThreshold.V, HasDecodeBlocks: c.ActiveDecodeBlocksThreshold.On,
 		PrefillTokens: c.ActivePrefillTokensThreshold.V, HasPrefillTokens: c.ActivePrefillTokensThreshold.On,
 		PrefillFrac: c.ActivePrefillTokensThresholdFrac.V, HasPrefillFrac: c.ActivePrefillTokensThresholdFrac.On,
+		WaitingRequests: c.WaitingRequestsThreshold.V, HasWaitingRequests: c.WaitingRequestsThreshold.On,
 	}
 }
 

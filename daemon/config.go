@@ -55,6 +55,7 @@ type Config struct {
 	ActiveDecodeBlocksThreshold      OptFloat
 	ActivePrefillTokensThreshold     OptUint
 	ActivePrefillTokensThresholdFrac OptFloat
+	WaitingRequestsThreshold         OptUint
 	OverloadStatus                   int
 
 	MaxBlocks         int64

@@ -49,11 +49,16 @@ type Thresholds struct {
 	// PrefillFrac is a fraction (≥ 0) of a worker's max_batched_tokens.
 	PrefillFrac    float64
 	HasPrefillFrac bool
+	// WaitingRequests is a count of requests waiting in the engine's own queue, from its load
+	// reports (kvrouterd's; Dynamo has no such threshold): an engine that queues requests
+	// already has more than it can run.
+	WaitingRequests    uint64
+	HasWaitingRequests bool
 }
 
 // Configured reports whether any threshold is set.
 func (t Thresholds) Configured() bool {
-	return t.HasDecodeBlocks || t.HasPrefillTokens || t.HasPrefillFrac
+	return t.HasDecodeBlocks || t.HasPrefillTokens || t.HasPrefillFrac || t.HasWaitingRequests
 }
 
 // Check says what is wrong with the set thresholds, in Dynamo's words, as an ErrInvalid.
@@ -79,6 +84,9 @@ func (t Thresholds) merge(u Thresholds) Thresholds {
 	if u.HasPrefillFrac {
 		t.PrefillFrac, t.HasPrefillFrac = u.PrefillFrac, true
 	}
+	if u.HasWaitingRequests {
+		t.WaitingRequests, t.HasWaitingRequests = u.WaitingRequests, true
+	}
 	return t
 }
 
@@ -90,6 +98,9 @@ func (t Thresholds) String() string {
 	}
 	if t.HasPrefillTokens {
 		parts = append(parts, fmt.Sprintf("active_prefill_tokens_threshold %d", t.PrefillTokens))
+	}
+	if t.HasWaitingRequests {
+		parts = append(parts, fmt.Sprintf("waiting_requests_threshold %d", t.WaitingRequests))
 	}
 	if t.HasPrefillFrac {
 		parts = append(parts, fmt.Sprintf("active_prefill_tokens_threshold_frac %v", t.PrefillFrac))
@@ -179,6 +190,11 @@ func rankOverloaded(t *Thresholds, w *rankWorker) (bool, string) {
 	}
 	if t.HasPrefillFrac && prefillOver(prefill, t.PrefillFrac, w) {
 		return true, fmt.Sprintf("active prefill tokens %d > %v × max_batched_tokens %d", prefill, t.PrefillFrac, maxTokensOf(w))
+	}
+	if t.HasWaitingRequests {
+		if rep := w.report.Load(); rep != nil && uint64(rep.WaitingRequests) > t.WaitingRequests {
+			return true, fmt.Sprintf("reported waiting requests %d > waiting_requests_threshold %d", rep.WaitingRequests, t.WaitingRequests)
+		}
 	}
 	if t.HasDecodeBlocks {
 		total := w.reg.capacity.Load()

@@ -266,3 +266,27 @@ func TestDeviceAwareWeights(t *testing.T) {
 		}
 	}
 }
+
+// TestOverloadWaitingRequests: with the waiting-requests threshold, a worker whose load reports
+// say more requests wait in its engine's queue leaves routing until a report says fewer.
+func TestOverloadWaitingRequests(t *testing.T) {
+	r := busyFleet(t, Thresholds{WaitingRequests: 2, HasWaitingRequests: true}, 2)
+	report := func(waiting int64) {
+		t.Helper()
+		if err := r.Report(&LoadReport{Worker: 1, Model: "m", WaitingRequests: waiting}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	report(3)
+	if w, err := routeAny(r, "a", wire.ModeRoundRobin); err != nil || w != 2 {
+		t.Fatalf("worker %d, %v; want 2 (worker 1's engine queues 3 requests)", w, err)
+	}
+	_ = r.Complete("a")
+	if err := book(t, r, 1, 0, "pin", 8); !errors.Is(err, ErrOverloaded) || !strings.Contains(err.Error(), "waiting_requests_threshold") {
+		t.Fatalf("pinned to a queueing engine: %v", err)
+	}
+	report(2) // at the threshold is not over it
+	if n := r.OverloadedWorkers()["m"]; n != 0 {
+		t.Fatalf("%d overloaded at the threshold", n)
+	}
+}

@@ -21,6 +21,8 @@ type busyThreshold struct {
 	DecodeBlocks  *float64 `json:"active_decode_blocks_threshold"`
 	PrefillTokens *uint64  `json:"active_prefill_tokens_threshold"`
 	PrefillFrac   *float64 `json:"active_prefill_tokens_threshold_frac"`
+	// kvrouterd's: the engines' reported waiting requests (Dynamo's clients leave it out).
+	WaitingRequests *uint64 `json:"waiting_requests_threshold,omitempty"`
 }
 
 func toBusyJSON(model string, t router.Thresholds) busyThreshold {
@@ -33,6 +35,9 @@ func toBusyJSON(model string, t router.Thresholds) busyThreshold {
 	}
 	if t.HasPrefillFrac {
 		b.PrefillFrac = &t.PrefillFrac
+	}
+	if t.HasWaitingRequests {
+		b.WaitingRequests = &t.WaitingRequests
 	}
 	return b
 }
@@ -47,6 +52,9 @@ func (b *busyThreshold) thresholds() router.Thresholds {
 	}
 	if b.PrefillFrac != nil {
 		t.PrefillFrac, t.HasPrefillFrac = *b.PrefillFrac, true
+	}
+	if b.WaitingRequests != nil {
+		t.WaitingRequests, t.HasWaitingRequests = *b.WaitingRequests, true
 	}
 	return t
 }
