@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"slices"
 	"strings"
@@ -191,17 +192,25 @@ func waitEvents(t *testing.T, sink *recSink, want []string) {
 
 func checkStats(t *testing.T, got EngineStats, want map[string]int64) {
 	t.Helper()
+	if d := statsDiff(got, want); d != "" {
+		t.Error(d)
+	}
+}
+
+// statsDiff names the first counter of got that is not want's, "" when all are.
+func statsDiff(got EngineStats, want map[string]int64) string {
 	have := map[string]int64{
 		"batches": got.Batches, "events": got.Events, "replayed": got.Replayed, "decode": got.DecodeErrors,
 		"undelivered": got.Undelivered, "gaps": got.Gaps, "recovered": got.GapsRecovered,
 		"unrecovered": got.GapsUnrecovered, "restarts": got.Restarts, "replays": got.ReplayRequests,
 		"clears": got.Clears,
 	}
-	for k, v := range want {
-		if have[k] != v {
-			t.Errorf("stats %s = %d, want %d (%+v)", k, have[k], v, got)
+	for _, k := range slices.Sorted(maps.Keys(want)) {
+		if have[k] != want[k] {
+			return fmt.Sprintf("stats %s = %d, want %d (%+v)", k, have[k], want[k], got)
 		}
 	}
+	return ""
 }
 
 func TestSeqTracker(t *testing.T) {
