@@ -85,8 +85,10 @@ func (r *Router) sticky(m *model, req *wire.RouteRequest, count bool) (radix.Wor
 		}
 		return radix.WorkerKey{}, false
 	}
-	if !r.hasRank(m.list.Load(), b.worker.ID, b.worker.Rank) || len(req.Allowed) > 0 && !slices.Contains(req.Allowed, b.worker.ID) ||
-		a.cfg.Mode == AffinitySoft && r.rankOverloaded(m, b.worker) {
+	list := m.list.Load()
+	at := rankAt(list, b.worker)
+	if at < 0 || len(req.Allowed) > 0 && !slices.Contains(req.Allowed, b.worker.ID) ||
+		a.cfg.Mode == AffinitySoft && r.softLeaves(m, list, at) {
 		if count {
 			a.moved.Add(1)
 		}
@@ -173,21 +175,14 @@ func (r *Router) AffinityStats() (AffinityStats, bool) {
 	return AffinityStats{Sessions: a.m.Size(), Hits: a.hits.Load(), Misses: a.misses.Load(), Moved: a.moved.Load(), Remote: a.remote.Load()}, true
 }
 
-// rankOverloaded reports whether worker (a rank) of m may take no more work now: over its
-// model's busy thresholds when they are set, else, with the router queue on, busy as the queue
-// counts it.
-func (r *Router) rankOverloaded(m *model, worker radix.WorkerKey) bool {
-	list := m.list.Load()
-	t := m.busy.Load()
-	for i, w := range list.ws {
-		if w.key != worker {
-			continue
-		}
-		if t != nil {
-			over, _ := rankOverloaded(t, w)
-			return over
-		}
-		return r.cfg.Queue != nil && prefillOver(list.loads[i].ActivePrefill(), r.cfg.Queue.Threshold, w)
+// softLeaves reports whether a soft session leaves the rank at position at of list (m's)
+// because it may take no more work now: over m's busy thresholds when they are set, else, with
+// the router queue on, busy as the queue counts it.
+func (r *Router) softLeaves(m *model, list *workerList, at int) bool {
+	w := list.ws[at]
+	if t := m.busy.Load(); t != nil {
+		over, _ := rankOverloaded(t, w)
+		return over
 	}
-	return false
+	return r.cfg.Queue != nil && prefillOver(list.loads[at].ActivePrefill(), r.cfg.Queue.Threshold, w)
 }

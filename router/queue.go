@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvrouterd/kvrouterd/radix"
 	"github.com/kvrouterd/kvrouterd/scoring"
 	"github.com/kvrouterd/kvrouterd/wire"
 )
@@ -191,9 +192,10 @@ func (r *Router) queueing(m *model, req *wire.RouteRequest) bool {
 	return m != nil && m.queue != nil && (req.HasPinned || len(req.Allowed) == 0)
 }
 
-// allBusy reports whether every rank req may go to is busy: its pinned or session's rank, or
-// any of the model's.
-func (r *Router) allBusy(m *model, req *wire.RouteRequest) bool {
+// busy reports whether every rank req may go to is busy (all), and whether it may go to any
+// (eligible): its pinned or session's rank, or any of the model's. A request with no eligible
+// rank is not busy: Route refuses it at once rather than the queue keeping it.
+func (r *Router) busy(m *model, req *wire.RouteRequest) (all, eligible bool) {
 	list := m.list.Load()
 	th := r.cfg.Queue.Threshold
 	k, pinned := r.pin(m, req)
@@ -202,20 +204,27 @@ func (r *Router) allBusy(m *model, req *wire.RouteRequest) bool {
 			continue
 		}
 		if !prefillOver(list.loads[i].ActivePrefill(), th, w) {
-			return false
+			return false, true
 		}
+		eligible = true
 	}
-	// No eligible rank at all is an error for Route to report, not a reason to wait.
-	return len(list.ws) > 0 && (!pinned || r.hasRank(list, k.ID, k.Rank))
+	return eligible, eligible
 }
 
-func (r *Router) hasRank(list *workerList, id uint64, rank uint32) bool {
-	for _, w := range list.ws {
-		if w.key.ID == id && w.key.Rank == rank {
-			return true
+// allBusy reports whether every rank req may go to is busy (see busy).
+func (r *Router) allBusy(m *model, req *wire.RouteRequest) bool {
+	all, _ := r.busy(m, req)
+	return all
+}
+
+// rankAt returns the position of rank k in list, -1 if it is not there.
+func rankAt(list *workerList, k radix.WorkerKey) int {
+	for i, key := range list.keys {
+		if key == k {
+			return i
 		}
 	}
-	return false
+	return -1
 }
 
 // Enqueue routes req as Route does, or, when the router queue holds it back, queues it. Routed
@@ -247,7 +256,7 @@ func (r *Router) enqueue(req *wire.RouteRequest, resp *wire.RouteResponse, enc *
 		q.mu.Unlock()
 		return nil, fieldErr(ErrClosed, "request", "the router is shutting down and queues no request")
 	}
-	if len(q.h) == 0 && !r.allBusy(m, req) || !r.hasEligible(m, req) {
+	if all, eligible := r.busy(m, req); len(q.h) == 0 && !all || !eligible {
 		q.mu.Unlock()
 		return nil, r.route(req, resp, true, enc)
 	}
@@ -387,16 +396,6 @@ func (r *Router) drainModel(m *model) {
 	for _, t := range ready {
 		t.done(t)
 	}
-}
-
-// hasEligible reports whether req may go to some rank of m; a request that may not is refused
-// by Route at once rather than queued.
-func (r *Router) hasEligible(m *model, req *wire.RouteRequest) bool {
-	list := m.list.Load()
-	if k, ok := r.pin(m, req); ok {
-		return r.hasRank(list, k.ID, k.Rank)
-	}
-	return len(list.ws) > 0
 }
 
 // queueLoop drains the queues periodically, for capacity that frees without an event this

@@ -1,6 +1,8 @@
 package server
 
 import (
+	"fmt"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -69,5 +71,48 @@ func TestRouteQueue(t *testing.T) {
 		if !strings.Contains(metrics, want) {
 			t.Errorf("metrics lack %s", want)
 		}
+	}
+}
+
+// TestRouteQueueClientGone: a client that disconnects while its route waits in the queue leaves
+// it (the server looks at the socket), and nothing is booked for it.
+func TestRouteQueueClientGone(t *testing.T) {
+	h := newHarnessWith(t, func(c *router.Config) {
+		c.Queue = &router.QueueConfig{Threshold: 0.5}
+	})
+	if err := h.r.Register(router.Registration{ID: 1, Model: "m", BlockSize: 4, MaxTokens: 16}); err != nil {
+		t.Fatal(err)
+	}
+	if code, body := h.post("/v1/route", "application/json", []byte(`{"request_id":"a","model":"m","token_ids":[1,2,3,4,5,6,7,8,9,10,11,12]}`)); code != 200 {
+		t.Fatalf("a: %d %s", code, body)
+	}
+	c, err := net.Dial("tcp", h.tcp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := `{"request_id":"b","model":"m","token_ids":[21,22,23,24]}`
+	fmt.Fprintf(c, "POST /v1/route HTTP/1.1\r\nHost: kvrouterd\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	stats := func() router.QueueStats {
+		if st := h.r.QueueStats(nil); len(st) > 0 {
+			return st[0]
+		}
+		return router.QueueStats{}
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for stats().Pending[0] != 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("b never queued")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	c.Close()
+	for stats().Gone != 1 || stats().Pending[0] != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the queue kept a request whose client left: %+v", stats())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if n := h.r.Stats().ActiveRequests; n != 1 {
+		t.Fatalf("%d bookings, want a's alone", n)
 	}
 }

@@ -132,15 +132,24 @@ func checkCommon(n *int, stream bool, opts *streamOptions) *apiError {
 	return nil
 }
 
-// begin decodes a generation request's body into req and checks what both endpoints check,
-// answering a refusal itself.
-func (a *api) begin(ctx *fasthttp.RequestCtx, req any, g *generationRequest) bool {
+// read decodes the body into req and checks its model (*model, a field of req), answering a
+// refusal itself.
+func (a *api) read(ctx *fasthttp.RequestCtx, req any, model *string) bool {
 	if err := decodeBody(ctx.PostBody(), req); err != nil {
 		a.fail(ctx, badRequest("%v", err))
 		return false
 	}
-	if e := a.checkModel(g.Model); e != nil {
+	if e := a.checkModel(*model); e != nil {
 		a.fail(ctx, e)
+		return false
+	}
+	return true
+}
+
+// begin decodes a generation request's body into req and checks what both endpoints check,
+// answering a refusal itself.
+func (a *api) begin(ctx *fasthttp.RequestCtx, req any, g *generationRequest) bool {
+	if !a.read(ctx, req, &g.Model) {
 		return false
 	}
 	if e := checkCommon(g.N, g.Stream, g.StreamOptions); e != nil {
@@ -422,12 +431,7 @@ func (g *generation) appendBody(dst []byte, n, cached int, finish string) []byte
 
 func (a *api) tokenize(ctx *fasthttp.RequestCtx) {
 	var req tokenizeRequest
-	if err := decodeBody(ctx.PostBody(), &req); err != nil {
-		a.fail(ctx, badRequest("%v", err))
-		return
-	}
-	if e := a.checkModel(req.Model); e != nil {
-		a.fail(ctx, e)
+	if !a.read(ctx, &req, &req.Model) {
 		return
 	}
 	var ids []uint32
@@ -464,12 +468,7 @@ func (a *api) tokenize(ctx *fasthttp.RequestCtx) {
 
 func (a *api) detokenize(ctx *fasthttp.RequestCtx) {
 	var req detokenizeRequest
-	if err := decodeBody(ctx.PostBody(), &req); err != nil {
-		a.fail(ctx, badRequest("%v", err))
-		return
-	}
-	if e := a.checkModel(req.Model); e != nil {
-		a.fail(ctx, e)
+	if !a.read(ctx, &req, &req.Model) {
 		return
 	}
 	a.writeJSON(ctx, map[string]string{"prompt": Decode(req.Tokens)})
