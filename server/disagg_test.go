@@ -87,6 +87,9 @@ func TestDisaggRoute(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	if _, m := h.get("/metrics"); !strings.Contains(m, `dynamo_component_router_worker_registered{dp_rank="0",router_worker_id="1",worker_type="prefill"} 1`) {
+		t.Error("Dynamo's worker_type does not name the prefill worker")
+	}
 	if err := h.c.Unregister(1); err != nil {
 		t.Fatal(err)
 	}
@@ -95,7 +98,8 @@ func TestDisaggRoute(t *testing.T) {
 		t.Fatalf("enforced: %d %s", code, body)
 	}
 	_, metrics := h.get("/metrics")
-	for _, want := range []string{`kvrouterd_disagg_decisions_total{outcome="disaggregated"} 2`, `kvrouterd_disagg_decisions_total{outcome="refused"} 1`} {
+	for _, want := range []string{`kvrouterd_disagg_decisions_total{outcome="disaggregated"} 2`, `kvrouterd_disagg_decisions_total{outcome="refused"} 1`,
+		`dynamo_component_router_worker_registered{dp_rank="0",router_worker_id="2",worker_type="decode"} 1`} {
 		if !strings.Contains(metrics, want) {
 			t.Errorf("metrics lack %s", want)
 		}
