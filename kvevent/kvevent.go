@@ -39,9 +39,9 @@ func (k Kind) String() string {
 	return fmt.Sprintf("kind(%d)", uint8(k))
 }
 
-// Tier is the storage tier a block lives in; a plain value. The index scores device (GPU)
-// residency; events about other tiers are counted and skipped, so that an offloaded copy being
-// dropped never removes the device copy with the same engine hash.
+// Tier is the storage tier a block lives in; a plain value. Each tier is indexed on its own (an
+// offloaded copy being dropped never removes the device copy with the same engine hash); a match
+// extends a worker's device prefix through the lower tiers, Host first, then Disk, then External.
 type Tier uint8
 
 const (
@@ -50,6 +50,9 @@ const (
 	Disk
 	External
 )
+
+// NumTiers is how many tiers there are; a Tier below it is valid.
+const NumTiers = 4
 
 func (t Tier) String() string {
 	switch t {
@@ -66,8 +69,10 @@ func (t Tier) String() string {
 }
 
 // ParseMedium maps an engine's storage medium name (vLLM, SGLang, Dynamo spellings, any case)
-// to a Tier; "" is the device. Safe for concurrent use.
-func ParseMedium(s string) (Tier, bool) {
+// to a Tier; "" is the device. A name it does not know is the device too, as Dynamo reads it
+// (an engine's new accelerator name must not drop its blocks), with ok false so that the caller
+// can count it. Safe for concurrent use.
+func ParseMedium(s string) (t Tier, ok bool) {
 	switch strings.ToUpper(s) {
 	case "", "GPU", "DEVICE":
 		return Device, true
@@ -78,7 +83,7 @@ func ParseMedium(s string) (Tier, bool) {
 	case "EXTERNAL", "NETWORK", "REMOTE", "SHARED":
 		return External, true
 	}
-	return 0, false
+	return Device, false
 }
 
 // Event is one KV event of one worker, as the engines publish them (decoders fill it).
