@@ -133,4 +133,19 @@ type RankState struct {
 	// sequence hash of the block before it, or Seqs[i] itself for the root of a chain.
 	Locals  []uint64
 	Parents []uint64
+	// Lower holds the rank's blocks in lower storage tiers (host, disk, external), each tier at
+	// most once, none for a rank that holds nothing there; Seqs and Engines above are the
+	// device tier's.
+	Lower []TierBlocks
+}
+
+// TierBlocks are one (worker, rank)'s blocks in one lower storage tier, as RankState holds the
+// device tier's: Seqs[i] is the sequence hash of the block the engine calls Engines[i] in that
+// tier, with the block tree (Locals, Parents) when kept. A plain value.
+type TierBlocks struct {
+	Tier    Tier
+	Seqs    []uint64
+	Engines []uint64
+	Locals  []uint64
+	Parents []uint64
 }
