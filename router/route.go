@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/radix"
 	"github.com/kvrouterd/kvrouterd/scoring"
 	"github.com/kvrouterd/kvrouterd/wire"
@@ -125,6 +126,7 @@ func (r *Router) params(m *model, req *wire.RouteRequest, prefix bool, p *scorin
 		TrackPrefill: req.TrackPrefill.Or(!r.cfg.NoTrackPrefill),
 		Formula:      r.cfg.Cost,
 		Terms:        *r.cfg.Terms,
+		Tiers:        *r.cfg.TierCredit,
 	}
 	if p.Mode == scoring.Default {
 		p.Mode = r.cfg.Mode
@@ -239,8 +241,10 @@ func (r *Router) route(req *wire.RouteRequest, resp *wire.RouteResponse, book bo
 	var pos, cached int32
 	encoded := false
 	th := m.busy.Load()
+	// The fast path prices a worker by its device depth alone: a prompt that a lower storage
+	// tier extends for some worker takes the general path, which credits the extension.
 	if p.Mode == scoring.KV && p.Temperature == 0 && !req.HasPinned && len(req.Allowed) == 0 && th == nil &&
-		len(list.keys) > 0 && !r.general && !r.log.Enabled(context.Background(), slog.LevelDebug) {
+		len(s.m.Tiers) == 0 && len(list.keys) > 0 && !r.general && !r.log.Enabled(context.Background(), slog.LevelDebug) {
 		if err := p.Check(); err != nil {
 			return fieldErr(ErrInvalid, "request", "%v", err)
 		}
@@ -338,6 +342,17 @@ func (s *scratch) general(r *Router, ix *radix.Index, list *workerList, p *scori
 			}
 		}
 	}
+	for i := range s.m.Tiers {
+		x := &s.m.Tiers[i]
+		if int(x.Slot) < len(list.bySlot) {
+			if pos := list.bySlot[x.Slot]; pos >= 0 {
+				if c := s.cand(pos); c >= 0 {
+					s.cands[c].Cached = x.Blocks[kvevent.Device]
+					s.cands[c].Ext = scoring.TierExt{Host: x.Blocks[kvevent.Host], Disk: x.Blocks[kvevent.Disk], External: x.Blocks[kvevent.External]}
+				}
+			}
+		}
+	}
 	for i, slot := range s.am.Slots {
 		if int(slot) < len(list.byActive) {
 			if pos := list.byActive[slot]; pos >= 0 {
@@ -381,7 +396,7 @@ func (s *scratch) candidates(r *Router, ix *radix.Index, list *workerList, req *
 		s.cands = slices.Grow(s.cands[:0], n)[:n]
 		for i, k := range list.keys {
 			l, c := list.loads[i], &s.cands[i]
-			c.Worker, c.Rank, c.Cached, c.Shared, c.Tree = k.ID, k.Rank, 0, 0, s.tree[i]
+			c.Worker, c.Rank, c.Cached, c.Ext, c.Shared, c.Tree = k.ID, k.Rank, 0, scoring.TierExt{}, 0, s.tree[i]
 			c.ActiveBlocks, c.ActivePrefill, c.ActiveRequests = l.ActiveBlocks(), l.ActivePrefill(), l.Requests()
 			c.DeviceWeight = list.ws[i].reg.getWeight()
 		}
@@ -456,20 +471,27 @@ func (s *scratch) fill(resp *wire.RouteResponse, req *wire.RouteRequest, p *scor
 	if book {
 		resp.Worker, resp.Rank = cands[chosen].Worker, cands[chosen].Rank
 	}
+	tiered := len(s.m.Tiers) > 0
+	add := func(c *scoring.Candidate) {
+		resp.Candidates = appendCandidate(resp.Candidates, c)
+		if tiered {
+			resp.Tiers = append(resp.Tiers, wire.CandidateTiers{Host: uint32(c.Ext.Host), Disk: uint32(c.Ext.Disk), External: uint32(c.Ext.External)})
+		}
+	}
 	if limit <= 0 || limit >= len(cands) {
 		for i := range cands {
-			resp.Candidates = appendCandidate(resp.Candidates, &cands[i])
+			add(&cands[i])
 		}
 		return
 	}
 	skip := -1
 	if book {
-		resp.Candidates = appendCandidate(resp.Candidates, &cands[chosen])
+		add(&cands[chosen])
 		skip, limit = chosen, limit-1
 	}
 	s.heap = lowest(s.heap, cands, limit, skip)
 	for _, e := range s.heap {
-		resp.Candidates = appendCandidate(resp.Candidates, &cands[e.pos])
+		add(&cands[e.pos])
 	}
 }
 
@@ -482,6 +504,7 @@ func fillHeader(resp *wire.RouteResponse, req *wire.RouteRequest, p *scoring.Par
 	resp.Blocks = uint32(p.Blocks)
 	resp.ISL = uint32(p.ISL)
 	resp.Candidates = resp.Candidates[:0]
+	resp.Tiers = resp.Tiers[:0]
 	resp.Cached = 0
 }
 
