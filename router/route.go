@@ -22,6 +22,7 @@ type scratch struct {
 	h       radix.Hasher
 	seqs    []uint64
 	m, am   radix.Match
+	pm      radix.Match // predict-on-route's match (predict.go)
 	cands   []scoring.Candidate
 	tree    []int64
 	all     bool    // every worker is a candidate: candidate i is worker list position i
@@ -100,8 +101,9 @@ func (r *Router) appendAnswer(dst []byte, req *wire.RouteRequest, resp *wire.Rou
 }
 
 // match hashes req's prompt into s.seqs (sequence hashes, first block first) and matches them
-// against m's index into s.m; p learns the block count.
-func (s *scratch) match(m *model, req *wire.RouteRequest, p *scoring.Params) {
+// against m's index into s.m, raised to the model's predicted depths with predict-on-route; p
+// learns the block count.
+func (s *scratch) match(r *Router, m *model, req *wire.RouteRequest, p *scoring.Params) {
 	if req.ByHash {
 		s.seqs = append(s.seqs[:0], req.Hashes...)
 		radix.ChainInPlace(s.seqs, 0, false)
@@ -110,6 +112,9 @@ func (s *scratch) match(m *model, req *wire.RouteRequest, p *scoring.Params) {
 	}
 	p.Blocks = len(s.seqs)
 	m.ix.Match(s.seqs, &s.m)
+	if m.pred != nil && m.pred.merge(s, m.list.Load(), r.cfg.Now()) {
+		r.predictRaised.Add(1)
+	}
 }
 
 // params checks req for model m and fills p with its scoring parameters: the router's, then
@@ -229,10 +234,16 @@ func (r *Router) route(req *wire.RouteRequest, resp *wire.RouteResponse, book bo
 	s := r.scratch.Get()
 	defer r.scratch.Put(s)
 	s.noReuse = !req.AssumeReuse.Or(!r.cfg.NoAssumeReuse)
-	s.match(m, req, &p)
+	s.match(r, m, req, &p)
 	list := m.list.Load()
 	if len(s.m.Slots) > 0 && rand.Uint32()&uint32(r.cfg.HitSample-1) == 0 {
 		noteHits(m, list, s.m.Slots)
+	}
+	if book {
+		// A route serves the request whole: never on a prefill worker (role.go).
+		if list = list.serve; len(list.keys) == 0 {
+			return fieldErr(ErrUnknownWorker, "model", "model %q has only prefill workers: none serves a request whole", req.Model)
+		}
 	}
 	limit := int(req.MaxCandidates)
 	if limit == 0 {
@@ -295,6 +306,9 @@ func (r *Router) route(req *wire.RouteRequest, resp *wire.RouteResponse, book bo
 		if r.approx != nil {
 			r.recordApprox(m, w, s.seqs)
 		}
+		if m.pred != nil {
+			m.pred.record(w.key, s.seqs, r.cfg.Now())
+		}
 		if req.SessionID != "" && r.aff != nil && (sticky || !req.HasPinned) {
 			r.bind(m.name, req.SessionID, w.key)
 		}
@@ -347,8 +361,7 @@ func (s *scratch) general(r *Router, ix *radix.Index, list *workerList, p *scori
 		if int(x.Slot) < len(list.bySlot) {
 			if pos := list.bySlot[x.Slot]; pos >= 0 {
 				if c := s.cand(pos); c >= 0 {
-					s.cands[c].Cached = x.Blocks[kvevent.Device]
-					s.cands[c].Ext = scoring.TierExt{Host: x.Blocks[kvevent.Host], Disk: x.Blocks[kvevent.Disk], External: x.Blocks[kvevent.External]}
+					s.cands[c].Ext = tierExt(x, s.cands[c].Cached)
 				}
 			}
 		}
@@ -378,6 +391,23 @@ func (s *scratch) general(r *Router, ix *radix.Index, list *workerList, p *scori
 		r.logDecision(req, p, s.cands, chosen, book)
 	}
 	return chosen, nil
+}
+
+// tierExt returns the lower tiers' extensions of x beyond a device depth of cached blocks:
+// x's own, less the blocks a predicted depth (predict-on-route) already counts as the device's,
+// taken off the host's first, then the disk's, then the external's.
+func tierExt(x *radix.TierMatch, cached int32) scoring.TierExt {
+	e := [3]int32{x.Blocks[kvevent.Host], x.Blocks[kvevent.Disk], x.Blocks[kvevent.External]}
+	over := cached - x.Blocks[kvevent.Device]
+	for i := range e {
+		if over <= 0 {
+			break
+		}
+		cut := min(over, e[i])
+		e[i] -= cut
+		over -= cut
+	}
+	return scoring.TierExt{Host: e[0], Disk: e[1], External: e[2]}
 }
 
 // candidates fills s.cands with the allowed workers of list and their loads, less the

@@ -29,7 +29,10 @@ type SnapshotWorker struct {
 	HTTPEndpoint string
 	// Weight is the worker's weight for mode device_aware_weighted, 0 for none (flags bit 4).
 	Weight float64
-	Ranks  []SnapshotRank
+	// Role is the worker's role, 0 for both (an aggregated worker), 1 prefill, 2 decode
+	// (router.Role's values; flags bit 5).
+	Role  uint8
+	Ranks []SnapshotRank
 	// Endpoints, if not empty, holds one entry per rank, in the order of Ranks: where each
 	// publishes its KV events (flags bit 1, which also carries each rank's Batch; without it,
 	// Batch is written and read as 0).
@@ -45,6 +48,9 @@ type SnapshotWorker struct {
 type SnapshotEndpoint struct {
 	Endpoint, Replay string
 }
+
+// MaxRole is the highest SnapshotWorker.Role.
+const MaxRole = 2
 
 // MaxSnapshotRanks is the most data-parallel ranks a SnapshotWorker may carry.
 const MaxSnapshotRanks = 1024
@@ -63,8 +69,9 @@ const (
 	snapTree        = 1 << 2 // each rank carries its block tree (local hashes and parents)
 	snapHTTP        = 1 << 3 // the worker's HTTP endpoint follows the replay endpoint
 	snapWeight      = 1 << 4 // the worker's weight (f64) follows the HTTP endpoint's place
-	snapTiers       = 1 << 5 // each rank carries its blocks in the lower storage tiers
-	snapFlags       = snapReports | snapEndpoints | snapTree | snapHTTP | snapWeight | snapTiers
+	snapRole        = 1 << 5 // the worker's role (u32) follows the weight's place
+	snapTiers       = 1 << 6 // each rank carries its blocks in the lower storage tiers
+	snapFlags       = snapReports | snapEndpoints | snapTree | snapHTTP | snapWeight | snapRole | snapTiers
 )
 
 var (
@@ -99,6 +106,9 @@ func (w *SnapshotWorker) Validate() error {
 	}
 	if w.Weight != 0 && (!(w.Weight > 0) || math.IsInf(w.Weight, 1)) {
 		return invalid(m, "weight", ErrInvalid, fmt.Sprintf("%v, want 0 (none) or a finite number > 0", w.Weight))
+	}
+	if w.Role > MaxRole {
+		return invalid(m, "role", ErrInvalid, fmt.Sprintf("%d, want 0 (both), 1 (prefill) or 2 (decode)", w.Role))
 	}
 	if w.BlockSize <= 0 || w.BlockSize > MaxBlockSize {
 		return invalid(m, "block_size", ErrInvalid, fmt.Sprintf("%d, want 1 to %d", w.BlockSize, MaxBlockSize))
@@ -141,6 +151,9 @@ func (w *SnapshotWorker) size() int {
 	if w.Weight != 0 {
 		n += 8
 	}
+	if w.Role != 0 {
+		n += 4
+	}
 	tree, tiers := w.hasTree(), w.hasTiers()
 	for i := range w.Ranks {
 		n += snapRankFixed + 16*len(w.Ranks[i].Seqs)
@@ -178,7 +191,7 @@ func (w *SnapshotWorker) hasTree() bool {
 	return false
 }
 
-// hasTiers reports whether a rank of w holds blocks in a lower storage tier (flags bit 5).
+// hasTiers reports whether a rank of w holds blocks in a lower storage tier (flags bit 6).
 func (w *SnapshotWorker) hasTiers() bool {
 	for i := range w.Ranks {
 		if len(w.Ranks[i].Lower) != 0 {
@@ -213,6 +226,9 @@ func AppendSnapshotWorker(dst []byte, w *SnapshotWorker) []byte {
 	if w.Weight != 0 {
 		flags |= snapWeight
 	}
+	if w.Role != 0 {
+		flags |= snapRole
+	}
 	tiers := w.hasTiers()
 	if tiers {
 		flags |= snapTiers
@@ -228,6 +244,9 @@ func AppendSnapshotWorker(dst []byte, w *SnapshotWorker) []byte {
 	}
 	if w.Weight != 0 {
 		dst = le.AppendUint64(dst, math.Float64bits(w.Weight))
+	}
+	if w.Role != 0 {
+		dst = le.AppendUint32(dst, uint32(w.Role))
 	}
 	dst = appendCount(dst, len(w.Ranks))
 	for i := range w.Ranks {
@@ -325,6 +344,15 @@ func DecodeSnapshotWorker(b []byte, w *SnapshotWorker) error {
 			return d.errAt("weight", d.off-8, ErrInvalid, "%v, want a finite number > 0", weight)
 		}
 	}
+	var role uint32
+	if flags&snapRole != 0 {
+		if role, err = d.u32("role"); err != nil {
+			return err
+		}
+		if role == 0 || role > MaxRole {
+			return d.errAt("role", d.off-4, ErrInvalid, "%d, want 1 (prefill) or 2 (decode): a worker of both roles clears flags bit 5", role)
+		}
+	}
 	start := d.off
 	nr, err := d.count("n_ranks", "ranks", snapRankFixed)
 	if err != nil {
@@ -413,7 +441,7 @@ func DecodeSnapshotWorker(b []byte, w *SnapshotWorker) error {
 	}
 	w.ID, w.BlockSize, w.Reports = le.Uint64(p), int(bs), flags&snapReports != 0
 	w.Capacity, w.MaxTokens, w.Model, w.Endpoint, w.Replay = capacity, maxTokens, model, endpoint, replay
-	w.HTTPEndpoint, w.Weight = httpEndpoint, weight
+	w.HTTPEndpoint, w.Weight, w.Role = httpEndpoint, weight, uint8(role)
 	return nil
 }
 
@@ -431,7 +459,7 @@ func (w *SnapshotWorker) point(off, n, nt int) (seqs, engines, locals, parents [
 	return seqs, engines, locals, parents, off
 }
 
-// decodeLower decodes rank i's lower tiers (flags bit 5) into the arena, noting each tier's
+// decodeLower decodes rank i's lower tiers (flags bit 6) into the arena, noting each tier's
 // number, blocks and tree in w.ns, and returns how many there are.
 func (w *SnapshotWorker) decodeLower(d *decoder, i int, tree bool) (int, error) {
 	nl, err := d.count(fmt.Sprintf("ranks[%d].n_lower", i), "lower tiers", 8)
