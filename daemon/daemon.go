@@ -125,6 +125,7 @@ func Start(ctx context.Context, c Config, stderr io.Writer) (_ *Daemon, err erro
 	if err != nil {
 		return nil, err
 	}
+	tierCredit := c.tierCredit()
 	watch := &engineWatcher{}
 	var share *replica.Sharer
 	if c.ShareLoad && !c.NoKVEvents {
@@ -142,6 +143,7 @@ func Start(ctx context.Context, c Config, stderr io.Writer) (_ *Daemon, err erro
 			NoTrackPrefill:    !c.TrackPrefillTokens,
 			Cost:              cost,
 			Terms:             &terms,
+			TierCredit:        &tierCredit,
 			NoAssumeReuse:     c.NoAssumeKVReuse,
 			TrackOutputBlocks: c.TrackOutputBlocks,
 			Queue:             c.queue(),
