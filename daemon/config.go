@@ -50,6 +50,9 @@ type Config struct {
 	SessionAffinityMode string
 	MaxCandidates       int
 
+	// Predict-on-route: off unless its time to live is set.
+	PredictedTTL time.Duration
+
 	// Busy thresholds (busy.go): unset unless given. OverloadStatus answers a route refused
 	// as every eligible worker is overloaded.
 	ActiveDecodeBlocksThreshold      OptFloat
@@ -190,6 +193,7 @@ func (c *Config) Flags(fs *flag.FlagSet) {
 	fs.StringVar(&c.RouterQueuePolicy, "router-queue-policy", c.RouterQueuePolicy, "router queue order: fcfs (best tail TTFT), wspt (shortest uncached prompt first, best mean TTFT) or lcfs; strict priority first, priority jumps in seconds")
 	fs.IntVar(&c.RouterQueueMaxRequests, "router-queue-max-requests", c.RouterQueueMaxRequests, "router queue: requests a model's queue holds at most; a request that finds it full is refused with 429")
 	fs.DurationVar(&c.SessionAffinityTTL, "router-session-affinity-ttl", c.SessionAffinityTTL, "session affinity: a request's session id (session_id, nvext.session_control, the X-Dynamo-Session-ID header) keeps it on the worker its session was first routed to, for this long after the session's last request; shared with the other replicas; 0: off")
+	fs.DurationVar(&c.PredictedTTL, "router-predicted-ttl", c.PredictedTTL, "predict-on-route: each routed request's blocks count as cached on its worker for this long (5s suggested), until the worker's KV events tell of them, so that sibling requests follow it; a side index, never snapshotted; needs KV events; 0: off")
 	fs.StringVar(&c.SessionAffinityMode, "router-session-affinity-mode", c.SessionAffinityMode, "session affinity: hard (a session leaves its worker only when the worker is gone) or soft (also when it is overloaded)")
 	fs.DurationVar(&c.RouterQueueMaxWait, "router-queue-max-wait", c.RouterQueueMaxWait, "router queue: the longest a request waits when it does not say (max_wait_ms); past it, 503")
 	fs.BoolVar(&c.TrackPrefillTokens, "track-prefill-tokens", c.TrackPrefillTokens, "charge and book each request's uncached prompt tokens as prefill; false routes on decode load alone, as Dynamo's decode stage")
@@ -265,6 +269,10 @@ func (c *Config) Check() error {
 		return fmt.Errorf("--router-queue-max-requests %d: want 1 to 1048576", c.RouterQueueMaxRequests)
 	case c.SessionAffinityTTL < 0 || c.SessionAffinityTTL > 365*24*time.Hour:
 		return fmt.Errorf("--router-session-affinity-ttl %v: want 0 (off) to a year", c.SessionAffinityTTL)
+	case c.PredictedTTL < 0 || c.PredictedTTL > time.Hour:
+		return fmt.Errorf("--router-predicted-ttl %v: want 0 (off) to an hour", c.PredictedTTL)
+	case c.PredictedTTL > 0 && c.NoKVEvents:
+		return fmt.Errorf("--router-predicted-ttl %v: predict-on-route needs KV events, and --no-kv-events (approximate mode) reads none", c.PredictedTTL)
 	case c.SessionAffinityMode != "hard" && c.SessionAffinityMode != "soft":
 		return fmt.Errorf("--router-session-affinity-mode %q: want hard or soft", c.SessionAffinityMode)
 	case c.RouterQueueMaxWait <= 0:

@@ -142,6 +142,7 @@ func Start(ctx context.Context, c Config, stderr io.Writer) (_ *Daemon, err erro
 			TrackOutputBlocks: c.TrackOutputBlocks,
 			Queue:             c.queue(),
 			Affinity:          c.affinity(),
+			PredictedTTL:      c.PredictedTTL,
 			RequestExpiry:     c.RequestExpiry,
 			MaxCandidates:     c.MaxCandidates,
 			Busy:              c.BusyThresholds(),

@@ -169,7 +169,10 @@ type Stats struct {
 	ActiveRequests           int64
 	Discovered, TimedOut     int64 // workers registered by their events, dropped as silent
 	SnapshotSkipped          int64 // workers left out of snapshots: the format cannot hold them
-	Events                   shard.Stats
+	// Predictions are the (block, worker) pairs predict-on-route holds; PredictRaised counts
+	// the matches whose depths they raised (Config.PredictedTTL).
+	Predictions, PredictRaised int64
+	Events                     shard.Stats
 }
 
 // Stats returns the counters.
@@ -179,6 +182,8 @@ func (r *Router) Stats() Stats {
 		ActiveRequests: r.tracker.Active(),
 		Discovered:     r.discovered.Load(), TimedOut: r.timedOut.Load(),
 		SnapshotSkipped: r.snapshotSkipped.Load(),
+		Predictions:     r.predictions(),
+		PredictRaised:   r.predictRaised.Load(),
 		Events:          r.set.Stats(),
 	}
 }

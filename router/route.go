@@ -21,6 +21,7 @@ type scratch struct {
 	h       radix.Hasher
 	seqs    []uint64
 	m, am   radix.Match
+	pm      radix.Match // predict-on-route's match (predict.go)
 	cands   []scoring.Candidate
 	tree    []int64
 	all     bool    // every worker is a candidate: candidate i is worker list position i
@@ -99,8 +100,9 @@ func (r *Router) appendAnswer(dst []byte, req *wire.RouteRequest, resp *wire.Rou
 }
 
 // match hashes req's prompt into s.seqs (sequence hashes, first block first) and matches them
-// against m's index into s.m; p learns the block count.
-func (s *scratch) match(m *model, req *wire.RouteRequest, p *scoring.Params) {
+// against m's index into s.m, raised to the model's predicted depths with predict-on-route; p
+// learns the block count.
+func (s *scratch) match(r *Router, m *model, req *wire.RouteRequest, p *scoring.Params) {
 	if req.ByHash {
 		s.seqs = append(s.seqs[:0], req.Hashes...)
 		radix.ChainInPlace(s.seqs, 0, false)
@@ -109,6 +111,9 @@ func (s *scratch) match(m *model, req *wire.RouteRequest, p *scoring.Params) {
 	}
 	p.Blocks = len(s.seqs)
 	m.ix.Match(s.seqs, &s.m)
+	if m.pred != nil && m.pred.merge(s, m.list.Load(), r.cfg.Now()) {
+		r.predictRaised.Add(1)
+	}
 }
 
 // params checks req for model m and fills p with its scoring parameters: the router's, then
@@ -227,7 +232,7 @@ func (r *Router) route(req *wire.RouteRequest, resp *wire.RouteResponse, book bo
 	s := r.scratch.Get()
 	defer r.scratch.Put(s)
 	s.noReuse = !req.AssumeReuse.Or(!r.cfg.NoAssumeReuse)
-	s.match(m, req, &p)
+	s.match(r, m, req, &p)
 	list := m.list.Load()
 	if len(s.m.Slots) > 0 && rand.Uint32()&uint32(r.cfg.HitSample-1) == 0 {
 		noteHits(m, list, s.m.Slots)
@@ -290,6 +295,9 @@ func (r *Router) route(req *wire.RouteRequest, resp *wire.RouteResponse, book bo
 		}
 		if r.approx != nil {
 			r.recordApprox(m, w, s.seqs)
+		}
+		if m.pred != nil {
+			m.pred.record(w.key, s.seqs, r.cfg.Now())
 		}
 		if req.SessionID != "" && r.aff != nil && (sticky || !req.HasPinned) {
 			r.bind(m.name, req.SessionID, w.key)

@@ -101,6 +101,12 @@ type Config struct {
 	// Affinity, if set, keeps each session (a request's SessionID) on the worker it was first
 	// routed to (see affinity.go); nil ignores session ids.
 	Affinity *AffinityConfig
+	// PredictedTTL, if positive, turns on predict-on-route (predict.go, Dynamo's
+	// router_predicted_ttl_secs): each routed request's blocks count as held by its worker for
+	// this long on the Now clock, in a side index that matches take the larger depth from; the
+	// event-fed index never holds them. Approximate mode, which has no event-fed index, does not
+	// combine with it (New panics, as Dynamo refuses the pair).
+	PredictedTTL time.Duration
 	// HitSample: one routed or matched request in HitSample (a power of two, 64) notes which
 	// workers hold some of its blocks, for the zero-hit check (misconfig.go); 1 notes every
 	// one. ZeroHits (500) is how many sampled requests that found blocks on other workers of
@@ -205,6 +211,8 @@ type Router struct {
 	approx *approxMode // nil unless Config.Approximate
 	aff    *affinity   // nil unless Config.Affinity
 
+	predictRaised atomic.Int64 // matches whose depths predictions raised (predict.go)
+
 	overloadRejected atomic.Int64 // requests refused as every eligible worker was overloaded
 
 	general bool // tests: score every request on the general path (see scorekv.go)
@@ -232,6 +240,7 @@ type model struct {
 	busy atomic.Pointer[Thresholds]
 
 	queue *modelQueue // nil without Config.Queue
+	pred  *predicted  // nil without Config.PredictedTTL
 }
 
 // workerList is a model's registered (worker, rank) pairs, immutable once published.
@@ -282,7 +291,8 @@ type registration struct {
 }
 
 // New starts a Router: its shard goroutines and the request expiry loop. Close stops them.
-// It panics on a Config.Approximate that approx.New refuses.
+// It panics on a Config.Approximate that approx.New refuses, and on one given with
+// Config.PredictedTTL.
 func New(cfg Config) *Router {
 	cfg.defaults()
 	r := &Router{
@@ -305,6 +315,9 @@ func New(cfg Config) *Router {
 	}
 	if cfg.Affinity != nil {
 		r.aff = newAffinity(*cfg.Affinity)
+	}
+	if cfg.PredictedTTL > 0 && cfg.Approximate != nil {
+		panic("router: Config.PredictedTTL needs the KV events that approximate mode goes without")
 	}
 	go r.expireLoop()
 	if cfg.Queue != nil {
@@ -353,6 +366,7 @@ func (r *Router) expireLoop() {
 			if r.approx != nil {
 				r.expireApprox()
 			}
+			r.expirePredicted()
 			if r.cfg.WorkerTimeout > 0 {
 				r.DropSilent(r.cfg.WorkerTimeout)
 			}
@@ -643,7 +657,7 @@ func (r *Router) registerLocked(g Registration, eps []RankEndpoint, publish bool
 		if err != nil {
 			return nil, fieldErr(ErrInvalid, "block_size", "%v", err)
 		}
-		m = &model{name: g.Model, ix: ix, blockSize: bs, regs: make(map[uint64]*registration)}
+		m = &model{name: g.Model, ix: ix, blockSize: bs, regs: make(map[uint64]*registration), pred: r.newPredicted(bs)}
 		if r.cfg.Queue != nil {
 			m.queue = &modelQueue{}
 		}
@@ -865,6 +879,9 @@ func (r *Router) drop(reg *registration, ws []*rankWorker, remove func(*shard.Ap
 		r.tracker.Unregister(w.load)
 		if r.approx != nil {
 			r.forgetApprox(ix, w)
+		}
+		if p := reg.model.pred; p != nil {
+			p.forget(w.key)
 		}
 	}
 	err := r.set.Do(reg.id, func(a *shard.Applier) {

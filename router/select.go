@@ -85,7 +85,7 @@ func (r *Router) selectWith(req *wire.RouteRequest, o SelectOptions, sel *Select
 	s := r.scratch.Get()
 	defer r.scratch.Put(s)
 	s.noReuse = false // Book books Selection.Seqs, the real hashes
-	s.match(m, req, &p)
+	s.match(r, m, req, &p)
 	chosen, err := s.general(r, m.ix, m.list.Load(), &p, req, choose)
 	if err != nil {
 		return err
@@ -146,6 +146,9 @@ func (r *Router) Book(model string, worker radix.WorkerKey, id string, seqs []ui
 	}
 	if r.approx != nil {
 		r.recordApprox(m, w, seqs)
+	}
+	if m.pred != nil {
+		m.pred.record(w.key, seqs, r.cfg.Now())
 	}
 	r.routed.Add(1)
 	return nil

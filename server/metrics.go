@@ -83,6 +83,8 @@ var (
 	descWaits     = prometheus.NewDesc("kvrouterd_shard_enqueue_waits_total", "Times a producer waited for a full shard queue.", nil, nil)
 	descRequests  = prometheus.NewDesc("kvrouterd_requests_total", "Route and match requests served, and requests expired.", []string{"kind"}, nil)
 	descActive    = prometheus.NewDesc("kvrouterd_active_requests", "Routed requests not completed yet.", nil, nil)
+	descPredicted = prometheus.NewDesc("kvrouterd_predicted_residencies", "Predict-on-route: (block, worker) pairs routing decisions placed in the side index, not yet expired (--router-predicted-ttl).", nil, nil)
+	descRaised    = prometheus.NewDesc("kvrouterd_predict_raised_total", "Predict-on-route: matches in which a prediction raised some worker's cached depth over what its KV events had told.", nil, nil)
 	descEntries   = prometheus.NewDesc("kvrouterd_index_blocks", "Distinct blocks in a model's index.", []string{"model"}, nil)
 	descResidency = prometheus.NewDesc("kvrouterd_index_residencies", "(block, worker) pairs in a model's index.", []string{"model"}, nil)
 	descMembers   = prometheus.NewDesc("kvrouterd_workers_changes_total", "Workers registered from their own events or reports (discovered), removed after falling silent (timed_out), and left out of a snapshot whose format cannot hold them (snapshot_skipped).", []string{"kind"}, nil)
@@ -93,7 +95,7 @@ var (
 )
 
 func (c *routerCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descEvents, descEventsBy, descBlocks, descGaps, descQueue, descWaits, descRequests, descActive, descEntries, descResidency, descMembers, descWorker, descMisconfig, descRefused, descUnmatched} {
+	for _, d := range []*prometheus.Desc{descEvents, descEventsBy, descBlocks, descGaps, descQueue, descWaits, descRequests, descActive, descPredicted, descRaised, descEntries, descResidency, descMembers, descWorker, descMisconfig, descRefused, descUnmatched} {
 		ch <- d
 	}
 }
@@ -118,6 +120,8 @@ func (c *routerCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descRequests, prometheus.CounterValue, float64(st.Matched), "matched")
 	ch <- prometheus.MustNewConstMetric(descRequests, prometheus.CounterValue, float64(st.Expired), "expired")
 	ch <- prometheus.MustNewConstMetric(descActive, prometheus.GaugeValue, float64(st.ActiveRequests))
+	ch <- prometheus.MustNewConstMetric(descPredicted, prometheus.GaugeValue, float64(st.Predictions))
+	ch <- prometheus.MustNewConstMetric(descRaised, prometheus.CounterValue, float64(st.PredictRaised))
 	ch <- prometheus.MustNewConstMetric(descMembers, prometheus.CounterValue, float64(st.Discovered), "discovered")
 	ch <- prometheus.MustNewConstMetric(descMembers, prometheus.CounterValue, float64(st.TimedOut), "timed_out")
 	ch <- prometheus.MustNewConstMetric(descMembers, prometheus.CounterValue, float64(st.SnapshotSkipped), "snapshot_skipped")

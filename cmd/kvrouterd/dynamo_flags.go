@@ -55,6 +55,7 @@ var dynamoFlags = []dynFlag{
 	{name: "router-session-affinity-ttl-secs", target: "router-session-affinity-ttl", seconds: true, env: "DYN_ROUTER_SESSION_AFFINITY_TTL_SECS"},
 	{name: "session-affinity-ttl-secs", target: "router-session-affinity-ttl", seconds: true},
 	{name: "", target: "router-session-affinity-mode", env: "DYN_ROUTER_SESSION_AFFINITY_MODE"},
+	{name: "router-predicted-ttl-secs", target: "router-predicted-ttl", seconds: true, env: "DYN_ROUTER_PREDICTED_TTL_SECS"},
 	// The frontend's migration limit: other workers a request is sent to after one fails.
 	{name: "migration-limit", target: "frontend-retries"},
 	// The standalone indexer's --peers is kvrouterd's; the selection service calls it so.
