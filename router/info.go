@@ -32,6 +32,8 @@ type WorkerInfo struct {
 	HTTPEndpoint string `json:"http_endpoint,omitempty"`
 	// Weight is the worker's device-aware weight (Registration.Weight), 0 when never set.
 	Weight float64 `json:"weight,omitempty"`
+	// Role is the worker's role: prefill, decode or both (role.go).
+	Role string `json:"role"`
 	// Problems says what is known to be wrong with the worker's configuration, such as an
 	// engine block size other than its model's: each a short line naming the setting.
 	Problems []string `json:"problems,omitempty"`
@@ -64,7 +66,7 @@ func (r *Router) Workers() []WorkerInfo {
 		for _, w := range reg.ranks {
 			out = append(out, WorkerInfo{
 				ID: w.key.ID, Rank: w.key.Rank, Model: reg.model.name, BlockSize: reg.model.blockSize,
-				Capacity: reg.capacity.Load(), MaxTokens: reg.maxTokens.Load(), Weight: reg.getWeight(), Endpoint: w.endpoint, Replay: w.replay,
+				Capacity: reg.capacity.Load(), MaxTokens: reg.maxTokens.Load(), Weight: reg.getWeight(), Role: reg.getRole().String(), Endpoint: w.endpoint, Replay: w.replay,
 			})
 			if u := reg.http.Load(); u != nil {
 				out[len(out)-1].HTTPEndpoint = *u

@@ -237,6 +237,12 @@ func (r *Router) route(req *wire.RouteRequest, resp *wire.RouteResponse, book bo
 	if len(s.m.Slots) > 0 && rand.Uint32()&uint32(r.cfg.HitSample-1) == 0 {
 		noteHits(m, list, s.m.Slots)
 	}
+	if book {
+		// A route serves the request whole: never on a prefill worker (role.go).
+		if list = list.serve; len(list.keys) == 0 {
+			return fieldErr(ErrUnknownWorker, "model", "model %q has only prefill workers: none serves a request whole", req.Model)
+		}
+	}
 	limit := int(req.MaxCandidates)
 	if limit == 0 {
 		limit = r.cfg.MaxCandidates

@@ -248,7 +248,7 @@ func (s *Server) dynamoRegister(ctx *fasthttp.RequestCtx) {
 	}
 	err := s.ch.Register(router.Registration{
 		ID: id, Model: key, BlockSize: bs, Ranks: []uint32{rank}, Endpoint: j.Endpoint, Replay: replay, HTTPEndpoint: j.HTTP,
-		Weight: router.DeviceWeight(j.DeviceType, j.Weight),
+		Weight: router.DeviceWeight(j.DeviceType, j.Weight), KeepRole: true, // Dynamo's /register has no role
 	})
 	if err != nil {
 		s.fail(ctx, epDynamo, dynamoField(err))

@@ -358,7 +358,7 @@ func (s *Server) recoverPartition(model string, p dynDumpPartition, st *Recovery
 			}
 			continue
 		}
-		if err := s.ch.Register(router.Registration{ID: id, Model: model, BlockSize: p.BlockSize, Ranks: rs}); err != nil {
+		if err := s.ch.Register(router.Registration{ID: id, Model: model, BlockSize: p.BlockSize, Ranks: rs, KeepRole: true}); err != nil {
 			return fmt.Errorf("worker %d: %w", id, err)
 		}
 		st.Workers++

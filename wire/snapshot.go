@@ -29,7 +29,10 @@ type SnapshotWorker struct {
 	HTTPEndpoint string
 	// Weight is the worker's weight for mode device_aware_weighted, 0 for none (flags bit 4).
 	Weight float64
-	Ranks  []SnapshotRank
+	// Role is the worker's role, 0 for both (an aggregated worker), 1 prefill, 2 decode
+	// (router.Role's values; flags bit 5).
+	Role  uint8
+	Ranks []SnapshotRank
 	// Endpoints, if not empty, holds one entry per rank, in the order of Ranks: where each
 	// publishes its KV events (flags bit 1, which also carries each rank's Batch; without it,
 	// Batch is written and read as 0).
@@ -44,6 +47,9 @@ type SnapshotWorker struct {
 type SnapshotEndpoint struct {
 	Endpoint, Replay string
 }
+
+// MaxRole is the highest SnapshotWorker.Role.
+const MaxRole = 2
 
 // MaxSnapshotRanks is the most data-parallel ranks a SnapshotWorker may carry.
 const MaxSnapshotRanks = 1024
@@ -62,7 +68,8 @@ const (
 	snapTree        = 1 << 2 // each rank carries its block tree (local hashes and parents)
 	snapHTTP        = 1 << 3 // the worker's HTTP endpoint follows the replay endpoint
 	snapWeight      = 1 << 4 // the worker's weight (f64) follows the HTTP endpoint's place
-	snapFlags       = snapReports | snapEndpoints | snapTree | snapHTTP | snapWeight
+	snapRole        = 1 << 5 // the worker's role (u32) follows the weight's place
+	snapFlags       = snapReports | snapEndpoints | snapTree | snapHTTP | snapWeight | snapRole
 )
 
 var (
@@ -98,6 +105,9 @@ func (w *SnapshotWorker) Validate() error {
 	if w.Weight != 0 && (!(w.Weight > 0) || math.IsInf(w.Weight, 1)) {
 		return invalid(m, "weight", ErrInvalid, fmt.Sprintf("%v, want 0 (none) or a finite number > 0", w.Weight))
 	}
+	if w.Role > MaxRole {
+		return invalid(m, "role", ErrInvalid, fmt.Sprintf("%d, want 0 (both), 1 (prefill) or 2 (decode)", w.Role))
+	}
 	if w.BlockSize <= 0 || w.BlockSize > MaxBlockSize {
 		return invalid(m, "block_size", ErrInvalid, fmt.Sprintf("%d, want 1 to %d", w.BlockSize, MaxBlockSize))
 	}
@@ -123,6 +133,9 @@ func (w *SnapshotWorker) size() int {
 	}
 	if w.Weight != 0 {
 		n += 8
+	}
+	if w.Role != 0 {
+		n += 4
 	}
 	tree := w.hasTree()
 	for i := range w.Ranks {
@@ -172,6 +185,9 @@ func AppendSnapshotWorker(dst []byte, w *SnapshotWorker) []byte {
 	if w.Weight != 0 {
 		flags |= snapWeight
 	}
+	if w.Role != 0 {
+		flags |= snapRole
+	}
 	dst = le.AppendUint32(dst, flags)
 	dst = le.AppendUint64(dst, uint64(w.Capacity))
 	dst = le.AppendUint64(dst, uint64(w.MaxTokens))
@@ -183,6 +199,9 @@ func AppendSnapshotWorker(dst []byte, w *SnapshotWorker) []byte {
 	}
 	if w.Weight != 0 {
 		dst = le.AppendUint64(dst, math.Float64bits(w.Weight))
+	}
+	if w.Role != 0 {
+		dst = le.AppendUint32(dst, uint32(w.Role))
 	}
 	dst = appendCount(dst, len(w.Ranks))
 	for i := range w.Ranks {
@@ -265,6 +284,15 @@ func DecodeSnapshotWorker(b []byte, w *SnapshotWorker) error {
 			return d.errAt("weight", d.off-8, ErrInvalid, "%v, want a finite number > 0", weight)
 		}
 	}
+	var role uint32
+	if flags&snapRole != 0 {
+		if role, err = d.u32("role"); err != nil {
+			return err
+		}
+		if role == 0 || role > MaxRole {
+			return d.errAt("role", d.off-4, ErrInvalid, "%d, want 1 (prefill) or 2 (decode): a worker of both roles clears flags bit 5", role)
+		}
+	}
 	start := d.off
 	nr, err := d.count("n_ranks", "ranks", snapRankFixed)
 	if err != nil {
@@ -341,6 +369,6 @@ func DecodeSnapshotWorker(b []byte, w *SnapshotWorker) error {
 	}
 	w.ID, w.BlockSize, w.Reports = le.Uint64(p), int(bs), flags&snapReports != 0
 	w.Capacity, w.MaxTokens, w.Model, w.Endpoint, w.Replay = capacity, maxTokens, model, endpoint, replay
-	w.HTTPEndpoint, w.Weight = httpEndpoint, weight
+	w.HTTPEndpoint, w.Weight, w.Role = httpEndpoint, weight, uint8(role)
 	return nil
 }

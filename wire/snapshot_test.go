@@ -25,7 +25,7 @@ var goldenSnapshotWorker = wire.SnapshotWorker{
 func sameWorker(a, b *wire.SnapshotWorker) bool {
 	if a.ID != b.ID || a.Model != b.Model || a.BlockSize != b.BlockSize || a.Capacity != b.Capacity ||
 		a.MaxTokens != b.MaxTokens || a.Endpoint != b.Endpoint || a.Replay != b.Replay ||
-		a.Reports != b.Reports || a.HTTPEndpoint != b.HTTPEndpoint || a.Weight != b.Weight || len(a.Ranks) != len(b.Ranks) || !slices.Equal(a.Endpoints, b.Endpoints) {
+		a.Reports != b.Reports || a.HTTPEndpoint != b.HTTPEndpoint || a.Weight != b.Weight || a.Role != b.Role || len(a.Ranks) != len(b.Ranks) || !slices.Equal(a.Endpoints, b.Endpoints) {
 		return false
 	}
 	for i := range a.Ranks {
@@ -74,6 +74,7 @@ func randSnapshotWorker(r *rand.Rand) *wire.SnapshotWorker {
 	if r.IntN(2) == 0 {
 		w.Weight = 0.125 + r.Float64()*8
 	}
+	w.Role = uint8(r.IntN(3))
 	for rank := range r.IntN(4) {
 		if w.Endpoints != nil {
 			w.Endpoints = append(w.Endpoints, wire.SnapshotEndpoint{Endpoint: fmt.Sprintf("tcp://10.0.0.1:%d", 5557+rank)})
@@ -150,7 +151,7 @@ func TestSnapshotWorkerBad(t *testing.T) {
 		{"truncated in the ranks", golden[:len(golden)-20], "", wire.ErrTruncated},
 		{"wrong type", patch(6, 3), "type", wire.ErrType},
 		{"block size 0", patch(body+8, 0, 0, 0, 0), "block_size", wire.ErrInvalid},
-		{"unknown flag", patch(body+12, 33), "flags", wire.ErrInvalid},
+		{"unknown flag", patch(body+12, 65), "flags", wire.ErrInvalid},
 		{"negative capacity", patch(body+16, 0, 0, 0, 0, 0, 0, 0, 0x80), "capacity", wire.ErrInvalid},
 		{"empty model", emptyModel(golden), "model", wire.ErrInvalid},
 		{"rank twice", patch(len(golden)-16, 0), "ranks[1].rank", wire.ErrInvalid},
@@ -205,4 +206,41 @@ func FuzzDecodeSnapshotWorker(f *testing.F) {
 			t.Fatalf("re-encoded after reuse\n%x\nfrom\n%x", enc, b)
 		}
 	})
+}
+
+// TestSnapshotWorkerRole holds the role to flags bit 5: a worker of both roles (0) writes the
+// bytes of a snapshot before roles, so old snapshots restore as both; prefill and decode add a
+// u32 after the weight's place; 0 or 3 there is refused.
+func TestSnapshotWorkerRole(t *testing.T) {
+	golden := readHex(t, "snapshot_worker.hex")
+	w := goldenSnapshotWorker
+	w.Role = 1
+	b := wire.AppendSnapshotWorker(nil, &w)
+	if len(b) != len(golden)+4 {
+		t.Fatalf("a role adds %d bytes, want 4", len(b)-len(golden))
+	}
+	var got wire.SnapshotWorker
+	if err := wire.DecodeSnapshotWorker(b, &got); err != nil || got.Role != 1 {
+		t.Fatalf("decoded role %d, %v", got.Role, err)
+	}
+	if err := wire.DecodeSnapshotWorker(golden, &got); err != nil || got.Role != 0 {
+		t.Fatalf("a snapshot without bit 5 decoded role %d, %v", got.Role, err)
+	}
+	at := bytes.Index(b, []byte{1, 0, 0, 0, 2, 0, 0, 0}) // the role, then n_ranks (2)
+	if at < 0 {
+		t.Fatal("role not found")
+	}
+	for _, v := range []byte{0, 3} {
+		c := bytes.Clone(b)
+		c[at] = v
+		err := wire.DecodeSnapshotWorker(c, &got)
+		var we *wire.Error
+		if !errors.As(err, &we) || we.Field != "role" || we.Offset != at {
+			t.Errorf("role %d: %v", v, err)
+		}
+	}
+	w.Role = 3
+	if err := w.Validate(); err == nil {
+		t.Error("Validate accepted role 3")
+	}
 }
