@@ -35,9 +35,13 @@ type Config struct {
 	OverlapScoreCreditDecay   float64
 	PrefillLoadScale          float64
 	DecodeActiveRequestWeight float64
-	NoAssumeKVReuse           bool
-	TrackOutputBlocks         bool
-	RequestExpiry             time.Duration
+	// HostCacheHitWeight and DiskCacheHitWeight credit the blocks the lower storage tiers add
+	// to a worker's device prefix (host; disk and external), in both cost formulas.
+	HostCacheHitWeight float64
+	DiskCacheHitWeight float64
+	NoAssumeKVReuse    bool
+	TrackOutputBlocks  bool
+	RequestExpiry      time.Duration
 
 	// The router queue: off unless RouterQueueThreshold is set (Dynamo main's rule).
 	RouterQueueThreshold   OptFloat
@@ -136,6 +140,8 @@ func Defaults() Config {
 		RouterCost:               "v1",
 		OverlapScoreCredit:       1.0,
 		PrefillLoadScale:         1.0,
+		HostCacheHitWeight:       0.75,
+		DiskCacheHitWeight:       0.25,
 		RouterQueuePolicy:        "fcfs",
 		RouterQueueMaxRequests:   1024,
 		RouterQueueMaxWait:       30 * time.Second,
@@ -200,6 +206,8 @@ func (c *Config) Flags(fs *flag.FlagSet) {
 	fs.StringVar(&c.RouterCost, "router-cost", c.RouterCost, "cost formula of the kv mode: v1 (--overlap-score-weight × prefill blocks + decode blocks, Dynamo's releases) or main (Dynamo's main branch: cached blocks a credit against the prompt, the rest scaled, active requests weighed; the --router-kv-overlap-score-credit, --router-kv-overlap-score-credit-decay, --router-prefill-load-scale and --router-decode-active-request-weight terms)")
 	fs.Float64Var(&c.OverlapScoreCredit, "router-kv-overlap-score-credit", c.OverlapScoreCredit, "--router-cost main: share of each cached block taken off the prompt's prefill blocks, 0 to 1")
 	fs.Float64Var(&c.OverlapScoreCreditDecay, "router-kv-overlap-score-credit-decay", c.OverlapScoreCreditDecay, "--router-cost main: shrink a worker's credit by 1 / (1 + decay × its prefill backlog above the least loaded worker's, in request sizes); 0: no decay")
+	fs.Float64Var(&c.HostCacheHitWeight, "router-host-cache-hit-weight", c.HostCacheHitWeight, "share of a cached block credited for each block the host tier (CPU memory) adds to a worker's device prefix, in both cost formulas; 0 indexes the tier without crediting it")
+	fs.Float64Var(&c.DiskCacheHitWeight, "router-disk-cache-hit-weight", c.DiskCacheHitWeight, "share of a cached block credited for each block the disk and external tiers add to a worker's device and host prefix, in both cost formulas")
 	fs.Float64Var(&c.PrefillLoadScale, "router-prefill-load-scale", c.PrefillLoadScale, "--router-cost main: weight of the prefill blocks left after the credit (Dynamo main reads --overlap-score-weight as this when it is given other than 1)")
 	fs.Float64Var(&c.DecodeActiveRequestWeight, "router-decode-active-request-weight", c.DecodeActiveRequestWeight, "--router-cost main: cost in blocks of each request active on a worker")
 	fs.BoolVar(&c.NoAssumeKVReuse, "no-router-assume-kv-reuse", c.NoAssumeKVReuse, "book each request's blocks under random hashes, so that concurrent requests share no active block (engines without prefix caching); a request's assume_kv_reuse overrides it")
@@ -323,6 +331,9 @@ func (c *Config) Check() error {
 		err := t.Check()
 		return fmt.Errorf("--router-kv-overlap-score-credit, --router-kv-overlap-score-credit-decay, --router-prefill-load-scale, --router-decode-active-request-weight: %w", err)
 	}
+	if tc := c.tierCredit(); tc.Check() != nil {
+		return fmt.Errorf("--router-host-cache-hit-weight %v, --router-disk-cache-hit-weight %v: %w", c.HostCacheHitWeight, c.DiskCacheHitWeight, tc.Check())
+	}
 	if m, err := scoring.ParseMode(c.RouterMode); err != nil || m == scoring.Default {
 		return fmt.Errorf("--router-mode %q: want %s", c.RouterMode, scoring.ModeNames)
 	}
@@ -417,6 +428,11 @@ func (c *Config) terms() scoring.Terms {
 		}
 	}
 	return t
+}
+
+// tierCredit are the lower storage tiers' weights.
+func (c *Config) tierCredit() scoring.TierCredit {
+	return scoring.TierCredit{Host: c.HostCacheHitWeight, Disk: c.DiskCacheHitWeight}
 }
 
 // OptFloat is a number flag that may be left unset: the router queue's threshold is off unless

@@ -4,6 +4,8 @@ import (
 	"slices"
 	"time"
 
+	"github.com/kvrouterd/kvrouterd/kvevent"
+
 	"github.com/kvrouterd/kvrouterd/shard"
 )
 
@@ -133,6 +135,16 @@ type ModelInfo struct {
 	Workers     int    `json:"workers"`
 	Blocks      int64  `json:"blocks"`      // distinct blocks in the index
 	Residencies int64  `json:"residencies"` // (block, worker) pairs
+	// HostResidencies, DiskResidencies and ExternalResidencies are the (block, worker) pairs of
+	// the lower storage tiers' indexes; Blocks and Residencies are the device tier's.
+	HostResidencies     int64 `json:"host_residencies,omitempty"`
+	DiskResidencies     int64 `json:"disk_residencies,omitempty"`
+	ExternalResidencies int64 `json:"external_residencies,omitempty"`
+}
+
+// TierResidencies returns the model's residencies by storage tier (kvevent.Tier).
+func (m *ModelInfo) TierResidencies() [kvevent.NumTiers]int64 {
+	return [kvevent.NumTiers]int64{m.Residencies, m.HostResidencies, m.DiskResidencies, m.ExternalResidencies}
 }
 
 // Models lists the models, by name.
@@ -141,8 +153,14 @@ func (r *Router) Models() []ModelInfo {
 	out := make([]ModelInfo, 0, len(ms))
 	for _, m := range ms {
 		st := m.ix.Stats()
-		out = append(out, ModelInfo{Name: m.name, BlockSize: m.blockSize, Workers: len(m.list.Load().ws),
-			Blocks: int64(st.Entries), Residencies: int64(st.Residencies)})
+		mi := ModelInfo{Name: m.name, BlockSize: m.blockSize, Workers: len(m.list.Load().ws),
+			Blocks: int64(st.Entries), Residencies: int64(st.Residencies)}
+		for t, dst := range [...]*int64{kvevent.Host: &mi.HostResidencies, kvevent.Disk: &mi.DiskResidencies, kvevent.External: &mi.ExternalResidencies} {
+			if tix := m.ix.TierIndex(kvevent.Tier(t)); dst != nil && tix != nil {
+				*dst = tix.Stats().Residencies
+			}
+		}
+		out = append(out, mi)
 	}
 	slices.SortFunc(out, func(a, b ModelInfo) int {
 		if a.Name < b.Name {

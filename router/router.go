@@ -43,6 +43,10 @@ type Config struct {
 	// credit.
 	Cost  scoring.CostModel
 	Terms *scoring.Terms
+	// TierCredit weighs the blocks the lower storage tiers (host, disk, external) add to a
+	// worker's device prefix, in both formulas (nil: Dynamo's defaults, 0.75 for host and 0.25
+	// for disk and external; {0, 0} indexes the tiers without crediting them).
+	TierCredit *scoring.TierCredit
 	// NoAssumeReuse books each request's blocks under random hashes, so that concurrent requests
 	// share no active blocks (Dynamo's router_assume_kv_reuse=false, for engines without prefix
 	// caching); a request's assume_kv_reuse overrides it.
@@ -134,6 +138,10 @@ func (c *Config) defaults() {
 	if c.Terms == nil {
 		t := scoring.DefaultTerms()
 		c.Terms = &t
+	}
+	if c.TierCredit == nil {
+		t := scoring.DefaultTierCredit()
+		c.TierCredit = &t
 	}
 	if c.RequestExpiry <= 0 {
 		c.RequestExpiry = 300 * time.Second

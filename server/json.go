@@ -261,6 +261,17 @@ func appendRouteJSON(b []byte, r *wire.RouteResponse) []byte {
 		b = strconv.AppendUint(b, uint64(c.ActiveBlocks), 10)
 		b = append(b, `,"tree_blocks":`...)
 		b = strconv.AppendUint(b, c.TreeBlocks, 10)
+		if i < len(r.Tiers) {
+			if x := r.Tiers[i]; x != (wire.CandidateTiers{}) {
+				// The lower tiers' extensions of cached_blocks, present when any is not 0.
+				b = append(b, `,"host_blocks":`...)
+				b = strconv.AppendUint(b, uint64(x.Host), 10)
+				b = append(b, `,"disk_blocks":`...)
+				b = strconv.AppendUint(b, uint64(x.Disk), 10)
+				b = append(b, `,"external_blocks":`...)
+				b = strconv.AppendUint(b, uint64(x.External), 10)
+			}
+		}
 		b = append(b, `,"logit":`...)
 		b = appendFloat(b, c.Logit)
 		b = append(b, '}')

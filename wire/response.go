@@ -77,6 +77,18 @@ type RouteResponse struct {
 	Prefill       bool
 	PrefillWorker uint64
 	PrefillRank   uint32
+	// Tiers, when not empty, holds one entry per candidate (Tiers[i] for Candidates[i]): how
+	// far the lower storage tiers extend its CachedBlocks. Empty when no candidate has such an
+	// extension. JSON answers carry it; the binary format does not (SPEC.md §4), and a decoded
+	// answer has none.
+	Tiers []CandidateTiers
+}
+
+// CandidateTiers is how many blocks the lower storage tiers add to a candidate's cached
+// prefix, each tier after the one before: host from CachedBlocks on, disk after the host's,
+// external after the disk's. Extensions, not cumulative depths. A plain value.
+type CandidateTiers struct {
+	Host, Disk, External uint32
 }
 
 // Validate reports the first field of r that the format cannot carry as it is, as an *Error

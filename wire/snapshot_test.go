@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/wire"
 )
 
@@ -32,8 +33,16 @@ func sameWorker(a, b *wire.SnapshotWorker) bool {
 		x, y := a.Ranks[i], b.Ranks[i]
 		if x.Rank != y.Rank || x.Cursor != y.Cursor || x.Batch != y.Batch || len(x.Seqs) != len(y.Seqs) ||
 			len(x.Seqs) > 0 && (!reflect.DeepEqual(x.Seqs, y.Seqs) || !reflect.DeepEqual(x.Engines, y.Engines)) ||
-			len(x.Locals) != len(y.Locals) || len(x.Locals) > 0 && (!slices.Equal(x.Locals, y.Locals) || !slices.Equal(x.Parents, y.Parents)) {
+			len(x.Locals) != len(y.Locals) || len(x.Locals) > 0 && (!slices.Equal(x.Locals, y.Locals) || !slices.Equal(x.Parents, y.Parents)) ||
+			len(x.Lower) != len(y.Lower) {
 			return false
+		}
+		for j := range x.Lower {
+			l, m := x.Lower[j], y.Lower[j]
+			if l.Tier != m.Tier || !slices.Equal(l.Seqs, m.Seqs) || !slices.Equal(l.Engines, m.Engines) ||
+				!slices.Equal(l.Locals, m.Locals) || !slices.Equal(l.Parents, m.Parents) {
+				return false
+			}
 		}
 	}
 	return true
@@ -90,10 +99,30 @@ func randSnapshotWorker(r *rand.Rand) *wire.SnapshotWorker {
 		if w.Endpoints != nil {
 			sr.Batch = r.Uint64N(3) * r.Uint64() // the rank's last engine batch, 0 for none
 		}
-		if r.IntN(3) == 0 { // the block tree of --keep-block-tree
+		tree := r.IntN(3) == 0
+		if tree { // the block tree of --keep-block-tree
 			sr.Locals, sr.Parents = make([]uint64, n), make([]uint64, n)
 			for j := range n {
 				sr.Locals[j], sr.Parents[j] = r.Uint64(), r.Uint64()
+			}
+		}
+		if r.IntN(2) == 0 { // blocks in lower storage tiers, some of them
+			for _, tier := range []kvevent.Tier{kvevent.Host, kvevent.Disk, kvevent.External} {
+				if r.IntN(2) == 0 {
+					continue
+				}
+				n := r.IntN(50)
+				l := kvevent.TierBlocks{Tier: tier, Seqs: make([]uint64, n), Engines: make([]uint64, n)}
+				for j := range n {
+					l.Seqs[j], l.Engines[j] = r.Uint64(), r.Uint64()
+				}
+				if tree && r.IntN(2) == 0 {
+					l.Locals, l.Parents = make([]uint64, n), make([]uint64, n)
+					for j := range n {
+						l.Locals[j], l.Parents[j] = r.Uint64(), r.Uint64()
+					}
+				}
+				sr.Lower = append(sr.Lower, l)
 			}
 		}
 		w.Ranks = append(w.Ranks, sr)
@@ -151,7 +180,7 @@ func TestSnapshotWorkerBad(t *testing.T) {
 		{"truncated in the ranks", golden[:len(golden)-20], "", wire.ErrTruncated},
 		{"wrong type", patch(6, 3), "type", wire.ErrType},
 		{"block size 0", patch(body+8, 0, 0, 0, 0), "block_size", wire.ErrInvalid},
-		{"unknown flag", patch(body+12, 65), "flags", wire.ErrInvalid},
+		{"unknown flag", patch(body+12, 129), "flags", wire.ErrInvalid},
 		{"negative capacity", patch(body+16, 0, 0, 0, 0, 0, 0, 0, 0x80), "capacity", wire.ErrInvalid},
 		{"empty model", emptyModel(golden), "model", wire.ErrInvalid},
 		{"rank twice", patch(len(golden)-16, 0), "ranks[1].rank", wire.ErrInvalid},
