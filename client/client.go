@@ -155,6 +155,9 @@ type Worker struct {
 	Ranks     []uint32 `json:"dp_ranks,omitempty"`
 	Capacity  int64    `json:"capacity_blocks,omitempty"`
 	MaxTokens int64    `json:"max_batched_tokens,omitempty"`
+	// Role is "prefill", "decode" or "both"; "" leaves a registered worker's as it was (both
+	// for a new one).
+	Role string `json:"role,omitempty"`
 }
 
 // Register registers a worker (or adds ranks to it).

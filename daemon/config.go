@@ -35,9 +35,13 @@ type Config struct {
 	OverlapScoreCreditDecay   float64
 	PrefillLoadScale          float64
 	DecodeActiveRequestWeight float64
-	NoAssumeKVReuse           bool
-	TrackOutputBlocks         bool
-	RequestExpiry             time.Duration
+	// HostCacheHitWeight and DiskCacheHitWeight credit the blocks the lower storage tiers add
+	// to a worker's device prefix (host; disk and external), in both cost formulas.
+	HostCacheHitWeight float64
+	DiskCacheHitWeight float64
+	NoAssumeKVReuse    bool
+	TrackOutputBlocks  bool
+	RequestExpiry      time.Duration
 
 	// The router queue: off unless RouterQueueThreshold is set (Dynamo main's rule).
 	RouterQueueThreshold   OptFloat
@@ -49,6 +53,9 @@ type Config struct {
 	SessionAffinityTTL  time.Duration
 	SessionAffinityMode string
 	MaxCandidates       int
+
+	// Predict-on-route: off unless its time to live is set.
+	PredictedTTL time.Duration
 
 	// Busy thresholds (busy.go): unset unless given. OverloadStatus answers a route refused
 	// as every eligible worker is overloaded.
@@ -133,6 +140,8 @@ func Defaults() Config {
 		RouterCost:               "v1",
 		OverlapScoreCredit:       1.0,
 		PrefillLoadScale:         1.0,
+		HostCacheHitWeight:       0.75,
+		DiskCacheHitWeight:       0.25,
 		RouterQueuePolicy:        "fcfs",
 		RouterQueueMaxRequests:   1024,
 		RouterQueueMaxWait:       30 * time.Second,
@@ -190,12 +199,15 @@ func (c *Config) Flags(fs *flag.FlagSet) {
 	fs.StringVar(&c.RouterQueuePolicy, "router-queue-policy", c.RouterQueuePolicy, "router queue order: fcfs (best tail TTFT), wspt (shortest uncached prompt first, best mean TTFT) or lcfs; strict priority first, priority jumps in seconds")
 	fs.IntVar(&c.RouterQueueMaxRequests, "router-queue-max-requests", c.RouterQueueMaxRequests, "router queue: requests a model's queue holds at most; a request that finds it full is refused with 429")
 	fs.DurationVar(&c.SessionAffinityTTL, "router-session-affinity-ttl", c.SessionAffinityTTL, "session affinity: a request's session id (session_id, nvext.session_control, the X-Dynamo-Session-ID header) keeps it on the worker its session was first routed to, for this long after the session's last request; shared with the other replicas; 0: off")
+	fs.DurationVar(&c.PredictedTTL, "router-predicted-ttl", c.PredictedTTL, "predict-on-route: each routed request's blocks count as cached on its worker for this long (5s suggested), until the worker's KV events tell of them, so that sibling requests follow it; a side index, never snapshotted; needs KV events; 0: off")
 	fs.StringVar(&c.SessionAffinityMode, "router-session-affinity-mode", c.SessionAffinityMode, "session affinity: hard (a session leaves its worker only when the worker is gone) or soft (also when it is overloaded)")
 	fs.DurationVar(&c.RouterQueueMaxWait, "router-queue-max-wait", c.RouterQueueMaxWait, "router queue: the longest a request waits when it does not say (max_wait_ms); past it, 503")
 	fs.BoolVar(&c.TrackPrefillTokens, "track-prefill-tokens", c.TrackPrefillTokens, "charge and book each request's uncached prompt tokens as prefill; false routes on decode load alone, as Dynamo's decode stage")
 	fs.StringVar(&c.RouterCost, "router-cost", c.RouterCost, "cost formula of the kv mode: v1 (--overlap-score-weight × prefill blocks + decode blocks, Dynamo's releases) or main (Dynamo's main branch: cached blocks a credit against the prompt, the rest scaled, active requests weighed; the --router-kv-overlap-score-credit, --router-kv-overlap-score-credit-decay, --router-prefill-load-scale and --router-decode-active-request-weight terms)")
 	fs.Float64Var(&c.OverlapScoreCredit, "router-kv-overlap-score-credit", c.OverlapScoreCredit, "--router-cost main: share of each cached block taken off the prompt's prefill blocks, 0 to 1")
 	fs.Float64Var(&c.OverlapScoreCreditDecay, "router-kv-overlap-score-credit-decay", c.OverlapScoreCreditDecay, "--router-cost main: shrink a worker's credit by 1 / (1 + decay × its prefill backlog above the least loaded worker's, in request sizes); 0: no decay")
+	fs.Float64Var(&c.HostCacheHitWeight, "router-host-cache-hit-weight", c.HostCacheHitWeight, "share of a cached block credited for each block the host tier (CPU memory) adds to a worker's device prefix, in both cost formulas; 0 indexes the tier without crediting it")
+	fs.Float64Var(&c.DiskCacheHitWeight, "router-disk-cache-hit-weight", c.DiskCacheHitWeight, "share of a cached block credited for each block the disk and external tiers add to a worker's device and host prefix, in both cost formulas")
 	fs.Float64Var(&c.PrefillLoadScale, "router-prefill-load-scale", c.PrefillLoadScale, "--router-cost main: weight of the prefill blocks left after the credit (Dynamo main reads --overlap-score-weight as this when it is given other than 1)")
 	fs.Float64Var(&c.DecodeActiveRequestWeight, "router-decode-active-request-weight", c.DecodeActiveRequestWeight, "--router-cost main: cost in blocks of each request active on a worker")
 	fs.BoolVar(&c.NoAssumeKVReuse, "no-router-assume-kv-reuse", c.NoAssumeKVReuse, "book each request's blocks under random hashes, so that concurrent requests share no active block (engines without prefix caching); a request's assume_kv_reuse overrides it")
@@ -265,6 +277,10 @@ func (c *Config) Check() error {
 		return fmt.Errorf("--router-queue-max-requests %d: want 1 to 1048576", c.RouterQueueMaxRequests)
 	case c.SessionAffinityTTL < 0 || c.SessionAffinityTTL > 365*24*time.Hour:
 		return fmt.Errorf("--router-session-affinity-ttl %v: want 0 (off) to a year", c.SessionAffinityTTL)
+	case c.PredictedTTL < 0 || c.PredictedTTL > time.Hour:
+		return fmt.Errorf("--router-predicted-ttl %v: want 0 (off) to an hour", c.PredictedTTL)
+	case c.PredictedTTL > 0 && c.NoKVEvents:
+		return fmt.Errorf("--router-predicted-ttl %v: predict-on-route needs KV events, and --no-kv-events (approximate mode) reads none", c.PredictedTTL)
 	case c.SessionAffinityMode != "hard" && c.SessionAffinityMode != "soft":
 		return fmt.Errorf("--router-session-affinity-mode %q: want hard or soft", c.SessionAffinityMode)
 	case c.RouterQueueMaxWait <= 0:
@@ -314,6 +330,9 @@ func (c *Config) Check() error {
 	if t := c.terms(); t.Check() != nil {
 		err := t.Check()
 		return fmt.Errorf("--router-kv-overlap-score-credit, --router-kv-overlap-score-credit-decay, --router-prefill-load-scale, --router-decode-active-request-weight: %w", err)
+	}
+	if tc := c.tierCredit(); tc.Check() != nil {
+		return fmt.Errorf("--router-host-cache-hit-weight %v, --router-disk-cache-hit-weight %v: %w", c.HostCacheHitWeight, c.DiskCacheHitWeight, tc.Check())
 	}
 	if m, err := scoring.ParseMode(c.RouterMode); err != nil || m == scoring.Default {
 		return fmt.Errorf("--router-mode %q: want %s", c.RouterMode, scoring.ModeNames)
@@ -409,6 +428,11 @@ func (c *Config) terms() scoring.Terms {
 		}
 	}
 	return t
+}
+
+// tierCredit are the lower storage tiers' weights.
+func (c *Config) tierCredit() scoring.TierCredit {
+	return scoring.TierCredit{Host: c.HostCacheHitWeight, Disk: c.DiskCacheHitWeight}
 }
 
 // OptFloat is a number flag that may be left unset: the router queue's threshold is off unless

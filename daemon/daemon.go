@@ -121,6 +121,7 @@ func Start(ctx context.Context, c Config, stderr io.Writer) (_ *Daemon, err erro
 	mode, _ := scoring.ParseMode(c.RouterMode)
 	cost, _ := scoring.ParseCost(c.RouterCost)
 	terms := c.terms()
+	tierCredit := c.tierCredit()
 	watch := &engineWatcher{}
 	var share *replica.Sharer
 	if c.ShareLoad && !c.NoKVEvents {
@@ -138,10 +139,12 @@ func Start(ctx context.Context, c Config, stderr io.Writer) (_ *Daemon, err erro
 			NoTrackPrefill:    !c.TrackPrefillTokens,
 			Cost:              cost,
 			Terms:             &terms,
+			TierCredit:        &tierCredit,
 			NoAssumeReuse:     c.NoAssumeKVReuse,
 			TrackOutputBlocks: c.TrackOutputBlocks,
 			Queue:             c.queue(),
 			Affinity:          c.affinity(),
+			PredictedTTL:      c.PredictedTTL,
 			RequestExpiry:     c.RequestExpiry,
 			MaxCandidates:     c.MaxCandidates,
 			Busy:              c.BusyThresholds(),

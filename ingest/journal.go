@@ -90,6 +90,17 @@ type registrationJSON struct {
 	HTTPEndpoint string `json:"http_endpoint,omitempty"`
 	// Weight: a replica older than it ignores it (the worker's weight then 1 there).
 	Weight float64 `json:"weight,omitempty"`
+	// Role: prefill, decode or both; absent keeps a registered worker's (Registration.KeepRole).
+	// A replica older than it ignores it (every worker then both there).
+	Role string `json:"role,omitempty"`
+}
+
+// roleJSON is g's role as the stream carries it: none with KeepRole.
+func roleJSON(g router.Registration) string {
+	if g.KeepRole {
+		return ""
+	}
+	return g.Role.String()
 }
 
 // Register publishes g and returns the Router's answer to it.
@@ -99,7 +110,8 @@ func (j *Journal) Register(g router.Registration) error {
 		return err
 	}
 	body, err := json.Marshal(registrationJSON{Worker: g.ID, Model: g.Model, BlockSize: g.BlockSize, Ranks: g.Ranks,
-		Capacity: g.Capacity, MaxTokens: g.MaxTokens, Endpoint: g.Endpoint, Replay: g.Replay, HTTPEndpoint: g.HTTPEndpoint, Weight: g.Weight})
+		Capacity: g.Capacity, MaxTokens: g.MaxTokens, Endpoint: g.Endpoint, Replay: g.Replay, HTTPEndpoint: g.HTTPEndpoint, Weight: g.Weight,
+		Role: roleJSON(g)})
 	if err != nil {
 		return err
 	}
@@ -284,8 +296,13 @@ func (c *Consumer) applyOp(op, model string, worker uint64, data []byte, w *wait
 		if j.Worker != worker || j.Model != model {
 			return &router.FieldError{Field: "worker_id", Err: router.ErrInvalid, Msg: "the registration's worker or model is not its subject's"}
 		}
+		role, err := router.ParseRole(j.Role)
+		if err != nil {
+			return err
+		}
 		return ch.Register(router.Registration{ID: j.Worker, Model: j.Model, BlockSize: j.BlockSize, Ranks: j.Ranks,
-			Capacity: j.Capacity, MaxTokens: j.MaxTokens, Endpoint: j.Endpoint, Replay: j.Replay, HTTPEndpoint: j.HTTPEndpoint, Weight: j.Weight})
+			Capacity: j.Capacity, MaxTokens: j.MaxTokens, Endpoint: j.Endpoint, Replay: j.Replay, HTTPEndpoint: j.HTTPEndpoint, Weight: j.Weight,
+			Role: role, KeepRole: j.Role == ""})
 	case OpUnregister:
 		return ch.Unregister(worker)
 	case OpUnregisterRank:

@@ -39,9 +39,9 @@ func (k Kind) String() string {
 	return fmt.Sprintf("kind(%d)", uint8(k))
 }
 
-// Tier is the storage tier a block lives in; a plain value. The index scores device (GPU)
-// residency; events about other tiers are counted and skipped, so that an offloaded copy being
-// dropped never removes the device copy with the same engine hash.
+// Tier is the storage tier a block lives in; a plain value. Each tier is indexed on its own (an
+// offloaded copy being dropped never removes the device copy with the same engine hash); a match
+// extends a worker's device prefix through the lower tiers, Host first, then Disk, then External.
 type Tier uint8
 
 const (
@@ -50,6 +50,9 @@ const (
 	Disk
 	External
 )
+
+// NumTiers is how many tiers there are; a Tier below it is valid.
+const NumTiers = 4
 
 func (t Tier) String() string {
 	switch t {
@@ -66,8 +69,10 @@ func (t Tier) String() string {
 }
 
 // ParseMedium maps an engine's storage medium name (vLLM, SGLang, Dynamo spellings, any case)
-// to a Tier; "" is the device. Safe for concurrent use.
-func ParseMedium(s string) (Tier, bool) {
+// to a Tier; "" is the device. A name it does not know is the device too, as Dynamo reads it
+// (an engine's new accelerator name must not drop its blocks), with ok false so that the caller
+// can count it. Safe for concurrent use.
+func ParseMedium(s string) (t Tier, ok bool) {
 	switch strings.ToUpper(s) {
 	case "", "GPU", "DEVICE":
 		return Device, true
@@ -78,7 +83,7 @@ func ParseMedium(s string) (Tier, bool) {
 	case "EXTERNAL", "NETWORK", "REMOTE", "SHARED":
 		return External, true
 	}
-	return 0, false
+	return Device, false
 }
 
 // Event is one KV event of one worker, as the engines publish them (decoders fill it).
@@ -126,6 +131,21 @@ type RankState struct {
 	// Locals and Parents, when not empty (one per block), are the block tree a router keeps
 	// with --keep-block-tree: Locals[i] is the local hash of block Seqs[i], Parents[i] the
 	// sequence hash of the block before it, or Seqs[i] itself for the root of a chain.
+	Locals  []uint64
+	Parents []uint64
+	// Lower holds the rank's blocks in lower storage tiers (host, disk, external), each tier at
+	// most once, none for a rank that holds nothing there; Seqs and Engines above are the
+	// device tier's.
+	Lower []TierBlocks
+}
+
+// TierBlocks are one (worker, rank)'s blocks in one lower storage tier, as RankState holds the
+// device tier's: Seqs[i] is the sequence hash of the block the engine calls Engines[i] in that
+// tier, with the block tree (Locals, Parents) when kept. A plain value.
+type TierBlocks struct {
+	Tier    Tier
+	Seqs    []uint64
+	Engines []uint64
 	Locals  []uint64
 	Parents []uint64
 }

@@ -4,6 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"sync/atomic"
+
+	"github.com/kvrouterd/kvrouterd/kvevent"
 )
 
 // ErrBlockSize is returned by New for a block size that is not positive.
@@ -28,8 +31,14 @@ type Index struct {
 	blockSize int
 	// salt randomizes key placement, so that crafted prompts cannot pile their blocks into one
 	// probe chain (the block hash itself uses a public seed).
-	salt  uint64
-	slots slotTable
+	salt uint64
+	// slots is the slot registry, shared by the indexes of every tier of the model (the device
+	// index owns it), so that one Slot names the same worker in each.
+	slots *slotTable
+	tier  kvevent.Tier
+	// lower holds the indexes of the lower tiers once any exists (device index only):
+	// lower[t-1] for tier t, nil until its first block. Replaced whole, copy-on-write.
+	lower atomic.Pointer[lowerTiers]
 	segs  [numSegs]segment
 }
 
@@ -38,11 +47,15 @@ func New(cfg Config) (*Index, error) {
 	if cfg.BlockSize <= 0 {
 		return nil, fmt.Errorf("%w: %d", ErrBlockSize, cfg.BlockSize)
 	}
-	ix := &Index{blockSize: cfg.BlockSize, salt: rand.Uint64()}
+	return newIndex(cfg.BlockSize, new(slotTable), kvevent.Device), nil
+}
+
+func newIndex(blockSize int, slots *slotTable, tier kvevent.Tier) *Index {
+	ix := &Index{blockSize: blockSize, salt: rand.Uint64(), slots: slots, tier: tier}
 	for i := range ix.segs {
 		ix.segs[i].init(i)
 	}
-	return ix, nil
+	return ix
 }
 
 // BlockSize returns the model's tokens per block.
@@ -63,7 +76,7 @@ func (ix *Index) Add(seq uint64, x Slot) bool {
 	added := g.add(ix, seq, m, x)
 	g.mu.Unlock()
 	if added {
-		ix.slots.info(x).blocks.Add(1)
+		ix.slots.info(x).blocks[ix.tier].Add(1)
 	}
 	return added
 }
@@ -76,7 +89,7 @@ func (ix *Index) Remove(seq uint64, x Slot) bool {
 	removed := g.remove(ix, seq, m, x)
 	g.mu.Unlock()
 	if removed {
-		ix.slots.info(x).blocks.Add(-1)
+		ix.slots.info(x).blocks[ix.tier].Add(-1)
 	}
 	return removed
 }

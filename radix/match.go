@@ -24,12 +24,20 @@ type Match struct {
 	// Seqs holds the sequence hashes that MatchTokens computed.
 	Seqs []uint64
 
+	// Tiers lists, when the model has a lower-tier index, every slot that a lower tier extends
+	// (at least one block beyond its device depth, which may be 0), ascending by slot; empty
+	// otherwise. Slots and Depth stay the device match. See tiers.go.
+	Tiers []TierMatch
+
 	act    []int32  // positions in Slots still walking (list mode)
 	root   []uint64 // bitset mode: the first block's holders, as the walk read them
 	rank   []int32  // bitset mode: rank[w] = position in Slots of word w's first holder
 	bits   []uint64 // bitset mode: slots still walking
 	rootFP uint64   // bitset mode: the first block's holderSet.fp, read before m.root
 	hasher Hasher
+
+	walk, walk2 []tierWalk // the lower tiers' walk (tiers.go)
+	hold        []Slot
 }
 
 // window is how many blocks the walk prefetches ahead: while it resolves and intersects one
@@ -50,8 +58,19 @@ func (ix *Index) MatchTokens(tokens []uint32, seed uint64, m *Match) {
 // Match walks the sequence hashes of a request (seqs[0] is the root block) and fills m with, for
 // every slot that holds the first block, how many contiguous leading blocks it holds. A slot's
 // depth ends at its first missing block, whatever it holds further down. The walk stops as soon
-// as no slot is left. Lock-free; safe alongside writers.
+// as no slot is left. When the model has lower tiers, m.Tiers gets each slot's extensions
+// through them. Lock-free; safe alongside writers.
 func (ix *Index) Match(seqs []uint64, m *Match) {
+	ix.match(seqs, m)
+	if lt := ix.lower.Load(); lt != nil {
+		ix.extend(lt, seqs, m)
+	} else {
+		m.Tiers = m.Tiers[:0]
+	}
+}
+
+// match is Match on this index alone.
+func (ix *Index) match(seqs []uint64, m *Match) {
 	m.Slots, m.Depth, m.Lookups = m.Slots[:0], m.Depth[:0], 0
 	if len(seqs) == 0 {
 		return

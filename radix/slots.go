@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+
+	"github.com/kvrouterd/kvrouterd/kvevent"
 )
 
 // Slot is the dense number an Index gives one worker (worker id, data-parallel rank). Holder sets
@@ -34,14 +36,15 @@ var (
 	ErrUnknownSlot = errors.New("radix: unknown slot")
 )
 
-// slotInfo is padded to a cache line: its counter is written on every residency change by the
-// shard that owns the worker, and neighbours usually belong to other shards.
+// slotInfo is padded to a cache line: its counters are written on every residency change by the
+// shard that owns the worker, and neighbours usually belong to other shards. blocks[t] counts
+// the slot's residencies in the index of tier t (the tiers of a model share one slot table).
 type slotInfo struct {
 	id     atomic.Uint64
 	rank   atomic.Uint32
 	live   atomic.Bool
-	blocks atomic.Int64
-	_      [64 - 8 - 4 - 4 - 8]byte
+	blocks [kvevent.NumTiers]atomic.Int64
+	_      [64 - 8 - 4 - 4 - 8*kvevent.NumTiers]byte
 }
 
 // slotTable maps workers to dense slots. Acquire and Release serialize on mu; readers use the
@@ -97,8 +100,10 @@ func (t *slotTable) release(s Slot) error {
 		return ErrUnknownSlot
 	}
 	in := t.info(s)
-	if n := in.blocks.Load(); n != 0 {
-		return fmt.Errorf("%w: slot %d holds %d", ErrBusy, s, n)
+	for tier := range in.blocks {
+		if n := in.blocks[tier].Load(); n != 0 {
+			return fmt.Errorf("%w: slot %d holds %d in tier %v", ErrBusy, s, n, kvevent.Tier(tier))
+		}
 	}
 	delete(t.byKey, WorkerKey{in.id.Load(), in.rank.Load()})
 	in.live.Store(false)
@@ -109,8 +114,8 @@ func (t *slotTable) release(s Slot) error {
 // Acquire returns the slot of worker k, giving it a new one if it has none. Safe for concurrent use.
 func (ix *Index) Acquire(k WorkerKey) (Slot, error) { return ix.slots.acquire(k) }
 
-// Release frees slot s for reuse. The slot must hold no blocks any more: remove them first, or a
-// later worker given the same slot would inherit them. Safe for concurrent use.
+// Release frees slot s for reuse. The slot must hold no blocks any more, in any tier: remove them
+// first, or a later worker given the same slot would inherit them. Safe for concurrent use.
 func (ix *Index) Release(s Slot) error { return ix.slots.release(s) }
 
 // Lookup returns the slot of worker k, if it has one. Safe for concurrent use.
@@ -131,12 +136,12 @@ func (ix *Index) Worker(s Slot) (WorkerKey, bool) {
 	return WorkerKey{in.id.Load(), in.rank.Load()}, in.live.Load()
 }
 
-// Blocks returns how many blocks slot s holds. Lock-free.
+// Blocks returns how many blocks slot s holds in this index's tier. Lock-free.
 func (ix *Index) Blocks(s Slot) int64 {
 	if uint32(s) >= ix.slots.high.Load() {
 		return 0
 	}
-	return ix.slots.info(s).blocks.Load()
+	return ix.slots.info(s).blocks[ix.tier].Load()
 }
 
 // FillBlocks sets blocks[i] to the block count of slots[i], as Blocks does, for slots that
@@ -154,7 +159,7 @@ func (ix *Index) FillBlocks(slots []Slot, blocks []int64) {
 		if c := s / slotChunk; c != cur {
 			chunk, cur = ix.slots.chunks[c].Load(), c
 		}
-		blocks[i] = chunk[s%slotChunk].blocks.Load()
+		blocks[i] = chunk[s%slotChunk].blocks[ix.tier].Load()
 	}
 }
 
@@ -173,7 +178,7 @@ func (ix *Index) AppendWorkers(dst []WorkerBlocks) []WorkerBlocks {
 		if !in.live.Load() {
 			continue
 		}
-		dst = append(dst, WorkerBlocks{s, WorkerKey{in.id.Load(), in.rank.Load()}, in.blocks.Load()})
+		dst = append(dst, WorkerBlocks{s, WorkerKey{in.id.Load(), in.rank.Load()}, in.blocks[ix.tier].Load()})
 	}
 	return dst
 }

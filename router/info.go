@@ -4,6 +4,8 @@ import (
 	"slices"
 	"time"
 
+	"github.com/kvrouterd/kvrouterd/kvevent"
+
 	"github.com/kvrouterd/kvrouterd/shard"
 )
 
@@ -32,6 +34,8 @@ type WorkerInfo struct {
 	HTTPEndpoint string `json:"http_endpoint,omitempty"`
 	// Weight is the worker's device-aware weight (Registration.Weight), 0 when never set.
 	Weight float64 `json:"weight,omitempty"`
+	// Role is the worker's role: prefill, decode or both (role.go).
+	Role string `json:"role"`
 	// Problems says what is known to be wrong with the worker's configuration, such as an
 	// engine block size other than its model's: each a short line naming the setting.
 	Problems []string `json:"problems,omitempty"`
@@ -64,7 +68,7 @@ func (r *Router) Workers() []WorkerInfo {
 		for _, w := range reg.ranks {
 			out = append(out, WorkerInfo{
 				ID: w.key.ID, Rank: w.key.Rank, Model: reg.model.name, BlockSize: reg.model.blockSize,
-				Capacity: reg.capacity.Load(), MaxTokens: reg.maxTokens.Load(), Weight: reg.getWeight(), Endpoint: w.endpoint, Replay: w.replay,
+				Capacity: reg.capacity.Load(), MaxTokens: reg.maxTokens.Load(), Weight: reg.getWeight(), Role: reg.getRole().String(), Endpoint: w.endpoint, Replay: w.replay,
 			})
 			if u := reg.http.Load(); u != nil {
 				out[len(out)-1].HTTPEndpoint = *u
@@ -131,6 +135,16 @@ type ModelInfo struct {
 	Workers     int    `json:"workers"`
 	Blocks      int64  `json:"blocks"`      // distinct blocks in the index
 	Residencies int64  `json:"residencies"` // (block, worker) pairs
+	// HostResidencies, DiskResidencies and ExternalResidencies are the (block, worker) pairs of
+	// the lower storage tiers' indexes; Blocks and Residencies are the device tier's.
+	HostResidencies     int64 `json:"host_residencies,omitempty"`
+	DiskResidencies     int64 `json:"disk_residencies,omitempty"`
+	ExternalResidencies int64 `json:"external_residencies,omitempty"`
+}
+
+// TierResidencies returns the model's residencies by storage tier (kvevent.Tier).
+func (m *ModelInfo) TierResidencies() [kvevent.NumTiers]int64 {
+	return [kvevent.NumTiers]int64{m.Residencies, m.HostResidencies, m.DiskResidencies, m.ExternalResidencies}
 }
 
 // Models lists the models, by name.
@@ -139,8 +153,14 @@ func (r *Router) Models() []ModelInfo {
 	out := make([]ModelInfo, 0, len(ms))
 	for _, m := range ms {
 		st := m.ix.Stats()
-		out = append(out, ModelInfo{Name: m.name, BlockSize: m.blockSize, Workers: len(m.list.Load().ws),
-			Blocks: int64(st.Entries), Residencies: int64(st.Residencies)})
+		mi := ModelInfo{Name: m.name, BlockSize: m.blockSize, Workers: len(m.list.Load().ws),
+			Blocks: int64(st.Entries), Residencies: int64(st.Residencies)}
+		for t, dst := range [...]*int64{kvevent.Host: &mi.HostResidencies, kvevent.Disk: &mi.DiskResidencies, kvevent.External: &mi.ExternalResidencies} {
+			if tix := m.ix.TierIndex(kvevent.Tier(t)); dst != nil && tix != nil {
+				*dst = tix.Stats().Residencies
+			}
+		}
+		out = append(out, mi)
 	}
 	slices.SortFunc(out, func(a, b ModelInfo) int {
 		if a.Name < b.Name {
@@ -169,7 +189,10 @@ type Stats struct {
 	ActiveRequests           int64
 	Discovered, TimedOut     int64 // workers registered by their events, dropped as silent
 	SnapshotSkipped          int64 // workers left out of snapshots: the format cannot hold them
-	Events                   shard.Stats
+	// Predictions are the (block, worker) pairs predict-on-route holds; PredictRaised counts
+	// the matches whose depths they raised (Config.PredictedTTL).
+	Predictions, PredictRaised int64
+	Events                     shard.Stats
 }
 
 // Stats returns the counters.
@@ -179,6 +202,8 @@ func (r *Router) Stats() Stats {
 		ActiveRequests: r.tracker.Active(),
 		Discovered:     r.discovered.Load(), TimedOut: r.timedOut.Load(),
 		SnapshotSkipped: r.snapshotSkipped.Load(),
+		Predictions:     r.predictions(),
+		PredictRaised:   r.predictRaised.Load(),
 		Events:          r.set.Stats(),
 	}
 }

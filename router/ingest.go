@@ -155,7 +155,7 @@ func (r *Router) ensure(worker uint64, model string, bs int, want []uint32) (*re
 	if len(missing) == 0 {
 		missing = []uint32{0}
 	}
-	if err := r.Register(Registration{ID: worker, Model: name, BlockSize: bs, Ranks: missing}); err != nil {
+	if err := r.Register(Registration{ID: worker, Model: name, BlockSize: bs, Ranks: missing, KeepRole: true}); err != nil {
 		return nil, nil, err
 	}
 	r.discovered.Add(1)

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/radix"
 	"github.com/kvrouterd/kvrouterd/scoring"
 	"github.com/kvrouterd/kvrouterd/wire"
@@ -21,6 +22,7 @@ type scratch struct {
 	h       radix.Hasher
 	seqs    []uint64
 	m, am   radix.Match
+	pm      radix.Match // predict-on-route's match (predict.go)
 	cands   []scoring.Candidate
 	tree    []int64
 	all     bool    // every worker is a candidate: candidate i is worker list position i
@@ -99,8 +101,9 @@ func (r *Router) appendAnswer(dst []byte, req *wire.RouteRequest, resp *wire.Rou
 }
 
 // match hashes req's prompt into s.seqs (sequence hashes, first block first) and matches them
-// against m's index into s.m; p learns the block count.
-func (s *scratch) match(m *model, req *wire.RouteRequest, p *scoring.Params) {
+// against m's index into s.m, raised to the model's predicted depths with predict-on-route; p
+// learns the block count.
+func (s *scratch) match(r *Router, m *model, req *wire.RouteRequest, p *scoring.Params) {
 	if req.ByHash {
 		s.seqs = append(s.seqs[:0], req.Hashes...)
 		radix.ChainInPlace(s.seqs, 0, false)
@@ -109,6 +112,9 @@ func (s *scratch) match(m *model, req *wire.RouteRequest, p *scoring.Params) {
 	}
 	p.Blocks = len(s.seqs)
 	m.ix.Match(s.seqs, &s.m)
+	if m.pred != nil && m.pred.merge(s, m.list.Load(), r.cfg.Now()) {
+		r.predictRaised.Add(1)
+	}
 }
 
 // params checks req for model m and fills p with its scoring parameters: the router's, then
@@ -125,6 +131,7 @@ func (r *Router) params(m *model, req *wire.RouteRequest, prefix bool, p *scorin
 		TrackPrefill: req.TrackPrefill.Or(!r.cfg.NoTrackPrefill),
 		Formula:      r.cfg.Cost,
 		Terms:        *r.cfg.Terms,
+		Tiers:        *r.cfg.TierCredit,
 	}
 	if p.Mode == scoring.Default {
 		p.Mode = r.cfg.Mode
@@ -227,10 +234,16 @@ func (r *Router) route(req *wire.RouteRequest, resp *wire.RouteResponse, book bo
 	s := r.scratch.Get()
 	defer r.scratch.Put(s)
 	s.noReuse = !req.AssumeReuse.Or(!r.cfg.NoAssumeReuse)
-	s.match(m, req, &p)
+	s.match(r, m, req, &p)
 	list := m.list.Load()
 	if len(s.m.Slots) > 0 && rand.Uint32()&uint32(r.cfg.HitSample-1) == 0 {
 		noteHits(m, list, s.m.Slots)
+	}
+	if book {
+		// A route serves the request whole: never on a prefill worker (role.go).
+		if list = list.serve; len(list.keys) == 0 {
+			return fieldErr(ErrUnknownWorker, "model", "model %q has only prefill workers: none serves a request whole", req.Model)
+		}
 	}
 	limit := int(req.MaxCandidates)
 	if limit == 0 {
@@ -239,8 +252,10 @@ func (r *Router) route(req *wire.RouteRequest, resp *wire.RouteResponse, book bo
 	var pos, cached int32
 	encoded := false
 	th := m.busy.Load()
+	// The fast path prices a worker by its device depth alone: a prompt that a lower storage
+	// tier extends for some worker takes the general path, which credits the extension.
 	if p.Mode == scoring.KV && p.Temperature == 0 && !req.HasPinned && len(req.Allowed) == 0 && th == nil &&
-		len(list.keys) > 0 && !r.general && !r.log.Enabled(context.Background(), slog.LevelDebug) {
+		len(s.m.Tiers) == 0 && len(list.keys) > 0 && !r.general && !r.log.Enabled(context.Background(), slog.LevelDebug) {
 		if err := p.Check(); err != nil {
 			return fieldErr(ErrInvalid, "request", "%v", err)
 		}
@@ -291,6 +306,9 @@ func (r *Router) route(req *wire.RouteRequest, resp *wire.RouteResponse, book bo
 		if r.approx != nil {
 			r.recordApprox(m, w, s.seqs)
 		}
+		if m.pred != nil {
+			m.pred.record(w.key, s.seqs, r.cfg.Now())
+		}
 		if req.SessionID != "" && r.aff != nil && (sticky || !req.HasPinned) {
 			r.bind(m.name, req.SessionID, w.key)
 		}
@@ -338,6 +356,16 @@ func (s *scratch) general(r *Router, ix *radix.Index, list *workerList, p *scori
 			}
 		}
 	}
+	for i := range s.m.Tiers {
+		x := &s.m.Tiers[i]
+		if int(x.Slot) < len(list.bySlot) {
+			if pos := list.bySlot[x.Slot]; pos >= 0 {
+				if c := s.cand(pos); c >= 0 {
+					s.cands[c].Ext = tierExt(x, s.cands[c].Cached)
+				}
+			}
+		}
+	}
 	for i, slot := range s.am.Slots {
 		if int(slot) < len(list.byActive) {
 			if pos := list.byActive[slot]; pos >= 0 {
@@ -365,6 +393,23 @@ func (s *scratch) general(r *Router, ix *radix.Index, list *workerList, p *scori
 	return chosen, nil
 }
 
+// tierExt returns the lower tiers' extensions of x beyond a device depth of cached blocks:
+// x's own, less the blocks a predicted depth (predict-on-route) already counts as the device's,
+// taken off the host's first, then the disk's, then the external's.
+func tierExt(x *radix.TierMatch, cached int32) scoring.TierExt {
+	e := [3]int32{x.Blocks[kvevent.Host], x.Blocks[kvevent.Disk], x.Blocks[kvevent.External]}
+	over := cached - x.Blocks[kvevent.Device]
+	for i := range e {
+		if over <= 0 {
+			break
+		}
+		cut := min(over, e[i])
+		e[i] -= cut
+		over -= cut
+	}
+	return scoring.TierExt{Host: e[0], Disk: e[1], External: e[2]}
+}
+
 // candidates fills s.cands with the allowed workers of list and their loads, less the
 // overloaded ones when s.th is set.
 func (s *scratch) candidates(r *Router, ix *radix.Index, list *workerList, req *wire.RouteRequest) error {
@@ -381,7 +426,7 @@ func (s *scratch) candidates(r *Router, ix *radix.Index, list *workerList, req *
 		s.cands = slices.Grow(s.cands[:0], n)[:n]
 		for i, k := range list.keys {
 			l, c := list.loads[i], &s.cands[i]
-			c.Worker, c.Rank, c.Cached, c.Shared, c.Tree = k.ID, k.Rank, 0, 0, s.tree[i]
+			c.Worker, c.Rank, c.Cached, c.Ext, c.Shared, c.Tree = k.ID, k.Rank, 0, scoring.TierExt{}, 0, s.tree[i]
 			c.ActiveBlocks, c.ActivePrefill, c.ActiveRequests = l.ActiveBlocks(), l.ActivePrefill(), l.Requests()
 			c.DeviceWeight = list.ws[i].reg.getWeight()
 		}
@@ -456,20 +501,27 @@ func (s *scratch) fill(resp *wire.RouteResponse, req *wire.RouteRequest, p *scor
 	if book {
 		resp.Worker, resp.Rank = cands[chosen].Worker, cands[chosen].Rank
 	}
+	tiered := len(s.m.Tiers) > 0
+	add := func(c *scoring.Candidate) {
+		resp.Candidates = appendCandidate(resp.Candidates, c)
+		if tiered {
+			resp.Tiers = append(resp.Tiers, wire.CandidateTiers{Host: uint32(c.Ext.Host), Disk: uint32(c.Ext.Disk), External: uint32(c.Ext.External)})
+		}
+	}
 	if limit <= 0 || limit >= len(cands) {
 		for i := range cands {
-			resp.Candidates = appendCandidate(resp.Candidates, &cands[i])
+			add(&cands[i])
 		}
 		return
 	}
 	skip := -1
 	if book {
-		resp.Candidates = appendCandidate(resp.Candidates, &cands[chosen])
+		add(&cands[chosen])
 		skip, limit = chosen, limit-1
 	}
 	s.heap = lowest(s.heap, cands, limit, skip)
 	for _, e := range s.heap {
-		resp.Candidates = appendCandidate(resp.Candidates, &cands[e.pos])
+		add(&cands[e.pos])
 	}
 }
 
@@ -482,6 +534,7 @@ func fillHeader(resp *wire.RouteResponse, req *wire.RouteRequest, p *scoring.Par
 	resp.Blocks = uint32(p.Blocks)
 	resp.ISL = uint32(p.ISL)
 	resp.Candidates = resp.Candidates[:0]
+	resp.Tiers = resp.Tiers[:0]
 	resp.Cached = 0
 }
 

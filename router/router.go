@@ -43,6 +43,10 @@ type Config struct {
 	// credit.
 	Cost  scoring.CostModel
 	Terms *scoring.Terms
+	// TierCredit weighs the blocks the lower storage tiers (host, disk, external) add to a
+	// worker's device prefix, in both formulas (nil: Dynamo's defaults, 0.75 for host and 0.25
+	// for disk and external; {0, 0} indexes the tiers without crediting them).
+	TierCredit *scoring.TierCredit
 	// NoAssumeReuse books each request's blocks under random hashes, so that concurrent requests
 	// share no active blocks (Dynamo's router_assume_kv_reuse=false, for engines without prefix
 	// caching); a request's assume_kv_reuse overrides it.
@@ -101,6 +105,16 @@ type Config struct {
 	// Affinity, if set, keeps each session (a request's SessionID) on the worker it was first
 	// routed to (see affinity.go); nil ignores session ids.
 	Affinity *AffinityConfig
+	// Disagg configures disaggregated prefill/decode routing (role.go): conditional
+	// disaggregation and --enforce-disagg. nil splits a request that asks for it whenever its
+	// model has a prefill worker, and serves it whole otherwise.
+	Disagg *DisaggConfig
+	// PredictedTTL, if positive, turns on predict-on-route (predict.go, Dynamo's
+	// router_predicted_ttl_secs): each routed request's blocks count as held by its worker for
+	// this long on the Now clock, in a side index that matches take the larger depth from; the
+	// event-fed index never holds them. Approximate mode, which has no event-fed index, does not
+	// combine with it (New panics, as Dynamo refuses the pair).
+	PredictedTTL time.Duration
 	// HitSample: one routed or matched request in HitSample (a power of two, 64) notes which
 	// workers hold some of its blocks, for the zero-hit check (misconfig.go); 1 notes every
 	// one. ZeroHits (500) is how many sampled requests that found blocks on other workers of
@@ -125,6 +139,10 @@ func (c *Config) defaults() {
 		t := scoring.DefaultTerms()
 		c.Terms = &t
 	}
+	if c.TierCredit == nil {
+		t := scoring.DefaultTierCredit()
+		c.TierCredit = &t
+	}
 	if c.RequestExpiry <= 0 {
 		c.RequestExpiry = 300 * time.Second
 	}
@@ -144,6 +162,12 @@ func (c *Config) defaults() {
 		q := *c.Queue
 		q.defaults()
 		c.Queue = &q
+	}
+	if c.Disagg != nil {
+		d := c.Disagg.withDefaults()
+		c.Disagg = &d
+	} else {
+		c.Disagg = &DisaggConfig{}
 	}
 	if c.Now == nil {
 		start := time.Now()
@@ -205,6 +229,8 @@ type Router struct {
 	approx *approxMode // nil unless Config.Approximate
 	aff    *affinity   // nil unless Config.Affinity
 
+	predictRaised atomic.Int64 // matches whose depths predictions raised (predict.go)
+
 	overloadRejected atomic.Int64 // requests refused as every eligible worker was overloaded
 
 	general bool // tests: score every request on the general path (see scorekv.go)
@@ -232,6 +258,7 @@ type model struct {
 	busy atomic.Pointer[Thresholds]
 
 	queue *modelQueue // nil without Config.Queue
+	pred  *predicted  // nil without Config.PredictedTTL
 }
 
 // workerList is a model's registered (worker, rank) pairs, immutable once published.
@@ -245,6 +272,12 @@ type workerList struct {
 	keys  []radix.WorkerKey
 	slots []radix.Slot
 	loads []*scoring.Load
+
+	// serve is the workers that may serve aggregated requests and decode stages (the
+	// RoleDecode and RoleBoth ones: the list itself while the model has no RolePrefill
+	// worker), and prefill the RolePrefill ones (nil while there are none); each a list of
+	// its own, with its own positions, whose serve and prefill are nil. See role.go.
+	serve, prefill *workerList
 }
 
 type rankWorker struct {
@@ -272,6 +305,7 @@ type registration struct {
 	capacity  atomic.Int64  // KV capacity in blocks, 0 = unknown
 	maxTokens atomic.Int64  // max batched tokens, 0 = unknown
 	weight    atomic.Uint64 // math.Float64bits of the device-aware weight, 0 = unset (weight.go)
+	role      atomic.Uint32 // a Role; the model's worker lists are published anew when it changes
 
 	received, applied atomic.Int64 // events
 	mis               misconfig
@@ -282,9 +316,13 @@ type registration struct {
 }
 
 // New starts a Router: its shard goroutines and the request expiry loop. Close stops them.
-// It panics on a Config.Approximate that approx.New refuses.
+// It panics on a Config.Approximate that approx.New refuses, on one given with
+// Config.PredictedTTL, and on a Config.Disagg that DisaggConfig.Check refuses.
 func New(cfg Config) *Router {
 	cfg.defaults()
+	if err := cfg.Disagg.Check(); err != nil {
+		panic("router: Config.Disagg: " + err.Error())
+	}
 	r := &Router{
 		cfg:     cfg,
 		set:     shard.New(shard.Config{Shards: cfg.Shards, QueueLen: cfg.QueueLen, MaxBlocks: cfg.MaxBlocks, Observer: cfg.Observer, ClearOnGap: cfg.ClearOnGap, KeepTree: cfg.KeepTree}),
@@ -305,6 +343,9 @@ func New(cfg Config) *Router {
 	}
 	if cfg.Affinity != nil {
 		r.aff = newAffinity(*cfg.Affinity)
+	}
+	if cfg.PredictedTTL > 0 && cfg.Approximate != nil {
+		panic("router: Config.PredictedTTL needs the KV events that approximate mode goes without")
 	}
 	go r.expireLoop()
 	if cfg.Queue != nil {
@@ -353,6 +394,7 @@ func (r *Router) expireLoop() {
 			if r.approx != nil {
 				r.expireApprox()
 			}
+			r.expirePredicted()
 			if r.cfg.WorkerTimeout > 0 {
 				r.DropSilent(r.cfg.WorkerTimeout)
 			}
@@ -408,6 +450,12 @@ type Registration struct {
 	// device_aware_weighted (weight.go): a finite number > 0; 0 leaves the worker's as it was
 	// (1 for a new worker).
 	Weight float64
+	// Role is the worker's part in serving its model (role.go). A registration sets it, on a
+	// registered worker too (a worker may change roles), unless KeepRole: then it applies to
+	// a new worker only, and a registered one keeps its own (a rank discovered by its events,
+	// an API client that names no role).
+	Role     Role
+	KeepRole bool
 }
 
 // Changer makes the changes the HTTP API is asked for: registrations, their removal, and event
@@ -512,6 +560,9 @@ func (g *Registration) check() ([]uint32, error) {
 	}
 	if err := checkWeight(g.Weight); err != nil {
 		return nil, err
+	}
+	if !g.Role.valid() {
+		return nil, fieldErr(ErrInvalid, "role", "role %d: want prefill, decode or both", g.Role)
 	}
 	if len(g.Ranks) == 0 {
 		return []uint32{0}, nil
@@ -643,7 +694,7 @@ func (r *Router) registerLocked(g Registration, eps []RankEndpoint, publish bool
 		if err != nil {
 			return nil, fieldErr(ErrInvalid, "block_size", "%v", err)
 		}
-		m = &model{name: g.Model, ix: ix, blockSize: bs, regs: make(map[uint64]*registration)}
+		m = &model{name: g.Model, ix: ix, blockSize: bs, regs: make(map[uint64]*registration), pred: r.newPredicted(bs)}
 		if r.cfg.Queue != nil {
 			m.queue = &modelQueue{}
 		}
@@ -683,8 +734,12 @@ func (r *Router) registerLocked(g Registration, eps []RankEndpoint, publish bool
 	}
 	if reg == nil {
 		reg = &registration{id: g.ID, model: m}
+		reg.role.Store(uint32(g.Role))
 		r.workers[g.ID] = reg
 		m.regs[g.ID] = reg
+	} else if !g.KeepRole && reg.getRole() != g.Role {
+		r.log.Info("worker role changed", "worker", g.ID, "model", g.Model, "from", reg.getRole(), "to", g.Role)
+		reg.role.Store(uint32(g.Role))
 	}
 	if g.Capacity != 0 {
 		reg.capacity.Store(g.Capacity)
@@ -758,9 +813,27 @@ func (r *Router) publishWorkerLocked(m *model, id uint64) {
 	storeList(m, ws)
 }
 
-// storeList publishes ws, sorted by id then rank, as m's worker list; linear in len(ws) and
-// in the highest slot.
+// storeList publishes ws, sorted by id then rank, as m's worker list, with its serve and
+// prefill pools; linear in len(ws) and in the highest slot.
 func storeList(m *model, ws []*rankWorker) {
+	l := newWorkerList(ws)
+	l.serve = l
+	if i := slices.IndexFunc(ws, func(w *rankWorker) bool { return !w.reg.getRole().decodes() }); i >= 0 {
+		var serve, pre []*rankWorker
+		for _, w := range ws {
+			if w.reg.getRole().decodes() {
+				serve = append(serve, w)
+			} else {
+				pre = append(pre, w)
+			}
+		}
+		l.serve, l.prefill = newWorkerList(serve), newWorkerList(pre)
+	}
+	m.list.Store(l)
+}
+
+// newWorkerList returns the list of ws, sorted by id then rank, without pools.
+func newWorkerList(ws []*rankWorker) *workerList {
 	l := &workerList{
 		ws:    ws,
 		keys:  make([]radix.WorkerKey, len(ws)),
@@ -778,7 +851,7 @@ func storeList(m *model, ws []*rankWorker) {
 		l.bySlot[w.slot], l.byActive[w.load.Slot()] = int32(i), int32(i)
 		l.keys[i], l.slots[i], l.loads[i] = w.key, w.slot, w.load
 	}
-	m.list.Store(l)
+	return l
 }
 
 // newPos returns n positions, each -1 (none).
@@ -865,6 +938,9 @@ func (r *Router) drop(reg *registration, ws []*rankWorker, remove func(*shard.Ap
 		r.tracker.Unregister(w.load)
 		if r.approx != nil {
 			r.forgetApprox(ix, w)
+		}
+		if p := reg.model.pred; p != nil {
+			p.forget(w.key)
 		}
 	}
 	err := r.set.Do(reg.id, func(a *shard.Applier) {

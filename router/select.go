@@ -27,6 +27,8 @@ type Scored struct {
 	// Cached is the leading blocks of the request the worker holds; Shared those of them
 	// already active on it (booked by other requests).
 	Cached, Shared int32
+	// Ext is how far the lower storage tiers extend Cached (credited in Logit).
+	Ext scoring.TierExt
 	// The worker's booked load before this request.
 	ActiveBlocks, ActivePrefill, ActiveRequests int64
 	// PrefillTokens and DecodeBlocks are the worker's load with the request added, and Logit
@@ -52,6 +54,10 @@ type Selection struct {
 	Prefill      int64
 	// Seqs are the request's full blocks' sequence hashes, first block first: what Book books.
 	Seqs []uint64
+	// Credit is the share of a device block credited (overlap_score_credit, the request's or
+	// the router's), Tiers the lower tiers' weights: what Dynamo's router_credit_blocks weighs.
+	Credit float64
+	Tiers  scoring.TierCredit
 }
 
 // Score scores every worker of req's model that req allows (its pinned worker, or its allowed
@@ -85,7 +91,7 @@ func (r *Router) selectWith(req *wire.RouteRequest, o SelectOptions, sel *Select
 	s := r.scratch.Get()
 	defer r.scratch.Put(s)
 	s.noReuse = false // Book books Selection.Seqs, the real hashes
-	s.match(m, req, &p)
+	s.match(r, m, req, &p)
 	chosen, err := s.general(r, m.ix, m.list.Load(), &p, req, choose)
 	if err != nil {
 		return err
@@ -93,7 +99,7 @@ func (r *Router) selectWith(req *wire.RouteRequest, o SelectOptions, sel *Select
 	r.matched.Add(1)
 
 	*sel = Selection{Scores: sel.Scores[:0], Seqs: append(sel.Seqs[:0], s.seqs...),
-		BlockSize: m.blockSize, ISL: p.ISL, Blocks: p.Blocks, TrackPrefill: p.TrackPrefill}
+		BlockSize: m.blockSize, ISL: p.ISL, Blocks: p.Blocks, TrackPrefill: p.TrackPrefill, Credit: p.Credit, Tiers: p.Tiers}
 	for i := range s.cands {
 		sel.Scores = append(sel.Scores, scored(&s.cands[i]))
 	}
@@ -108,7 +114,7 @@ func (r *Router) selectWith(req *wire.RouteRequest, o SelectOptions, sel *Select
 
 func scored(c *scoring.Candidate) Scored {
 	return Scored{
-		Worker: radix.WorkerKey{ID: c.Worker, Rank: c.Rank}, Cached: c.Cached, Shared: c.Shared,
+		Worker: radix.WorkerKey{ID: c.Worker, Rank: c.Rank}, Cached: c.Cached, Ext: c.Ext, Shared: c.Shared,
 		ActiveBlocks: c.ActiveBlocks, ActivePrefill: c.ActivePrefill, ActiveRequests: c.ActiveRequests,
 		PrefillTokens: c.PrefillTokens, DecodeBlocks: c.DecodeBlocks, Logit: c.Logit,
 	}
@@ -146,6 +152,9 @@ func (r *Router) Book(model string, worker radix.WorkerKey, id string, seqs []ui
 	}
 	if r.approx != nil {
 		r.recordApprox(m, w, seqs)
+	}
+	if m.pred != nil {
+		m.pred.record(w.key, seqs, r.cfg.Now())
 	}
 	r.routed.Add(1)
 	return nil

@@ -50,7 +50,7 @@ func (r *Router) Snapshot(chunkSize int, emit func(chunk []byte) error) (Snapsho
 	for _, reg := range r.workers {
 		w := wire.SnapshotWorker{
 			ID: reg.id, Model: reg.model.name, BlockSize: reg.model.blockSize, Capacity: reg.capacity.Load(),
-			MaxTokens: reg.maxTokens.Load(), Reports: reg.heartbeat.Load(), HTTPEndpoint: deref(reg.http.Load()), Weight: reg.getWeight(),
+			MaxTokens: reg.maxTokens.Load(), Reports: reg.heartbeat.Load(), HTTPEndpoint: deref(reg.http.Load()), Weight: reg.getWeight(), Role: uint8(reg.getRole()),
 		}
 		for _, rw := range reg.ranks {
 			w.Ranks = append(w.Ranks, wire.SnapshotRank{Rank: rw.key.Rank})
@@ -97,6 +97,9 @@ func (r *Router) Snapshot(chunkSize int, emit func(chunk []byte) error) (Snapsho
 		for j := range ranks {
 			pairs = sortPairs(&ranks[j], pairs)
 			residencies += int64(len(ranks[j].Seqs))
+			for _, l := range ranks[j].Lower {
+				residencies += int64(len(l.Seqs))
+			}
 		}
 		// The shard lists the ranks in its own order: each keeps its registered endpoints.
 		eps := make([]wire.SnapshotEndpoint, len(ranks))
@@ -137,12 +140,22 @@ type pair struct{ seq, engine, local, parent uint64 }
 
 // sortPairs sorts rs's blocks by sequence hash (then engine hash), using scratch.
 func sortPairs(rs *wire.SnapshotRank, scratch []pair) []pair {
-	scratch = slices.Grow(scratch[:0], len(rs.Seqs))
-	tree := len(rs.Locals) == len(rs.Seqs) && len(rs.Parents) == len(rs.Seqs)
-	for i, s := range rs.Seqs {
-		p := pair{seq: s, engine: rs.Engines[i]}
+	scratch = sortBlocks(rs.Seqs, rs.Engines, rs.Locals, rs.Parents, scratch)
+	for j := range rs.Lower {
+		l := &rs.Lower[j]
+		scratch = sortBlocks(l.Seqs, l.Engines, l.Locals, l.Parents, scratch)
+	}
+	return scratch
+}
+
+// sortBlocks sorts one tier's blocks of a rank as sortPairs says.
+func sortBlocks(seqs, engines, locals, parents []uint64, scratch []pair) []pair {
+	scratch = slices.Grow(scratch[:0], len(seqs))
+	tree := len(locals) == len(seqs) && len(parents) == len(seqs)
+	for i, s := range seqs {
+		p := pair{seq: s, engine: engines[i]}
 		if tree {
-			p.local, p.parent = rs.Locals[i], rs.Parents[i]
+			p.local, p.parent = locals[i], parents[i]
 		}
 		scratch = append(scratch, p)
 	}
@@ -153,9 +166,9 @@ func sortPairs(rs *wire.SnapshotRank, scratch []pair) []pair {
 		return cmp.Compare(a.engine, b.engine)
 	})
 	for i, p := range scratch {
-		rs.Seqs[i], rs.Engines[i] = p.seq, p.engine
+		seqs[i], engines[i] = p.seq, p.engine
 		if tree {
-			rs.Locals[i], rs.Parents[i] = p.local, p.parent
+			locals[i], parents[i] = p.local, p.parent
 		}
 	}
 	return scratch
@@ -235,6 +248,9 @@ func (r *Router) Restore(n int, chunk func(i int, dst []byte) ([]byte, error)) (
 					my.Workers++
 					for _, rs := range w.Ranks {
 						my.Residencies += int64(len(rs.Seqs))
+						for _, l := range rs.Lower {
+							my.Residencies += int64(len(l.Seqs))
+						}
 					}
 					mu.Lock()
 					if !slices.Contains(restored, m) {
@@ -266,7 +282,7 @@ func (r *Router) restoreWorker(w *wire.SnapshotWorker) (*model, error) {
 	// The decoded strings alias the chunk's buffer, which the next chunk reuses.
 	g := Registration{ID: w.ID, Model: strings.Clone(w.Model), BlockSize: w.BlockSize, Capacity: w.Capacity,
 		MaxTokens: w.MaxTokens, Endpoint: strings.Clone(w.Endpoint), Replay: strings.Clone(w.Replay),
-		HTTPEndpoint: strings.Clone(w.HTTPEndpoint), Weight: w.Weight}
+		HTTPEndpoint: strings.Clone(w.HTTPEndpoint), Weight: w.Weight, Role: Role(w.Role)}
 	for _, rs := range w.Ranks {
 		g.Ranks = append(g.Ranks, rs.Rank)
 	}

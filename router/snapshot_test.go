@@ -66,6 +66,10 @@ func (g *eventGen) batch(workers int) *wire.EventBatch {
 		g.next[k]++
 		ev.ID = g.next[k]
 	}
+	if g.r.IntN(4) == 0 {
+		// An event of a lower storage tier: offloaded copies, indexed apart from the device's.
+		ev.Tier = kvevent.Tier(1 + g.r.IntN(3))
+	}
 	b := &wire.EventBatch{Worker: w, Model: "m", Events: []kvevent.Event{ev}}
 	g.stream = append(g.stream, b)
 	return b
@@ -116,7 +120,11 @@ func restored(t *testing.T, from *Router, chunkSize int) (*Router, SnapshotStats
 
 // A router restored from a snapshot taken mid-stream holds the same state and, given the rest of
 // the stream, ends where one that never restarted ends: the same blocks, cursors and answers.
+//
+// Lower storage tiers are persisted and restored as the device's (TierResidencies, and the
+// tiers' extensions in the answers).
 func TestSnapshotRestoreEquivalence(t *testing.T) {
+	tiered := 0
 	for seed := range uint64(4) {
 		g := &eventGen{r: rand.New(rand.NewPCG(seed, 9)), next: map[[2]uint64]uint64{}, held: map[[2]uint64][]uint64{}}
 		live := New(Config{Shards: 2, ClearOnGap: true, Logger: quiet()})
@@ -165,10 +173,17 @@ func TestSnapshotRestoreEquivalence(t *testing.T) {
 			if err := restart.Match(&q, &rb); err != nil {
 				t.Fatal(err)
 			}
-			if !reflect.DeepEqual(ra.Candidates, rb.Candidates) {
-				t.Fatalf("match %v: %v, restored %v", q.Tokens, ra.Candidates, rb.Candidates)
+			if !reflect.DeepEqual(ra.Candidates, rb.Candidates) || !slices.Equal(ra.Tiers, rb.Tiers) {
+				t.Fatalf("match %v: %v %v, restored %v %v", q.Tokens, ra.Candidates, ra.Tiers, rb.Candidates, rb.Tiers)
 			}
+			tiered += len(ra.Tiers)
 		}
+		if a, b := live.set.Stats().TierResidencies, restart.set.Stats().TierResidencies; a != b || a[kvevent.Host] == 0 {
+			t.Fatalf("seed %d: residencies by tier %v, restored %v", seed, a, b)
+		}
+	}
+	if tiered == 0 {
+		t.Fatal("no match reached a lower tier: the test shows nothing of them")
 	}
 }
 

@@ -16,6 +16,9 @@ type Candidate struct {
 	// Cached is the number of leading blocks of the request the worker holds (its contiguous
 	// cached prefix, from the index).
 	Cached int32
+	// Ext is how far the lower storage tiers extend that prefix (zero without them); credited
+	// by Params.Tiers.
+	Ext TierExt
 	// Shared is the number of leading full blocks of the request already active on the worker
 	// (booked by concurrent requests with the same prefix, from the Tracker).
 	Shared int32
@@ -57,6 +60,9 @@ type Params struct {
 	// Formula is the cost formula; CostMain reads Terms (Weight is CostV1's alone).
 	Formula CostModel
 	Terms
+	// Tiers weighs the lower-tier extensions of a candidate's prefix (Candidate.Ext) in both
+	// formulas; see CostExt.
+	Tiers TierCredit
 	// MinActivePrefill is the least active prefill among the request's candidates, which
 	// CostMain's credit decay measures backlogs from; set it when NeedsMinPrefill.
 	MinActivePrefill int64
@@ -80,6 +86,9 @@ func (p *Params) Check() error {
 	if p.BlockSize <= 0 || p.ISL < 0 || p.Blocks < 0 {
 		return errors.New("scoring: block size, isl and blocks must be positive")
 	}
+	if err := p.Tiers.Check(); err != nil {
+		return err
+	}
 	if p.Formula == CostMain {
 		return p.Terms.Check()
 	}
@@ -97,7 +106,11 @@ func Score(c []Candidate, p *Params) {
 	}
 	for i := range c {
 		x := &c[i]
-		x.PrefillTokens, x.DecodeBlocks, x.Logit = p.Cost(x.Cached, x.Shared, x.ActiveBlocks, x.ActivePrefill, x.ActiveRequests)
+		if x.Ext == (TierExt{}) {
+			x.PrefillTokens, x.DecodeBlocks, x.Logit = p.Cost(x.Cached, x.Shared, x.ActiveBlocks, x.ActivePrefill, x.ActiveRequests)
+		} else {
+			x.PrefillTokens, x.DecodeBlocks, x.Logit = p.CostExt(x.Cached, x.Ext, x.Shared, x.ActiveBlocks, x.ActivePrefill, x.ActiveRequests)
+		}
 	}
 }
 
@@ -121,9 +134,38 @@ func MinPrefill(c []Candidate) int64 {
 func (p *Params) Cost(cached, shared int32, activeBlocks, activePrefill, activeRequests int64) (prefill, decode int64, logit float64) {
 	prefill, decode, logit = p.CostV1(cached, shared, activeBlocks, activePrefill)
 	if p.Formula == CostMain {
-		logit = p.mainLogit(cached, decode, activePrefill, activeRequests)
+		logit = p.mainLogit(cached, 0, decode, activePrefill, activeRequests)
 	}
 	return prefill, decode, logit
+}
+
+// CostExt is Cost for a worker whose device prefix of cached blocks the lower storage tiers
+// extend by ext: the logit credits each extension block by its tier's weight (p.Tiers). Under
+// CostMain that is Dynamo main's formula (see mainLogit: the credit adds to the device's).
+// Under CostV1, Dynamo v1's formula with the credited blocks counted as overlap:
+//
+//	overlap = cached + host_weight × ext.Host + disk_weight × (ext.Disk + ext.External)
+//	logit   = Weight × (active_prefill + max(ISL − overlap × block_size, 0)) / block_size
+//	          + decode_blocks
+//
+// prefill and decode are Cost's: the tokens the worker's device prefix leaves to compute, and
+// its blocks with the request added, which is also what the router books; a reload from a
+// lower tier is work the engine does, but not prefill.
+func (p *Params) CostExt(cached int32, ext TierExt, shared int32, activeBlocks, activePrefill, activeRequests int64) (prefill, decode int64, logit float64) {
+	prefill, decode, logit = p.CostV1(cached, shared, activeBlocks, activePrefill)
+	if ext == (TierExt{}) && p.Formula != CostMain {
+		return prefill, decode, logit
+	}
+	lower := p.Tiers.of(ext)
+	if p.Formula == CostMain {
+		return prefill, decode, p.mainLogit(cached, lower, decode, activePrefill, activeRequests)
+	}
+	bs := float64(p.BlockSize)
+	tokens := float64(activePrefill)
+	if p.TrackPrefill {
+		tokens += max(float64(p.ISL)-(float64(cached)+lower)*bs, 0)
+	}
+	return prefill, decode, p.Weight*tokens/bs + float64(decode)
 }
 
 // CostV1 is Cost under CostV1 (whatever p.Formula says): small enough for the compiler to

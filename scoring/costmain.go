@@ -102,13 +102,14 @@ func (p *Params) NeedsMinPrefill() bool {
 //	                     (0 when the request's prefill is not tracked)
 //	decay              = 1 / (1 + credit_decay × (max(active_prefill − min_active_prefill, 0) /
 //	                     block_size) / ⌈isl / block_size⌉)   (1 untracked or without decay)
-//	adjusted           = max(raw_prefill_blocks − credit × decay × cached, 0)
+//	adjusted           = max(raw_prefill_blocks − (credit × decay × cached + lower), 0)
 //	logit              = prefill_load_scale × adjusted + decode_blocks
 //	                     + decode_active_request_weight × active_requests
 //
-// Dynamo's host, disk and shared-cache credits have no counterpart (kvrouterd indexes one tier),
-// nor has its branch for a decode-only worker pool.
-func (p *Params) mainLogit(cached int32, decode, activePrefill, activeRequests int64) float64 {
+// lower is the lower tiers' credit (TierCredit.of: host_cache_hit_weight × host extension +
+// disk_cache_hit_weight × disk and external extensions), 0 without any. Dynamo's shared-cache
+// credit has no counterpart, nor has its branch for a decode-only worker pool.
+func (p *Params) mainLogit(cached int32, lower float64, decode, activePrefill, activeRequests int64) float64 {
 	bs := int64(p.BlockSize)
 	raw, credit := 0.0, p.Credit
 	if p.TrackPrefill {
@@ -119,6 +120,48 @@ func (p *Params) mainLogit(cached int32, decode, activePrefill, activeRequests i
 			credit *= 1 / (1 + p.CreditDecay*(excess/float64((isl+bs-1)/bs)))
 		}
 	}
-	adjusted := max(raw-credit*float64(cached), 0)
+	adjusted := max(raw-(credit*float64(cached)+lower), 0)
 	return p.LoadScale*adjusted + float64(decode) + p.RequestWeight*float64(activeRequests)
 }
+
+// TierCredit weighs a worker's blocks in the lower storage tiers, beyond its device prefix, as
+// a share of a cached block: Dynamo's host_cache_hit_weight and disk_cache_hit_weight (the disk
+// weight also credits the external tier, as Dynamo's disk overlap counts it). A plain value.
+type TierCredit struct {
+	Host, Disk float64
+}
+
+// DefaultTierCredit returns Dynamo's defaults: 0.75 for the host tier, 0.25 for disk and external.
+func DefaultTierCredit() TierCredit { return TierCredit{Host: 0.75, Disk: 0.25} }
+
+// Errors of TierCredit.Check, named by Dynamo's field names.
+var (
+	ErrHostWeight = errors.New("scoring: host_cache_hit_weight must be a finite number ≥ 0")
+	ErrDiskWeight = errors.New("scoring: disk_cache_hit_weight must be a finite number ≥ 0")
+)
+
+// Check reports the first weight of c out of range.
+func (c *TierCredit) Check() error {
+	switch {
+	case !finiteNonNeg(c.Host):
+		return ErrHostWeight
+	case !finiteNonNeg(c.Disk):
+		return ErrDiskWeight
+	}
+	return nil
+}
+
+// of returns the credit, in blocks, of the lower-tier extensions e.
+func (c *TierCredit) of(e TierExt) float64 {
+	return c.Host*float64(e.Host) + c.Disk*float64(e.Disk+e.External)
+}
+
+// TierExt is how many blocks the lower tiers add to a worker's device prefix, tier after tier
+// (radix.TierMatch): the host extension starts at the device depth, the disk extension after
+// the host's, the external after the disk's. A plain value.
+type TierExt struct {
+	Host, Disk, External int32
+}
+
+// Blocks returns the blocks of all the extensions.
+func (e TierExt) Blocks() int32 { return e.Host + e.Disk + e.External }

@@ -248,7 +248,7 @@ func (s *Server) dynamoRegister(ctx *fasthttp.RequestCtx) {
 	}
 	err := s.ch.Register(router.Registration{
 		ID: id, Model: key, BlockSize: bs, Ranks: []uint32{rank}, Endpoint: j.Endpoint, Replay: replay, HTTPEndpoint: j.HTTP,
-		Weight: router.DeviceWeight(j.DeviceType, j.Weight),
+		Weight: router.DeviceWeight(j.DeviceType, j.Weight), KeepRole: true, // Dynamo's /register has no role
 	})
 	if err != nil {
 		s.fail(ctx, epDynamo, dynamoField(err))
@@ -343,8 +343,9 @@ func (s *Server) dynamoWorkers(ctx *fasthttp.RequestCtx) {
 // dynamoQuery answers /query (token ids, hashed with the partition's block size, the LoRA name
 // and the cache salt, as Dynamo hashes them) and /query_by_hash (Dynamo's local block hashes,
 // salted already), in Dynamo's form: per instance and rank the matched tokens on the device
-// (scores), and per instance its tiers (instances; kvrouterd indexes the device tier only, so
-// cpu and disk are the device's match).
+// (scores), and per instance its tiers (instances): gpu the device match, cpu that plus the
+// host tier's extension, disk that plus the disk and external tiers' extensions, each the
+// largest over the instance's ranks (cumulative, as Dynamo's Mooncake-shaped summary).
 func (s *Server) dynamoQuery(ctx *fasthttp.RequestCtx, byHash bool) {
 	var j dynQuery
 	path := "/query"
@@ -404,21 +405,34 @@ func (s *Server) dynamoQuery(ctx *fasthttp.RequestCtx, byHash bool) {
 			s.fail(ctx, epDynamo, err)
 			return
 		}
-		for _, c := range b.resp.Candidates {
-			if c.CachedBlocks == 0 {
+		for i, c := range b.resp.Candidates {
+			var x wire.CandidateTiers
+			if i < len(b.resp.Tiers) {
+				x = b.resp.Tiers[i]
+			}
+			lower := x.Host + x.Disk + x.External
+			if c.CachedBlocks == 0 && lower == 0 {
 				continue
 			}
 			id, rank := strconv.FormatUint(c.Worker, 10), strconv.FormatUint(uint64(c.Rank), 10)
 			tokens := int64(c.CachedBlocks) * int64(bs)
+			if instances[id] == nil {
+				instances[id] = &summary{DP: map[string]int64{}}
+			}
+			in := instances[id]
+			in.DP[rank] = tokens // 0 for a rank with lower-tier hits only
+			in.GPU = max(in.GPU, tokens)
+			in.CPU = max(in.CPU, int64(c.CachedBlocks+x.Host)*int64(bs))
+			in.Disk = max(in.Disk, int64(c.CachedBlocks+lower)*int64(bs))
+			in.Longest = max(in.GPU, in.CPU, in.Disk)
+			if c.CachedBlocks == 0 {
+				continue // scores and frequencies are the device tier's
+			}
 			if scores[id] == nil {
-				scores[id], trees[id], instances[id] = map[string]int64{}, map[string]int64{}, &summary{DP: map[string]int64{}}
+				scores[id], trees[id] = map[string]int64{}, map[string]int64{}
 			}
 			scores[id][rank] = tokens
 			trees[id][rank] = int64(c.TreeBlocks)
-			in := instances[id]
-			in.DP[rank] = tokens
-			in.GPU = max(in.GPU, tokens)
-			in.CPU, in.Disk, in.Longest = in.GPU, in.GPU, in.GPU
 			// Counted at its depth here, summed over the deeper ones below.
 			for len(frequencies) < int(c.CachedBlocks) {
 				frequencies = append(frequencies, 0)

@@ -92,15 +92,20 @@ type dumpEvents struct {
 	b []byte
 }
 
-// begin starts an event of worker id's rank storing blocks chained onto parent.
-func (d *dumpEvents) begin(id uint64, rank uint32, parent uint64, hasParent bool) {
+// dynTierNames are Dynamo's storage_tier names, by kvevent.Tier.
+var dynTierNames = [kvevent.NumTiers]string{"device", "host_pinned", "disk", "external"}
+
+// begin starts an event of worker id's rank storing blocks of tier chained onto parent.
+func (d *dumpEvents) begin(id uint64, rank uint32, tier kvevent.Tier, parent uint64, hasParent bool) {
 	b := d.b[:0]
 	if d.n > 0 {
 		b = append(b, ',')
 	}
 	b = append(b, `{"worker_id":`...)
 	b = strconv.AppendUint(b, id, 10)
-	b = append(b, `,"storage_tier":"device","event":{"event_id":`...)
+	b = append(b, `,"storage_tier":"`...)
+	b = append(b, dynTierNames[tier]...)
+	b = append(b, `","event":{"event_id":`...)
 	b = strconv.AppendUint(b, d.n, 10)
 	b = append(b, `,"dp_rank":`...)
 	b = strconv.AppendUint(b, uint64(rank), 10)
@@ -129,15 +134,17 @@ func (d *dumpEvents) end() {
 	d.w.Write(append(d.b, "]}}}}"...))
 }
 
-// tree writes a worker's blocks (DumpTree's order): a run of blocks each chained onto the one
-// before it is one event, as an engine would have stored them.
+// tree writes a worker's blocks (DumpTree's order: each rank's device tier, then its lower
+// tiers, tagged with their storage_tier as Dynamo's dump tags its lower-tier indexers' events):
+// a run of blocks of one tier each chained onto the one before it is one event, as an engine
+// would have stored them.
 func (d *dumpEvents) tree(id uint64, blocks []shard.TreeBlock) {
 	for i := 0; i < len(blocks); {
 		b := blocks[i]
-		d.begin(id, b.Rank, b.Parent, b.HasParent)
+		d.begin(id, b.Rank, b.Tier, b.Parent, b.HasParent)
 		d.block(true, b.Engine, b.Local)
 		j := i + 1
-		for ; j < len(blocks) && blocks[j].Rank == b.Rank && blocks[j].HasParent && blocks[j].Parent == blocks[j-1].Engine; j++ {
+		for ; j < len(blocks) && blocks[j].Rank == b.Rank && blocks[j].Tier == b.Tier && blocks[j].HasParent && blocks[j].Parent == blocks[j-1].Engine; j++ {
 			d.block(false, blocks[j].Engine, blocks[j].Local)
 		}
 		d.end()
@@ -148,7 +155,7 @@ func (d *dumpEvents) tree(id uint64, blocks []shard.TreeBlock) {
 // sequence writes a worker's blocks by sequence hash, one event per rank.
 func (d *dumpEvents) sequence(id uint64, blocks []router.DumpedBlock) {
 	for i := 0; i < len(blocks); {
-		d.begin(id, blocks[i].Rank, 0, false)
+		d.begin(id, blocks[i].Rank, kvevent.Device, 0, false)
 		j := i
 		for ; j < len(blocks) && blocks[j].Rank == blocks[i].Rank; j++ {
 			d.block(j == i, blocks[j].Engine, blocks[j].Seq)
@@ -228,7 +235,7 @@ type RecoveryStats struct {
 	Partitions int
 	Workers    int
 	Events     int
-	Refused    int // events the index refused or skipped (another tier, an unknown parent, ...)
+	Refused    int // events the index refused or skipped (an unknown parent, ...)
 }
 
 // RecoverFromPeers seeds the index from the first of peers whose /dump answers, as a Dynamo
@@ -358,7 +365,7 @@ func (s *Server) recoverPartition(model string, p dynDumpPartition, st *Recovery
 			}
 			continue
 		}
-		if err := s.ch.Register(router.Registration{ID: id, Model: model, BlockSize: p.BlockSize, Ranks: rs}); err != nil {
+		if err := s.ch.Register(router.Registration{ID: id, Model: model, BlockSize: p.BlockSize, Ranks: rs, KeepRole: true}); err != nil {
 			return fmt.Errorf("worker %d: %w", id, err)
 		}
 		st.Workers++
@@ -445,5 +452,5 @@ func dynEvent(e *dynRouterEvent) (kvevent.Event, error) {
 	default:
 		return ev, errors.New("data: neither stored, removed nor cleared")
 	}
-	return ev, nil // another tier's event is counted and skipped by the index
+	return ev, nil // a lower tier's event goes to that tier's index
 }

@@ -178,6 +178,8 @@ type routeJSON struct {
 	ExpectedOSL    uint32         `json:"expected_output_tokens"`
 	SessionID      string         `json:"session_id"`
 	Override       *wire.Override `json:"router_config_override"` // wins over the top-level weight and temperature
+	// Disagg asks for a disaggregated decision (a prefill and a decode worker).
+	Disagg bool `json:"disagg"`
 }
 
 func decodeRouteJSON(body []byte, r *wire.RouteRequest) error {
@@ -211,6 +213,7 @@ func decodeRouteJSON(body []byte, r *wire.RouteRequest) error {
 	}
 	r.PriorityJump, r.StrictPriority, r.MaxWaitMs = j.PriorityJump, j.StrictPriority, j.MaxWaitMs
 	r.ExpectedOSL, r.SessionID = j.ExpectedOSL, j.SessionID
+	r.Disagg = j.Disagg
 	j.Override.Apply(r)
 	return nil
 }
@@ -229,6 +232,12 @@ func appendRouteJSON(b []byte, r *wire.RouteResponse) []byte {
 		b = strconv.AppendUint(b, r.Worker, 10)
 		b = append(b, `,"dp_rank":`...)
 		b = strconv.AppendUint(b, uint64(r.Rank), 10)
+	}
+	if r.Prefill {
+		b = append(b, `,"prefill":true,"prefill_worker_id":`...)
+		b = strconv.AppendUint(b, r.PrefillWorker, 10)
+		b = append(b, `,"prefill_dp_rank":`...)
+		b = strconv.AppendUint(b, uint64(r.PrefillRank), 10)
 	}
 	b = append(b, `,"blocks":`...)
 	b = strconv.AppendUint(b, uint64(r.Blocks), 10)
@@ -252,6 +261,17 @@ func appendRouteJSON(b []byte, r *wire.RouteResponse) []byte {
 		b = strconv.AppendUint(b, uint64(c.ActiveBlocks), 10)
 		b = append(b, `,"tree_blocks":`...)
 		b = strconv.AppendUint(b, c.TreeBlocks, 10)
+		if i < len(r.Tiers) {
+			if x := r.Tiers[i]; x != (wire.CandidateTiers{}) {
+				// The lower tiers' extensions of cached_blocks, present when any is not 0.
+				b = append(b, `,"host_blocks":`...)
+				b = strconv.AppendUint(b, uint64(x.Host), 10)
+				b = append(b, `,"disk_blocks":`...)
+				b = strconv.AppendUint(b, uint64(x.Disk), 10)
+				b = append(b, `,"external_blocks":`...)
+				b = strconv.AppendUint(b, uint64(x.External), 10)
+			}
+		}
 		b = append(b, `,"logit":`...)
 		b = appendFloat(b, c.Logit)
 		b = append(b, '}')

@@ -83,8 +83,11 @@ var (
 	descWaits     = prometheus.NewDesc("kvrouterd_shard_enqueue_waits_total", "Times a producer waited for a full shard queue.", nil, nil)
 	descRequests  = prometheus.NewDesc("kvrouterd_requests_total", "Route and match requests served, and requests expired.", []string{"kind"}, nil)
 	descActive    = prometheus.NewDesc("kvrouterd_active_requests", "Routed requests not completed yet.", nil, nil)
+	descPredicted = prometheus.NewDesc("kvrouterd_predicted_residencies", "Predict-on-route: (block, worker) pairs routing decisions placed in the side index, not yet expired (--router-predicted-ttl).", nil, nil)
+	descRaised    = prometheus.NewDesc("kvrouterd_predict_raised_total", "Predict-on-route: matches in which a prediction raised some worker's cached depth over what its KV events had told.", nil, nil)
 	descEntries   = prometheus.NewDesc("kvrouterd_index_blocks", "Distinct blocks in a model's index.", []string{"model"}, nil)
 	descResidency = prometheus.NewDesc("kvrouterd_index_residencies", "(block, worker) pairs in a model's index.", []string{"model"}, nil)
+	descTierRes   = prometheus.NewDesc("kvrouterd_index_tier_residencies", "(block, worker) pairs in a model's index of each storage tier (device, host, disk, external); kvrouterd_index_residencies is the device's.", []string{"model", "tier"}, nil)
 	descMembers   = prometheus.NewDesc("kvrouterd_workers_changes_total", "Workers registered from their own events or reports (discovered), removed after falling silent (timed_out), and left out of a snapshot whose format cannot hold them (snapshot_skipped).", []string{"kind"}, nil)
 	descWorker    = prometheus.NewDesc("kvrouterd_worker_load", "Per worker and dp rank: cached blocks, active blocks, active prefill tokens, active requests.", []string{"model", "worker", "dp_rank", "kind"}, nil)
 	descMisconfig = prometheus.NewDesc("kvrouterd_worker_misconfigured", "1 while a worker's configuration is known to disagree with the router's for its model (reason block_size: its engine publishes blocks of another size; zero_hits: requests find other workers' cached blocks but never its own), so nothing it holds is matched.", []string{"model", "worker", "reason"}, nil)
@@ -93,7 +96,7 @@ var (
 )
 
 func (c *routerCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descEvents, descEventsBy, descBlocks, descGaps, descQueue, descWaits, descRequests, descActive, descEntries, descResidency, descMembers, descWorker, descMisconfig, descRefused, descUnmatched} {
+	for _, d := range []*prometheus.Desc{descEvents, descEventsBy, descBlocks, descGaps, descQueue, descWaits, descRequests, descActive, descPredicted, descRaised, descEntries, descResidency, descTierRes, descMembers, descWorker, descMisconfig, descRefused, descUnmatched} {
 		ch <- d
 	}
 }
@@ -118,12 +121,17 @@ func (c *routerCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descRequests, prometheus.CounterValue, float64(st.Matched), "matched")
 	ch <- prometheus.MustNewConstMetric(descRequests, prometheus.CounterValue, float64(st.Expired), "expired")
 	ch <- prometheus.MustNewConstMetric(descActive, prometheus.GaugeValue, float64(st.ActiveRequests))
+	ch <- prometheus.MustNewConstMetric(descPredicted, prometheus.GaugeValue, float64(st.Predictions))
+	ch <- prometheus.MustNewConstMetric(descRaised, prometheus.CounterValue, float64(st.PredictRaised))
 	ch <- prometheus.MustNewConstMetric(descMembers, prometheus.CounterValue, float64(st.Discovered), "discovered")
 	ch <- prometheus.MustNewConstMetric(descMembers, prometheus.CounterValue, float64(st.TimedOut), "timed_out")
 	ch <- prometheus.MustNewConstMetric(descMembers, prometheus.CounterValue, float64(st.SnapshotSkipped), "snapshot_skipped")
 	for _, m := range c.r.Models() {
 		ch <- prometheus.MustNewConstMetric(descEntries, prometheus.GaugeValue, float64(m.Blocks), m.Name)
 		ch <- prometheus.MustNewConstMetric(descResidency, prometheus.GaugeValue, float64(m.Residencies), m.Name)
+		for t, n := range m.TierResidencies() {
+			ch <- prometheus.MustNewConstMetric(descTierRes, prometheus.GaugeValue, float64(n), m.Name, kvevent.Tier(t).String())
+		}
 	}
 	misconfigSent := map[uint64]bool{}
 	for _, w := range c.r.Workers() {

@@ -267,8 +267,8 @@ type selWorkerLoad struct {
 	TotalKVBlocks        *uint64 `json:"total_kv_blocks,omitempty"`
 }
 
-// selOverlap is Dynamo's MooncakeOverlapSummary of one worker: kvrouterd indexes the device
-// tier, so cpu and disk are the device's match.
+// selOverlap is Dynamo's MooncakeOverlapSummary of one worker, in tokens: gpu the device match,
+// cpu that and the host tier's extension, disk that and the disk and external tiers'.
 type selOverlap struct {
 	Longest int64            `json:"longest_matched"`
 	GPU     int64            `json:"gpu"`
@@ -277,8 +277,11 @@ type selOverlap struct {
 	Disk    int64            `json:"disk"`
 }
 
-func overlapOf(rank uint32, tokens int64) selOverlap {
-	return selOverlap{Longest: tokens, GPU: tokens, DP: map[string]int64{rankLabel(rank): tokens}, CPU: tokens, Disk: tokens}
+func overlapOf(rank uint32, c *router.Scored, bs int) selOverlap {
+	gpu := int64(c.Cached) * int64(bs)
+	cpu := int64(c.Cached+c.Ext.Host) * int64(bs)
+	disk := int64(c.Cached+c.Ext.Blocks()) * int64(bs)
+	return selOverlap{Longest: max(gpu, cpu, disk), GPU: gpu, DP: map[string]int64{rankLabel(rank): gpu}, CPU: cpu, Disk: disk}
 }
 
 // selSelectResponse is Dynamo's SelectResponse. decode_busy and kv_hint are never present:
@@ -360,7 +363,7 @@ func (s *Server) selSelect(ctx *fasthttp.RequestCtx, book bool) {
 	rec := p.recs[w.ID]
 	out := selSelectResponse{
 		Model: p.model, Group: p.group, WorkerID: w.ID, DPRank: w.Rank, Endpoint: deref(rec.Endpoint), BlockSize: p.bs,
-		Overlap:                overlapOf(w.Rank, int64(sel.Chosen.Cached)*int64(p.bs)),
+		Overlap:                overlapOf(w.Rank, &sel.Chosen, p.bs),
 		EffectivePrefillTokens: max(int64(sel.ISL)-int64(sel.Chosen.Cached)*int64(p.bs), 0),
 		PotentialDecodeBlocks:  sel.Chosen.DecodeBlocks,
 	}
@@ -709,8 +712,9 @@ func (s *Server) selPotential(ctx *fasthttp.RequestCtx, overlap bool) {
 		s.writeJSON(ctx, out)
 		return
 	}
-	// Dynamo's tiers beyond the device, and its shared cache, are not indexed by kvrouterd:
-	// every tier holds the device's blocks, and the shared cache is off.
+	// Each tier's blocks as Dynamo reports them: host_pinned_blocks and disk_blocks cumulative,
+	// the extensions apart, the credit as the cost formula weighs them. Dynamo's shared cache
+	// is not kept by kvrouterd: it is off.
 	type row struct {
 		WorkerID            uint64  `json:"worker_id"`
 		DPRank              uint32  `json:"dp_rank"`
@@ -724,8 +728,10 @@ func (s *Server) selPotential(ctx *fasthttp.RequestCtx, overlap bool) {
 	}
 	rows := make([]row, 0, len(sel.Scores))
 	for _, c := range sel.Scores {
-		rows = append(rows, row{WorkerID: c.Worker.ID, DPRank: c.Worker.Rank, Device: c.Cached, HostPinned: c.Cached,
-			Disk: c.Cached, RouterCreditBlocks: float64(c.Cached)})
+		disk := c.Ext.Disk + c.Ext.External
+		credit := sel.Credit*float64(c.Cached) + sel.Tiers.Host*float64(c.Ext.Host) + sel.Tiers.Disk*float64(disk)
+		rows = append(rows, row{WorkerID: c.Worker.ID, DPRank: c.Worker.Rank, Device: c.Cached, HostPinned: c.Cached + c.Ext.Host,
+			Disk: c.Cached + c.Ext.Blocks(), HostPinnedExtension: c.Ext.Host, DiskExtension: disk, RouterCreditBlocks: credit})
 	}
 	s.writeJSON(ctx, map[string]any{
 		"block_size": p.bs, "num_blocks": sel.Blocks, "workers": rows,

@@ -449,7 +449,7 @@ func (s *Server) register(rec *selRecord) error {
 			}
 		}
 	}
-	g := router.Registration{ID: id, Model: key, BlockSize: bs, Capacity: capacity, MaxTokens: maxTokens}
+	g := router.Registration{ID: id, Model: key, BlockSize: bs, Capacity: capacity, MaxTokens: maxTokens, KeepRole: true}
 	// The catalog's endpoint is where the worker serves requests: the front door's target too,
 	// when it is an HTTP URL.
 	if u, err := url.Parse(deref(rec.Endpoint)); err == nil && (u.Scheme == "http" || u.Scheme == "https") && u.Host != "" {

@@ -27,11 +27,15 @@ type registerJSON struct {
 	// (router.DeviceWeight).
 	Weight     float64 `json:"weight"`
 	DeviceType string  `json:"device_type"`
+	// Role is prefill, decode or both; absent leaves a registered worker's as it was (both
+	// for a new worker).
+	Role *string `json:"role"`
 }
 
 func (s *Server) registerWorker(ctx *fasthttp.RequestCtx) {
 	var j registerJSON
-	if err := decodeJSON(ctx.PostBody(), &j); err != nil {
+	err := decodeJSON(ctx.PostBody(), &j)
+	if err != nil {
 		s.fail(ctx, epWorkers, err)
 		return
 	}
@@ -39,11 +43,18 @@ func (s *Server) registerWorker(ctx *fasthttp.RequestCtx) {
 		s.reject(ctx, epWorkers, fasthttp.StatusBadRequest, "invalid", "worker_id", -1, "worker_id is required")
 		return
 	}
-	err := s.ch.Register(router.Registration{
+	g := router.Registration{
 		ID: *j.Worker, Model: j.Model, BlockSize: j.BlockSize, Ranks: j.Ranks,
 		Capacity: j.Capacity, MaxTokens: j.MaxTokens, Endpoint: j.Endpoint, Replay: j.Replay, HTTPEndpoint: j.HTTP,
-		Weight: router.DeviceWeight(j.DeviceType, j.Weight),
-	})
+		Weight: router.DeviceWeight(j.DeviceType, j.Weight), KeepRole: j.Role == nil,
+	}
+	if j.Role != nil {
+		if g.Role, err = router.ParseRole(*j.Role); err != nil {
+			s.fail(ctx, epWorkers, err)
+			return
+		}
+	}
+	err = s.ch.Register(g)
 	if err != nil {
 		s.fail(ctx, epWorkers, err)
 		return

@@ -5,6 +5,7 @@ import (
 	"sync/atomic"
 
 	"github.com/kvrouterd/kvrouterd/internal/u64map"
+	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/radix"
 )
 
@@ -40,12 +41,25 @@ type worker struct {
 	ranks []*rankState
 }
 
-// rankState is one (worker, dp rank): one engine, one slot, one event stream.
+// rankState is one (worker, dp rank): one engine, one slot, one event stream. Its device
+// tier's blocks are the embedded tierState; a lower tier's come in lower, allocated on the
+// rank's first block in any lower tier (nil for the many ranks that never offload).
 type rankState struct {
-	rank   uint32
-	slot   radix.Slot
-	last   uint64     // last event id applied; 0 = none yet
-	batch  uint64     // Event.Batch of the last engine batch applied; 0 = none yet
+	rank  uint32
+	slot  radix.Slot
+	last  uint64 // last event id applied; 0 = none yet
+	batch uint64 // Event.Batch of the last engine batch applied; 0 = none yet
+	tierState
+	lower *[numLower]*tierState // lower[t-1]: tier t's, nil until its first block
+}
+
+// numLower is how many tiers lie below the device.
+const numLower = kvevent.NumTiers - 1
+
+// tierState is what a rank holds in one storage tier. Each tier has its own engine hash map: an
+// engine names a block by the same hash when it offloads it, and the copy in one tier must not
+// be removed by an event about another.
+type tierState struct {
 	engine u64map.Map // engine hash → sequence hash
 	// dup counts, per sequence hash, the engine hashes beyond the first that map to it (the
 	// same content stored under two engine hashes, e.g. with different cache salts). A removal
@@ -66,6 +80,40 @@ func (a *Applier) newRank(rank uint32, slot radix.Slot) *rankState {
 		r.tree = new(blockTree)
 	}
 	return r
+}
+
+// tier returns the rank's state in tier t, nil if it has none (and create is false).
+func (a *Applier) tier(r *rankState, t Tier, create bool) *tierState {
+	if t == Device {
+		return &r.tierState
+	}
+	if r.lower == nil {
+		if !create {
+			return nil
+		}
+		r.lower = new([numLower]*tierState)
+	}
+	ts := r.lower[t-1]
+	if ts == nil && create {
+		ts = new(tierState)
+		if a.KeepTree {
+			ts.tree = new(blockTree)
+		}
+		r.lower[t-1] = ts
+	}
+	return ts
+}
+
+// tiers calls f for each tier the rank holds state in, the device first.
+func (r *rankState) tiers(f func(t Tier, ts *tierState)) {
+	f(Device, &r.tierState)
+	if r.lower != nil {
+		for i, ts := range r.lower {
+			if ts != nil {
+				f(Tier(i+1), ts)
+			}
+		}
+	}
 }
 
 // NewApplier returns an Applier for standalone use (tests, tools): at most maxBlocks residencies
@@ -160,21 +208,29 @@ func (a *Applier) apply(ix *radix.Index, id uint64, ev *Event, o *Outcome) {
 	case Removed:
 		a.removed(w, r, ev, o)
 	case Cleared:
-		// An engine clears its own cache: one (worker, rank). Another rank of the worker is
-		// another cache, whose blocks and chains stay.
+		// An engine clears its own cache: one (worker, rank), one tier (Dynamo routes a clear
+		// to its storage tier's index). Another rank of the worker is another cache, and the
+		// rank's other tiers other stores, whose blocks and chains stay.
+		if ev.Tier >= kvevent.NumTiers {
+			o.Status = OtherTier
+			return
+		}
 		a.c.clears.Add(1)
-		o.Applied = a.clearRank(w, r)
+		if ts := a.tier(r, ev.Tier, false); ts != nil {
+			o.Applied = a.clearTier(w.ix.TierIndex(ev.Tier), r, ts)
+		}
 	default:
 		o.Status = BadKind
 	}
 }
 
 func (a *Applier) stored(w *worker, r *rankState, ev *Event, o *Outcome) {
-	if ev.Tier != Device {
+	if ev.Tier >= kvevent.NumTiers {
 		o.Status = OtherTier
 		return
 	}
-	bs := w.ix.BlockSize()
+	ix := w.ix
+	bs := ix.BlockSize()
 	if ev.BlockSize != 0 && ev.BlockSize != bs {
 		o.Status = BadBlockSize
 		return
@@ -186,12 +242,16 @@ func (a *Applier) stored(w *worker, r *rankState, ev *Event, o *Outcome) {
 	}
 	parent, hasParent := uint64(0), ev.HasParent
 	if hasParent {
-		p, ok := r.engine.Get(ev.Parent)
+		p, ok := a.parent(r, ev.Tier, ev.Parent)
 		if !ok {
 			o.Status = UnknownParent
 			return
 		}
 		parent = p
+	}
+	ts := &r.tierState
+	if ev.Tier != Device {
+		ix, ts = ix.EnsureTier(ev.Tier), a.tier(r, ev.Tier, true)
 	}
 	switch seed := a.seed(ev.LoRA, ev.Salt); {
 	case ev.Locals != nil:
@@ -201,76 +261,111 @@ func (a *Applier) stored(w *worker, r *rankState, ev *Event, o *Outcome) {
 	default:
 		a.seqs = a.h.AppendLocal(a.seqs[:0], ev.Tokens, bs, seed)
 	}
-	if r.tree != nil {
+	if ts.tree != nil {
 		a.locals = append(a.locals[:0], a.seqs...)
 	}
 	radix.ChainInPlace(a.seqs, parent, hasParent)
 	// Every block below costs a lookup in the engine map and one in the index, each likely a
 	// cache miss: start them all now so that they overlap.
-	r.engine.Prefetch(ev.Hashes)
-	w.ix.Prefetch(a.seqs)
+	ts.engine.Prefetch(ev.Hashes)
+	ix.Prefetch(a.seqs)
 	for i, eh := range ev.Hashes {
 		seq := a.seqs[i]
-		if old, ok := r.engine.Get(eh); ok {
+		if old, ok := ts.engine.Get(eh); ok {
 			if old == seq {
-				if r.tree != nil {
-					a.note(r, i, parent, hasParent) // restored without its tree, it gets it back
+				if ts.tree != nil {
+					a.note(ts, i, parent, hasParent) // restored without its tree, it gets it back
 				}
 				continue
 			}
 			// The engine reuses this hash for other content: the old block is gone.
-			a.drop(w.ix, r, old)
+			a.drop(ix, r.slot, ts, old)
 		}
 		if !a.reserve() {
-			if w.ix.Has(seq, r.slot) {
+			if ix.Has(seq, r.slot) {
 				// Same content under another engine hash: no new residency, no budget needed.
-				r.engine.Put(eh, seq)
-				r.addDup(seq)
-				if r.tree != nil {
-					a.note(r, i, parent, hasParent)
+				ts.engine.Put(eh, seq)
+				ts.addDup(seq)
+				if ts.tree != nil {
+					a.note(ts, i, parent, hasParent)
 				}
 				continue
 			}
 			o.Status, o.Skipped = OverBudget, n-i
 			// The engine hash no longer names what the index holds for it.
-			r.engine.Del(eh)
+			ts.engine.Del(eh)
 			break
 		}
-		r.engine.Put(eh, seq)
-		if w.ix.Add(seq, r.slot) {
+		ts.engine.Put(eh, seq)
+		if ix.Add(seq, r.slot) {
 			o.Applied++
 		} else {
 			a.allow++
-			r.addDup(seq)
+			ts.addDup(seq)
 		}
-		if r.tree != nil {
-			a.note(r, i, parent, hasParent)
+		if ts.tree != nil {
+			a.note(ts, i, parent, hasParent)
 		}
 	}
 	if o.Applied != 0 {
 		a.c.stored.Add(int64(o.Applied))
 		a.c.residencies.Add(int64(o.Applied))
+		if ev.Tier != Device {
+			a.c.tierResidencies[ev.Tier].Add(int64(o.Applied))
+		}
 	}
 }
 
+// parent returns the sequence hash of the block the engine calls eh, looked up in tier t of r
+// first and then in its other tiers: an engine that offloads a device block's child to the host
+// names a parent that only the device holds (and the reverse when it reloads).
+func (a *Applier) parent(r *rankState, t Tier, eh uint64) (uint64, bool) {
+	if ts := a.tier(r, t, false); ts != nil {
+		if seq, ok := ts.engine.Get(eh); ok {
+			return seq, true
+		}
+	}
+	if t == Device && r.lower == nil {
+		return 0, false
+	}
+	for u := Device; u < kvevent.NumTiers; u++ {
+		if u == t {
+			continue
+		}
+		if ts := a.tier(r, u, false); ts != nil {
+			if seq, ok := ts.engine.Get(eh); ok {
+				return seq, true
+			}
+		}
+	}
+	return 0, false
+}
+
 func (a *Applier) removed(w *worker, r *rankState, ev *Event, o *Outcome) {
-	if ev.Tier != Device {
+	if ev.Tier >= kvevent.NumTiers {
 		o.Status = OtherTier
 		return
 	}
-	r.engine.Prefetch(ev.Hashes)
+	ts := a.tier(r, ev.Tier, false)
+	if ts == nil {
+		// Nothing was ever stored in this tier for the rank.
+		o.Skipped, o.Status = len(ev.Hashes), UnknownBlocks
+		return
+	}
+	ix := w.ix.TierIndex(ev.Tier)
+	ts.engine.Prefetch(ev.Hashes)
 	a.seqs = a.seqs[:0]
 	for _, eh := range ev.Hashes {
-		seq, ok := r.engine.Del(eh)
+		seq, ok := ts.engine.Del(eh)
 		if !ok {
 			o.Skipped++
 			continue
 		}
 		a.seqs = append(a.seqs, seq)
 	}
-	w.ix.Prefetch(a.seqs)
+	ix.Prefetch(a.seqs)
 	for _, seq := range a.seqs {
-		if a.drop(w.ix, r, seq) {
+		if a.drop(ix, r.slot, ts, seq) {
 			o.Applied++
 		}
 	}
@@ -279,15 +374,16 @@ func (a *Applier) removed(w *worker, r *rankState, ev *Event, o *Outcome) {
 	}
 }
 
-func (r *rankState) addDup(seq uint64) {
+func (r *tierState) addDup(seq uint64) {
 	if r.dup == nil {
 		r.dup = make(map[uint64]uint32)
 	}
 	r.dup[seq]++
 }
 
-// drop releases one engine hash's claim on seq and reports whether the residency went away.
-func (a *Applier) drop(ix *radix.Index, r *rankState, seq uint64) bool {
+// drop releases one engine hash's claim on seq in tier state r (whose index is ix) and reports
+// whether the residency of slot went away.
+func (a *Applier) drop(ix *radix.Index, slot radix.Slot, r *tierState, seq uint64) bool {
 	if n := r.dup[seq]; n > 0 {
 		if n == 1 {
 			delete(r.dup, seq)
@@ -296,21 +392,24 @@ func (a *Applier) drop(ix *radix.Index, r *rankState, seq uint64) bool {
 		}
 		return false
 	}
-	if !ix.Remove(seq, r.slot) {
+	if !ix.Remove(seq, slot) {
 		return false
 	}
 	if r.tree != nil {
 		r.tree.local.Del(seq)
 		r.tree.parent.Del(seq)
 	}
+	if t := ix.Tier(); t != Device {
+		a.c.tierResidencies[t].Add(-1)
+	}
 	a.release(1)
 	return true
 }
 
-// note records, for a rank with a tree (KeepTree), block i of the stored event being applied
+// note records, for a tier with a tree (KeepTree), block i of the stored event being applied
 // (now held by r): its local hash and its parent, the block before it in the event or, for the
 // first, the event's parent (none at the root of a chain).
-func (a *Applier) note(r *rankState, i int, parent uint64, hasParent bool) {
+func (a *Applier) note(r *tierState, i int, parent uint64, hasParent bool) {
 	seq := a.seqs[i]
 	r.tree.local.Put(seq, a.locals[i])
 	switch {
@@ -330,19 +429,31 @@ func (a *Applier) clear(w *worker) int {
 	return n
 }
 
-// clearRank removes every block of rank r of w and returns how many residencies went away.
+// clearRank removes every block of rank r of w, in every tier, and returns how many residencies
+// went away.
 func (a *Applier) clearRank(w *worker, r *rankState) int {
 	n := 0
-	r.engine.Each(func(_, seq uint64) {
-		if w.ix.Remove(seq, r.slot) {
+	r.tiers(func(t Tier, ts *tierState) { n += a.clearTier(w.ix.TierIndex(t), r, ts) })
+	return n
+}
+
+// clearTier removes every block of r's tier state ts, whose index is ix, and returns how many
+// residencies went away.
+func (a *Applier) clearTier(ix *radix.Index, r *rankState, ts *tierState) int {
+	n := 0
+	ts.engine.Each(func(_, seq uint64) {
+		if ix.Remove(seq, r.slot) {
 			n++
 		}
 	})
-	r.engine.Reset()
-	r.dup = nil
-	if r.tree != nil {
-		r.tree.local.Reset()
-		r.tree.parent.Reset()
+	ts.engine.Reset()
+	ts.dup = nil
+	if ts.tree != nil {
+		ts.tree.local.Reset()
+		ts.tree.parent.Reset()
+	}
+	if t := ix.Tier(); t != Device && n != 0 {
+		a.c.tierResidencies[t].Add(-int64(n))
 	}
 	a.release(n)
 	return n
@@ -422,13 +533,19 @@ func (a *Applier) Batch(id uint64, rank uint32) uint64 {
 	return 0
 }
 
-// Blocks returns how many engine hashes worker id holds over all ranks (what its engine maps
-// hold; residencies can be fewer when two engine hashes name the same content).
-func (a *Applier) Blocks(id uint64) int {
+// Blocks returns how many engine hashes worker id holds over all ranks in the device tier
+// (what its engine maps hold; residencies can be fewer when two engine hashes name the same
+// content). TierBlocks counts another tier's.
+func (a *Applier) Blocks(id uint64) int { return a.TierBlocks(id, Device) }
+
+// TierBlocks returns how many engine hashes worker id holds over all ranks in tier t.
+func (a *Applier) TierBlocks(id uint64, t Tier) int {
 	n := 0
 	if w := a.workers[id]; w != nil {
 		for _, r := range w.ranks {
-			n += r.engine.Len()
+			if ts := a.tier(r, t, false); ts != nil {
+				n += ts.engine.Len()
+			}
 		}
 	}
 	return n
@@ -520,8 +637,8 @@ func (b *budget) give(n int64) {
 	}
 }
 
-// EachBlock calls f for every block worker id holds: its rank, the engine's hash and the
-// router's sequence hash, in no particular order.
+// EachBlock calls f for every block worker id holds in the device tier: its rank, the engine's
+// hash and the router's sequence hash, in no particular order.
 func (a *Applier) EachBlock(id uint64, f func(rank uint32, engine, seq uint64)) {
 	w := a.workers[id]
 	if w == nil {

@@ -85,13 +85,15 @@ func TestApplierEvents(t *testing.T) {
 	f(bad, shard.Outcome{Status: shard.BadTokens}, 1)
 	f(&shard.Event{Kind: 77, ID: 12}, shard.Outcome{Status: shard.BadKind}, 1)
 
-	// An offloaded copy coming and going does not touch the device copy with the same hash.
+	// An offloaded copy coming and going does not touch the device copy with the same hash:
+	// it goes to the host tier (parent 101 is the device's), and a disk removal of 101 names
+	// nothing the disk tier holds.
 	host := child(13, 101, []uint64{102}, 2)
 	host.Tier = shard.Host
-	f(host, shard.Outcome{Status: shard.OtherTier}, 1)
+	f(host, shard.Outcome{Applied: 1}, 1)
 	hostRm := removed(14, 101)
 	hostRm.Tier = shard.Disk
-	f(hostRm, shard.Outcome{Status: shard.OtherTier}, 1)
+	f(hostRm, shard.Outcome{Status: shard.UnknownBlocks, Skipped: 1}, 1)
 
 	// Unnumbered events skip the cursor. Blocks 3 and 4 were never removed: depth 4 again.
 	f(child(0, 101, []uint64{102}, 2), shard.Outcome{Applied: 1}, 4)
@@ -103,15 +105,111 @@ func TestApplierEvents(t *testing.T) {
 			t.Fatalf("observer got a normal outcome %+v", o)
 		}
 	}
-	if len(seen) != 10 {
-		t.Fatalf("observer got %d outcomes, want 10: %v", len(seen), seen)
+	if len(seen) != 9 {
+		t.Fatalf("observer got %d outcomes, want 9: %v", len(seen), seen)
 	}
 	st := a.Stats()
 	if st.ByStatus[shard.Duplicate] != 2 || st.ByStatus[shard.UnknownParent] != 1 || st.Gaps != 1 || st.MissedIDs != 3 {
 		t.Fatalf("stats %+v", st)
 	}
-	if st.Residencies != 4 || st.StoredBlocks != 6 || st.RemovedBlocks != 2 {
-		t.Fatalf("residencies %d stored %d removed %d", st.Residencies, st.StoredBlocks, st.RemovedBlocks)
+	if st.Residencies != 5 || st.StoredBlocks != 7 || st.RemovedBlocks != 2 || st.TierResidencies != [4]int64{4, 1, 0, 0} {
+		t.Fatalf("residencies %d (by tier %v) stored %d removed %d", st.Residencies, st.TierResidencies, st.StoredBlocks, st.RemovedBlocks)
+	}
+}
+
+// tiers returns worker 7 rank 0's match of the prompt made of contents through the tiers:
+// device depth, host, disk and external extensions.
+func tiers(t *testing.T, ix *radix.Index, contents ...uint32) [4]int32 {
+	t.Helper()
+	var m radix.Match
+	ix.MatchTokens(blk(contents...), radix.BaseSeed, &m)
+	for _, x := range m.Tiers {
+		if w, _ := ix.Worker(x.Slot); w == (radix.WorkerKey{ID: 7}) {
+			return x.Blocks
+		}
+	}
+	for i, s := range m.Slots {
+		if w, _ := ix.Worker(s); w == (radix.WorkerKey{ID: 7}) {
+			return [4]int32{m.Depth[i]}
+		}
+	}
+	return [4]int32{}
+}
+
+// Lower-tier events are applied to their own tier: stored (with a parent held in another tier),
+// removed and cleared per tier, each tier's engine hashes apart from the others'; a rank's
+// removal and a clear after a gap clear every tier; the budget counts every tier.
+func TestApplierTiers(t *testing.T) {
+	ix, _ := radix.New(radix.Config{BlockSize: bs})
+	a := shard.NewApplier(0, nil)
+	a.ClearOnGap = true
+	in := func(tier shard.Tier, ev *shard.Event) *shard.Event { ev.Tier = tier; return ev }
+	apply := func(ev *shard.Event, want shard.Outcome, wantTiers [4]int32) {
+		t.Helper()
+		want.Worker, want.Rank, want.EventID, want.Kind = 7, ev.Rank, ev.ID, ev.Kind
+		if got := a.Apply(ix, 7, ev); got != want {
+			t.Fatalf("event %d: outcome %+v, want %+v", ev.ID, got, want)
+		}
+		if got := tiers(t, ix, 1, 2, 3, 4, 5, 6); got != wantTiers {
+			t.Fatalf("event %d: tiers %v, want %v", ev.ID, got, wantTiers)
+		}
+	}
+	apply(stored(1, []uint64{101, 102}, 1, 2), shard.Outcome{Applied: 2}, [4]int32{2})
+	// Offload: block 3 goes to the host under its device parent 102, block 4 to disk under
+	// the host's 103, block 5 to external under disk's 104.
+	apply(in(shard.Host, child(2, 102, []uint64{103}, 3)), shard.Outcome{Applied: 1}, [4]int32{2, 1})
+	apply(in(shard.Disk, child(3, 103, []uint64{104}, 4)), shard.Outcome{Applied: 1}, [4]int32{2, 1, 1})
+	apply(in(shard.External, child(4, 104, []uint64{105}, 5)), shard.Outcome{Applied: 1}, [4]int32{2, 1, 1, 1})
+	// The host also holds copies of blocks 1 and 2 under the same engine hashes: the device's
+	// are untouched by the host's removal of them.
+	apply(in(shard.Host, stored(5, []uint64{101, 102}, 1, 2)), shard.Outcome{Applied: 2}, [4]int32{2, 1, 1, 1})
+	apply(in(shard.Host, removed(6, 101, 102)), shard.Outcome{Applied: 2}, [4]int32{2, 1, 1, 1})
+	// The device evicts block 2: the host's block 3 no longer continues the device prefix.
+	apply(removed(7, 102), shard.Outcome{Applied: 1}, [4]int32{1})
+	apply(child(8, 101, []uint64{102}, 2), shard.Outcome{Applied: 1}, [4]int32{2, 1, 1, 1})
+	if n := a.TierBlocks(7, shard.Host); n != 1 {
+		t.Fatalf("host engine hashes %d, want 1", n)
+	}
+	// A clear of the disk tier clears the disk alone: the external block after it is stranded.
+	apply(in(shard.Disk, &shard.Event{Kind: shard.Cleared, ID: 9}), shard.Outcome{Applied: 1}, [4]int32{2, 1})
+	// A removal in a tier the rank never used names unknown blocks.
+	ev := in(shard.External, removed(11, 999))
+	ev.Rank = 1
+	want := shard.Outcome{Worker: 7, Rank: 1, EventID: 11, Kind: shard.Removed, Status: shard.UnknownBlocks, Skipped: 1}
+	if got := a.Apply(ix, 7, ev); got != want {
+		t.Fatalf("removal on a fresh rank's tier: %+v", got)
+	}
+	if st := a.Stats(); st.Residencies != 4 || st.TierResidencies != [4]int64{2, 1, 0, 1} {
+		t.Fatalf("residencies %d by tier %v", st.Residencies, st.TierResidencies)
+	}
+	// A gap clears every tier of the rank before the event applies.
+	o := a.Apply(ix, 7, in(shard.Host, stored(20, []uint64{201}, 9)))
+	if o.Gap != 10 || o.Cleared != 4 || o.Applied != 1 {
+		t.Fatalf("gap outcome %+v", o)
+	}
+	if got := tiers(t, ix, 1, 2, 3); got != ([4]int32{}) {
+		t.Fatalf("tiers after the gap %v", got)
+	}
+	// Removing the rank clears every tier and frees its slot.
+	if n := a.RemoveRank(7, 0); n != 1 {
+		t.Fatalf("RemoveRank removed %d, want 1", n)
+	}
+	if st := a.Stats(); st.Residencies != 0 || st.TierResidencies != ([4]int64{}) {
+		t.Fatalf("after removal: residencies %d by tier %v", st.Residencies, st.TierResidencies)
+	}
+}
+
+// The residency budget counts every tier: a host block takes the room a device block would.
+func TestApplierTierBudget(t *testing.T) {
+	ix, _ := radix.New(radix.Config{BlockSize: bs})
+	a := shard.NewApplier(2, nil)
+	if o := a.Apply(ix, 7, stored(1, []uint64{101}, 1)); o.Applied != 1 {
+		t.Fatal(o)
+	}
+	ev := stored(2, []uint64{201, 202}, 2, 3)
+	ev.Tier = shard.Host
+	if o := a.Apply(ix, 7, ev); o.Applied != 1 || o.Status != shard.OverBudget || o.Skipped != 1 {
+		t.Fatalf("host store over the budget: %+v", o)
 	}
 }
 

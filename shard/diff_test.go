@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/kvrouterd/kvrouterd/internal/refmodel"
+	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/radix"
 	"github.com/kvrouterd/kvrouterd/shard"
 )
@@ -41,10 +42,10 @@ func runSerial(t testing.TB, src source, blockSize int, budget int64, steps int,
 			}
 		}
 		for range 2 {
-			compareIndex(t, ix, fleet.Index, g.query(r), &m)
+			compareIndex(t, ix, fleet.Tiers, g.query(r), &m)
 		}
 	}
-	compareWorkers(t, ix, fleet.Index)
+	compareWorkers(t, ix, fleet.Tiers)
 	for w := range uint64(5) {
 		for rk := range uint32(2) {
 			if got, want := a.Cursor(w+1, rk), fleet.Cursor(w+1, rk); got != want {
@@ -187,13 +188,21 @@ func TestSetDifferential(t *testing.T) {
 			stop.Store(true)
 			readers.Wait()
 
-			// The union of the producers' models (their workers are disjoint).
-			all := refmodel.NewIndex()
+			// The union of the producers' models (their workers are disjoint), tier by tier.
+			var all [kvevent.NumTiers]*refmodel.Index
 			var want []shard.Outcome
 			for p := range producers {
-				for w := range fleets[p].Index.Workers() {
-					for seq := range fleets[p].Index.BlocksOf(w) {
-						all.Add(seq, w)
+				for tier, model := range fleets[p].Tiers {
+					if model == nil {
+						continue
+					}
+					if all[tier] == nil {
+						all[tier] = refmodel.NewIndex()
+					}
+					for w := range model.Workers() {
+						for seq := range model.BlocksOf(w) {
+							all[tier].Add(seq, w)
+						}
 					}
 				}
 				want = append(want, wantAnomalies[p]...)
@@ -214,7 +223,16 @@ func TestSetDifferential(t *testing.T) {
 			}
 			st := set.Stats()
 			total := 0
-			for _, n := range all.Workers() {
+			for tier, model := range all {
+				n := 0
+				if model != nil {
+					for _, c := range model.Workers() {
+						n += c
+					}
+				}
+				if st.TierResidencies[tier] != int64(n) {
+					t.Errorf("stats: %d residencies in tier %v (model %d)", st.TierResidencies[tier], kvevent.Tier(tier), n)
+				}
 				total += n
 			}
 			if st.Residencies != int64(total) || st.QueueDepth != 0 {

@@ -3,6 +3,8 @@ package shard
 import (
 	"fmt"
 	"sync/atomic"
+
+	"github.com/kvrouterd/kvrouterd/kvevent"
 )
 
 // Status says why an event was not applied in full.
@@ -25,7 +27,8 @@ const (
 	OverBudget
 	// UnknownBlocks: a removal named Skipped blocks the worker does not hold; the rest applied.
 	UnknownBlocks
-	// OtherTier: the event is about a non-device tier, which the index does not score; skipped.
+	// OtherTier: the event names a storage tier beyond those the index keeps (device, host,
+	// disk, external); skipped. Decoders refuse such tiers, so it counts only direct callers.
 	OtherTier
 	// WrongModel: the worker's events went to another model's index before; dropped.
 	WrongModel
@@ -106,7 +109,9 @@ type Stats struct {
 	WorkersRemoved int64
 	EnqueueWaits   int64 // Enqueue calls that found the queue full and waited
 	QueueDepth     int64 // batches waiting now, over all shards
-	Residencies    int64 // (block, worker) pairs held now, over all shards
+	Residencies    int64 // (block, worker) pairs held now, over all shards and every tier
+	// TierResidencies splits Residencies by storage tier (kvevent.Tier).
+	TierResidencies [kvevent.NumTiers]int64
 }
 
 // counters is the atomic form of Stats kept by each shard: written by its goroutine, read by
@@ -116,6 +121,7 @@ type counters struct {
 	gapClears                                              atomic.Int64
 	byKind                                                 [NumKinds][numStatus]atomic.Int64
 	skipped, workersRemoved, enqueueWaits, residencies     atomic.Int64
+	tierResidencies                                        [kvevent.NumTiers]atomic.Int64 // lower tiers only
 }
 
 func (c *counters) addTo(s *Stats) {
@@ -137,5 +143,12 @@ func (c *counters) addTo(s *Stats) {
 	s.SkippedBlocks += c.skipped.Load()
 	s.WorkersRemoved += c.workersRemoved.Load()
 	s.EnqueueWaits += c.enqueueWaits.Load()
-	s.Residencies += c.residencies.Load()
+	res := c.residencies.Load()
+	s.Residencies += res
+	for t := 1; t < kvevent.NumTiers; t++ {
+		n := c.tierResidencies[t].Load()
+		s.TierResidencies[t] += n
+		res -= n
+	}
+	s.TierResidencies[kvevent.Device] += res
 }

@@ -183,7 +183,7 @@ func BenchmarkShardMemory(b *testing.B) {
 					}
 					for range b.N {
 						before := memstat.HeapInUse()
-						ix, a, n := buildThroughApplier(res, workers, shared, false)
+						ix, a, n := buildThroughApplier(res, workers, shared, false, false)
 						after := memstat.HeapInUse()
 						b.ReportMetric(float64(after-before)/float64(n), "B/residency")
 						b.ReportMetric(float64(n), "residencies")
@@ -205,7 +205,7 @@ func BenchmarkShardMemoryTree(b *testing.B) {
 			b.Run(fmt.Sprintf("residencies=1e+06/workers=%d/%s", workers, kind), func(b *testing.B) {
 				for range b.N {
 					before := memstat.HeapInUse()
-					ix, a, n := buildThroughApplier(1e6, workers, shared, true)
+					ix, a, n := buildThroughApplier(1e6, workers, shared, true, false)
 					after := memstat.HeapInUse()
 					b.ReportMetric(float64(after-before)/float64(n), "B/residency")
 					runtime.KeepAlive(ix)
@@ -216,7 +216,37 @@ func BenchmarkShardMemoryTree(b *testing.B) {
 	}
 }
 
-func buildThroughApplier(residencies, workers int, shared, tree bool) (*radix.Index, *shard.Applier, int64) {
+// BenchmarkShardMemoryTiers is BenchmarkShardMemory with lower storage tiers in use: each
+// conversation an engine stores on its device is also offloaded to its host tier half of the
+// time (the same engine hashes, as an offloading engine names them) and to disk a quarter of the
+// time. B/residency counts every tier's residencies; their split is reported beside it.
+func BenchmarkShardMemoryTiers(b *testing.B) {
+	for _, workers := range []int{8, 1000} {
+		for _, shared := range []bool{false, true} {
+			kind := map[bool]string{false: "unique", true: "shared"}[shared]
+			b.Run(fmt.Sprintf("residencies=1e+06/workers=%d/%s", workers, kind), func(b *testing.B) {
+				for range b.N {
+					before := memstat.HeapInUse()
+					ix, a, n := buildThroughApplier(1e6, workers, shared, false, true)
+					after := memstat.HeapInUse()
+					b.ReportMetric(float64(after-before)/float64(n), "B/residency")
+					b.ReportMetric(float64(n), "residencies")
+					st := a.Stats()
+					b.ReportMetric(float64(st.TierResidencies[shard.Host]), "host-residencies")
+					b.ReportMetric(float64(st.TierResidencies[shard.Disk]), "disk-residencies")
+					runtime.KeepAlive(ix)
+					runtime.KeepAlive(a)
+				}
+			})
+		}
+	}
+}
+
+// buildThroughApplier stores conversations of workers through an Applier until the device tier
+// holds about residencies; with tiers, copies of them go to the host and disk tiers too (see
+// BenchmarkShardMemoryTiers). It returns the index, the Applier and the residencies of every
+// tier.
+func buildThroughApplier(residencies, workers int, shared, tree, tiers bool) (*radix.Index, *shard.Applier, int64) {
 	ix, _ := radix.New(radix.Config{BlockSize: benchBlockSize})
 	a := shard.NewApplier(0, nil)
 	a.KeepTree = tree
@@ -262,11 +292,22 @@ func buildThroughApplier(residencies, workers int, shared, tree bool) (*radix.In
 				hashes[i] = next // otherwise engine hashes are per worker: no sharing there
 				next++
 			}
-			a.Apply(ix, uint64(h), &shard.Event{Kind: shard.Stored, Hashes: hashes[:n], Tokens: tokens[:n*benchBlockSize]})
+			ev := shard.Event{Kind: shard.Stored, Hashes: hashes[:n], Tokens: tokens[:n*benchBlockSize]}
+			a.Apply(ix, uint64(h), &ev)
+			if tiers {
+				if r.IntN(2) == 0 {
+					ev.Tier = shard.Host
+					a.Apply(ix, uint64(h), &ev)
+				}
+				if r.IntN(4) == 0 {
+					ev.Tier = shard.Disk
+					a.Apply(ix, uint64(h), &ev)
+				}
+			}
 			held[h] += n // engine blocks, so that a worker's quota is reached even when all are shared
 		}
 	}
-	return ix, a, ix.Stats().Residencies
+	return ix, a, a.Stats().Residencies
 }
 
 // BenchmarkMatchUnderLoad measures match latency while events apply: workers engines each hold

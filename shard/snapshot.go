@@ -26,21 +26,50 @@ func (a *Applier) Export(id uint64, dst []RankState) []RankState {
 		if len(dst) < cap(dst) {
 			rs = dst[:len(dst)+1][len(dst)]
 		}
-		n := r.engine.Len()
 		rs.Rank, rs.Cursor, rs.Batch = r.rank, r.last, r.batch
-		rs.Seqs, rs.Engines = slices.Grow(rs.Seqs[:0], n), slices.Grow(rs.Engines[:0], n)
-		r.engine.Each(func(eh, seq uint64) {
-			rs.Engines = append(rs.Engines, eh)
-			rs.Seqs = append(rs.Seqs, seq)
-		})
+		rs.Seqs, rs.Engines = r.export(rs.Seqs[:0], rs.Engines[:0])
 		rs.Locals, rs.Parents = rs.Locals[:0], rs.Parents[:0]
 		if r.tree != nil {
 			rs.Locals, rs.Parents = r.tree.export(rs.Seqs, rs.Locals, rs.Parents)
+		}
+		rs.Lower = rs.Lower[:0]
+		if r.lower != nil {
+			for i, ts := range r.lower {
+				if ts == nil || ts.engine.Len() == 0 {
+					continue
+				}
+				var tb TierBlocks
+				if len(rs.Lower) < cap(rs.Lower) {
+					tb = rs.Lower[:len(rs.Lower)+1][len(rs.Lower)]
+				}
+				tb.Tier = Tier(i + 1)
+				tb.Seqs, tb.Engines = ts.export(tb.Seqs[:0], tb.Engines[:0])
+				tb.Locals, tb.Parents = tb.Locals[:0], tb.Parents[:0]
+				if ts.tree != nil {
+					tb.Locals, tb.Parents = ts.tree.export(tb.Seqs, tb.Locals, tb.Parents)
+				}
+				rs.Lower = append(rs.Lower, tb)
+			}
 		}
 		dst = append(dst, rs)
 	}
 	return dst
 }
+
+// export appends the tier's blocks: their sequence hashes to seqs, their engine hashes to
+// engines.
+func (ts *tierState) export(seqs, engines []uint64) ([]uint64, []uint64) {
+	n := ts.engine.Len()
+	seqs, engines = slices.Grow(seqs, n), slices.Grow(engines, n)
+	ts.engine.Each(func(eh, seq uint64) {
+		engines = append(engines, eh)
+		seqs = append(seqs, seq)
+	})
+	return seqs, engines
+}
+
+// TierBlocks are one rank's blocks in one lower tier; see kvevent.TierBlocks.
+type TierBlocks = kvevent.TierBlocks
 
 // export appends the local hash and parent of every block of seqs, in that order (a root's
 // parent is itself), or nothing if one is missing: a tree is written whole or not at all.
@@ -93,40 +122,27 @@ func (a *Applier) Import(ix *radix.Index, id uint64, ranks []RankState) (int, er
 		}
 		r := a.newRank(rs.Rank, slot)
 		r.last, r.batch = rs.Cursor, rs.Batch
-		r.engine.Grow(len(rs.Engines))
 		w.ranks = append(w.ranks, r)
-		const ahead = 16
-		for j, eh := range rs.Engines {
-			if j%ahead == 0 {
-				end := min(j+ahead, len(rs.Engines))
-				ix.Prefetch(rs.Seqs[j:end])
+		n, sk := a.importTier(ix, r, &r.tierState, rs.Seqs, rs.Engines, rs.Locals, rs.Parents)
+		added, skipped = added+n, skipped+sk
+		var seen [kvevent.NumTiers]bool
+		for j := range rs.Lower {
+			tb := &rs.Lower[j]
+			switch {
+			case tb.Tier == Device || tb.Tier >= kvevent.NumTiers || seen[tb.Tier]:
+				return added, fmt.Errorf("shard: worker %d rank %d: lower tier %v twice or not a lower tier", id, rs.Rank, tb.Tier)
+			case len(tb.Seqs) != len(tb.Engines):
+				return added, fmt.Errorf("shard: worker %d rank %d tier %v: %d sequence hashes, %d engine hashes", id, rs.Rank, tb.Tier, len(tb.Seqs), len(tb.Engines))
+			case len(tb.Locals) != len(tb.Parents) || len(tb.Locals) != 0 && len(tb.Locals) != len(tb.Seqs):
+				return added, fmt.Errorf("shard: worker %d rank %d tier %v: %d local hashes and %d parents for %d blocks", id, rs.Rank, tb.Tier, len(tb.Locals), len(tb.Parents), len(tb.Seqs))
 			}
-			seq := rs.Seqs[j]
-			if _, ok := r.engine.Get(eh); ok {
-				continue // an engine hash twice: the first one stands
-			}
-			if !a.reserve() {
-				if ix.Has(seq, slot) {
-					r.engine.Put(eh, seq)
-					r.addDup(seq)
-					continue
-				}
-				skipped++
+			seen[tb.Tier] = true
+			if len(tb.Seqs) == 0 {
 				continue
 			}
-			r.engine.Put(eh, seq)
-			if ix.Add(seq, slot) {
-				added++
-			} else {
-				a.allow++
-				r.addDup(seq)
-			}
-			if r.tree != nil && len(rs.Locals) != 0 {
-				r.tree.local.Put(seq, rs.Locals[j])
-				if p := rs.Parents[j]; p != seq {
-					r.tree.parent.Put(seq, p)
-				}
-			}
+			n, sk := a.importTier(ix.EnsureTier(tb.Tier), r, a.tier(r, tb.Tier, true), tb.Seqs, tb.Engines, tb.Locals, tb.Parents)
+			a.c.tierResidencies[tb.Tier].Add(int64(n))
+			added, skipped = added+n, skipped+sk
 		}
 	}
 	if added != 0 {
@@ -140,10 +156,52 @@ func (a *Applier) Import(ix *radix.Index, id uint64, ranks []RankState) (int, er
 	return added, nil
 }
 
+// importTier adds the blocks of one tier of rank r (its state ts, its index ix) and returns the
+// residencies added and the blocks left out over the budget.
+func (a *Applier) importTier(ix *radix.Index, r *rankState, ts *tierState, seqs, engines, locals, parents []uint64) (added, skipped int) {
+	ts.engine.Grow(len(engines))
+	const ahead = 16
+	for j, eh := range engines {
+		if j%ahead == 0 {
+			end := min(j+ahead, len(engines))
+			ix.Prefetch(seqs[j:end])
+		}
+		seq := seqs[j]
+		if _, ok := ts.engine.Get(eh); ok {
+			continue // an engine hash twice: the first one stands
+		}
+		if !a.reserve() {
+			if ix.Has(seq, r.slot) {
+				ts.engine.Put(eh, seq)
+				ts.addDup(seq)
+				continue
+			}
+			skipped++
+			continue
+		}
+		ts.engine.Put(eh, seq)
+		if ix.Add(seq, r.slot) {
+			added++
+		} else {
+			a.allow++
+			ts.addDup(seq)
+		}
+		if ts.tree != nil && len(locals) != 0 {
+			ts.tree.local.Put(seq, locals[j])
+			if p := parents[j]; p != seq {
+				ts.tree.parent.Put(seq, p)
+			}
+		}
+	}
+	return added, skipped
+}
+
 // TreeBlock is one block of a worker as DumpTree lists it: the engine's hash, the local and
-// sequence hashes, and the engine hash of the block before it (none at the root of a chain).
+// sequence hashes, the engine hash of the block before it (none at the root of a chain), and
+// the storage tier it is held in.
 type TreeBlock struct {
 	Rank      uint32
+	Tier      Tier
 	Engine    uint64
 	Local     uint64
 	Seq       uint64
@@ -151,12 +209,15 @@ type TreeBlock struct {
 	HasParent bool
 }
 
-// DumpTree appends worker id's blocks to dst, rank by rank, each rank's in depth-first order
-// from its roots (children by sequence hash), so that every block comes after its parent and a
-// chain's blocks follow each other. It returns dst and the number of blocks it left out: those
-// whose tree is not known (restored without it, or KeepTree unset) and those whose parent the
-// rank no longer holds, which no match reaches. Called on the worker's shard goroutine
-// (Set.Do), as Export is.
+// DumpTree appends worker id's blocks to dst, rank by rank, each rank's device tier first and
+// then its lower tiers (host, disk, external), each tier's blocks in depth-first order from its
+// roots (children by sequence hash), so that every block comes after its parent and a chain's
+// blocks follow each other. A lower-tier block's parent may be held in another tier of the
+// rank (an offloaded child of a device block); it is named by that tier's engine hash, listed
+// earlier. It returns dst and the number of blocks it left out: those whose tree is not known
+// (restored without it, or KeepTree unset) and those whose parent the rank no longer holds in
+// any tier, which no match reaches. Called on the worker's shard goroutine (Set.Do), as Export
+// is.
 func (a *Applier) DumpTree(id uint64, dst []TreeBlock) ([]TreeBlock, int) {
 	w := a.workers[id]
 	if w == nil {
@@ -164,59 +225,91 @@ func (a *Applier) DumpTree(id uint64, dst []TreeBlock) ([]TreeBlock, int) {
 	}
 	left := 0
 	for _, r := range w.ranks {
-		if r.tree == nil {
-			left += r.engine.Len()
+		// Each tier's blocks by sequence hash, each with its engine hashes (two when the same
+		// content is held under two), sorted.
+		var engines [kvevent.NumTiers]map[uint64][]uint64
+		r.tiers(func(t Tier, ts *tierState) {
+			m := make(map[uint64][]uint64, ts.engine.Len())
+			ts.engine.Each(func(eh, seq uint64) { m[seq] = append(m[seq], eh) })
+			for _, ehs := range m {
+				slices.Sort(ehs)
+			}
+			engines[t] = m
+		})
+		// parentEngine names the block seq of tier t by an engine hash: its own tier's, else
+		// the first other tier's that holds it.
+		parentEngine := func(t Tier, seq uint64) (uint64, bool) {
+			if ehs := engines[t][seq]; len(ehs) > 0 {
+				return ehs[0], true
+			}
+			for u := range engines {
+				if ehs := engines[u][seq]; len(ehs) > 0 {
+					return ehs[0], true
+				}
+			}
+			return 0, false
+		}
+		r.tiers(func(t Tier, ts *tierState) {
+			var listed int
+			dst, listed = dumpTier(dst, r.rank, t, ts, engines[t], parentEngine)
+			left += ts.engine.Len() - listed
+		})
+	}
+	return dst, left
+}
+
+// dumpTier appends the blocks of one tier of a rank in depth-first order and returns how many
+// it listed (engine hashes, as the tier's map holds them).
+func dumpTier(dst []TreeBlock, rank uint32, t Tier, ts *tierState, engines map[uint64][]uint64, parentEngine func(Tier, uint64) (uint64, bool)) ([]TreeBlock, int) {
+	if ts.tree == nil {
+		return dst, 0
+	}
+	children := make(map[uint64][]uint64)
+	var roots []uint64
+	for seq := range engines {
+		if _, ok := ts.tree.local.Get(seq); !ok {
 			continue
 		}
-		// The rank's blocks by sequence hash, each with its engine hashes (two when the same
-		// content is held under two).
-		engines := make(map[uint64][]uint64, r.engine.Len())
-		r.engine.Each(func(eh, seq uint64) { engines[seq] = append(engines[seq], eh) })
-		children := make(map[uint64][]uint64)
-		var roots []uint64
-		for seq := range engines {
-			if _, ok := r.tree.local.Get(seq); !ok {
-				continue
-			}
-			if p, ok := r.tree.parent.Get(seq); ok {
-				children[p] = append(children[p], seq)
-			} else {
+		p, ok := ts.tree.parent.Get(seq)
+		switch {
+		case !ok:
+			roots = append(roots, seq)
+		case engines[p] != nil:
+			children[p] = append(children[p], seq)
+		default:
+			// The parent lives in another tier of the rank (or nowhere): this block starts a
+			// run of its own tier, listed after the tier that holds the parent.
+			if _, held := parentEngine(t, p); held {
 				roots = append(roots, seq)
 			}
 		}
-		slices.Sort(roots)
-		start := len(dst)
-		stack := slices.Clone(roots)
-		slices.Reverse(stack)
-		seen := make(map[uint64]bool, len(engines))
-		for len(stack) > 0 {
-			seq := stack[len(stack)-1]
-			stack = stack[:len(stack)-1]
-			if seen[seq] { // only a hash cycle could bring a block back
-				continue
-			}
-			seen[seq] = true
-			ehs := engines[seq]
-			slices.Sort(ehs)
-			b := TreeBlock{Rank: r.rank, Seq: seq}
-			b.Local, _ = r.tree.local.Get(seq)
-			if p, ok := r.tree.parent.Get(seq); ok {
-				b.Parent, b.HasParent = engines[p][0], true // sorted when p was listed
-			}
-			for _, eh := range ehs {
-				b.Engine = eh
-				dst = append(dst, b)
-			}
-			kids := children[seq]
-			slices.Sort(kids)
-			for i := len(kids) - 1; i >= 0; i-- {
-				stack = append(stack, kids[i])
-			}
-		}
-		for _, ehs := range engines {
-			left += len(ehs)
-		}
-		left -= len(dst) - start
 	}
-	return dst, left
+	slices.Sort(roots)
+	start := len(dst)
+	stack := slices.Clone(roots)
+	slices.Reverse(stack)
+	seen := make(map[uint64]bool, len(engines))
+	for len(stack) > 0 {
+		seq := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		if seen[seq] { // only a hash cycle could bring a block back
+			continue
+		}
+		seen[seq] = true
+		b := TreeBlock{Rank: rank, Tier: t, Seq: seq}
+		b.Local, _ = ts.tree.local.Get(seq)
+		if p, ok := ts.tree.parent.Get(seq); ok {
+			b.Parent, b.HasParent = parentEngine(t, p)
+		}
+		for _, eh := range engines[seq] {
+			b.Engine = eh
+			dst = append(dst, b)
+		}
+		kids := children[seq]
+		slices.Sort(kids)
+		for i := len(kids) - 1; i >= 0; i-- {
+			stack = append(stack, kids[i])
+		}
+	}
+	return dst, len(dst) - start
 }

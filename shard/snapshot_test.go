@@ -55,10 +55,10 @@ func TestExportImport(t *testing.T) {
 							}
 						}
 					}
-					if got, want := a2.Stats().Residencies, a.Stats().Residencies; got != want {
-						t.Fatalf("step %d: %d residencies imported, %d exported", step, got, want)
+					if got, want := a2.Stats(), a.Stats(); got.Residencies != want.Residencies || got.TierResidencies != want.TierResidencies {
+						t.Fatalf("step %d: %d residencies imported (by tier %v), %d exported (%v)", step, got.Residencies, got.TierResidencies, want.Residencies, want.TierResidencies)
 					}
-					compareWorkers(t, ix2, fleet.Index)
+					compareWorkers(t, ix2, fleet.Tiers)
 					ix, a = ix2, a2
 				}
 				o := g.nextOp()
@@ -69,9 +69,9 @@ func TestExportImport(t *testing.T) {
 				} else if got, want := a.Apply(ix, o.worker, &o.ev), fleet.Apply(o.worker, &o.ev); got != want {
 					t.Fatalf("step %d: %s event: outcome\n  %v\nmodel\n  %v", step, o.ev.Kind, got, want)
 				}
-				compareIndex(t, ix, fleet.Index, g.query(r), &m)
+				compareIndex(t, ix, fleet.Tiers, g.query(r), &m)
 			}
-			compareWorkers(t, ix, fleet.Index)
+			compareWorkers(t, ix, fleet.Tiers)
 		})
 	}
 }

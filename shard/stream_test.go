@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/kvrouterd/kvrouterd/internal/refmodel"
+	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/radix"
 	"github.com/kvrouterd/kvrouterd/shard"
 )
@@ -58,14 +59,34 @@ type gen struct {
 	base     uint64 // worker ids are base .. base+workers-1
 	alphabet int
 	next     map[radix.WorkerKey]uint64
-	held     map[radix.WorkerKey][]heldBlock
+	held     map[heldKey][]heldBlock
 	history  []op
 	pending  []op
 }
 
+// heldKey names the blocks one rank holds in one storage tier.
+type heldKey struct {
+	radix.WorkerKey
+	tier shard.Tier
+}
+
 func newGen(src source, bs, workers, ranks int, base uint64) *gen {
 	return &gen{src: src, bs: bs, workers: workers, ranks: ranks, base: base, alphabet: 4,
-		next: map[radix.WorkerKey]uint64{}, held: map[radix.WorkerKey][]heldBlock{}}
+		next: map[radix.WorkerKey]uint64{}, held: map[heldKey][]heldBlock{}}
+}
+
+// tier picks an event's storage tier: mostly the device, often the host (an engine offloading),
+// sometimes disk or external.
+func (g *gen) tier() shard.Tier {
+	switch x := g.src.IntN(20); {
+	case x < 11:
+		return shard.Device
+	case x < 16:
+		return shard.Host
+	case x < 18:
+		return shard.Disk
+	}
+	return shard.External
 }
 
 func (g *gen) chance(n int) bool { return g.src.IntN(n) == 0 }
@@ -98,8 +119,10 @@ func (g *gen) nextOp() op {
 	k := g.pick()
 	switch x := g.src.IntN(100); {
 	case x < 2:
-		for r := range g.ranks {
-			delete(g.held, radix.WorkerKey{ID: k.ID, Rank: uint32(r)})
+		for key := range g.held {
+			if key.ID == k.ID {
+				delete(g.held, key)
+			}
 		}
 		return op{worker: k.ID, remove: true}
 	case x < 5 && len(g.history) > 0:
@@ -113,13 +136,12 @@ func (g *gen) pick() radix.WorkerKey {
 }
 
 func (g *gen) event(k radix.WorkerKey) op {
-	ev := shard.Event{Rank: k.Rank}
+	ev := shard.Event{Rank: k.Rank, Tier: g.tier()}
 	switch x := g.src.IntN(100); {
 	case x < 3:
+		// A clear of one tier of one rank.
 		ev.Kind = shard.Cleared
-		for r := range g.ranks {
-			delete(g.held, radix.WorkerKey{ID: k.ID, Rank: uint32(r)})
-		}
+		delete(g.held, heldKey{k, ev.Tier})
 	case x < 35:
 		g.removal(k, &ev)
 	default:
@@ -142,7 +164,8 @@ func (g *gen) event(k radix.WorkerKey) op {
 
 func (g *gen) removal(k radix.WorkerKey, ev *shard.Event) {
 	ev.Kind = shard.Removed
-	held := g.held[k]
+	hk := heldKey{k, ev.Tier}
+	held := g.held[hk]
 	for range 1 + g.src.IntN(3) {
 		if len(held) == 0 {
 			break
@@ -151,22 +174,29 @@ func (g *gen) removal(k radix.WorkerKey, ev *shard.Event) {
 		ev.Hashes = append(ev.Hashes, held[i].eh)
 		held = slices.Delete(held, i, i+1)
 	}
-	g.held[k] = held
+	g.held[hk] = held
 	if g.chance(10) || len(ev.Hashes) == 0 {
 		ev.Hashes = append(ev.Hashes, uint64(g.src.IntN(1<<16))<<20|7) // unknown
 	}
 	if g.chance(30) {
-		ev.Tier = shard.Host
+		// A removal naming another tier than the blocks': it must not touch them.
+		ev.Tier = g.tier()
 	}
 }
 
 func (g *gen) store(k radix.WorkerKey, ev *shard.Event) {
 	ev.Kind = shard.Stored
-	held := g.held[k]
+	hk := heldKey{k, ev.Tier}
+	held := g.held[hk]
+	// The parent may be held in another tier of the rank (a device block's child offloaded).
+	parents := held
+	if g.chance(3) {
+		parents = g.held[heldKey{k, g.tier()}]
+	}
 	var parentEH uint64
 	var path []uint64
-	if len(held) > 0 && !g.chance(4) {
-		p := held[g.src.IntN(len(held))]
+	if len(parents) > 0 && !g.chance(4) {
+		p := parents[g.src.IntN(len(parents))]
 		parentEH, path = p.eh, slices.Clone(p.path)
 		ev.Parent, ev.HasParent = p.eh, true
 	}
@@ -209,14 +239,12 @@ func (g *gen) store(k radix.WorkerKey, ev *shard.Event) {
 		ev.Tokens = append(ev.Tokens, tokens...)
 		held = append(held, heldBlock{eh: eh, path: slices.Clone(path)})
 	}
-	g.held[k] = held
+	g.held[hk] = held
 	switch {
 	case g.chance(50):
 		ev.BlockSize = g.bs + 1
 	case g.chance(50):
 		ev.Tokens = ev.Tokens[:len(ev.Tokens)-1]
-	case g.chance(30):
-		ev.Tier = shard.Host
 	case g.chance(10):
 		ev.BlockSize = g.bs
 	}
@@ -225,7 +253,7 @@ func (g *gen) store(k radix.WorkerKey, ev *shard.Event) {
 // query returns a request's sequence hashes: a stored path, cut or extended, or random content.
 func (g *gen) query(r *rand.Rand) []uint64 {
 	var all []heldBlock
-	for _, k := range slices.SortedFunc(maps.Keys(g.held), cmpKey) {
+	for _, k := range slices.SortedFunc(maps.Keys(g.held), cmpHeld) {
 		all = append(all, g.held[k]...)
 	}
 	if len(all) == 0 || r.IntN(5) == 0 {
@@ -245,6 +273,13 @@ func (g *gen) query(r *rand.Rand) []uint64 {
 	return q
 }
 
+func cmpHeld(a, b heldKey) int {
+	if c := cmpKey(a.WorkerKey, b.WorkerKey); c != 0 {
+		return c
+	}
+	return int(a.tier) - int(b.tier)
+}
+
 func cmpKey(a, b radix.WorkerKey) int {
 	if a.ID != b.ID {
 		return int(a.ID) - int(b.ID)
@@ -252,24 +287,36 @@ func cmpKey(a, b radix.WorkerKey) int {
 	return int(a.Rank) - int(b.Rank)
 }
 
-// compareIndex checks a query against the model: every worker's depth and cached count.
-func compareIndex(t testing.TB, ix *radix.Index, model *refmodel.Index, q []uint64, m *radix.Match) {
+// compareIndex checks a query against the model: every worker's depth and cached count, and
+// its extensions through the lower tiers.
+func compareIndex(t testing.TB, ix *radix.Index, tiers [kvevent.NumTiers]*refmodel.Index, q []uint64, m *radix.Match) {
 	t.Helper()
-	if err := model.CheckMatch(ix, q, m); err != nil {
+	if err := tiers[kvevent.Device].CheckMatch(ix, q, m); err != nil {
+		t.Fatal(err)
+	}
+	if err := refmodel.CheckTiers(tiers, ix, q, m); err != nil {
 		t.Fatal(err)
 	}
 }
 
-// compareWorkers checks every worker's total blocks against the model.
-func compareWorkers(t testing.TB, ix *radix.Index, model *refmodel.Index) {
+// compareWorkers checks every worker's total blocks in every tier against the model.
+func compareWorkers(t testing.TB, ix *radix.Index, tiers [kvevent.NumTiers]*refmodel.Index) {
 	t.Helper()
-	got := map[radix.WorkerKey]int{}
-	for _, w := range ix.AppendWorkers(nil) {
-		if w.Blocks != 0 {
-			got[w.Worker] = int(w.Blocks)
+	for tier, model := range tiers {
+		got := map[radix.WorkerKey]int{}
+		if tix := ix.TierIndex(kvevent.Tier(tier)); tix != nil {
+			for _, w := range tix.AppendWorkers(nil) {
+				if w.Blocks != 0 {
+					got[w.Worker] = int(w.Blocks)
+				}
+			}
 		}
-	}
-	if want := model.Workers(); !maps.Equal(got, want) {
-		t.Fatalf("worker blocks: index %v, model %v", got, want)
+		want := map[radix.WorkerKey]int{}
+		if model != nil {
+			want = model.Workers()
+		}
+		if !maps.Equal(got, want) {
+			t.Fatalf("tier %v worker blocks: index %v, model %v", kvevent.Tier(tier), got, want)
+		}
 	}
 }

@@ -362,7 +362,7 @@ func (d *engineDecoder) field(out *EngineBatch, e *kvevent.Event, st *evState, f
 		}
 		tier, ok := kvevent.ParseMedium(alias(s))
 		if !ok {
-			tier, st.medium = kvevent.Device, s
+			st.medium = s // the device tier, counted
 		}
 		e.Tier = tier
 		return r, nil

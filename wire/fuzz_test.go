@@ -19,6 +19,7 @@ func FuzzDecodeRouteRequest(f *testing.F) {
 	f.Add(wire.AppendRouteRequest(nil, randRequest(rand.New(rand.NewPCG(1, 1)), 20, 0)))
 	f.Add(wire.AppendRouteRequest(nil, &wire.RouteRequest{RequestID: "r", Model: "m", Tokens: []uint32{1, 2},
 		PriorityJump: 2, StrictPriority: 1, SessionID: "s", TrackPrefill: wire.False, HasCredit: true, OverlapCredit: 0.5}))
+	f.Add(wire.AppendRouteRequest(nil, &wire.RouteRequest{RequestID: "r", Model: "m", Tokens: []uint32{1, 2}, Disagg: true}))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		var fresh, reused wire.RouteRequest
 		if err := wire.DecodeRouteRequest(prev, &reused); err != nil {
@@ -48,6 +49,8 @@ func FuzzDecodeRouteResponse(f *testing.F) {
 	f.Add(prev)
 	f.Add(readHex(f, "route_response_match.hex"))
 	f.Add(wire.AppendRouteResponse(nil, randResponse(rand.New(rand.NewPCG(1, 1)), 3)))
+	f.Add(wire.AppendRouteResponse(nil, &wire.RouteResponse{RequestID: "r", Mode: 1, Chosen: true, Worker: 7, Rank: 1,
+		Candidates: []wire.Candidate{{Worker: 7, Rank: 1}}, Prefill: true, PrefillWorker: 3, PrefillRank: 2}))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		var fresh, reused wire.RouteResponse
 		if err := wire.DecodeRouteResponse(prev, &reused); err != nil {

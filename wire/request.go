@@ -28,7 +28,8 @@ const (
 	extAssumeReuse  = 3 << 2 // an Opt: assume_kv_reuse
 	extCredit       = 1 << 4 // overlap_score_credit set
 	extLoadScale    = 1 << 5 // prefill_load_scale set
-	extKnown        = extTrackPrefill | extAssumeReuse | extCredit | extLoadScale
+	extDisagg       = 1 << 6 // a disaggregated decision is asked for
+	extKnown        = extTrackPrefill | extAssumeReuse | extCredit | extLoadScale | extDisagg
 )
 
 const extFixed = 40 // bytes of the extension before session_id
@@ -92,6 +93,10 @@ type RouteRequest struct {
 	OverlapCredit    float64 // overlap_score_credit
 	HasLoadScale     bool
 	PrefillLoadScale float64 // prefill_load_scale
+	// Disagg asks for a disaggregated decision: a prefill worker and a decode worker when the
+	// model has prefill workers (RouteResponse.Prefill), else one worker serving the request
+	// whole. A match ignores it.
+	Disagg bool
 }
 
 // Opt is an optional boolean: unset (the server's setting), false or true.
@@ -123,7 +128,8 @@ func (o Opt) Or(def bool) bool {
 func (r *RouteRequest) hasExt() bool {
 	return math.Float64bits(r.PriorityJump) != 0 || r.StrictPriority != 0 || r.MaxWaitMs != 0 || r.ExpectedOSL != 0 ||
 		r.SessionID != "" || r.TrackPrefill != Unset || r.AssumeReuse != Unset || r.HasCredit ||
-		r.HasLoadScale || math.Float64bits(r.OverlapCredit) != 0 || math.Float64bits(r.PrefillLoadScale) != 0
+		r.HasLoadScale || math.Float64bits(r.OverlapCredit) != 0 || math.Float64bits(r.PrefillLoadScale) != 0 ||
+		r.Disagg
 }
 
 // Validate reports the first field of r that the format cannot carry as it is, as an *Error
@@ -263,6 +269,9 @@ func AppendRouteRequest(dst []byte, r *RouteRequest) []byte {
 	if r.HasLoadScale {
 		xf |= extLoadScale
 	}
+	if r.Disagg {
+		xf |= extDisagg
+	}
 	if r.TrackPrefill > True || r.AssumeReuse > True {
 		xf |= 1 << 31
 	}
@@ -399,6 +408,7 @@ func decodeExt(d *decoder, r *RouteRequest) error {
 	r.HasCredit, r.OverlapCredit = xf&extCredit != 0, math.Float64frombits(credit)
 	r.HasLoadScale, r.PrefillLoadScale = xf&extLoadScale != 0, math.Float64frombits(scale)
 	r.MaxWaitMs, r.ExpectedOSL = le.Uint32(p[32:]), le.Uint32(p[36:])
+	r.Disagg = xf&extDisagg != 0
 	if !r.hasExt() { // a writer sets bit 4 only for an extension with something in it
 		return d.errAt("ext_flags", base, ErrInvalid, "an extension that holds nothing: its writer must clear flags bit 4")
 	}
@@ -410,6 +420,7 @@ func (r *RouteRequest) clearExt() {
 	r.PriorityJump, r.StrictPriority, r.MaxWaitMs, r.ExpectedOSL, r.SessionID = 0, 0, 0, 0, ""
 	r.TrackPrefill, r.AssumeReuse = Unset, Unset
 	r.HasCredit, r.OverlapCredit, r.HasLoadScale, r.PrefillLoadScale = false, 0, false, 0
+	r.Disagg = false
 }
 
 func validStr(msg, field, s string) error {

@@ -9,8 +9,9 @@ import (
 
 // RouteResponse flags (body offset 0).
 const (
-	respChosen = 1 << 0
-	respKnown  = respChosen
+	respChosen  = 1 << 0
+	respPrefill = 1 << 1 // a prefill stage was chosen: the prefill trailer follows the candidates
+	respKnown   = respChosen | respPrefill
 	// respUnencodable: see reqUnencodable.
 	respUnencodable = 1 << 31
 )
@@ -18,12 +19,15 @@ const (
 const (
 	responseFixed = 32 // bytes of the body before request_id
 	candidateSize = 40 // bytes of one candidate record
+	prefillSize   = 16 // bytes of the prefill trailer
 )
 
 var responseLayout = [...]field{
 	{"flags", 4}, {"mode", 1}, {"reserved", 3}, {"worker", 8}, {"rank", 4},
 	{"query_blocks", 4}, {"isl", 4}, {"reserved", 4},
 }
+
+var prefillLayout = [...]field{{"prefill_worker", 8}, {"prefill_rank", 4}, {"reserved", 4}}
 
 // candidateNative reports whether Candidate's memory layout is the wire's record layout, so that
 // on little-endian machines records move with one memmove.
@@ -63,9 +67,28 @@ type RouteResponse struct {
 	Blocks     uint32 // full blocks of the prompt that were hashed
 	ISL        uint32
 	Candidates []Candidate
-	// Cached is, with Chosen, the chosen worker's cached blocks, for the router's caller (its
-	// metrics): the format does not carry it, and a decoded answer has 0.
+	// Cached is, with Chosen, the chosen worker's cached blocks (with Prefill, the prefill
+	// worker's), for the router's caller (its metrics): the format does not carry it, and a
+	// decoded answer has 0.
 	Cached uint32
+	// Prefill: a disaggregated decision chose a prefill stage, on PrefillWorker's rank
+	// PrefillRank, and Worker and Rank are the decode stage's. Without it (and Chosen) Worker
+	// serves the request whole, and PrefillWorker and PrefillRank must be zero.
+	Prefill       bool
+	PrefillWorker uint64
+	PrefillRank   uint32
+	// Tiers, when not empty, holds one entry per candidate (Tiers[i] for Candidates[i]): how
+	// far the lower storage tiers extend its CachedBlocks. Empty when no candidate has such an
+	// extension. JSON answers carry it; the binary format does not (SPEC.md §4), and a decoded
+	// answer has none.
+	Tiers []CandidateTiers
+}
+
+// CandidateTiers is how many blocks the lower storage tiers add to a candidate's cached
+// prefix, each tier after the one before: host from CachedBlocks on, disk after the host's,
+// external after the disk's. Extensions, not cumulative depths. A plain value.
+type CandidateTiers struct {
+	Host, Disk, External uint32
 }
 
 // Validate reports the first field of r that the format cannot carry as it is, as an *Error
@@ -84,6 +107,15 @@ func (r *RouteResponse) Validate() error {
 	if !r.Chosen && r.Rank != 0 {
 		return invalid(m, "rank", ErrInvalid, fmt.Sprintf("Rank is %d but Chosen is false", r.Rank))
 	}
+	if r.Prefill && !r.Chosen {
+		return invalid(m, "prefill", ErrInvalid, "Prefill is set but Chosen is false")
+	}
+	if !r.Prefill && r.PrefillWorker != 0 {
+		return invalid(m, "prefill_worker", ErrInvalid, fmt.Sprintf("PrefillWorker is %d but Prefill is false", r.PrefillWorker))
+	}
+	if !r.Prefill && r.PrefillRank != 0 {
+		return invalid(m, "prefill_rank", ErrInvalid, fmt.Sprintf("PrefillRank is %d but Prefill is false", r.PrefillRank))
+	}
 	if tooMany(len(r.Candidates)) {
 		return invalid(m, "candidates", ErrTooLong, "more than 2^32-1 candidates")
 	}
@@ -97,9 +129,27 @@ func AppendRouteResponse(dst []byte, r *RouteResponse) []byte {
 	dst = appendRouteHead(dst, r, len(r.Candidates))
 	if nativeLE && candidateNative {
 		cs := r.Candidates
-		return append(dst, unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(cs))), candidateSize*len(cs))...)
+		dst = append(dst, unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(cs))), candidateSize*len(cs))...)
+	} else {
+		dst = appendCandidatesPortable(dst, r.Candidates)
 	}
-	return appendCandidatesPortable(dst, r.Candidates)
+	return appendPrefill(dst, r)
+}
+
+// hasPrefillTrailer reports whether r's message carries the prefill trailer: a prefill stage,
+// or prefill fields set without one (written for the decoder to reject).
+func (r *RouteResponse) hasPrefillTrailer() bool {
+	return r.Prefill || r.PrefillWorker != 0 || r.PrefillRank != 0
+}
+
+// appendPrefill appends r's prefill trailer, if it has one.
+func appendPrefill(dst []byte, r *RouteResponse) []byte {
+	if !r.hasPrefillTrailer() {
+		return dst
+	}
+	dst = le.AppendUint64(dst, r.PrefillWorker)
+	dst = le.AppendUint32(dst, r.PrefillRank)
+	return le.AppendUint32(dst, 0)
 }
 
 // AppendRouteResponseRecords appends r as a complete message to dst as AppendRouteResponse does,
@@ -111,7 +161,8 @@ func AppendRouteResponseRecords(dst []byte, r *RouteResponse, n int) (msg, recor
 	dst = appendRouteHead(dst, r, n)
 	at := len(dst)
 	dst = dst[:at+candidateSize*n]
-	return dst, dst[at:]
+	records = dst[at:]
+	return appendPrefill(dst, r), records
 }
 
 // CandidateSize is the bytes of one candidate record.
@@ -142,6 +193,14 @@ func appendRouteHead(dst []byte, r *RouteResponse, n int) []byte {
 		flags |= respUnencodable
 	}
 	body := responseFixed + strSize(r.RequestID) + 4 + candidateSize*n
+	if r.hasPrefillTrailer() {
+		// Prefill fields without Prefill go out without the flag, for the decoder to
+		// reject as trailing bytes rather than read another answer.
+		if r.Prefill {
+			flags |= respPrefill
+		}
+		body += prefillSize
+	}
 	dst = slices.Grow(dst, HeaderSize+body)
 	dst = appendHeader(dst, TypeRouteResponse, body)
 	dst = le.AppendUint32(dst, flags)
@@ -219,11 +278,28 @@ func DecodeRouteResponse(b []byte, r *RouteResponse) error {
 	} else {
 		decodeCandidatesPortable(r.Candidates, src)
 	}
+	prefill := flags&respPrefill != 0
+	var pworker uint64
+	var prank uint32
+	if prefill {
+		if !chosen {
+			return d.errAt("flags", base, ErrInvalid, "bit 1 (a prefill stage) without bit 0 (a worker chosen)")
+		}
+		t, err := d.fixed(prefillLayout[:], prefillSize)
+		if err != nil {
+			return err
+		}
+		if err := d.zero("reserved", d.off-4, t[12:16]); err != nil {
+			return err
+		}
+		pworker, prank = le.Uint64(t[0:]), le.Uint32(t[8:])
+	}
 	if err := d.end(); err != nil {
 		return err
 	}
 	r.Mode, r.Chosen, r.Worker, r.Rank = mode, chosen, worker, rank
 	r.Blocks, r.ISL = blocks, isl
+	r.Prefill, r.PrefillWorker, r.PrefillRank = prefill, pworker, prank
 	return nil
 }
 

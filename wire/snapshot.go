@@ -29,14 +29,18 @@ type SnapshotWorker struct {
 	HTTPEndpoint string
 	// Weight is the worker's weight for mode device_aware_weighted, 0 for none (flags bit 4).
 	Weight float64
-	Ranks  []SnapshotRank
+	// Role is the worker's role, 0 for both (an aggregated worker), 1 prefill, 2 decode
+	// (router.Role's values; flags bit 5).
+	Role  uint8
+	Ranks []SnapshotRank
 	// Endpoints, if not empty, holds one entry per rank, in the order of Ranks: where each
 	// publishes its KV events (flags bit 1, which also carries each rank's Batch; without it,
 	// Batch is written and read as 0).
 	Endpoints []SnapshotEndpoint
 
 	u64s []uint64 // the arena the decoded ranks' Seqs, Engines, Locals and Parents point into
-	ns   []int    // per decoded rank: its blocks, then its tree's (0 or the same)
+	ns   []int    // per decoded rank: its blocks, then its tree's (0 or the same), then per lower tier the same pair
+	nl   []int    // per decoded rank: its lower tiers
 }
 
 // SnapshotEndpoint is where one data-parallel rank publishes its KV events: its PUB socket and its
@@ -44,6 +48,9 @@ type SnapshotWorker struct {
 type SnapshotEndpoint struct {
 	Endpoint, Replay string
 }
+
+// MaxRole is the highest SnapshotWorker.Role.
+const MaxRole = 2
 
 // MaxSnapshotRanks is the most data-parallel ranks a SnapshotWorker may carry.
 const MaxSnapshotRanks = 1024
@@ -62,7 +69,9 @@ const (
 	snapTree        = 1 << 2 // each rank carries its block tree (local hashes and parents)
 	snapHTTP        = 1 << 3 // the worker's HTTP endpoint follows the replay endpoint
 	snapWeight      = 1 << 4 // the worker's weight (f64) follows the HTTP endpoint's place
-	snapFlags       = snapReports | snapEndpoints | snapTree | snapHTTP | snapWeight
+	snapRole        = 1 << 5 // the worker's role (u32) follows the weight's place
+	snapTiers       = 1 << 6 // each rank carries its blocks in the lower storage tiers
+	snapFlags       = snapReports | snapEndpoints | snapTree | snapHTTP | snapWeight | snapRole | snapTiers
 )
 
 var (
@@ -98,16 +107,34 @@ func (w *SnapshotWorker) Validate() error {
 	if w.Weight != 0 && (!(w.Weight > 0) || math.IsInf(w.Weight, 1)) {
 		return invalid(m, "weight", ErrInvalid, fmt.Sprintf("%v, want 0 (none) or a finite number > 0", w.Weight))
 	}
+	if w.Role > MaxRole {
+		return invalid(m, "role", ErrInvalid, fmt.Sprintf("%d, want 0 (both), 1 (prefill) or 2 (decode)", w.Role))
+	}
 	if w.BlockSize <= 0 || w.BlockSize > MaxBlockSize {
 		return invalid(m, "block_size", ErrInvalid, fmt.Sprintf("%d, want 1 to %d", w.BlockSize, MaxBlockSize))
 	}
 	for i := range w.Ranks {
-		if r := &w.Ranks[i]; len(r.Seqs) != len(r.Engines) {
+		r := &w.Ranks[i]
+		if len(r.Seqs) != len(r.Engines) {
 			return invalid(m, fmt.Sprintf("ranks[%d].engines", i), ErrInvalid,
 				fmt.Sprintf("%d engine hashes for %d sequence hashes", len(r.Engines), len(r.Seqs)))
 		} else if len(r.Locals) != len(r.Parents) || len(r.Locals) != 0 && len(r.Locals) != len(r.Seqs) {
 			return invalid(m, fmt.Sprintf("ranks[%d].n_tree", i), ErrInvalid,
 				fmt.Sprintf("%d local hashes and %d parents for %d blocks", len(r.Locals), len(r.Parents), len(r.Seqs)))
+		}
+		var seen [kvevent.NumTiers]bool
+		for j := range r.Lower {
+			l := &r.Lower[j]
+			f := fmt.Sprintf("ranks[%d].lower[%d]", i, j)
+			switch {
+			case l.Tier == kvevent.Device || l.Tier >= kvevent.NumTiers || seen[l.Tier]:
+				return invalid(m, f+".tier", ErrInvalid, fmt.Sprintf("tier %d: want 1 to 3, each once", l.Tier))
+			case len(l.Seqs) != len(l.Engines):
+				return invalid(m, f+".engines", ErrInvalid, fmt.Sprintf("%d engine hashes for %d sequence hashes", len(l.Engines), len(l.Seqs)))
+			case len(l.Locals) != len(l.Parents) || len(l.Locals) != 0 && len(l.Locals) != len(l.Seqs):
+				return invalid(m, f+".n_tree", ErrInvalid, fmt.Sprintf("%d local hashes and %d parents for %d blocks", len(l.Locals), len(l.Parents), len(l.Seqs)))
+			}
+			seen[l.Tier] = true
 		}
 	}
 	if size := w.size(); size > 1<<32-1 {
@@ -124,11 +151,23 @@ func (w *SnapshotWorker) size() int {
 	if w.Weight != 0 {
 		n += 8
 	}
-	tree := w.hasTree()
+	if w.Role != 0 {
+		n += 4
+	}
+	tree, tiers := w.hasTree(), w.hasTiers()
 	for i := range w.Ranks {
 		n += snapRankFixed + 16*len(w.Ranks[i].Seqs)
 		if tree {
 			n += 4 + 16*len(w.Ranks[i].Locals)
+		}
+		if tiers {
+			n += 4
+			for _, l := range w.Ranks[i].Lower {
+				n += 8 + 16*len(l.Seqs)
+				if tree {
+					n += 4 + 16*len(l.Locals)
+				}
+			}
 		}
 	}
 	for _, e := range w.Endpoints {
@@ -141,6 +180,21 @@ func (w *SnapshotWorker) size() int {
 func (w *SnapshotWorker) hasTree() bool {
 	for i := range w.Ranks {
 		if len(w.Ranks[i].Locals) != 0 {
+			return true
+		}
+		for _, l := range w.Ranks[i].Lower {
+			if len(l.Locals) != 0 {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// hasTiers reports whether a rank of w holds blocks in a lower storage tier (flags bit 6).
+func (w *SnapshotWorker) hasTiers() bool {
+	for i := range w.Ranks {
+		if len(w.Ranks[i].Lower) != 0 {
 			return true
 		}
 	}
@@ -172,6 +226,13 @@ func AppendSnapshotWorker(dst []byte, w *SnapshotWorker) []byte {
 	if w.Weight != 0 {
 		flags |= snapWeight
 	}
+	if w.Role != 0 {
+		flags |= snapRole
+	}
+	tiers := w.hasTiers()
+	if tiers {
+		flags |= snapTiers
+	}
 	dst = le.AppendUint32(dst, flags)
 	dst = le.AppendUint64(dst, uint64(w.Capacity))
 	dst = le.AppendUint64(dst, uint64(w.MaxTokens))
@@ -183,6 +244,9 @@ func AppendSnapshotWorker(dst []byte, w *SnapshotWorker) []byte {
 	}
 	if w.Weight != 0 {
 		dst = le.AppendUint64(dst, math.Float64bits(w.Weight))
+	}
+	if w.Role != 0 {
+		dst = le.AppendUint32(dst, uint32(w.Role))
 	}
 	dst = appendCount(dst, len(w.Ranks))
 	for i := range w.Ranks {
@@ -201,6 +265,21 @@ func AppendSnapshotWorker(dst []byte, w *SnapshotWorker) []byte {
 			dst = appendCount(dst, len(r.Locals))
 			dst = appendHashes(dst, r.Locals)
 			dst = appendHashes(dst, r.Parents[:len(r.Locals)])
+		}
+		if tiers {
+			dst = appendCount(dst, len(r.Lower))
+			for j := range r.Lower {
+				l := &r.Lower[j]
+				dst = le.AppendUint32(dst, uint32(l.Tier))
+				dst = appendCount(dst, len(l.Seqs))
+				dst = appendHashes(dst, l.Seqs)
+				dst = appendHashes(dst, l.Engines[:len(l.Seqs)])
+				if tree {
+					dst = appendCount(dst, len(l.Locals))
+					dst = appendHashes(dst, l.Locals)
+					dst = appendHashes(dst, l.Parents[:len(l.Locals)])
+				}
+			}
 		}
 	}
 	return dst
@@ -265,6 +344,15 @@ func DecodeSnapshotWorker(b []byte, w *SnapshotWorker) error {
 			return d.errAt("weight", d.off-8, ErrInvalid, "%v, want a finite number > 0", weight)
 		}
 	}
+	var role uint32
+	if flags&snapRole != 0 {
+		if role, err = d.u32("role"); err != nil {
+			return err
+		}
+		if role == 0 || role > MaxRole {
+			return d.errAt("role", d.off-4, ErrInvalid, "%d, want 1 (prefill) or 2 (decode): a worker of both roles clears flags bit 5", role)
+		}
+	}
 	start := d.off
 	nr, err := d.count("n_ranks", "ranks", snapRankFixed)
 	if err != nil {
@@ -275,7 +363,7 @@ func DecodeSnapshotWorker(b []byte, w *SnapshotWorker) error {
 	}
 	w.Ranks = slices.Grow(w.Ranks[:0], nr)[:nr]
 	w.Endpoints = w.Endpoints[:0]
-	w.u64s, w.ns = w.u64s[:0], w.ns[:0]
+	w.u64s, w.ns, w.nl = w.u64s[:0], w.ns[:0], w.nl[:0]
 	for i := range nr {
 		q, err := d.fixed(snapRankLayout[:], snapRankFixed)
 		if err != nil {
@@ -320,20 +408,32 @@ func DecodeSnapshotWorker(b []byte, w *SnapshotWorker) error {
 			w.u64s = appendU64s(w.u64s, d.take(16*nt)) // its local hashes, then its parents
 		}
 		w.ns = append(w.ns, n, nt)
+		nl := 0
+		if flags&snapTiers != 0 {
+			if nl, err = w.decodeLower(&d, i, flags&snapTree != 0); err != nil {
+				return err
+			}
+		}
+		w.nl = append(w.nl, nl)
 	}
 	// Point the ranks into the arena now that it has stopped growing.
-	off := 0
+	off, k := 0, 0
 	for i := range w.Ranks {
 		r := &w.Ranks[i]
-		n, nt := w.ns[2*i], w.ns[2*i+1]
-		r.Seqs = w.u64s[off : off+n : off+n]
-		r.Engines = w.u64s[off+n : off+2*n : off+2*n]
-		off += 2 * n
-		r.Locals, r.Parents = nil, nil
-		if nt != 0 {
-			r.Locals = w.u64s[off : off+nt : off+nt]
-			r.Parents = w.u64s[off+nt : off+2*nt : off+2*nt]
-			off += 2 * nt
+		n, nt := w.ns[k], w.ns[k+1]
+		k += 2
+		r.Seqs, r.Engines, r.Locals, r.Parents, off = w.point(off, n, nt)
+		r.Lower = r.Lower[:0]
+		for range w.nl[i] {
+			tier, n, nt := kvevent.Tier(w.ns[k]), w.ns[k+1], w.ns[k+2]
+			k += 3
+			var l kvevent.TierBlocks
+			l.Tier = tier
+			l.Seqs, l.Engines, l.Locals, l.Parents, off = w.point(off, n, nt)
+			r.Lower = append(r.Lower, l)
+		}
+		if len(r.Lower) == 0 {
+			r.Lower = nil
 		}
 	}
 	if err := d.end(); err != nil {
@@ -341,6 +441,60 @@ func DecodeSnapshotWorker(b []byte, w *SnapshotWorker) error {
 	}
 	w.ID, w.BlockSize, w.Reports = le.Uint64(p), int(bs), flags&snapReports != 0
 	w.Capacity, w.MaxTokens, w.Model, w.Endpoint, w.Replay = capacity, maxTokens, model, endpoint, replay
-	w.HTTPEndpoint, w.Weight = httpEndpoint, weight
+	w.HTTPEndpoint, w.Weight, w.Role = httpEndpoint, weight, uint8(role)
 	return nil
+}
+
+// point returns the arena's next n sequence hashes, n engine hashes, and nt local hashes and
+// parents (nil for none), and the offset after them.
+func (w *SnapshotWorker) point(off, n, nt int) (seqs, engines, locals, parents []uint64, next int) {
+	seqs = w.u64s[off : off+n : off+n]
+	engines = w.u64s[off+n : off+2*n : off+2*n]
+	off += 2 * n
+	if nt != 0 {
+		locals = w.u64s[off : off+nt : off+nt]
+		parents = w.u64s[off+nt : off+2*nt : off+2*nt]
+		off += 2 * nt
+	}
+	return seqs, engines, locals, parents, off
+}
+
+// decodeLower decodes rank i's lower tiers (flags bit 6) into the arena, noting each tier's
+// number, blocks and tree in w.ns, and returns how many there are.
+func (w *SnapshotWorker) decodeLower(d *decoder, i int, tree bool) (int, error) {
+	nl, err := d.count(fmt.Sprintf("ranks[%d].n_lower", i), "lower tiers", 8)
+	if err != nil {
+		return 0, err
+	}
+	var seen [kvevent.NumTiers]bool
+	for j := range nl {
+		f := fmt.Sprintf("ranks[%d].lower[%d]", i, j)
+		at := d.off
+		t, err := d.u32(f + ".tier")
+		if err != nil {
+			return 0, err
+		}
+		if t == 0 || t >= kvevent.NumTiers || seen[t] {
+			return 0, d.errAt(f+".tier", at, ErrInvalid, "tier %d: want 1 to 3, each once per rank", t)
+		}
+		seen[t] = true
+		n, err := d.count(f+".n_blocks", "blocks", 16)
+		if err != nil {
+			return 0, err
+		}
+		w.u64s = appendU64s(w.u64s, d.take(16*n))
+		nt := 0
+		if tree {
+			at := d.off
+			if nt, err = d.count(f+".n_tree", "tree", 16); err != nil {
+				return 0, err
+			}
+			if nt != 0 && nt != n {
+				return 0, d.errAt(f+".n_tree", at, ErrInvalid, "%d, want 0 or n_blocks (%d)", nt, n)
+			}
+			w.u64s = appendU64s(w.u64s, d.take(16*nt))
+		}
+		w.ns = append(w.ns, int(t), n, nt)
+	}
+	return nl, nil
 }

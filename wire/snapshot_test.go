@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/wire"
 )
 
@@ -25,15 +26,23 @@ var goldenSnapshotWorker = wire.SnapshotWorker{
 func sameWorker(a, b *wire.SnapshotWorker) bool {
 	if a.ID != b.ID || a.Model != b.Model || a.BlockSize != b.BlockSize || a.Capacity != b.Capacity ||
 		a.MaxTokens != b.MaxTokens || a.Endpoint != b.Endpoint || a.Replay != b.Replay ||
-		a.Reports != b.Reports || a.HTTPEndpoint != b.HTTPEndpoint || a.Weight != b.Weight || len(a.Ranks) != len(b.Ranks) || !slices.Equal(a.Endpoints, b.Endpoints) {
+		a.Reports != b.Reports || a.HTTPEndpoint != b.HTTPEndpoint || a.Weight != b.Weight || a.Role != b.Role || len(a.Ranks) != len(b.Ranks) || !slices.Equal(a.Endpoints, b.Endpoints) {
 		return false
 	}
 	for i := range a.Ranks {
 		x, y := a.Ranks[i], b.Ranks[i]
 		if x.Rank != y.Rank || x.Cursor != y.Cursor || x.Batch != y.Batch || len(x.Seqs) != len(y.Seqs) ||
 			len(x.Seqs) > 0 && (!reflect.DeepEqual(x.Seqs, y.Seqs) || !reflect.DeepEqual(x.Engines, y.Engines)) ||
-			len(x.Locals) != len(y.Locals) || len(x.Locals) > 0 && (!slices.Equal(x.Locals, y.Locals) || !slices.Equal(x.Parents, y.Parents)) {
+			len(x.Locals) != len(y.Locals) || len(x.Locals) > 0 && (!slices.Equal(x.Locals, y.Locals) || !slices.Equal(x.Parents, y.Parents)) ||
+			len(x.Lower) != len(y.Lower) {
 			return false
+		}
+		for j := range x.Lower {
+			l, m := x.Lower[j], y.Lower[j]
+			if l.Tier != m.Tier || !slices.Equal(l.Seqs, m.Seqs) || !slices.Equal(l.Engines, m.Engines) ||
+				!slices.Equal(l.Locals, m.Locals) || !slices.Equal(l.Parents, m.Parents) {
+				return false
+			}
 		}
 	}
 	return true
@@ -74,6 +83,7 @@ func randSnapshotWorker(r *rand.Rand) *wire.SnapshotWorker {
 	if r.IntN(2) == 0 {
 		w.Weight = 0.125 + r.Float64()*8
 	}
+	w.Role = uint8(r.IntN(3))
 	for rank := range r.IntN(4) {
 		if w.Endpoints != nil {
 			w.Endpoints = append(w.Endpoints, wire.SnapshotEndpoint{Endpoint: fmt.Sprintf("tcp://10.0.0.1:%d", 5557+rank)})
@@ -89,10 +99,30 @@ func randSnapshotWorker(r *rand.Rand) *wire.SnapshotWorker {
 		if w.Endpoints != nil {
 			sr.Batch = r.Uint64N(3) * r.Uint64() // the rank's last engine batch, 0 for none
 		}
-		if r.IntN(3) == 0 { // the block tree of --keep-block-tree
+		tree := r.IntN(3) == 0
+		if tree { // the block tree of --keep-block-tree
 			sr.Locals, sr.Parents = make([]uint64, n), make([]uint64, n)
 			for j := range n {
 				sr.Locals[j], sr.Parents[j] = r.Uint64(), r.Uint64()
+			}
+		}
+		if r.IntN(2) == 0 { // blocks in lower storage tiers, some of them
+			for _, tier := range []kvevent.Tier{kvevent.Host, kvevent.Disk, kvevent.External} {
+				if r.IntN(2) == 0 {
+					continue
+				}
+				n := r.IntN(50)
+				l := kvevent.TierBlocks{Tier: tier, Seqs: make([]uint64, n), Engines: make([]uint64, n)}
+				for j := range n {
+					l.Seqs[j], l.Engines[j] = r.Uint64(), r.Uint64()
+				}
+				if tree && r.IntN(2) == 0 {
+					l.Locals, l.Parents = make([]uint64, n), make([]uint64, n)
+					for j := range n {
+						l.Locals[j], l.Parents[j] = r.Uint64(), r.Uint64()
+					}
+				}
+				sr.Lower = append(sr.Lower, l)
 			}
 		}
 		w.Ranks = append(w.Ranks, sr)
@@ -150,7 +180,7 @@ func TestSnapshotWorkerBad(t *testing.T) {
 		{"truncated in the ranks", golden[:len(golden)-20], "", wire.ErrTruncated},
 		{"wrong type", patch(6, 3), "type", wire.ErrType},
 		{"block size 0", patch(body+8, 0, 0, 0, 0), "block_size", wire.ErrInvalid},
-		{"unknown flag", patch(body+12, 33), "flags", wire.ErrInvalid},
+		{"unknown flag", patch(body+12, 129), "flags", wire.ErrInvalid},
 		{"negative capacity", patch(body+16, 0, 0, 0, 0, 0, 0, 0, 0x80), "capacity", wire.ErrInvalid},
 		{"empty model", emptyModel(golden), "model", wire.ErrInvalid},
 		{"rank twice", patch(len(golden)-16, 0), "ranks[1].rank", wire.ErrInvalid},
@@ -205,4 +235,41 @@ func FuzzDecodeSnapshotWorker(f *testing.F) {
 			t.Fatalf("re-encoded after reuse\n%x\nfrom\n%x", enc, b)
 		}
 	})
+}
+
+// TestSnapshotWorkerRole holds the role to flags bit 5: a worker of both roles (0) writes the
+// bytes of a snapshot before roles, so old snapshots restore as both; prefill and decode add a
+// u32 after the weight's place; 0 or 3 there is refused.
+func TestSnapshotWorkerRole(t *testing.T) {
+	golden := readHex(t, "snapshot_worker.hex")
+	w := goldenSnapshotWorker
+	w.Role = 1
+	b := wire.AppendSnapshotWorker(nil, &w)
+	if len(b) != len(golden)+4 {
+		t.Fatalf("a role adds %d bytes, want 4", len(b)-len(golden))
+	}
+	var got wire.SnapshotWorker
+	if err := wire.DecodeSnapshotWorker(b, &got); err != nil || got.Role != 1 {
+		t.Fatalf("decoded role %d, %v", got.Role, err)
+	}
+	if err := wire.DecodeSnapshotWorker(golden, &got); err != nil || got.Role != 0 {
+		t.Fatalf("a snapshot without bit 5 decoded role %d, %v", got.Role, err)
+	}
+	at := bytes.Index(b, []byte{1, 0, 0, 0, 2, 0, 0, 0}) // the role, then n_ranks (2)
+	if at < 0 {
+		t.Fatal("role not found")
+	}
+	for _, v := range []byte{0, 3} {
+		c := bytes.Clone(b)
+		c[at] = v
+		err := wire.DecodeSnapshotWorker(c, &got)
+		var we *wire.Error
+		if !errors.As(err, &we) || we.Field != "role" || we.Offset != at {
+			t.Errorf("role %d: %v", v, err)
+		}
+	}
+	w.Role = 3
+	if err := w.Validate(); err == nil {
+		t.Error("Validate accepted role 3")
+	}
 }

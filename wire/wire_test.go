@@ -248,6 +248,7 @@ func randRequest(r *rand.Rand, tokens, hashes int) *wire.RouteRequest {
 		if r.IntN(2) == 0 {
 			req.HasLoadScale, req.PrefillLoadScale = true, r.Float64()*2
 		}
+		req.Disagg = r.IntN(2) == 0
 	}
 	if hashes > 0 {
 		req.ByHash = true
@@ -271,6 +272,9 @@ func randResponse(r *rand.Rand, candidates int) *wire.RouteResponse {
 	}
 	if r.IntN(4) != 0 {
 		resp.Chosen, resp.Worker, resp.Rank = true, r.Uint64(), r.Uint32()
+		if r.IntN(3) == 0 {
+			resp.Prefill, resp.PrefillWorker, resp.PrefillRank = true, r.Uint64(), r.Uint32()
+		}
 	}
 	for range candidates {
 		resp.Candidates = append(resp.Candidates, wire.Candidate{
@@ -750,7 +754,7 @@ func TestRouteResponseErrors(t *testing.T) {
 	put32 := func(off int, v uint32) func([]byte) {
 		return func(b []byte) { binary.LittleEndian.PutUint32(b[off:], v) }
 	}
-	f(set(12, 3), wire.ErrInvalid, "flags", 12)
+	f(set(12, 5), wire.ErrInvalid, "flags", 12)
 	f(set(16, 0), wire.ErrInvalid, "mode", 16)
 	f(set(16, 8), wire.ErrInvalid, "mode", 16)
 	f(set(19, 1), wire.ErrInvalid, "reserved", 17)
@@ -820,4 +824,78 @@ func TestEventBatchErrors(t *testing.T) {
 	b = slices.Clone(golden)
 	binary.LittleEndian.PutUint32(b[101:], 2)
 	checkError(t, wire.DecodeEventBatch(b, new(wire.EventBatch)), "event batch", wire.ErrInvalid, "", -2)
+}
+
+// TestDisaggFields holds the disaggregated decision's fields to the format: a request's
+// ext_flags bit 6, and a response's flags bit 1 with its 16-byte prefill trailer after the
+// candidates, each round-tripping and each misuse refused at its field.
+func TestDisaggFields(t *testing.T) {
+	req := wire.RouteRequest{RequestID: "r", Model: "m", Tokens: []uint32{1, 2, 3}, Disagg: true}
+	b := wire.AppendRouteRequest(nil, &req)
+	var got wire.RouteRequest
+	if err := wire.DecodeRouteRequest(b, &got); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, req) {
+		t.Fatalf("round trip:\n got %+v\nwant %+v", got, req)
+	}
+	ext := len(b) - 40 - 2 // ext_flags' offset: the extension's fixed part, then an empty session id
+	if b[ext] != 1<<6 {
+		t.Fatalf("ext_flags = %#x, want bit 6 alone", b[ext])
+	}
+	// Decoding a request without it into the same value clears it.
+	plain := wire.RouteRequest{RequestID: "r", Model: "m", Tokens: []uint32{1}}
+	if err := wire.DecodeRouteRequest(wire.AppendRouteRequest(nil, &plain), &got); err != nil || got.Disagg {
+		t.Fatalf("reused value kept Disagg: %+v %v", got, err)
+	}
+
+	resp := wire.RouteResponse{RequestID: "r", Mode: 1, Chosen: true, Worker: 7, Rank: 1, Blocks: 2, ISL: 40,
+		Candidates: []wire.Candidate{{Worker: 7, Rank: 1, CachedBlocks: 2}},
+		Prefill:    true, PrefillWorker: 3, PrefillRank: 2}
+	rb := wire.AppendRouteResponse(nil, &resp)
+	var gr wire.RouteResponse
+	if err := wire.DecodeRouteResponse(rb, &gr); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(gr, resp) {
+		t.Fatalf("round trip:\n got %+v\nwant %+v", gr, resp)
+	}
+	if n := len(wire.AppendRouteResponse(nil, &wire.RouteResponse{RequestID: "r", Mode: 1, Chosen: true, Worker: 7, Rank: 1, Blocks: 2, ISL: 40,
+		Candidates: resp.Candidates})); len(rb) != n+16 {
+		t.Fatalf("the trailer adds %d bytes, want 16", len(rb)-n)
+	}
+	// The records form writes the same bytes.
+	msg, recs := wire.AppendRouteResponseRecords(nil, &resp, 1)
+	wire.PutCandidate(recs, 7, 1, 2, 0, 0, 0, 0)
+	if !bytes.Equal(msg, rb) {
+		t.Fatalf("records form:\n%x\nwant\n%x", msg, rb)
+	}
+	// A plain answer decoded into the same value clears the prefill fields.
+	plainResp := wire.RouteResponse{RequestID: "r", Mode: 1, Chosen: true, Worker: 7}
+	if err := wire.DecodeRouteResponse(wire.AppendRouteResponse(nil, &plainResp), &gr); err != nil || gr.Prefill || gr.PrefillWorker != 0 {
+		t.Fatalf("reused value kept the prefill stage: %+v %v", gr, err)
+	}
+
+	trailer := len(rb) - 16
+	c := slices.Clone(rb)
+	c[len(c)-1] = 1
+	checkError(t, wire.DecodeRouteResponse(c, &gr), "route response", wire.ErrInvalid, "reserved", trailer+12)
+	c = slices.Clone(rb)
+	c[12] = 2 // a prefill stage without a chosen worker
+	binary.LittleEndian.PutUint64(c[20:], 0)
+	binary.LittleEndian.PutUint32(c[28:], 0)
+	checkError(t, wire.DecodeRouteResponse(c, &gr), "route response", wire.ErrInvalid, "flags", 12)
+	c = slices.Clone(rb[:len(rb)-10])
+	binary.LittleEndian.PutUint32(c[8:], uint32(len(c)-12)) // body_length
+	checkError(t, wire.DecodeRouteResponse(c, &gr), "route response", wire.ErrTruncated, "prefill_worker", trailer)
+	// Prefill fields without Prefill do not validate, and are encoded so that the decoder
+	// refuses them rather than reading another answer.
+	bad := resp
+	bad.Prefill = false
+	if err := bad.Validate(); err == nil {
+		t.Error("Validate accepted a prefill worker without Prefill")
+	}
+	if err := wire.DecodeRouteResponse(wire.AppendRouteResponse(nil, &bad), &gr); err == nil {
+		t.Error("a prefill worker without Prefill was encoded into a valid message")
+	}
 }

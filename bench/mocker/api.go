@@ -25,6 +25,13 @@ type api struct {
 	ids     atomic.Uint64
 	started int64 // the model's "created"
 
+	// The KV connector: this engine's id and the host and port a decode worker reads its
+	// blocks from (its HTTP API's), and the blocks held for decode workers.
+	engineID string
+	xferHost string
+	xferPort int
+	held     *held
+
 	// inflight counts the handlers running and the streams being written.
 	inflight atomic.Int64
 }
@@ -74,6 +81,8 @@ func (a *api) handle(ctx *fasthttp.RequestCtx) {
 		method, h = "GET", func(ctx *fasthttp.RequestCtx) {}
 	case "/metrics":
 		method, h = "GET", a.metrics
+	case "/kv_transfer/read", "/kv_transfer/release":
+		h = a.transferEndpoint
 	default:
 		ctx.SetStatusCode(fasthttp.StatusNotFound)
 		ctx.SetContentType("application/json")
@@ -156,6 +165,12 @@ func (a *api) begin(ctx *fasthttp.RequestCtx, req any, g *generationRequest) boo
 		a.fail(ctx, e)
 		return false
 	}
+	if p := g.KVTransferParams; p != nil {
+		if e := p.check(g.Stream); e != nil {
+			a.fail(ctx, e)
+			return false
+		}
+	}
 	return true
 }
 
@@ -181,6 +196,7 @@ func (a *api) completions(ctx *fasthttp.RequestCtx) {
 	a.generate(ctx, &generation{
 		chat: false, id: a.newID("cmpl-"), created: time.Now().Unix(), model: a.cfg.Model,
 		prompt: prompt, output: out, stream: req.Stream, usage: req.StreamOptions != nil && req.StreamOptions.IncludeUsage,
+		kv: req.KVTransferParams,
 	})
 }
 
@@ -206,6 +222,7 @@ func (a *api) chat(ctx *fasthttp.RequestCtx) {
 	a.generate(ctx, &generation{
 		chat: true, id: a.newID("chatcmpl-"), created: time.Now().Unix(), model: a.cfg.Model,
 		prompt: prompt, output: out, stream: req.Stream, usage: req.StreamOptions != nil && req.StreamOptions.IncludeUsage,
+		kv: req.KVTransferParams,
 	})
 }
 
@@ -223,13 +240,30 @@ type generation struct {
 	seed          uint64 // OutputSeed(prompt)
 	output        int
 	stream, usage bool
+
+	kv     *kvTransferParams // the request's kv_transfer_params; nil: none
+	remote bool              // its prompt's KV was read from the prefill worker kv names
+	answer *kvTransferParams // a prefill answer's kv_transfer_params, its blocks held
 }
 
 // generate submits g to the engine and answers: one JSON body once the request ends, or, with
 // stream, Server-Sent Events as its tokens come.
+//
+// With kv_transfer_params (vLLM's NixlConnector): a prefill request (do_remote_decode) keeps
+// its blocks pinned when it finishes and answers the parameters to read them with; a decode
+// request (do_remote_prefill) first reads its prompt's blocks from the prefill worker (pull),
+// then runs with its prompt's KV in place (sim.Request.Remote).
 func (a *api) generate(ctx *fasthttp.RequestCtx, g *generation) {
 	g.seed = OutputSeed(g.prompt)
-	r := a.eng.submit(g.prompt, g.output)
+	hold := g.kv != nil && g.kv.DoRemoteDecode
+	if g.kv != nil && g.kv.DoRemotePrefill {
+		var e *apiError
+		if g.remote, e = a.pull(g.prompt, g.kv); e != nil {
+			a.fail(ctx, e)
+			return
+		}
+	}
+	r := a.eng.submit(g.prompt, g.output, g.remote, hold)
 	if g.stream {
 		ctx.SetContentType("text/event-stream; charset=utf-8")
 		a.inflight.Add(1) // until the stream ends, after the handler has returned
@@ -252,6 +286,13 @@ func (a *api) generate(ctx *fasthttp.RequestCtx, g *generation) {
 		finish := "length"
 		if e == endAborted {
 			finish = "abort"
+		}
+		if hold && e == endFinished {
+			r.mu.Lock()
+			blocks := r.held
+			r.mu.Unlock()
+			a.held.add(g.id, r, blocks)
+			g.answer = a.answerParams(g.id, blocks)
 		}
 		ctx.SetContentType("application/json")
 		ctx.SetBody(g.appendBody(nil, n, cached, finish))
@@ -394,6 +435,11 @@ func (g *generation) appendUsageChunk(dst []byte, n, cached int) []byte {
 
 func (g *generation) appendUsage(dst []byte, n, cached int) []byte {
 	p := len(g.prompt)
+	if g.remote {
+		// vLLM counts the tokens whose KV arrived as computed before the request ran: all
+		// but the last prompt token.
+		cached = max(cached, p-1)
+	}
 	dst = append(dst, `{"prompt_tokens":`...)
 	dst = strconv.AppendInt(dst, int64(p), 10)
 	dst = append(dst, `,"total_tokens":`...)
@@ -426,6 +472,11 @@ func (g *generation) appendBody(dst []byte, n, cached int, finish string) []byte
 	dst = appendFinish(dst, finish)
 	dst = append(dst, `}],"usage":`...)
 	dst = g.appendUsage(dst, n, cached)
+	if g.answer != nil {
+		kv, _ := json.Marshal(g.answer)
+		dst = append(dst, `,"kv_transfer_params":`...)
+		dst = append(dst, kv...)
+	}
 	return append(dst, '}')
 }
 
@@ -511,6 +562,16 @@ func (a *api) metrics(ctx *fasthttp.RequestCtx) {
 	metric("vllm:request_success_total", "counter", "Requests finished.", float64(st.Completed))
 	metric("kvr_mocker_requests_aborted_total", "counter", "Requests aborted (client gone, or shutdown).", float64(st.Aborted))
 	metric("kvr_mocker_cached_blocks", "gauge", "KV blocks stored and published.", float64(st.CachedBlocks))
+	metric("kvr_mocker_computed_prompt_tokens_total", "counter", "Prompt tokens computed by prefill steps.", float64(st.ComputedTokens))
+	metric("kvr_mocker_remote_prompt_tokens_total", "counter", "Prompt tokens whose KV was read from a prefill worker.", float64(st.RemoteTokens))
+	metric("kvr_mocker_kv_transfers_held", "gauge", "Finished prefill requests whose blocks wait for a decode worker.", float64(st.Held))
+	metric("kvr_mocker_kv_transfers_sent_total", "counter", "Held blocks a decode worker read and released.", float64(st.Sent))
+	metric("kvr_mocker_kv_transfers_expired_total", "counter", "Held blocks released unread after --kv-transfer-timeout.", float64(st.Expired))
+	metric("kvr_mocker_kv_transfers_received_total", "counter", "Prompts whose KV blocks were read from a prefill worker.", float64(st.Received))
+	metric("kvr_mocker_kv_transfer_blocks_total", "counter", "KV blocks read from prefill workers.", float64(st.BlocksIn))
+	metric("kvr_mocker_kv_transfer_bytes_total", "counter", "KV bytes read from prefill workers (modelled).", float64(st.BytesIn))
+	metric("kvr_mocker_kv_transfer_seconds_total", "counter", "Modelled time of the reads, simulated seconds.", st.TransferTime.Seconds())
+	metric("kvr_mocker_kv_transfers_failed_total", "counter", "Reads that failed; the prompt was computed instead.", float64(st.Failed))
 	ctx.SetContentType("text/plain; version=0.0.4")
 	ctx.SetBody(b)
 }

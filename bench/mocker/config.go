@@ -38,6 +38,14 @@ type Config struct {
 
 	ShutdownTimeout time.Duration // how long SIGTERM waits for requests in flight before aborting them
 	LogLevel        string        // debug, info, warn or error
+
+	// Disaggregated serving (see the package doc): the role registered with kvrouterd, and
+	// the KV transfer's cost model.
+	Role              string        // prefill, decode or both
+	KVBytesPerToken   int           // KV cache bytes of one token, all layers
+	KVTransferGbps    float64       // the link's bandwidth between two workers, Gbit/s
+	KVTransferLatency time.Duration // fixed cost of one transfer, on top of bytes / bandwidth
+	KVTransferTimeout time.Duration // how long a prefill worker keeps blocks nobody reads (vLLM's VLLM_NIXL_ABORT_REQUEST_TIMEOUT)
 }
 
 // Defaults returns the default configuration: sim's worker model (Dynamo's mocker's scheduler
@@ -59,6 +67,14 @@ func Defaults() Config {
 		EventsForm:       "vllm-array",
 		ShutdownTimeout:  30 * time.Second,
 		LogLevel:         "info",
+		Role:             "both",
+		// Llama-3-8B in bf16: 32 layers × 8 KV heads × 128 dims × 2 (K and V) × 2 bytes.
+		KVBytesPerToken: 32 * 8 * 128 * 2 * 2,
+		// One 400 Gbit/s RDMA NIC (NDR InfiniBand or 400GbE, ConnectX-7 class) per worker.
+		KVTransferGbps: 400,
+		// A read request and its completion notice: a few round trips of control messages.
+		KVTransferLatency: time.Millisecond,
+		KVTransferTimeout: 480 * time.Second,
 	}
 }
 
@@ -88,6 +104,11 @@ func (c *Config) Flags(fs *flag.FlagSet) {
 	fs.StringVar(&c.AdvertiseHost, "advertise-host", c.AdvertiseHost, "host named in the registered endpoints; empty: each address's own host (127.0.0.1 for a wildcard)")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", c.ShutdownTimeout, "on SIGTERM, how long requests in flight may run before they are aborted")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error")
+	fs.StringVar(&c.Role, "role", c.Role, "role registered with kvrouterd: prefill, decode or both (every mocker serves both kinds of kv_transfer_params, as vLLM with NixlConnector and kv_role kv_both)")
+	fs.IntVar(&c.KVBytesPerToken, "kv-bytes-per-token", c.KVBytesPerToken, "KV cache bytes per token, all layers (default: Llama-3-8B in bf16; Llama-3-70B is 327680)")
+	fs.Float64Var(&c.KVTransferGbps, "kv-transfer-gbps", c.KVTransferGbps, "bandwidth of the link a decode worker reads prefilled KV blocks over, Gbit/s (default: one 400G RDMA NIC)")
+	fs.DurationVar(&c.KVTransferLatency, "kv-transfer-latency", c.KVTransferLatency, "fixed cost of one KV transfer, added to bytes / bandwidth")
+	fs.DurationVar(&c.KVTransferTimeout, "kv-transfer-timeout", c.KVTransferTimeout, "how long a prefill worker keeps a finished request's blocks for a decode worker to read before freeing them (vLLM's VLLM_NIXL_ABORT_REQUEST_TIMEOUT); simulated time, like step times")
 }
 
 // Check reports the first invalid setting of c, naming its flag.
@@ -118,6 +139,16 @@ func (c *Config) Check() error {
 		return bad("default-max-tokens", "%d is not positive", c.DefaultMaxTokens)
 	case c.ShutdownTimeout < 0:
 		return bad("shutdown-timeout", "negative")
+	case c.Role != "prefill" && c.Role != "decode" && c.Role != "both":
+		return bad("role", "%q is not prefill, decode or both", c.Role)
+	case c.KVBytesPerToken < 1:
+		return bad("kv-bytes-per-token", "%d is not positive", c.KVBytesPerToken)
+	case !(c.KVTransferGbps > 0) || c.KVTransferGbps > 1e6:
+		return bad("kv-transfer-gbps", "%v is not in (0, 1e6]", c.KVTransferGbps)
+	case c.KVTransferLatency < 0:
+		return bad("kv-transfer-latency", "negative")
+	case c.KVTransferTimeout <= 0:
+		return bad("kv-transfer-timeout", "%v is not positive", c.KVTransferTimeout)
 	}
 	if _, err := c.form(); err != nil {
 		return bad("kv-events-form", "%v", err)

@@ -43,6 +43,38 @@
 // optional replay ROUTER socket keeps the last 10,000 batches and answers ["", start] as vLLM's
 // does (internal/enginetest documents the protocol).
 //
+// # Disaggregated serving
+//
+// Every mocker speaks vLLM's kv_transfer_params as vLLM does with NixlConnector and kv_role
+// kv_both; Config.Role (prefill, decode or both) is only what it registers with kvrouterd.
+//
+// A prefill request sets do_remote_decode (vLLM's toy proxy and Dynamo's frontend send the
+// prompt with max_tokens 1, not streamed). It runs as any request, but its blocks stay pinned
+// when it finishes (sim.Request.Hold), and its answer carries what a decode worker needs to read
+// them: do_remote_prefill true, remote_engine_id (this mocker's), remote_request_id (the
+// answer's id), remote_block_ids (the pinned block slots, one per prompt block), remote_host
+// and remote_port (this mocker's HTTP API, which stands in for NIXL's side channel) and tp_size
+// 1. Blocks nobody reads are freed after Config.KVTransferTimeout (vLLM's
+// VLLM_NIXL_ABORT_REQUEST_TIMEOUT, 480 s), in simulated time.
+//
+// A decode request carries those parameters with do_remote_prefill. Before it is queued, the
+// decode mocker reads from the prefill mocker the blocks past its own prefix-cache hit (the tail
+// of remote_block_ids, as NixlConnector reads only the blocks it had to allocate): POST
+// /kv_transfer/read names them (the prefill mocker checks it holds them), the read takes
+// blocks × block size × Config.KVBytesPerToken bytes over Config.KVTransferGbps plus
+// Config.KVTransferLatency (simulated time; slept divided by the speedup), and POST
+// /kv_transfer/release then frees them on the prefill side, as NIXL's completion notice does.
+// The request then runs with its prompt's KV in place (sim.Request.Remote): the received full
+// blocks are stored and published as Stored events, as vLLM caches received blocks, and only
+// the last prompt token is computed, for the first output token; usage counts the received
+// tokens as cached, as vLLM does. A read that fails (the prefill mocker gone, the transfer
+// unknown or expired) is counted and the prompt computed here instead, vLLM's default
+// kv_load_failure_policy "recompute". Unlike vLLM, the decode mocker does not hold its blocks
+// during the read: the request is queued once they have arrived.
+//
+// Stats.Transfers and /metrics (kvr_mocker_kv_transfer_*) count both sides: blocks held, sent
+// and expired; transfers received, their blocks, bytes and modelled time, and failures.
+//
 // # Concurrency
 //
 // A Mocker's methods are safe for concurrent use. The engine goroutine is the only one that

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/kvrouterd/kvrouterd/bench/sim"
+	"github.com/kvrouterd/kvrouterd/kvevent"
 )
 
 // end is how a request ended, or endNone while it runs.
@@ -26,11 +27,15 @@ type request struct {
 	output int      // output tokens to generate
 	wake   chan struct{}
 
+	remote bool // its prompt's KV arrived from a prefill worker (sim.Request.Remote)
+	hold   bool // its blocks stay pinned at completion for a decode worker to read (sim.Request.Hold)
+
 	mu     sync.Mutex
-	n      int   // output tokens emitted; REQUIRES mu
-	cached int   // prompt tokens that were a prefix-cache hit, known from the first token; REQUIRES mu
-	end    end   // REQUIRES mu
-	err    error // why the worker refused it, with endFailed; REQUIRES mu
+	n      int     // output tokens emitted; REQUIRES mu
+	cached int     // prompt tokens that were a prefix-cache hit, known from the first token; REQUIRES mu
+	end    end     // REQUIRES mu
+	err    error   // why the worker refused it, with endFailed; REQUIRES mu
+	held   []int32 // a hold request's pinned block slots, once it has finished; REQUIRES mu
 }
 
 // progress returns what the engine has reported of r so far.
@@ -64,14 +69,39 @@ type Stats struct {
 	Running, Waiting int     // requests running and queued in the worker
 	Usage            float64 // fraction of the KV blocks held by running requests (vLLM counts unused cached blocks as free)
 	CachedBlocks     int     // blocks stored and published
-	sim.Stats                // the worker's cumulative counters
+	sim.Stats                // the worker's cumulative counters (RemoteTokens, ComputedTokens among them)
 	Generated        uint64  // output tokens emitted
+	Transfers                // the KV connector's counters
 }
 
-// op is a submission or an abort for the engine goroutine.
+// Transfers are the KV connector's counters: a prefill worker's held blocks and their fate, a
+// decode worker's reads.
+type Transfers struct {
+	Held         int    // finished prefill requests whose blocks wait to be read
+	Sent         uint64 // held transfers a decode worker read and released
+	Expired      uint64 // held transfers nobody read within Config.KVTransferTimeout, released
+	Received     uint64 // transfers this worker read before decoding
+	BlocksIn     uint64 // blocks they brought
+	BytesIn      uint64 // bytes they brought (blocks × block size × Config.KVBytesPerToken)
+	TransferTime time.Duration
+	// TransferTime is the modelled time the reads took, in simulated time (bytes / bandwidth +
+	// Config.KVTransferLatency each); wall time is that divided by Config.Speedup.
+	Failed uint64 // reads that failed (prefill worker unreachable, transfer unknown or expired): the prompt was computed here instead
+}
+
+// opKind is what an op asks of the engine goroutine.
+type opKind uint8
+
+const (
+	opSubmit  opKind = iota
+	opAbort          // drop the request (its client went away)
+	opRelease        // unpin a finished hold request's blocks (read, or given up)
+)
+
+// op is a submission, an abort or a release for the engine goroutine.
 type op struct {
-	r     *request
-	abort bool
+	r    *request
+	kind opKind
 }
 
 // engine runs a sim.Worker in real time: its goroutine (run) is the only one that touches the
@@ -96,20 +126,25 @@ type engine struct {
 	stopped sync.Once
 
 	reqs map[uint64]*request // requests in the worker; run's goroutine only
+
+	// cached mirrors the worker's cached blocks (engine hashes), kept from the published
+	// events, so that a decode request can tell which of its prompt blocks it need not read
+	// from the prefill worker. REQUIRES mu.
+	cached map[uint64]struct{}
 }
 
 func newEngine(w *sim.Worker, speedup float64, publish func(*sim.StepOutput), log *slog.Logger) *engine {
 	e := &engine{w: w, speedup: speedup, publish: publish, log: log,
 		kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
-		reqs: make(map[uint64]*request)}
+		reqs: make(map[uint64]*request), cached: make(map[uint64]struct{})}
 	go e.run()
 	return e
 }
 
-// submit queues a request of prompt (kept, never modified) generating output tokens. After
-// close it returns a request already aborted.
-func (e *engine) submit(prompt []uint32, output int) *request {
-	r := &request{prompt: prompt, output: output, wake: make(chan struct{}, 1)}
+// submit queues a request of prompt (kept, never modified) generating output tokens; remote
+// and hold are sim.Request's flags. After close it returns a request already aborted.
+func (e *engine) submit(prompt []uint32, output int, remote, hold bool) *request {
+	r := &request{prompt: prompt, output: output, remote: remote, hold: hold, wake: make(chan struct{}, 1)}
 	e.mu.Lock()
 	if e.closed {
 		e.mu.Unlock()
@@ -126,13 +161,40 @@ func (e *engine) submit(prompt []uint32, output int) *request {
 
 // abort asks the engine to drop r, whose client went away. A request already ended is left as
 // it is.
-func (e *engine) abort(r *request) {
+func (e *engine) abort(r *request) { e.queue(op{r: r, kind: opAbort}) }
+
+// release asks the engine to unpin the blocks of r, a hold request that has finished.
+func (e *engine) release(r *request) { e.queue(op{r: r, kind: opRelease}) }
+
+func (e *engine) queue(o op) {
 	e.mu.Lock()
 	if !e.closed {
-		e.pending = append(e.pending, op{r: r, abort: true})
+		e.pending = append(e.pending, o)
 	}
 	e.mu.Unlock()
 	e.poke()
+}
+
+// cachedPrefix returns how many of hashes, from the first, the worker has cached (as of its
+// last step), at most limit.
+func (e *engine) cachedPrefix(hashes []uint64, limit int) int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	n := 0
+	for n < min(limit, len(hashes)) {
+		if _, ok := e.cached[hashes[n]]; !ok {
+			break
+		}
+		n++
+	}
+	return n
+}
+
+// count changes the transfer counters.
+func (e *engine) count(f func(t *Transfers)) {
+	e.mu.Lock()
+	f(&e.st.Transfers)
+	e.mu.Unlock()
 }
 
 func (e *engine) poke() {
@@ -211,6 +273,7 @@ func (e *engine) run() {
 		if e.publish != nil {
 			e.publish(&out)
 		}
+		e.track(&out)
 		e.deliver(&out)
 		e.gauges(len(out.Emitted))
 	}
@@ -230,18 +293,22 @@ func (e *engine) run() {
 	e.gauges(0)
 }
 
-// apply runs one submission or abort on the worker.
+// apply runs one submission, abort or release on the worker.
 func (e *engine) apply(o op, now int64) {
 	r := o.r
-	if o.abort {
+	switch o.kind {
+	case opAbort:
 		if e.reqs[r.id] == r && e.w.Abort(r.id) {
 			delete(e.reqs, r.id)
 			r.finish(endAborted, nil)
 			e.log.Debug("request aborted", "request", r.id)
 		}
 		return
+	case opRelease:
+		e.w.Release(r.id)
+		return
 	}
-	if err := e.w.Submit(&sim.Request{ID: r.id, Tokens: r.prompt, Output: r.output}, now); err != nil {
+	if err := e.w.Submit(&sim.Request{ID: r.id, Tokens: r.prompt, Output: r.output, Remote: r.remote, Hold: r.hold}, now); err != nil {
 		r.finish(endFailed, err)
 		return
 	}
@@ -265,13 +332,44 @@ func (e *engine) deliver(out *sim.StepOutput) {
 	for _, d := range out.Completed {
 		if r := e.reqs[d.ID]; r != nil {
 			delete(e.reqs, d.ID)
+			if r.hold {
+				held, _ := e.w.AppendHeldBlocks(nil, d.ID)
+				r.mu.Lock()
+				r.held = held
+				r.mu.Unlock()
+			}
 			r.finish(endFinished, nil)
+		}
+	}
+}
+
+// track keeps the mirror of the worker's cached blocks up to date with a step's events.
+func (e *engine) track(out *sim.StepOutput) {
+	if len(out.Events) == 0 {
+		return
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for i := range out.Events {
+		ev := &out.Events[i]
+		switch ev.Kind {
+		case kvevent.Stored:
+			for _, h := range ev.Hashes {
+				e.cached[h] = struct{}{}
+			}
+		case kvevent.Removed:
+			for _, h := range ev.Hashes {
+				delete(e.cached, h)
+			}
+		case kvevent.Cleared:
+			clear(e.cached)
 		}
 	}
 }
 
 func (e *engine) gauges(emitted int) {
 	e.mu.Lock()
+	e.st.Held = e.w.Held()
 	e.st.Running, e.st.Waiting = e.w.Running(), e.w.Waiting()
 	e.st.Usage, e.st.CachedBlocks = e.w.ActiveUsage(), e.w.CachedBlocks()
 	e.st.Stats = e.w.Stats()

@@ -12,6 +12,8 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -94,7 +96,12 @@ func Start(cfg Config, logw io.Writer) (*Mocker, error) {
 	var nonce [8]byte
 	_, _ = rand.Read(nonce[:])
 	a := &api{cfg: cfg, eng: m.eng, log: log, maxLen: cfg.maxModelLen(),
-		nonce: binary.LittleEndian.Uint64(nonce[:]), started: time.Now().Unix()}
+		nonce: binary.LittleEndian.Uint64(nonce[:]), started: time.Now().Unix(), held: newHeld(m.eng, &cfg)}
+	a.engineID = fmt.Sprintf("kvr-mock-%d-%016x", cfg.WorkerID, a.nonce)
+	if u, err := url.Parse(m.httpEndpoint); err == nil {
+		a.xferHost = u.Hostname()
+		a.xferPort, _ = strconv.Atoi(u.Port())
+	}
 	m.api = a
 	m.conns = make(map[net.Conn]struct{})
 	m.srv = &fasthttp.Server{
@@ -142,6 +149,7 @@ type registration struct {
 	Endpoint         string `json:"endpoint"`
 	ReplayEndpoint   string `json:"replay_endpoint,omitempty"`
 	HTTPEndpoint     string `json:"http_endpoint"`
+	Role             string `json:"role,omitempty"` // prefill or decode; absent: both
 }
 
 func (m *Mocker) registration() registration {
@@ -149,6 +157,7 @@ func (m *Mocker) registration() registration {
 		WorkerID: m.cfg.WorkerID, Model: m.cfg.Model, BlockSize: m.cfg.BlockSize,
 		CapacityBlocks: m.cfg.Blocks, MaxBatchedTokens: m.cfg.MaxBatchedTokens,
 		Endpoint: m.eventsEndpoint, ReplayEndpoint: m.replayEndpoint, HTTPEndpoint: m.httpEndpoint,
+		Role: map[bool]string{true: m.cfg.Role}[m.cfg.Role != "both"],
 	}
 }
 
@@ -250,6 +259,7 @@ wait:
 	}
 	// A Shutdown that comes before Serve has taken the listener returns without closing it.
 	m.ln.Close()
+	m.api.held.close()
 	m.eng.close()
 	if m.pub != nil {
 		m.pub.close()

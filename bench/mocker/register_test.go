@@ -88,6 +88,23 @@ func TestRegister(t *testing.T) {
 	}
 }
 
+// TestRegisterRole: a prefill or decode mocker registers its role; one serving both says
+// nothing, which kvrouterd takes as both.
+func TestRegisterRole(t *testing.T) {
+	for _, role := range []string{"prefill", "decode"} {
+		f := &fakeRouter{answer: 201}
+		srv := httptest.NewServer(f)
+		m := start(t, func(c *Config) { c.Register = srv.URL; c.Role = role })
+		if err := m.Register(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		srv.Close()
+		if got := f.posts[0]["role"]; got != role {
+			t.Errorf("role %v, want %s", got, role)
+		}
+	}
+}
+
 // TestRegisterRefused: a 4xx is final, and Run ends with it rather than serve a worker kvrouterd
 // will not route to.
 func TestRegisterRefused(t *testing.T) {
@@ -148,4 +165,9 @@ func TestConfigCheck(t *testing.T) {
 	f(func(c *Config) { c.Register = "localhost:8090" }, "--register")
 	f(func(c *Config) { c.Register = "http://h:1"; c.KVEventsAddr = "" }, "--register")
 	f(func(c *Config) { c.LogLevel = "loud" }, "--log-level")
+	f(func(c *Config) { c.Role = "router" }, "--role")
+	f(func(c *Config) { c.KVBytesPerToken = 0 }, "--kv-bytes-per-token")
+	f(func(c *Config) { c.KVTransferGbps = 0 }, "--kv-transfer-gbps")
+	f(func(c *Config) { c.KVTransferLatency = -1 }, "--kv-transfer-latency")
+	f(func(c *Config) { c.KVTransferTimeout = 0 }, "--kv-transfer-timeout")
 }

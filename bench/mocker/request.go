@@ -22,6 +22,8 @@ type generationRequest struct {
 	N             *int           `json:"n"`
 	Stream        bool           `json:"stream"`
 	StreamOptions *streamOptions `json:"stream_options"`
+
+	KVTransferParams *kvTransferParams `json:"kv_transfer_params"` // vLLM's, for disaggregated serving
 }
 
 type completionRequest struct {

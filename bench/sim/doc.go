@@ -31,6 +31,20 @@
 // a waiting request leaves the queue; a running one releases its blocks exactly as if it had
 // completed (its stored prompt blocks stay cached, so an abort publishes no event).
 //
+// # Disaggregated serving
+//
+// Two request flags model vLLM's KV connectors (NixlConnector and the like), for a worker in a
+// prefill/decode split. A Hold request (the prefill side) keeps its blocks pinned when it
+// completes, counted as in use, until Worker.Release — the decode worker has read them, or the
+// transfer was given up; Worker.AppendHeldBlocks names them (the remote_block_ids a prefill
+// answer carries). A Remote request (the decode side) arrives with its prompt's KV computed
+// elsewhere: at admission the prompt blocks the cache lacks are filled as if computed (the full
+// ones stored and published, as vLLM caches received blocks), the prompt's local cache hit is
+// counted as usual, and the rest, up to the last prompt token, is counted in
+// Stats.RemoteTokens; the last token is computed in the request's first step, for the first
+// output token, as vLLM's decode side recomputes it. How long the transfer takes is the
+// caller's to model: the worker sees the request once its blocks have arrived.
+//
 // # Cache and prefix caching
 //
 // A full prompt block is identified by its engine hash, which is the router's sequence hash of

@@ -3,6 +3,7 @@ package sim
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/kvrouterd/kvrouterd/kvevent"
@@ -74,6 +75,18 @@ type Request struct {
 	ID     uint64
 	Tokens []uint32 // the prompt
 	Output int      // tokens to generate; values below 1 count as 1
+
+	// Remote says the prompt's KV was computed by another worker and arrives with the request
+	// (disaggregated serving, the decode side of vLLM's KV connectors): at admission the prompt
+	// blocks the cache lacks are filled by the transfer and stored (published as Stored events)
+	// without computing them, and only the last prompt token is computed, for the first output
+	// token's logits, as vLLM's decode worker does once its remote blocks have arrived. The
+	// transfer's duration is the caller's to model: the worker admits the request as if its
+	// blocks had just arrived.
+	Remote bool
+	// Hold keeps the request's blocks pinned when it completes, until Release: the prefill side
+	// of disaggregated serving, whose blocks wait for the decode worker to read them.
+	Hold bool
 }
 
 // Done reports a request's progress.
@@ -129,6 +142,8 @@ type Stats struct {
 	CachedTokens                             uint64 // of which prefix-cache hits
 	StoredBlocks, EvictedBlocks              uint64
 	Steps                                    uint64
+	RemoteTokens                             uint64 // prompt tokens of Remote requests that arrived computed (not cache hits, not computed here)
+	ComputedTokens                           uint64 // prompt tokens computed by prefill steps
 	// Host tier: prompt tokens reloaded from it, blocks copied into it and evicted from it.
 	HostTokens                          uint64
 	HostStoredBlocks, HostEvictedBlocks uint64
@@ -162,6 +177,8 @@ type seq struct {
 	cached    int // prompt tokens hit in the cache
 	host      int // prompt tokens reloaded from the host tier
 	emitted   bool
+	remote    bool // Request.Remote
+	hold      bool // Request.Hold
 }
 
 // Worker is a simulated inference worker. It belongs to one goroutine at a time.
@@ -180,6 +197,7 @@ type Worker struct {
 	waiting []*seq
 	whead   int // waiting[whead:] is the queue
 	pool    []*seq
+	held    map[uint64]*seq // completed Hold requests, their blocks pinned until Release
 
 	hasher radix.Hasher
 	seed   uint64
@@ -214,6 +232,7 @@ func NewWorker(id uint64, cfg WorkerConfig) *Worker {
 		free:    make([]int32, cfg.Blocks),
 		lruHead: none, lruTail: none,
 		byHash: make(map[uint64]int32, cfg.Blocks),
+		held:   make(map[uint64]*seq),
 		seed:   radix.LoRASeed(""),
 	}
 	if cfg.HostBlocks > 0 {
@@ -292,7 +311,7 @@ func (w *Worker) Submit(r *Request, now int64) error {
 		s = new(seq)
 	}
 	*s = seq{id: r.ID, tokens: r.Tokens, output: output, maxBlocks: need,
-		hashes: s.hashes[:0], locals: s.locals[:0], blocks: s.blocks[:0]}
+		hashes: s.hashes[:0], locals: s.locals[:0], blocks: s.blocks[:0], remote: r.Remote, hold: r.Hold}
 	s.hashes = w.hasher.AppendSequence(s.hashes, r.Tokens, w.cfg.BlockSize, w.seed)
 	if w.host != nil {
 		s.locals = w.hasher.AppendLocal(s.locals[:0], r.Tokens, w.cfg.BlockSize, w.seed)
@@ -374,8 +393,15 @@ func (w *Worker) Step(now int64, out *StepOutput) int64 {
 			continue
 		}
 		out.Completed = append(out.Completed, Done{ID: s.id, At: end, Cached: s.cached, Host: s.host})
-		w.release(s)
 		w.st.Completed++
+		if s.hold {
+			// Its blocks stay pinned; the reservation it will not use goes back.
+			w.reserved -= s.maxBlocks - len(s.blocks)
+			s.maxBlocks = len(s.blocks)
+			w.held[s.id] = s
+			continue
+		}
+		w.release(s)
 	}
 	clear(w.running[len(kept):])
 	w.running = kept
@@ -434,6 +460,32 @@ func (w *Worker) Abort(id uint64) bool {
 	return false
 }
 
+// Release unpins the blocks of a completed Hold request, as a completed request's are released
+// (its stored blocks stay cached), and reports whether the worker held it. It is for the
+// goroutine that owns the worker, between steps.
+func (w *Worker) Release(id uint64) bool {
+	s, ok := w.held[id]
+	if !ok {
+		return false
+	}
+	delete(w.held, id)
+	w.release(s)
+	return true
+}
+
+// Held returns the number of completed Hold requests not yet released.
+func (w *Worker) Held() int { return len(w.held) }
+
+// AppendHeldBlocks appends the block slots (0 ≤ slot < Blocks, in sequence order) of the held
+// request id to dst, or returns dst and false when the worker holds no such request.
+func (w *Worker) AppendHeldBlocks(dst []int32, id uint64) ([]int32, bool) {
+	s, ok := w.held[id]
+	if !ok {
+		return dst, false
+	}
+	return append(dst, s.blocks...), true
+}
+
 // schedule gives s its work of this step within budget (> 0) and returns the tokens used.
 func (w *Worker) schedule(s *seq, budget int) int {
 	prompt := len(s.tokens)
@@ -443,6 +495,7 @@ func (w *Worker) schedule(s *seq, budget int) int {
 		s.computed += chunk
 		w.storeFull(s)
 		w.out.PrefillTokens += chunk
+		w.st.ComputedTokens += uint64(chunk)
 		if s.computed == prompt {
 			s.generated++ // the first token is sampled from the last prefill position
 			s.emitted = true
@@ -479,7 +532,7 @@ func (w *Worker) admit(s *seq) bool {
 	}
 	// The cached prefix may continue in the host tier.
 	host := 0
-	if w.host != nil {
+	if w.host != nil && !s.remote { // a transfer brings the rest of a Remote prompt
 		for hit+host < limit && w.host.has(s.hashes[hit+host]) {
 			host++
 		}
@@ -510,6 +563,14 @@ func (w *Worker) admit(s *seq) bool {
 		w.storeFull(s)
 		w.reload += host
 		w.st.HostTokens += uint64(s.host)
+	}
+	if last := len(s.tokens) - 1; s.remote && s.computed < last {
+		// The transferred blocks land in the blocks it reserved and are cached as if computed
+		// here; the last prompt token is left to compute, for the first output token.
+		w.st.RemoteTokens += uint64(last - s.computed)
+		w.grow(s, last)
+		s.computed = last
+		w.storeFull(s)
 	}
 	return true
 }
@@ -689,7 +750,11 @@ func (w *Worker) recordRemovedTier(hash uint64, tier kvevent.Tier) {
 func (w *Worker) check() error {
 	refs := make([]int32, len(w.blocks))
 	reserved := 0
-	for _, s := range w.running {
+	seqs := slices.Clone(w.running)
+	for _, s := range w.held {
+		seqs = append(seqs, s)
+	}
+	for _, s := range seqs {
 		if s.stored > len(s.blocks) || len(s.blocks) > s.maxBlocks {
 			return fmt.Errorf("seq %d: stored %d, blocks %d, max %d", s.id, s.stored, len(s.blocks), s.maxBlocks)
 		}

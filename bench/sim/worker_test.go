@@ -881,3 +881,76 @@ func TestHostTier(t *testing.T) {
 		}
 	}
 }
+
+// A Remote request's prompt arrives computed: its blocks are stored (and published) at
+// admission and only its last token is computed, on top of whatever the cache already held.
+func TestRemotePrompt(t *testing.T) {
+	w := NewWorker(1, WorkerConfig{Blocks: 16, BlockSize: 4})
+	w.Submit(&Request{ID: 1, Tokens: toks(0, 10), Output: 3, Remote: true}, 0)
+	now, outs := drain(t, w, 0)
+	if d := outs[0].PrefillDone; outs[0].PrefillTokens != 1 || len(d) != 1 || d[0].Cached != 0 {
+		t.Fatalf("first step: %d prefill tokens, PrefillDone %+v; want 1 token computed, the first output, no cache hit",
+			outs[0].PrefillTokens, d)
+	}
+	want := seqHashes(toks(0, 10), 4)
+	if ev := outs[0].Events; len(ev) != 1 || ev[0].Kind != kvevent.Stored || !slices.Equal(ev[0].Hashes, want) ||
+		!slices.Equal(ev[0].Tokens, toks(0, 8)) {
+		t.Fatalf("first step's events %+v: want the two transferred blocks stored", ev)
+	}
+	if st := w.Stats(); st.RemoteTokens != 9 || st.ComputedTokens != 1 || st.CachedTokens != 0 || st.Completed != 1 {
+		t.Errorf("stats %+v", st)
+	}
+
+	// The same prompt extended, remote again: the cached two blocks are hits, the third block
+	// arrives, the last token is computed.
+	w.Submit(&Request{ID: 2, Tokens: toks(0, 14), Output: 1, Remote: true}, now)
+	_, outs = drain(t, w, now)
+	if d := outs[0].PrefillDone; len(d) != 1 || d[0].Cached != 8 || outs[0].PrefillTokens != 1 {
+		t.Errorf("PrefillDone %+v, %d prefill tokens", d, outs[0].PrefillTokens)
+	}
+	if ev := outs[0].Events; len(ev) != 1 || !slices.Equal(ev[0].Hashes, seqHashes(toks(0, 14), 4)[2:3]) || ev[0].Parent != want[1] {
+		t.Errorf("events %+v: want the third block stored under the second", ev)
+	}
+	if st := w.Stats(); st.RemoteTokens != 9+5 || st.ComputedTokens != 2 || st.CachedTokens != 8 {
+		t.Errorf("stats %+v", st)
+	}
+}
+
+// A Hold request's blocks stay pinned after it completes, safe from eviction, until Release.
+func TestHoldRelease(t *testing.T) {
+	w := NewWorker(1, WorkerConfig{Blocks: 6, BlockSize: 4})
+	w.Submit(&Request{ID: 1, Tokens: toks(0, 10), Output: 1, Hold: true}, 0)
+	now, outs := drain(t, w, 0)
+	if c := outs[len(outs)-1].Completed; len(c) != 1 || c[0].ID != 1 || w.Held() != 1 {
+		t.Fatalf("completed %+v, held %d", c, w.Held())
+	}
+	blocks, ok := w.AppendHeldBlocks(nil, 1)
+	if !ok || len(blocks) != 3 || w.ActiveUsage() != 3.0/6 {
+		t.Fatalf("held blocks %v (%v), active usage %v", blocks, ok, w.ActiveUsage())
+	}
+	if _, ok := w.AppendHeldBlocks(nil, 2); ok || w.Release(2) {
+		t.Error("an unknown request is held")
+	}
+	// Two other prompts of three blocks each: the second evicts the first, never the held blocks.
+	for i := range 2 {
+		w.Submit(&Request{ID: uint64(10 + i), Tokens: toks(100*(i+1), 10), Output: 1}, now)
+		now, _ = drain(t, w, now)
+	}
+	if w.Stats().EvictedBlocks != 2 {
+		t.Fatalf("evicted %d blocks, want the first other prompt's 2", w.Stats().EvictedBlocks)
+	}
+	for _, h := range seqHashes(toks(0, 10), 4) {
+		if _, ok := w.byHash[h]; !ok {
+			t.Fatalf("a held block was evicted")
+		}
+	}
+	if !w.Release(1) || w.Held() != 0 || w.ActiveUsage() != 0 || w.Release(1) {
+		t.Fatalf("after Release: held %d, active usage %v", w.Held(), w.ActiveUsage())
+	}
+	if err := w.check(); err != nil {
+		t.Fatal(err)
+	}
+	if w.CachedBlocks() != 4 {
+		t.Errorf("cached %d blocks: the released prompt's two stay cached beside the last prompt's", w.CachedBlocks())
+	}
+}

@@ -34,6 +34,8 @@ var dynamoFlags = []dynFlag{
 	{name: "", target: "router-kv-overlap-score-credit-decay", env: "DYN_ROUTER_KV_OVERLAP_SCORE_CREDIT_DECAY"},
 	{name: "", target: "router-prefill-load-scale", env: "DYN_ROUTER_PREFILL_LOAD_SCALE"},
 	{name: "", target: "router-decode-active-request-weight", env: "DYN_ROUTER_DECODE_ACTIVE_REQUEST_WEIGHT"},
+	{name: "", target: "router-host-cache-hit-weight", env: "DYN_ROUTER_HOST_CACHE_HIT_WEIGHT"},
+	{name: "", target: "router-disk-cache-hit-weight", env: "DYN_ROUTER_DISK_CACHE_HIT_WEIGHT"},
 	{name: "router-assume-kv-reuse", target: "no-router-assume-kv-reuse", negate: true, env: "DYN_ROUTER_ASSUME_KV_REUSE"},
 	{name: "assume-kv-reuse", target: "no-router-assume-kv-reuse", negate: true},
 	{name: "", target: "router-track-output-blocks", env: "DYN_ROUTER_TRACK_OUTPUT_BLOCKS"},
@@ -55,6 +57,7 @@ var dynamoFlags = []dynFlag{
 	{name: "router-session-affinity-ttl-secs", target: "router-session-affinity-ttl", seconds: true, env: "DYN_ROUTER_SESSION_AFFINITY_TTL_SECS"},
 	{name: "session-affinity-ttl-secs", target: "router-session-affinity-ttl", seconds: true},
 	{name: "", target: "router-session-affinity-mode", env: "DYN_ROUTER_SESSION_AFFINITY_MODE"},
+	{name: "router-predicted-ttl-secs", target: "router-predicted-ttl", seconds: true, env: "DYN_ROUTER_PREDICTED_TTL_SECS"},
 	// The frontend's migration limit: other workers a request is sent to after one fails.
 	{name: "migration-limit", target: "frontend-retries"},
 	// The standalone indexer's --peers is kvrouterd's; the selection service calls it so.

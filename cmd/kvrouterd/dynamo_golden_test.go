@@ -55,8 +55,8 @@ func TestDynamoGolden(t *testing.T) {
 	d := startDaemon(t, buildDaemon(t), "--data-dir", t.TempDir(), "--nats-listen", "127.0.0.1:0", "--keep-block-tree", "--peers", peer.URL,
 		"--selection-addr", selAddr)
 	defer d.cmd.Process.Kill()
-	// The recovered index dumps the Dynamo dump's device blocks, chains and all (kvrouterd
-	// keeps no lower tier yet).
+	// The recovered index dumps the Dynamo dump's device blocks, chains and all (its lower
+	// tiers' too: the tiers step queries worker 7's host-pinned block).
 	got, want := deviceBlocks(t, []byte(daemonCall(t, d.addr, "GET", "/dump", "", 200))), deviceBlocks(t, dump)
 	for key, w := range want {
 		if !slices.Equal(got[key], w) {

@@ -47,3 +47,32 @@ func TestLoadModelFlags(t *testing.T) {
 		}
 	}
 }
+
+// TestTierCreditFlags: the lower tiers' weights, their defaults (Dynamo's), their KVR_ and
+// DYN_ variables (kvrouterd's winning), and their checks.
+func TestTierCreditFlags(t *testing.T) {
+	env := func(m map[string]string) func(string) (string, bool) {
+		return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
+	}
+	f := func(args []string, vars map[string]string, host, disk float64) {
+		t.Helper()
+		c, err := parseConfig(args, env(vars), io.Discard)
+		if err != nil {
+			t.Fatalf("%v %v: %v", args, vars, err)
+		}
+		if c.HostCacheHitWeight != host || c.DiskCacheHitWeight != disk {
+			t.Fatalf("%v %v: host %v disk %v, want %v %v", args, vars, c.HostCacheHitWeight, c.DiskCacheHitWeight, host, disk)
+		}
+	}
+	f(nil, nil, 0.75, 0.25)
+	f([]string{"--router-host-cache-hit-weight", "0.5", "--router-disk-cache-hit-weight", "0"}, nil, 0.5, 0)
+	f(nil, map[string]string{"DYN_ROUTER_HOST_CACHE_HIT_WEIGHT": "0.9", "DYN_ROUTER_DISK_CACHE_HIT_WEIGHT": "0.1"}, 0.9, 0.1)
+	f(nil, map[string]string{"DYN_ROUTER_HOST_CACHE_HIT_WEIGHT": "0.9", "KVR_ROUTER_HOST_CACHE_HIT_WEIGHT": "0.6"}, 0.6, 0.25)
+	f([]string{"--router-host-cache-hit-weight", "0.2"}, map[string]string{"KVR_ROUTER_HOST_CACHE_HIT_WEIGHT": "0.6"}, 0.2, 0.25)
+	for _, bad := range [][]string{{"--router-host-cache-hit-weight", "-0.1"}, {"--router-disk-cache-hit-weight", "NaN"},
+		{"--router-disk-cache-hit-weight", "+Inf"}} {
+		if _, err := parseConfig(bad, env(nil), io.Discard); err == nil {
+			t.Errorf("%v taken", bad)
+		}
+	}
+}

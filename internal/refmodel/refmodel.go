@@ -139,30 +139,125 @@ func cmpU64(a, b uint64) int {
 	return 0
 }
 
+// MatchTiers returns, for every worker that holds seqs[0] in the device tier or any block of
+// the query in a lower tier, its device depth and each lower tier's extension, as Dynamo's
+// query_lower_tiers defines them: every worker starts at its device depth (0 if it holds no
+// first block); the host extension is the run of blocks from there that the host tier holds,
+// the disk extension the run from the end of that through the disk tier, then external. Only
+// workers with a lower-tier extension are listed. tiers[t] is tier t's model (nil for none).
+func MatchTiers(tiers [kvevent.NumTiers]*Index, seqs []uint64) map[radix.WorkerKey][kvevent.NumTiers]int {
+	out := map[radix.WorkerKey][kvevent.NumTiers]int{}
+	if len(seqs) == 0 {
+		return out
+	}
+	dev := tiers[kvevent.Device].Match(seqs)
+	ws := map[radix.WorkerKey]bool{}
+	for _, ix := range tiers {
+		if ix != nil {
+			for w := range ix.blocks {
+				ws[w] = true
+			}
+		}
+	}
+	for w := range ws {
+		var d [kvevent.NumTiers]int
+		d[kvevent.Device] = dev[w]
+		pos := d[kvevent.Device]
+		for t := 1; t < kvevent.NumTiers; t++ {
+			if tiers[t] == nil {
+				continue
+			}
+			for pos < len(seqs) && tiers[t].holders[seqs[pos]][w] {
+				pos++
+				d[t]++
+			}
+		}
+		if d[1]+d[2]+d[3] > 0 {
+			out[w] = d
+		}
+	}
+	return out
+}
+
+// CheckTiers compares the lower-tier part of a match mt of q on ix (ix.Match already run)
+// with the model of every tier.
+func CheckTiers(tiers [kvevent.NumTiers]*Index, ix *radix.Index, q []uint64, mt *radix.Match) error {
+	got := map[radix.WorkerKey][kvevent.NumTiers]int{}
+	for i, x := range mt.Tiers {
+		if i > 0 && mt.Tiers[i-1].Slot >= x.Slot {
+			return fmt.Errorf("tier slots not strictly ascending: %v", mt.Tiers)
+		}
+		w, ok := ix.Worker(x.Slot)
+		if !ok {
+			return fmt.Errorf("slot %d in a tier match is not in use", x.Slot)
+		}
+		var d [kvevent.NumTiers]int
+		for t := range d {
+			d[t] = int(x.Blocks[t])
+		}
+		got[w] = d
+	}
+	if want := MatchTiers(tiers, q); !maps.Equal(got, want) {
+		return fmt.Errorf("tiered query of %d blocks: index %v, model %v", len(q), got, want)
+	}
+	for t := 1; t < kvevent.NumTiers; t++ {
+		tix := ix.TierIndex(kvevent.Tier(t))
+		if tiers[t] == nil || tix == nil {
+			if tix != nil && len(tix.AppendWorkers(nil)) > 0 || tiers[t] != nil && len(tiers[t].blocks) > 0 && tix == nil {
+				return fmt.Errorf("tier %v: index and model disagree on its existence", kvevent.Tier(t))
+			}
+			continue
+		}
+		for _, wb := range tix.AppendWorkers(nil) {
+			if int(wb.Blocks) != tiers[t].Blocks(wb.Worker) {
+				return fmt.Errorf("tier %v worker %v: cached %d, model %d", kvevent.Tier(t), wb.Worker, wb.Blocks, tiers[t].Blocks(wb.Worker))
+			}
+		}
+	}
+	return nil
+}
+
 // Fleet is the model of shard.Applier for one model's index.
 type Fleet struct {
 	BlockSize int
-	MaxBlocks int64 // 0 = unlimited
+	MaxBlocks int64 // 0 = unlimited (over every tier)
 	Index     *Index
-	workers   map[uint64]map[uint32]*rank
+	// Tiers[t] is tier t's model: Tiers[Device] is Index, a lower tier's is created by its
+	// first stored event.
+	Tiers   [kvevent.NumTiers]*Index
+	workers map[uint64]map[uint32]*rank
 }
 
 type rank struct {
+	tiers [kvevent.NumTiers]*tierState
+	last  uint64
+}
+
+type tierState struct {
 	engine map[uint64]uint64 // engine hash → sequence hash
 	dup    map[uint64]int    // extra engine hashes per sequence hash
-	last   uint64
+}
+
+func newTierState() *tierState {
+	return &tierState{engine: map[uint64]uint64{}, dup: map[uint64]int{}}
 }
 
 // NewFleet returns an empty fleet model.
 func NewFleet(blockSize int, maxBlocks int64) *Fleet {
-	return &Fleet{BlockSize: blockSize, MaxBlocks: maxBlocks, Index: NewIndex(),
+	f := &Fleet{BlockSize: blockSize, MaxBlocks: maxBlocks, Index: NewIndex(),
 		workers: map[uint64]map[uint32]*rank{}}
+	f.Tiers[kvevent.Device] = f.Index
+	return f
 }
 
 func (f *Fleet) resident() int64 {
 	n := 0
-	for _, c := range f.Index.blocks {
-		n += c
+	for _, ix := range f.Tiers {
+		if ix != nil {
+			for _, c := range ix.blocks {
+				n += c
+			}
+		}
 	}
 	return int64(n)
 }
@@ -175,7 +270,8 @@ func (f *Fleet) Apply(id uint64, ev *kvevent.Event) shard.Outcome {
 	}
 	r := f.workers[id][ev.Rank]
 	if r == nil {
-		r = &rank{engine: map[uint64]uint64{}, dup: map[uint64]int{}}
+		r = &rank{}
+		r.tiers[kvevent.Device] = newTierState()
 		f.workers[id][ev.Rank] = r
 	}
 	if ev.ID != 0 {
@@ -189,22 +285,27 @@ func (f *Fleet) Apply(id uint64, ev *kvevent.Event) shard.Outcome {
 		r.last = ev.ID
 	}
 	w := radix.WorkerKey{ID: id, Rank: ev.Rank}
+	if ev.Tier >= kvevent.NumTiers {
+		o.Status = shard.OtherTier
+		return o
+	}
 	switch ev.Kind {
 	case kvevent.Stored:
 		f.stored(w, r, ev, &o)
 	case kvevent.Removed:
-		if ev.Tier != kvevent.Device {
-			o.Status = shard.OtherTier
+		ts := r.tiers[ev.Tier]
+		if ts == nil {
+			o.Skipped, o.Status = len(ev.Hashes), shard.UnknownBlocks
 			return o
 		}
 		for _, eh := range ev.Hashes {
-			seq, ok := r.engine[eh]
+			seq, ok := ts.engine[eh]
 			if !ok {
 				o.Skipped++
 				continue
 			}
-			delete(r.engine, eh)
-			if f.drop(w, r, seq) {
+			delete(ts.engine, eh)
+			if f.drop(w, ev.Tier, ts, seq) {
 				o.Applied++
 			}
 		}
@@ -212,7 +313,10 @@ func (f *Fleet) Apply(id uint64, ev *kvevent.Event) shard.Outcome {
 			o.Status = shard.UnknownBlocks
 		}
 	case kvevent.Cleared:
-		o.Applied = f.clearRank(w, r)
+		// A clear is about its own tier only.
+		if ts := r.tiers[ev.Tier]; ts != nil {
+			o.Applied = f.clearTier(w, ev.Tier, ts)
+		}
 	default:
 		o.Status = shard.BadKind
 	}
@@ -220,10 +324,6 @@ func (f *Fleet) Apply(id uint64, ev *kvevent.Event) shard.Outcome {
 }
 
 func (f *Fleet) stored(w radix.WorkerKey, r *rank, ev *kvevent.Event, o *shard.Outcome) {
-	if ev.Tier != kvevent.Device {
-		o.Status = shard.OtherTier
-		return
-	}
 	if ev.BlockSize != 0 && ev.BlockSize != f.BlockSize {
 		o.Status = shard.BadBlockSize
 		return
@@ -235,12 +335,31 @@ func (f *Fleet) stored(w radix.WorkerKey, r *rank, ev *kvevent.Event, o *shard.O
 	var prev uint64
 	hasPrev := ev.HasParent
 	if hasPrev {
-		p, ok := r.engine[ev.Parent]
+		// The parent is looked up in the event's own tier, then in the rank's others.
+		p, ok := uint64(0), false
+		if ts := r.tiers[ev.Tier]; ts != nil {
+			p, ok = ts.engine[ev.Parent]
+		}
+		for t := 0; !ok && t < kvevent.NumTiers; t++ {
+			if ts := r.tiers[t]; ts != nil && kvevent.Tier(t) != ev.Tier {
+				p, ok = ts.engine[ev.Parent]
+			}
+		}
 		if !ok {
 			o.Status = shard.UnknownParent
 			return
 		}
 		prev = p
+	}
+	ts := r.tiers[ev.Tier]
+	if ts == nil {
+		ts = newTierState()
+		r.tiers[ev.Tier] = ts
+	}
+	ix := f.Tiers[ev.Tier]
+	if ix == nil {
+		ix = NewIndex()
+		f.Tiers[ev.Tier] = ix
 	}
 	for i, eh := range ev.Hashes {
 		var mm []uint64
@@ -253,32 +372,32 @@ func (f *Fleet) stored(w radix.WorkerKey, r *rank, ev *kvevent.Event, o *shard.O
 			seq = SeqHash(prev, local)
 		}
 		prev, hasPrev = seq, true
-		if old, ok := r.engine[eh]; ok {
+		if old, ok := ts.engine[eh]; ok {
 			if old == seq {
 				continue
 			}
-			delete(r.engine, eh)
-			f.drop(w, r, old)
+			delete(ts.engine, eh)
+			f.drop(w, ev.Tier, ts, old)
 		}
-		if f.MaxBlocks > 0 && !f.Index.holders[seq][w] && f.resident() >= f.MaxBlocks {
+		if f.MaxBlocks > 0 && !ix.holders[seq][w] && f.resident() >= f.MaxBlocks {
 			o.Status, o.Skipped = shard.OverBudget, len(ev.Hashes)-i
 			return
 		}
-		r.engine[eh] = seq
-		if f.Index.Add(seq, w) {
+		ts.engine[eh] = seq
+		if ix.Add(seq, w) {
 			o.Applied++
 		} else {
-			r.dup[seq]++
+			ts.dup[seq]++
 		}
 	}
 }
 
-func (f *Fleet) drop(w radix.WorkerKey, r *rank, seq uint64) bool {
-	if r.dup[seq] > 0 {
-		r.dup[seq]--
+func (f *Fleet) drop(w radix.WorkerKey, t kvevent.Tier, ts *tierState, seq uint64) bool {
+	if ts.dup[seq] > 0 {
+		ts.dup[seq]--
 		return false
 	}
-	return f.Index.Remove(seq, w)
+	return f.Tiers[t].Remove(seq, w)
 }
 
 func (f *Fleet) clear(id uint64) int {
@@ -289,16 +408,28 @@ func (f *Fleet) clear(id uint64) int {
 	return n
 }
 
-// clearRank drops every block of rank r, worker w, and returns how many residencies went away.
+// clearRank drops every block of rank r, worker w, in every tier, and returns how many
+// residencies went away.
 func (f *Fleet) clearRank(w radix.WorkerKey, r *rank) int {
 	n := 0
-	for _, seq := range r.engine {
-		if f.Index.Remove(seq, w) {
+	for t, ts := range r.tiers {
+		if ts != nil {
+			n += f.clearTier(w, kvevent.Tier(t), ts)
+		}
+	}
+	return n
+}
+
+// clearTier drops every block of one tier of a rank of worker w.
+func (f *Fleet) clearTier(w radix.WorkerKey, t kvevent.Tier, ts *tierState) int {
+	n := 0
+	for _, seq := range ts.engine {
+		if f.Tiers[t].Remove(seq, w) {
 			n++
 		}
 	}
-	r.engine = map[uint64]uint64{}
-	r.dup = map[uint64]int{}
+	ts.engine = map[uint64]uint64{}
+	ts.dup = map[uint64]int{}
 	return n
 }
 
