@@ -190,11 +190,11 @@ type BurstConfig struct {
 	Vocab    uint32        // token ids are in [0, Vocab); 0 → DefaultVocab
 }
 
-// DefaultBurst is two minutes of groups of 8 siblings over a fresh 4,096-token prefix, one group
-// every 2 s on average, the siblings arriving within 20 ms with 128 tokens of their own and
-// 128-token answers.
+// DefaultBurst is ten minutes of groups of 8 siblings over a fresh 4,096-token prefix, one group
+// every 2 s on average (2,400 requests), the siblings arriving within 20 ms with 128 tokens of
+// their own and 128-token answers.
 func DefaultBurst() BurstConfig {
-	return BurstConfig{Seed: 1, Duration: 2 * time.Minute, Rate: 0.5, Size: 8, Prefix: 4096, Suffix: 128,
+	return BurstConfig{Seed: 1, Duration: 10 * time.Minute, Rate: 0.5, Size: 8, Prefix: 4096, Suffix: 128,
 		Spread: 20 * time.Millisecond, Output: 128, Vocab: DefaultVocab}
 }
 
