@@ -57,6 +57,15 @@ type Config struct {
 	// Predict-on-route: off unless its time to live is set.
 	PredictedTTL time.Duration
 
+	// Disaggregated prefill/decode (disagg.go): --enforce-disagg, and conditional
+	// disaggregation, off unless ConditionalDisagg, set by its flags or its JSON config.
+	EnforceDisagg                     bool
+	ConditionalDisagg                 bool
+	ConditionalDisaggConfig           string
+	ConditionalDisaggPolicy           string
+	ConditionalDisaggPrefillThreshold OptFloat
+	ConditionalDisaggDecodeThreshold  OptFloat
+
 	// Busy thresholds (busy.go): unset unless given. OverloadStatus answers a route refused
 	// as every eligible worker is overloaded.
 	ActiveDecodeBlocksThreshold      OptFloat
@@ -143,6 +152,7 @@ func Defaults() Config {
 		HostCacheHitWeight:       0.75,
 		DiskCacheHitWeight:       0.25,
 		RouterQueuePolicy:        "fcfs",
+		ConditionalDisaggPolicy:  "isl_bounding",
 		RouterQueueMaxRequests:   1024,
 		RouterQueueMaxWait:       30 * time.Second,
 		SessionAffinityMode:      "hard",
@@ -200,6 +210,12 @@ func (c *Config) Flags(fs *flag.FlagSet) {
 	fs.IntVar(&c.RouterQueueMaxRequests, "router-queue-max-requests", c.RouterQueueMaxRequests, "router queue: requests a model's queue holds at most; a request that finds it full is refused with 429")
 	fs.DurationVar(&c.SessionAffinityTTL, "router-session-affinity-ttl", c.SessionAffinityTTL, "session affinity: a request's session id (session_id, nvext.session_control, the X-Dynamo-Session-ID header) keeps it on the worker its session was first routed to, for this long after the session's last request; shared with the other replicas; 0: off")
 	fs.DurationVar(&c.PredictedTTL, "router-predicted-ttl", c.PredictedTTL, "predict-on-route: each routed request's blocks count as cached on its worker for this long (5s suggested), until the worker's KV events tell of them, so that sibling requests follow it; a side index, never snapshotted; needs KV events; 0: off")
+	fs.BoolVar(&c.EnforceDisagg, "enforce-disagg", c.EnforceDisagg, "refuse (503) a request asking for a disaggregated decision whose model has no prefill worker, instead of serving it whole on a decode worker")
+	fs.BoolVar(&c.ConditionalDisagg, "router-conditional-disagg", c.ConditionalDisagg, "conditional disaggregation: a disaggregated request may skip its prefill stage and be served whole by the decode worker the full cost picks, as --router-conditional-disagg-policy decides per request")
+	fs.StringVar(&c.ConditionalDisaggConfig, "router-conditional-disagg-config", c.ConditionalDisaggConfig, `conditional disaggregation's settings as Dynamo's JSON object: {"policy", "eff_isl_threshold", "eff_isl_ratio_threshold", "prefill_busy_threshold", "decode_busy_threshold"}, over the single flags; needs --router-conditional-disagg`)
+	fs.StringVar(&c.ConditionalDisaggPolicy, "router-conditional-disagg-policy", c.ConditionalDisaggPolicy, "conditional disaggregation policy: isl_bounding (skip the prefill stage when the prompt's tokens not cached on the decode worker are below 2048 and below 0.7 of the prompt), prefill_load (when the prefill worker it would go to has more than the prefill busy threshold × its max batched tokens active) or isl_or_load")
+	fs.Var(&c.ConditionalDisaggPrefillThreshold, "router-conditional-disagg-prefill-busy-threshold", "conditional disaggregation: prefill_load's line, a fraction of the prefill worker's max batched tokens; unset: --router-queue-threshold's")
+	fs.Var(&c.ConditionalDisaggDecodeThreshold, "router-conditional-disagg-decode-busy-threshold", "conditional disaggregation: keep a request whole only if the decode worker then holds at most this fraction of its KV capacity (never while its capacity is unknown); unset: no such gate")
 	fs.StringVar(&c.SessionAffinityMode, "router-session-affinity-mode", c.SessionAffinityMode, "session affinity: hard (a session leaves its worker only when the worker is gone) or soft (also when it is overloaded)")
 	fs.DurationVar(&c.RouterQueueMaxWait, "router-queue-max-wait", c.RouterQueueMaxWait, "router queue: the longest a request waits when it does not say (max_wait_ms); past it, 503")
 	fs.BoolVar(&c.TrackPrefillTokens, "track-prefill-tokens", c.TrackPrefillTokens, "charge and book each request's uncached prompt tokens as prefill; false routes on decode load alone, as Dynamo's decode stage")
@@ -336,6 +352,9 @@ func (c *Config) Check() error {
 	}
 	if m, err := scoring.ParseMode(c.RouterMode); err != nil || m == scoring.Default {
 		return fmt.Errorf("--router-mode %q: want %s", c.RouterMode, scoring.ModeNames)
+	}
+	if _, err := c.disagg(); err != nil {
+		return err
 	}
 	if err := c.checkBusy(); err != nil {
 		return err

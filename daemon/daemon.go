@@ -121,6 +121,10 @@ func Start(ctx context.Context, c Config, stderr io.Writer) (_ *Daemon, err erro
 	mode, _ := scoring.ParseMode(c.RouterMode)
 	cost, _ := scoring.ParseCost(c.RouterCost)
 	terms := c.terms()
+	disagg, err := c.disagg()
+	if err != nil {
+		return nil, err
+	}
 	tierCredit := c.tierCredit()
 	watch := &engineWatcher{}
 	var share *replica.Sharer
@@ -145,6 +149,7 @@ func Start(ctx context.Context, c Config, stderr io.Writer) (_ *Daemon, err erro
 			Queue:             c.queue(),
 			Affinity:          c.affinity(),
 			PredictedTTL:      c.PredictedTTL,
+			Disagg:            disagg,
 			RequestExpiry:     c.RequestExpiry,
 			MaxCandidates:     c.MaxCandidates,
 			Busy:              c.BusyThresholds(),

@@ -208,12 +208,19 @@ func (r *Router) Stats() Stats {
 	}
 }
 
-// PrefillDone records that request id finished its prefill.
+// PrefillDone records that request id finished its prefill: a disaggregated request's prefill
+// stage is released whole (its worker is done with the request), and the prompt tokens of the
+// booking under id stop counting.
 func (r *Router) PrefillDone(id string) error {
-	if isRemoteKey(id) || r.tracker.PrefillDone(id) != nil {
+	if isRemoteKey(id) {
 		return fieldErr(ErrUnknownRequest, "id", "no active request %q", id)
 	}
-	if r.cfg.Share != nil {
+	staged := r.releasePrefillStage(id)
+	if r.tracker.PrefillDone(id) != nil {
+		if !staged {
+			return fieldErr(ErrUnknownRequest, "id", "no active request %q", id)
+		}
+	} else if r.cfg.Share != nil {
 		r.cfg.Share.PrefillDone(id)
 	}
 	r.drain()
@@ -255,12 +262,18 @@ func (r *Router) OutputBlock(id string, decay float64, hasDecay bool) error {
 	return nil
 }
 
-// Complete records that request id finished: its load is freed.
+// Complete records that request id finished: its load is freed, a disaggregated request's
+// both stages'.
 func (r *Router) Complete(id string) error {
-	if isRemoteKey(id) || r.tracker.Complete(id) != nil {
+	if isRemoteKey(id) {
 		return fieldErr(ErrUnknownRequest, "id", "no active request %q", id)
 	}
-	if r.cfg.Share != nil {
+	staged := r.releasePrefillStage(id)
+	if r.tracker.Complete(id) != nil {
+		if !staged {
+			return fieldErr(ErrUnknownRequest, "id", "no active request %q", id)
+		}
+	} else if r.cfg.Share != nil {
 		r.cfg.Share.Completed(id)
 	}
 	r.drain()

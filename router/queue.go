@@ -128,6 +128,7 @@ type Ticket struct {
 	arrival int64 // Config.Now at enqueue
 	high    bool  // priority class for metrics: strict priority or a priority jump
 	idx     int   // heap position, -1 once out of the heap
+	pool    int   // the pool it waits for (poolOf)
 }
 
 // modelQueue is one model's queue. REQUIRES mu for everything but the atomics.
@@ -137,6 +138,11 @@ type modelQueue struct {
 	seq  uint64
 	n    atomic.Int64 // len(h), readable without mu
 	high atomic.Int64 // of them, the high-priority class
+	// byPool is len(h) by the pool its requests wait for (poolOf): a request waits behind
+	// those of its own pool only, so that a busy prefill pool holds back no request served
+	// whole, nor the reverse.
+	byPool  [2]atomic.Int64
+	skipped []*Ticket // drainModel's, reused
 
 	// counters, for metrics
 	queued, admitted, full, timedOut, gone atomic.Int64
@@ -193,12 +199,43 @@ func (r *Router) queueing(m *model, req *wire.RouteRequest) bool {
 }
 
 // busy reports whether every rank req may go to is busy (all), and whether it may go to any
-// (eligible): its pinned or session's rank, or any of the model's. A request with no eligible
+// (eligible): its pinned or session's rank, or any of its pool's. A request with no eligible
 // rank is not busy: Route refuses it at once rather than the queue keeping it.
+//
+// The pool is the stage that prefills (role.go): the serve pool for a request served whole, the
+// prefill pool for a disaggregated one (its decode stage never waits: it prefills nothing).
+// Under a load-aware conditional policy a disaggregated request waits only while the serve
+// pool is busy too, since the policy serves it whole while the prefill pool is busy. A pin
+// applies to the pool that holds its rank.
 func (r *Router) busy(m *model, req *wire.RouteRequest) (all, eligible bool) {
-	list := m.list.Load()
-	th := r.cfg.Queue.Threshold
+	full := m.list.Load()
 	k, pinned := r.pin(m, req)
+	pools := [2]*workerList{full.serve}
+	if req.Disagg && full.prefill != nil {
+		pools[0] = full.prefill
+		if p := r.cfg.Disagg.Policy; p == DisaggPrefillLoad || p == DisaggISLOrLoad {
+			pools[1] = full.serve
+		}
+	}
+	for i, list := range pools {
+		if list == nil {
+			break
+		}
+		pin := pinned && (list != full.prefill || rankAt(list, k) >= 0)
+		a, e := r.poolBusy(list, k, pin)
+		if !a && e {
+			return false, true
+		}
+		if i == 0 {
+			all, eligible = a, e // the pool that prefills decides, when both are busy
+		}
+	}
+	return all, eligible
+}
+
+// poolBusy is busy for one pool, with the pin k if pinned.
+func (r *Router) poolBusy(list *workerList, k radix.WorkerKey, pinned bool) (all, eligible bool) {
+	th := r.cfg.Queue.Threshold
 	for i, w := range list.ws {
 		if pinned && w.key != k {
 			continue
@@ -239,7 +276,7 @@ func (r *Router) Enqueue(req *wire.RouteRequest, resp *wire.RouteResponse, done 
 
 func (r *Router) enqueue(req *wire.RouteRequest, resp *wire.RouteResponse, enc *[]byte, done func(*Ticket)) (*Ticket, error) {
 	m := r.model(req.Model)
-	if !r.queueing(m, req) || m.queue.n.Load() == 0 && !r.allBusy(m, req) {
+	if !r.queueing(m, req) || m.queue.byPool[poolOf(m, req)].Load() == 0 && !r.allBusy(m, req) {
 		return nil, r.route(req, resp, true, enc)
 	}
 	if r.refusing.Load() {
@@ -256,7 +293,8 @@ func (r *Router) enqueue(req *wire.RouteRequest, resp *wire.RouteResponse, enc *
 		q.mu.Unlock()
 		return nil, fieldErr(ErrClosed, "request", "the router is shutting down and queues no request")
 	}
-	if all, eligible := r.busy(m, req); len(q.h) == 0 && !all || !eligible {
+	pool := poolOf(m, req)
+	if all, eligible := r.busy(m, req); q.byPool[pool].Load() == 0 && !all || !eligible {
 		q.mu.Unlock()
 		return nil, r.route(req, resp, true, enc)
 	}
@@ -267,13 +305,14 @@ func (r *Router) enqueue(req *wire.RouteRequest, resp *wire.RouteResponse, enc *
 		return nil, fieldErr(ErrQueueFull, "model", "the router queue of model %q holds %d requests, its limit; retry later", m.name, r.cfg.Queue.MaxRequests)
 	}
 	now := r.cfg.Now()
-	t := &Ticket{req: req, resp: resp, enc: enc, done: done, m: m, arrival: now}
+	t := &Ticket{req: req, resp: resp, enc: enc, done: done, m: m, arrival: now, pool: pool}
 	t.strict, t.score = queueKey(r.cfg.Queue.Policy, req, now, isl(req, m), cached)
 	t.high = req.StrictPriority > 0 || req.PriorityJump > 0
 	q.seq++
 	t.seq = q.seq
 	heap.Push(&q.h, t)
 	q.n.Add(1)
+	q.byPool[pool].Add(1)
 	if t.high {
 		q.high.Add(1)
 	}
@@ -343,6 +382,7 @@ func (r *Router) Cancel(t *Ticket) bool {
 func (q *modelQueue) remove(t *Ticket) {
 	heap.Remove(&q.h, t.idx)
 	q.n.Add(-1)
+	q.byPool[t.pool].Add(-1)
 	if t.high {
 		q.high.Add(-1)
 	}
@@ -366,14 +406,26 @@ func (r *Router) drain() {
 func (r *Router) drainModel(m *model) {
 	q := m.queue
 	var ready []*Ticket
+	var blocked [2]bool // a head of the pool found busy: the pool's other requests wait too
 	q.mu.Lock()
+	skipped := q.skipped[:0]
 	for len(q.h) > 0 {
 		t := q.h[0]
-		if r.allBusy(m, t.req) {
-			break
+		if blocked[t.pool] || r.allBusy(m, t.req) {
+			// Its pool is busy: set it aside, and look on only while the other pool has
+			// requests not yet looked at.
+			blocked[t.pool] = true
+			heap.Pop(&q.h)
+			skipped = append(skipped, t)
+			o := 1 - t.pool
+			if blocked[o] || q.byPool[o].Load() == 0 {
+				break
+			}
+			continue
 		}
 		heap.Pop(&q.h)
 		q.n.Add(-1)
+		q.byPool[t.pool].Add(-1)
 		if t.high {
 			q.high.Add(-1)
 		}
@@ -392,6 +444,11 @@ func (r *Router) drainModel(m *model) {
 		}
 		ready = append(ready, t)
 	}
+	for _, t := range skipped {
+		heap.Push(&q.h, t)
+	}
+	clear(skipped)
+	q.skipped = skipped[:0]
 	q.mu.Unlock()
 	for _, t := range ready {
 		t.done(t)
@@ -572,4 +629,13 @@ func (r *Router) QueueStats(dst []QueueStats) []QueueStats {
 		dst = append(dst, st)
 	}
 	return dst
+}
+
+// poolOf is the pool req waits for in its model's queue: 1 for a disaggregated request while the
+// model has a prefill worker (the prefill pool), else 0 (the serve pool).
+func poolOf(m *model, req *wire.RouteRequest) int {
+	if req.Disagg && m.list.Load().prefill != nil {
+		return 1
+	}
+	return 0
 }

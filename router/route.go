@@ -46,6 +46,10 @@ type scratch struct {
 	bounds []float64
 	pool   []ranked
 	ties   []tie
+
+	// routeDisagg's (disagg.go): the prefill pick's answer, and the prefill stage's key
+	presp wire.RouteResponse
+	key   []byte
 }
 
 // cand returns the candidate of worker list position pos, -1 for none.
@@ -239,86 +243,123 @@ func (r *Router) route(req *wire.RouteRequest, resp *wire.RouteResponse, book bo
 	if len(s.m.Slots) > 0 && rand.Uint32()&uint32(r.cfg.HitSample-1) == 0 {
 		noteHits(m, list, s.m.Slots)
 	}
-	if book {
-		// A route serves the request whole: never on a prefill worker (role.go).
-		if list = list.serve; len(list.keys) == 0 {
-			return fieldErr(ErrUnknownWorker, "model", "model %q has only prefill workers: none serves a request whole", req.Model)
-		}
-	}
 	limit := int(req.MaxCandidates)
 	if limit == 0 {
 		limit = r.cfg.MaxCandidates
 	}
-	var pos, cached int32
-	encoded := false
 	th := m.busy.Load()
+	if !book {
+		// A match answers for every worker, as Dynamo's /query, and ignores Disagg.
+		_, _, encoded, err := r.pick(s, m, list, &p, req, resp, limit, false, th, enc)
+		if err != nil {
+			return err
+		}
+		r.matched.Add(1)
+		if enc != nil && !encoded {
+			*enc = wire.AppendRouteResponse(*enc, resp)
+		}
+		return nil
+	}
+	if req.Disagg {
+		return r.routeDisagg(s, m, list, &p, req, resp, limit, th, enc, sticky)
+	}
+	// A route serves the request whole: never on a prefill worker (role.go).
+	serve := list.serve
+	if len(serve.keys) == 0 {
+		return fieldErr(ErrUnknownWorker, "model", "model %q has only prefill workers: none serves a request whole", req.Model)
+	}
+	pos, cached, encoded, err := r.pick(s, m, serve, &p, req, resp, limit, true, th, enc)
+	if err != nil {
+		return err
+	}
+	w := serve.ws[pos]
+	if err := r.bookStage(s, m, w, &p, req, req.RequestID, cached, s.noReuse, true); err != nil {
+		return err
+	}
+	r.routed.Add(1)
+	if req.SessionID != "" && r.aff != nil && (sticky || !req.HasPinned) {
+		r.bind(m.name, req.SessionID, w.key)
+	}
+	resp.Cached = uint32(cached)
+	if enc != nil && !encoded {
+		*enc = wire.AppendRouteResponse(*enc, resp)
+	}
+	return nil
+}
+
+// pick scores req against list's workers with p and answers in resp; with book it chooses one
+// and returns its position in list and its cached blocks (not booked yet: bookStage books it).
+// th, if set, takes the overloaded workers out of a route's candidates. enc is as scoreKV's:
+// encoded says the answer went to *enc already.
+func (r *Router) pick(s *scratch, m *model, list *workerList, p *scoring.Params, req *wire.RouteRequest, resp *wire.RouteResponse,
+	limit int, book bool, th *Thresholds, enc *[]byte) (pos, cached int32, encoded bool, err error) {
 	// The fast path prices a worker by its device depth alone: a prompt that a lower storage
 	// tier extends for some worker takes the general path, which credits the extension.
 	if p.Mode == scoring.KV && p.Temperature == 0 && !req.HasPinned && len(req.Allowed) == 0 && th == nil &&
 		len(s.m.Tiers) == 0 && len(list.keys) > 0 && !r.general && !r.log.Enabled(context.Background(), slog.LevelDebug) {
 		if err := p.Check(); err != nil {
-			return fieldErr(ErrInvalid, "request", "%v", err)
+			return 0, 0, false, fieldErr(ErrInvalid, "request", "%v", err)
 		}
-		pos, cached, encoded = s.scoreKV(r, m.ix, list, &p, req, resp, limit, book, enc)
-	} else {
-		if book {
-			s.th = th // a match answers for every worker, as Dynamo's /query
-		}
-		chosen, err := s.general(r, m.ix, list, &p, req, book)
-		s.th = nil
-		if err != nil {
-			return err
-		}
-		if book {
-			pos, cached = s.worker(chosen), s.cands[chosen].Cached
-		}
-		s.fill(resp, req, &p, chosen, book, limit)
+		pos, cached, encoded = s.scoreKV(r, m.ix, list, p, req, resp, limit, book, enc)
+		return pos, cached, encoded, nil
 	}
 	if book {
-		w := list.ws[pos]
-		prefill := int64(p.ISL) - int64(cached)*int64(m.blockSize)
-		if !p.TrackPrefill {
-			prefill = 0 // not tracked: not booked either (Dynamo's track_prefill_tokens=false)
-		}
-		seqs := s.seqs
-		if s.noReuse {
-			// Dynamo's assume_kv_reuse=false: the request's blocks under random hashes, which
-			// no other request's share (the index still matched the real ones).
+		s.th = th // a match answers for every worker, as Dynamo's /query
+	}
+	chosen, err := s.general(r, m.ix, list, p, req, book)
+	s.th = nil
+	if err != nil {
+		return 0, 0, false, err
+	}
+	if book {
+		pos, cached = s.worker(chosen), s.cands[chosen].Cached
+	}
+	s.fill(resp, req, p, chosen, book, limit)
+	return pos, cached, false, nil
+}
+
+// bookStage books one stage of request req on worker w under key: the prompt tokens w must
+// prefill (its uncached ones, if p tracks prefill) and, with blocks, the prompt's blocks
+// (under random hashes with noReuse: Dynamo's assume_kv_reuse=false), with its output blocks
+// as Config.TrackOutputBlocks says. It tells the other replicas, and in approximate mode and
+// with predict-on-route records the blocks as held by w: a prefill worker computes them, a
+// decode worker receives them.
+func (r *Router) bookStage(s *scratch, m *model, w *rankWorker, p *scoring.Params, req *wire.RouteRequest, key string, cached int32, noReuse, blocks bool) error {
+	prefill := int64(p.ISL) - int64(cached)*int64(m.blockSize)
+	if !p.TrackPrefill {
+		prefill = 0 // not tracked: not booked either (Dynamo's track_prefill_tokens=false)
+	}
+	var seqs []uint64
+	var out scoring.Output
+	if blocks {
+		seqs = s.seqs
+		if noReuse {
+			// The request's blocks under random hashes, which no other request's share (the
+			// index still matched the real ones).
 			s.rseqs = slices.Grow(s.rseqs[:0], len(seqs))[:len(seqs)]
 			for i := range s.rseqs {
 				s.rseqs[i] = rand.Uint64()
 			}
 			seqs = s.rseqs
 		}
-		var out scoring.Output
 		if r.cfg.TrackOutputBlocks {
 			out = scoring.Output{ISL: int64(p.ISL), BlockSize: int32(m.blockSize), Expected: int64(req.ExpectedOSL)}
 		}
-		if err := r.tracker.BookOutput(req.RequestID, w.load, seqs, prefill, r.cfg.Now()+int64(r.cfg.RequestExpiry), out); err != nil {
-			if err == scoring.ErrDuplicateRequest {
-				return fieldErr(ErrConflict, "request_id", "request %q is already active", req.RequestID)
-			}
-			return fieldErr(ErrUnknownWorker, "worker", "%v", err)
-		}
-		if r.cfg.Share != nil {
-			r.cfg.Share.Booked(m.name, w.key, req.RequestID, seqs, prefill, r.cfg.RequestExpiry)
-		}
-		if r.approx != nil {
-			r.recordApprox(m, w, s.seqs)
-		}
-		if m.pred != nil {
-			m.pred.record(w.key, s.seqs, r.cfg.Now())
-		}
-		if req.SessionID != "" && r.aff != nil && (sticky || !req.HasPinned) {
-			r.bind(m.name, req.SessionID, w.key)
-		}
-		resp.Cached = uint32(cached)
-		r.routed.Add(1)
-	} else {
-		r.matched.Add(1)
 	}
-	if enc != nil && !encoded {
-		*enc = wire.AppendRouteResponse(*enc, resp)
+	if err := r.tracker.BookOutput(key, w.load, seqs, prefill, r.cfg.Now()+int64(r.cfg.RequestExpiry), out); err != nil {
+		if err == scoring.ErrDuplicateRequest {
+			return fieldErr(ErrConflict, "request_id", "request %q is already active", req.RequestID)
+		}
+		return fieldErr(ErrUnknownWorker, "worker", "%v", err)
+	}
+	if r.cfg.Share != nil {
+		r.cfg.Share.Booked(m.name, w.key, key, seqs, prefill, r.cfg.RequestExpiry)
+	}
+	if r.approx != nil {
+		r.recordApprox(m, w, s.seqs)
+	}
+	if m.pred != nil {
+		m.pred.record(w.key, s.seqs, r.cfg.Now())
 	}
 	return nil
 }
@@ -536,6 +577,7 @@ func fillHeader(resp *wire.RouteResponse, req *wire.RouteRequest, p *scoring.Par
 	resp.Candidates = resp.Candidates[:0]
 	resp.Tiers = resp.Tiers[:0]
 	resp.Cached = 0
+	resp.Prefill, resp.PrefillWorker, resp.PrefillRank = false, 0, 0
 }
 
 func appendCandidate(dst []wire.Candidate, c *scoring.Candidate) []wire.Candidate {

@@ -232,6 +232,7 @@ type Router struct {
 	predictRaised atomic.Int64 // matches whose depths predictions raised (predict.go)
 
 	overloadRejected atomic.Int64 // requests refused as every eligible worker was overloaded
+	disagg           [disaggOutcomes]atomic.Int64
 
 	general bool // tests: score every request on the general path (see scorekv.go)
 
@@ -698,7 +699,7 @@ func (r *Router) registerLocked(g Registration, eps []RankEndpoint, publish bool
 		if r.cfg.Queue != nil {
 			m.queue = &modelQueue{}
 		}
-		m.list.Store(&workerList{})
+		storeList(m, nil)
 		r.initBusy(m)
 	}
 	// Slots, then loads; on a failure the slots taken here go back, and nothing else changed.

@@ -47,6 +47,7 @@ type Tracker struct {
 	shards [reqShards]reqShard
 	pool   *freelist.List[booking]
 	n      atomic.Int64
+	stages atomic.Int64 // the bookings of BookStage, which n does not count
 	// busy has bit s set while the worker of slot s has requests booked, so that a caller can
 	// find the few busy workers of a large fleet without reading every worker's load.
 	busy [(radix.MaxSlots/64 + busyWords - 1) / busyWords]atomic.Pointer[[busyWords]atomic.Uint64]
@@ -67,6 +68,7 @@ type booking struct {
 	seqs        []uint64
 	prefill     int64
 	prefillDone bool
+	stage       bool // booked by BookStage
 	deadline    int64
 	at          int // position in load.active while booked on a registered worker
 
@@ -445,13 +447,28 @@ func (t *Tracker) Book(id string, l *Load, seqs []uint64, prefill int64, deadlin
 
 // BookOutput is Book for a request whose output blocks Generated counts as described by o.
 func (t *Tracker) BookOutput(id string, l *Load, seqs []uint64, prefill int64, deadline int64, o Output) error {
+	return t.book(id, l, seqs, prefill, deadline, o, false)
+}
+
+// BookStage books one stage of a request that holds no blocks on l, under a key of the
+// caller's (id): prefill prompt tokens until it completes or expires, as a request, but counted
+// in Stages, not Active. A disaggregated request's prefill stage is one: its worker prefills
+// the prompt and generates one token, and the blocks it computes go to the decode stage.
+func (t *Tracker) BookStage(id string, l *Load, prefill int64, deadline int64) error {
+	return t.book(id, l, nil, prefill, deadline, Output{}, true)
+}
+
+// Stages returns the number of BookStage bookings neither completed nor expired.
+func (t *Tracker) Stages() int64 { return t.stages.Load() }
+
+func (t *Tracker) book(id string, l *Load, seqs []uint64, prefill int64, deadline int64, o Output, stage bool) error {
 	if len(id) == 0 || len(id) > MaxRequestID {
 		return ErrRequestID
 	}
 	sh, h := t.shard(id)
 	b := t.pool.Get()
 	b.id = append(b.id[:0], id...)
-	b.load, b.prefill, b.prefillDone, b.deadline = l, prefill, false, deadline
+	b.load, b.prefill, b.prefillDone, b.deadline, b.stage = l, prefill, false, deadline, stage
 	b.output, b.out, b.disc, b.tokBlock = o, 0, 0, 0
 	if o.BlockSize > 0 {
 		b.tokBlock = ceilDiv(max(o.ISL, 0), int64(o.BlockSize))
@@ -487,7 +504,11 @@ func (t *Tracker) BookOutput(id string, l *Load, seqs []uint64, prefill int64, d
 	l.blocks.Add(added)
 	l.prefill.Add(prefill)
 	l.requests.Add(1)
-	t.n.Add(1)
+	if stage {
+		t.stages.Add(1)
+	} else {
+		t.n.Add(1)
+	}
 	l.mu.Unlock()
 	return nil
 }
@@ -579,7 +600,11 @@ func (t *Tracker) release(b *booking) {
 	}
 	l.requests.Add(-1)
 	l.mu.Unlock()
-	t.n.Add(-1)
+	if b.stage {
+		t.stages.Add(-1)
+	} else {
+		t.n.Add(-1)
+	}
 	b.load = nil
 	t.pool.Put(b)
 }

@@ -183,3 +183,18 @@ func (c overloadCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descOverloaded, prometheus.GaugeValue, float64(n), model)
 	}
 }
+
+// disaggCollector reads the disaggregated decisions' counts at scrape time.
+type disaggCollector struct{ r *router.Router }
+
+var descDisagg = prometheus.NewDesc("kvrouterd_disagg_decisions_total",
+	"Route requests that asked for a disaggregated decision, by outcome: disaggregated (a prefill and a decode worker), bypassed (kept whole by the conditional policy), fallback (served whole: no prefill worker), refused (no prefill worker under --enforce-disagg).",
+	[]string{"outcome"}, nil)
+
+func (c disaggCollector) Describe(ch chan<- *prometheus.Desc) { ch <- descDisagg }
+
+func (c disaggCollector) Collect(ch chan<- prometheus.Metric) {
+	for i, n := range c.r.DisaggDecisions() {
+		ch <- prometheus.MustNewConstMetric(descDisagg, prometheus.CounterValue, float64(n), router.DisaggOutcomeNames[i])
+	}
+}

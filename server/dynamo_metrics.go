@@ -50,8 +50,9 @@ func (m *dynamoMetrics) routed(blocks, cached, isl uint32, seconds float64) {
 	m.overhead.Observe(seconds * 1e3)
 }
 
-// dynamoCollector reads the router's state under Dynamo's names at scrape time. kvrouterd's
-// workers serve prefill and decode together, which Dynamo labels worker_type "decode".
+// dynamoCollector reads the router's state under Dynamo's names at scrape time. A worker of role
+// prefill is worker_type "prefill"; the others serve decode stages and whole requests, which
+// Dynamo labels worker_type "decode".
 type dynamoCollector struct{ r *router.Router }
 
 var (
@@ -112,8 +113,12 @@ func (c dynamoCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for _, w := range c.r.Workers() {
 		id, rank := strconv.FormatUint(w.ID, 10), strconv.FormatUint(uint64(w.Rank), 10)
-		ch <- prometheus.MustNewConstMetric(descDynDecode, prometheus.GaugeValue, float64(w.ActiveBlocks), id, rank, "decode")
-		ch <- prometheus.MustNewConstMetric(descDynPrefill, prometheus.GaugeValue, float64(w.ActivePrefill), id, rank, "decode")
-		ch <- prometheus.MustNewConstMetric(descDynRegistered, prometheus.GaugeValue, 1, id, rank, "decode")
+		typ := "decode"
+		if w.Role == router.RolePrefill.String() {
+			typ = "prefill"
+		}
+		ch <- prometheus.MustNewConstMetric(descDynDecode, prometheus.GaugeValue, float64(w.ActiveBlocks), id, rank, typ)
+		ch <- prometheus.MustNewConstMetric(descDynPrefill, prometheus.GaugeValue, float64(w.ActivePrefill), id, rank, typ)
+		ch <- prometheus.MustNewConstMetric(descDynRegistered, prometheus.GaugeValue, 1, id, rank, typ)
 	}
 }

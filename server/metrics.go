@@ -65,7 +65,7 @@ func newMetrics(reg *prometheus.Registry, r *router.Router) *metrics {
 	}, []string{"path"})
 	m.dyn = newDynamoMetrics(reg, r)
 	m.selRequests = newSelMetrics(reg)
-	reg.MustRegister(lat, m.rejected, m.unknownFields, &routerCollector{r: r}, &queueCollector{r: r}, overloadCollector{r},
+	reg.MustRegister(lat, m.rejected, m.unknownFields, &routerCollector{r: r}, &queueCollector{r: r}, overloadCollector{r}, disaggCollector{r},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

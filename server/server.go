@@ -491,6 +491,8 @@ func (s *Server) fail(ctx *fasthttp.RequestCtx, ep endpoint, err error) {
 		status, reason = fasthttp.StatusServiceUnavailable, "queue_timeout"
 	case errors.Is(err, router.ErrGone):
 		status, reason = statusClientGone, "client_gone"
+	case errors.Is(err, router.ErrNoPrefill):
+		status, reason = fasthttp.StatusServiceUnavailable, "no_prefill_worker"
 	}
 	field := ""
 	var fe *router.FieldError

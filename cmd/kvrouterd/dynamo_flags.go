@@ -58,6 +58,16 @@ var dynamoFlags = []dynFlag{
 	{name: "session-affinity-ttl-secs", target: "router-session-affinity-ttl", seconds: true},
 	{name: "", target: "router-session-affinity-mode", env: "DYN_ROUTER_SESSION_AFFINITY_MODE"},
 	{name: "router-predicted-ttl-secs", target: "router-predicted-ttl", seconds: true, env: "DYN_ROUTER_PREDICTED_TTL_SECS"},
+	// Disaggregated prefill/decode: the frontend's --enforce-disagg, the router's conditional
+	// disaggregation (kv_router_args.py).
+	{name: "", target: "enforce-disagg", env: "DYN_ENFORCE_DISAGG"},
+	{name: "no-enforce-disagg", target: "enforce-disagg", negate: true},
+	{name: "", target: "router-conditional-disagg", env: "DYN_ROUTER_CONDITIONAL_DISAGG"},
+	{name: "no-router-conditional-disagg", target: "router-conditional-disagg", negate: true},
+	{name: "", target: "router-conditional-disagg-config", env: "DYN_ROUTER_CONDITIONAL_DISAGG_CONFIG"},
+	{name: "", target: "router-conditional-disagg-policy", env: "DYN_ROUTER_CONDITIONAL_DISAGG_POLICY"},
+	{name: "", target: "router-conditional-disagg-prefill-busy-threshold", env: "DYN_ROUTER_CONDITIONAL_DISAGG_PREFILL_BUSY_THRESHOLD"},
+	{name: "", target: "router-conditional-disagg-decode-busy-threshold", env: "DYN_ROUTER_CONDITIONAL_DISAGG_DECODE_BUSY_THRESHOLD"},
 	// The frontend's migration limit: other workers a request is sent to after one fails.
 	{name: "migration-limit", target: "frontend-retries"},
 	// The standalone indexer's --peers is kvrouterd's; the selection service calls it so.

@@ -65,3 +65,19 @@ func TestDynamoFlags(t *testing.T) {
 		}
 	}
 }
+
+// TestDynamoDisaggFlags: Dynamo's disaggregation settings by their variables and negations.
+func TestDynamoDisaggFlags(t *testing.T) {
+	env := func(m map[string]string) func(string) (string, bool) {
+		return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
+	}
+	c, err := parseConfig(nil, env(map[string]string{"DYN_ENFORCE_DISAGG": "true", "DYN_ROUTER_CONDITIONAL_DISAGG": "1",
+		"DYN_ROUTER_CONDITIONAL_DISAGG_CONFIG": `{"policy":"prefill_load","prefill_busy_threshold":0.25}`}), io.Discard)
+	if err != nil || !c.EnforceDisagg || !c.ConditionalDisagg || !strings.Contains(c.ConditionalDisaggConfig, "prefill_load") {
+		t.Fatalf("variables: %+v %v", c, err)
+	}
+	c, err = parseConfig([]string{"--no-enforce-disagg", "--no-router-conditional-disagg"}, env(map[string]string{"DYN_ENFORCE_DISAGG": "true"}), io.Discard)
+	if err != nil || c.EnforceDisagg || c.ConditionalDisagg {
+		t.Fatalf("negations: %+v %v", c, err)
+	}
+}
