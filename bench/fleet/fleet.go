@@ -179,16 +179,19 @@ type Result struct {
 	OutputTokens int64
 	// Disaggregated: the requests the router split into two stages, and the simulated time
 	// their KV transfers took in all.
-	Split         int
-	TransferTime  time.Duration
-	Makespan      time.Duration // first arrival to last completion
-	PerWorker     []int         // requests routed to each worker
-	Samples       []LoadSample
-	RouteFailures int
-	RouteErr      string // the first route failure, if any
-	Refused       int    // requests larger than a worker's whole KV cache
-	CallErrors    int    // prefill-done and complete calls the router refused
-	Blocks        []int  // blocks each worker holds at the end (sim.Worker.CachedBlocks)
+	Split        int
+	TransferTime time.Duration
+	// PrefillBusy and DecodeBusy are the workers' step time spent in the timing model's prefill
+	// and decode parts, summed over the fleet (sim.Stats.PrefillNs and DecodeNs).
+	PrefillBusy, DecodeBusy time.Duration
+	Makespan                time.Duration // first arrival to last completion
+	PerWorker               []int         // requests routed to each worker
+	Samples                 []LoadSample
+	RouteFailures           int
+	RouteErr                string // the first route failure, if any
+	Refused                 int    // requests larger than a worker's whole KV cache
+	CallErrors              int    // prefill-done and complete calls the router refused
+	Blocks                  []int  // blocks each worker holds at the end (sim.Worker.CachedBlocks)
 
 	// RouteLatency is the wall time of each Route call, in arrival order, when Config.Router
 	// is set (nil otherwise).
@@ -672,6 +675,9 @@ func Run(cfg Config, reqs []trace.Request) (*Result, error) {
 	res.Blocks = make([]int, len(ws))
 	for i, w := range ws {
 		res.Blocks[i] = w.w.CachedBlocks()
+		st := w.w.Stats()
+		res.PrefillBusy += time.Duration(st.PrefillNs)
+		res.DecodeBusy += time.Duration(st.DecodeNs)
 	}
 	return res, nil
 }

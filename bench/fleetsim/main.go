@@ -183,6 +183,8 @@ func main() {
 				er.Published.Errors, ms(res.MaxLag), ms(er.Drain))
 		}
 		fmt.Println()
+		fmt.Fprintf(os.Stderr, "fleetsim: %s: workers' step time %.0f %% prefill; %d requests split into prefill and decode stages\n", name,
+			100*float64(res.PrefillBusy)/float64(max(1, res.PrefillBusy+res.DecodeBusy)), res.Split)
 		if queue != nil {
 			fmt.Fprintf(os.Stderr, "fleetsim: %s: %d requests waited in the router queue (%s, threshold %g), at most %d at once\n",
 				name, res.Queued, queue.Policy, queue.Threshold, res.MaxQueued)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/kvrouterd/kvrouterd/bench/fleet"
@@ -33,8 +34,17 @@ const (
 	predictedTTL = 5 * time.Second
 )
 
-// prefillSplits are the prefill workers of the disaggregated fleets tried, of fleetWorkers.
-var prefillSplits = []int{2, 4, 6}
+// prefillShare returns the prefill workers of a disaggregated fleet of fleetWorkers sized as
+// the aggregated fleet's work divides (as a planner sizes the pools from load): the fleet's
+// prefill share of the step time, rounded, at least 1 and leaving at least 1 decode worker.
+func prefillShare(agg *fleet.Result) int {
+	total := agg.PrefillBusy + agg.DecodeBusy
+	if total <= 0 {
+		return fleetWorkers / 2
+	}
+	p := int(math.Round(float64(fleetWorkers) * float64(agg.PrefillBusy) / float64(total)))
+	return min(max(p, 1), fleetWorkers-1)
+}
 
 // features measures the three features. conv is the conversation trace's loaded point (nil
 // when the trace is missing: the rows on it are then not measured).
@@ -85,10 +95,12 @@ func (r *report) disagg(set *loadedSet) error {
 		"RDMA NIC, plus %v per transfer; the whole prompt moves), and the decode worker computes the last prompt token and "+
 		"decodes. TTFT is the decode worker's first token. *Conditional* is the router's isl_bounding policy with Dynamo's "+
 		"thresholds (a prompt with fewer than %d uncached tokens, or less than %.0f %% uncached, is served whole by a decode "+
-		"worker). kv routing, arrivals ×%g (the loaded point above). The disaggregated rows use the split of the table "+
-		"with the lowest mean TTFT.\n\n",
+		"worker). kv routing, arrivals ×%g (the loaded point above). The pools are sized as the aggregated fleet's step "+
+		"time divides between prefill and decode (%.0f %% prefill: %d prefill workers), as a planner sizes them; the splits "+
+		"beside it are shown for comparison.\n\n",
 		fleetWorkers, mdPrinter.Sprintf("%.0f GB/s", fleet.DefaultTransferBandwidth/1e9), mdPrinter.Sprint(sim.KVBytesPerToken),
-		fleet.DefaultTransferLatency, router.DefaultEffISLThreshold, 100*router.DefaultEffISLRatioThreshold, s)
+		fleet.DefaultTransferLatency, router.DefaultEffISLThreshold, 100*router.DefaultEffISLRatioThreshold, s,
+		100*float64(agg.res.PrefillBusy)/float64(max(1, agg.res.PrefillBusy+agg.res.DecodeBusy)), prefillShare(agg.res))
 	r.mdf("| fleet | TTFT mean / p50 / p99 ms | ITL mean ms | e2e mean s | hit rate | requests split | mean transfer ms |\n")
 	r.mdf("|---|---:|---:|---:|---:|---:|---:|\n")
 	row := func(name string, q qualityRun) {
@@ -109,22 +121,46 @@ func (r *report) disagg(set *loadedSet) error {
 		return q, err
 	}
 	var best qualityRun
-	bestP := 0
-	for _, p := range prefillSplits {
+	bestP := prefillShare(agg.res)
+	for _, p := range []int{bestP - 1, bestP, bestP + 1} {
+		if p < 1 || p >= fleetWorkers {
+			continue
+		}
 		q, err := run(p, nil, fmt.Sprintf("disagg %dP%dD", p, fleetWorkers-p))
 		if err != nil {
 			return err
 		}
-		row(fmt.Sprintf("disaggregated, %d prefill + %d decode", p, fleetWorkers-p), q)
-		if bestP == 0 || q.ttft.mean < best.ttft.mean {
-			best, bestP = q, p
+		name := fmt.Sprintf("disaggregated, %d prefill + %d decode", p, fleetWorkers-p)
+		if p == bestP {
+			best, name = q, "**"+name+"**"
 		}
+		row(name, q)
 	}
 	cond, err := run(bestP, &router.DisaggConfig{Policy: router.DisaggISLBounding}, fmt.Sprintf("conditional %dP%dD", bestP, fleetWorkers-bestP))
 	if err != nil {
 		return err
 	}
 	row(fmt.Sprintf("conditional (isl_bounding), %d prefill + %d decode", bestP, fleetWorkers-bestP), cond)
+	// The same fleets at the trace's own speed, far from saturation, for comparison.
+	for _, c := range []struct {
+		name    string
+		prefill int
+		dc      *router.DisaggConfig
+	}{{fmt.Sprintf("at trace speed ×1: aggregated, %d workers", fleetWorkers), 0, nil},
+		{fmt.Sprintf("at trace speed ×1: disaggregated, %d prefill + %d decode", bestP, fleetWorkers-bestP), bestP, nil},
+		{fmt.Sprintf("at trace speed ×1: conditional, %d prefill + %d decode", bestP, fleetWorkers-bestP), bestP, &router.DisaggConfig{Policy: router.DisaggISLBounding}}} {
+		q, err := checked(r.simulateFleet(w, 1, fleet.Config{Mode: scoring.KV, PrefillWorkers: c.prefill, Disagg: c.dc}, kvBlocks, c.name))
+		if err != nil {
+			return fmt.Errorf("%s ×1 %s: %w", w.name, c.name, err)
+		}
+		itl1 := summarize(q.res.ITL(w.reqs))
+		xfer := 0.0
+		if q.res.Split > 0 {
+			xfer = ms(q.res.TransferTime) / float64(q.res.Split)
+		}
+		r.mdf("| %s | %.0f / %.0f / %.0f | %.1f | %.1f | %.1f %% | %d | %.1f |\n", c.name, ms(q.ttft.mean), ms(q.ttft.p50),
+			ms(q.ttft.p99), ms(itl1.mean), q.e2e.mean.Seconds(), 100*q.res.HitRate(), q.res.Split, xfer)
+	}
 	var curves []curve
 	for _, c := range []struct {
 		name, about string

@@ -3,6 +3,7 @@ package sim
 import (
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"time"
 
@@ -147,6 +148,9 @@ type Stats struct {
 	// Host tier: prompt tokens reloaded from it, blocks copied into it and evicted from it.
 	HostTokens                          uint64
 	HostStoredBlocks, HostEvictedBlocks uint64
+	// The steps' time, split into the prefill part (with host reloads) and the decode part of
+	// the timing model, in ns: what a fleet's pools would have to be sized for.
+	PrefillNs, DecodeNs uint64
 }
 
 const none int32 = -1
@@ -374,8 +378,15 @@ func (w *Worker) Step(now int64, out *StepOutput) int64 {
 		decoding = decoding || s.emitted
 	}
 
-	step := w.cfg.Timing.StepTime(out.PrefillTokens, w.ActiveUsage(), decoding) + time.Duration(w.reload)*w.cfg.HostReload
+	u := w.ActiveUsage()
+	step := w.cfg.Timing.StepTime(out.PrefillTokens, u, decoding) + time.Duration(w.reload)*w.cfg.HostReload
 	end := now + max(1, int64(step))
+	decodeNs := int64(0)
+	if decoding {
+		decodeNs = int64(math.Round(w.cfg.Timing.DecodeMs(u) * 1e6))
+	}
+	w.st.DecodeNs += uint64(decodeNs)
+	w.st.PrefillNs += uint64(max(0, int64(step)-decodeNs))
 
 	kept := w.running[:0]
 	for _, s := range w.running {

@@ -109,6 +109,10 @@ func TestSingleRequestTiming(t *testing.T) {
 	if want := first + 2*9394574; end != want || outs[2].Completed[0].At != want {
 		t.Errorf("end %d, completed %+v, want %d", end, outs[2].Completed, want)
 	}
+	// The step time split: 27,418,548 − 9,394,574 ns of prefill, three decode parts.
+	if st := w.Stats(); st.PrefillNs != 18023974 || st.DecodeNs != 3*9394574 {
+		t.Errorf("prefill %d ns, decode %d ns", st.PrefillNs, st.DecodeNs)
+	}
 	if outs[0].PrefillTokens != 100 || outs[1].DecodeTokens != 1 || outs[2].DecodeTokens != 1 {
 		t.Errorf("tokens per step: %+v", outs)
 	}
