@@ -26,6 +26,14 @@
 //     given up for this request: the booking is freed and the request routed again among the
 //     model's other workers, up to Config.Retries times (Dynamo's migration). After the first
 //     byte an error ends the client's answer where it stands.
+//  6. Disaggregation. Every request asks for a disaggregated decision (the router serves it whole
+//     while its model has no prefill worker). When the router splits it, the prefill stage runs
+//     first, as Dynamo's frontend runs it with vLLM: the request, with max_tokens 1, not
+//     streamed, and kv_transfer_params asking for a remote decode (do_remote_decode), goes to
+//     the prefill worker; once it answers, the prefill stage's booking is released and the
+//     client's request, carrying the answer's kv_transfer_params, goes to the decode worker as
+//     in step 3. A failed prefill stage leaves the decode worker to serve the request whole; a
+//     client leaving during it cancels it and frees both bookings.
 //
 // Errors are OpenAI's shape, {"error": {"message", "type", "param", "code"}}, with the status;
 // each is counted in kvrouterd_frontdoor_requests_total and logged.

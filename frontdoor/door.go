@@ -2,13 +2,17 @@ package frontdoor
 
 import (
 	"bufio"
+	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"math"
 	"math/rand/v2"
+	"net/http"
 	"slices"
 	"strconv"
 	"strings"
@@ -47,6 +51,7 @@ type Door struct {
 	log *slog.Logger
 	up  *fasthttp.Client // to the workers' APIs, streaming their answers
 	tok *fasthttp.Client // /tokenize, answers buffered
+	pre *http.Client     // prefill stages: cancelled when the client goes (fasthttp's calls cannot be)
 	m   *metrics
 
 	prefix string        // of the request ids the front door books under
@@ -74,6 +79,7 @@ func New(r *router.Router, cfg Config) *Door {
 			MaxIdleConnDuration: time.Minute, NoDefaultUserAgentHeader: false, DisablePathNormalizing: true},
 		tok: &fasthttp.Client{Name: "kvrouterd", MaxConnsPerHost: 1024, MaxResponseBodySize: 64 << 20,
 			MaxIdleConnDuration: time.Minute},
+		pre:    &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256, IdleConnTimeout: time.Minute}},
 		m:      newMetrics(cfg.Registry),
 		prefix: fmt.Sprintf("fd-%08x-", rand.Uint32()),
 	}
@@ -381,7 +387,10 @@ func (d *Door) forward(ctx *fasthttp.RequestCtx, path, model string, ws []router
 	var lastErr string
 	for attempt := 0; attempt <= d.cfg.Retries && len(allowed) > 0; attempt++ {
 		id := d.prefix + strconv.FormatUint(d.ids.Add(1), 36)
-		rr := wire.RouteRequest{RequestID: id, Model: model, Tokens: toks, Allowed: allowed, SessionID: session}
+		// Every request asks for a disaggregated decision: the router splits it only while
+		// the model has prefill workers (and its conditional policy agrees), and otherwise
+		// answers as it always does.
+		rr := wire.RouteRequest{RequestID: id, Model: model, Tokens: toks, Allowed: allowed, SessionID: session, Disagg: true}
 		if attempt == 0 && every {
 			rr.Allowed = nil
 		}
@@ -407,7 +416,14 @@ func (d *Door) forward(ctx *fasthttp.RequestCtx, path, model string, ws []router
 			return
 		}
 		worker, rank := rs.Worker, rs.Rank
-		ures, err := d.send(ctx, endpoint[worker]+path, rank, body, deadline)
+		out := body
+		if rs.Prefill {
+			var ok bool
+			if out, ok = d.prefillStage(ctx, path, id, &rs, endpoint[rs.PrefillWorker], body, deadline); !ok {
+				return // the client left
+			}
+		}
+		ures, err := d.send(ctx, endpoint[worker]+path, rank, out, deadline)
 		if err == nil {
 			d.m.requests.WithLabelValues(path, strconv.Itoa(ures.StatusCode())).Inc()
 			d.relay(ctx, ures, id, worker)
@@ -426,6 +442,124 @@ func (d *Door) forward(ctx *fasthttp.RequestCtx, path, model string, ws []router
 		}
 	}
 	d.fail(ctx, path, fasthttp.StatusBadGateway, "upstream_error", "", "no worker answered: "+lastErr)
+}
+
+// prefillStage runs the prefill stage of a request the router split, as Dynamo's frontend runs
+// it for vLLM: the request to the prefill worker with one output token, not streamed, and
+// kv_transfer_params asking it to keep the blocks for a remote decode (do_remote_decode); its
+// answer's kv_transfer_params go into the decode request, which the caller sends to the decode
+// worker. Whatever the prefill worker answered, the prefill stage's booking is released then
+// (PrefillDone). It returns the body for the decode worker; when the prefill stage fails (the
+// worker unreachable, an error answer, no kv_transfer_params in it) that is the client's own
+// body, which the decode worker serves whole — where Dynamo's frontend fails the request, a
+// decode worker can always prefill. ok is false when the client left: the bookings are
+// released and nothing is to be sent.
+func (d *Door) prefillStage(ctx *fasthttp.RequestCtx, path, id string, rs *wire.RouteResponse, endpoint string, body []byte, deadline time.Time) (out []byte, ok bool) {
+	var orig map[string]json.RawMessage
+	if json.Unmarshal(body, &orig) != nil { // it was decoded once already
+		_ = d.r.PrefillDone(id)
+		return body, true
+	}
+	req := maps.Clone(orig)
+	req["max_tokens"] = json.RawMessage("1")
+	if _, set := req["max_completion_tokens"]; set {
+		req["max_completion_tokens"] = json.RawMessage("1")
+	}
+	req["stream"] = json.RawMessage("false")
+	delete(req, "stream_options")
+	req["kv_transfer_params"] = json.RawMessage(`{"do_remote_decode":true,"do_remote_prefill":false,` +
+		`"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}`)
+	pb, _ := json.Marshal(req)
+	params, gone, err := d.prefillCall(ctx, endpoint+path, rs.PrefillRank, pb, deadline)
+	_ = d.r.PrefillDone(id)
+	if gone {
+		_ = d.r.Complete(id)
+		d.m.requests.WithLabelValues(path, "499").Inc()
+		d.m.disagg.WithLabelValues("client_gone").Inc()
+		return nil, false
+	}
+	if err != nil {
+		d.m.upstream.WithLabelValues("prefill").Inc()
+		d.m.disagg.WithLabelValues("fallback").Inc()
+		d.log.Warn("front door: prefill stage failed; the decode worker serves the request whole",
+			"prefill_worker", rs.PrefillWorker, "decode_worker", rs.Worker, "request", id, "err", err)
+		return body, true
+	}
+	d.m.disagg.WithLabelValues("split").Inc()
+	ctx.Response.Header.Set("X-Kvrouterd-Prefill-Worker", strconv.FormatUint(rs.PrefillWorker, 10))
+	// The client's own body with the engine's parameters added: its stream and length settings
+	// stay as they were.
+	orig["kv_transfer_params"] = params
+	out, _ = json.Marshal(orig)
+	return out, true
+}
+
+// prefillCall posts a prefill request and returns its answer's kv_transfer_params. It polls the
+// client's connection meanwhile: gone reports that the client left, and the call was cancelled
+// (the prefill worker sees its connection close and drops the request).
+func (d *Door) prefillCall(ctx *fasthttp.RequestCtx, url string, rank uint32, body []byte, deadline time.Time) (params json.RawMessage, gone bool, err error) {
+	c, cancel := context.WithCancel(context.Background())
+	if !deadline.IsZero() {
+		c, cancel = context.WithDeadline(context.Background(), deadline)
+	}
+	defer cancel()
+	req, err := http.NewRequestWithContext(c, http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		return nil, false, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if auth := ctx.Request.Header.Peek(fasthttp.HeaderAuthorization); len(auth) > 0 {
+		req.Header.Set(fasthttp.HeaderAuthorization, string(auth))
+	}
+	req.Header.Set("X-Data-Parallel-Rank", strconv.FormatUint(uint64(rank), 10))
+	type result struct {
+		params json.RawMessage
+		err    error
+	}
+	done := make(chan result, 1)
+	go func() {
+		p, err := d.prefillDo(req)
+		done <- result{p, err}
+	}()
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case r := <-done:
+			return r.params, false, r.err
+		case <-tick.C:
+			if peer.Gone(ctx.Conn()) {
+				cancel()
+				<-done
+				return nil, true, nil
+			}
+		}
+	}
+}
+
+func (d *Door) prefillDo(req *http.Request) (json.RawMessage, error) {
+	resp, err := d.pre.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("answered %d: %.200s", resp.StatusCode, b)
+	}
+	var a struct {
+		Params json.RawMessage `json:"kv_transfer_params"`
+	}
+	if err := json.Unmarshal(b, &a); err != nil {
+		return nil, fmt.Errorf("answered what is not its JSON: %w", err)
+	}
+	if len(a.Params) == 0 || string(a.Params) == "null" {
+		return nil, errors.New("answered without kv_transfer_params: is its engine started with a KV connector?")
+	}
+	return a.Params, nil
 }
 
 // errUpstream5xx is a worker's 5xx answer before any body byte, which counts as its failure.
@@ -525,6 +659,7 @@ type metrics struct {
 	requests   *prometheus.CounterVec
 	upstream   *prometheus.CounterVec
 	ended      *prometheus.CounterVec
+	disagg     *prometheus.CounterVec
 	migrations prometheus.Counter
 }
 
@@ -533,12 +668,14 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvrouterd_frontdoor_requests_total",
 			Help: "Front-door requests answered, by path and status (the worker's, once forwarded)."}, []string{"path", "code"}),
 		upstream: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvrouterd_frontdoor_upstream_errors_total",
-			Help: "Workers that failed a front-door call before answering: tokenize, or forward (then given up for the request)."}, []string{"call"}),
+			Help: "Workers that failed a front-door call before answering: tokenize, prefill (a disaggregated request's prefill stage), or forward (then given up for the request)."}, []string{"call"}),
 		ended: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvrouterd_frontdoor_streams_total",
 			Help: "Forwarded answers, by how they ended: done, client_gone, upstream_error (a broken stream or the deadline)."}, []string{"end"}),
 		migrations: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvrouterd_frontdoor_migrations_total",
 			Help: "Requests sent to another worker after one failed before answering."}),
+		disagg: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvrouterd_frontdoor_disaggregated_total",
+			Help: "Requests the router split into a prefill and a decode stage, by outcome: split (both ran), fallback (the prefill stage failed; the decode worker served it whole), client_gone (during the prefill stage)."}, []string{"outcome"}),
 	}
-	reg.MustRegister(m.requests, m.upstream, m.ended, m.migrations)
+	reg.MustRegister(m.requests, m.upstream, m.ended, m.migrations, m.disagg)
 	return m
 }

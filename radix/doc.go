@@ -28,6 +28,10 @@
 // readers take no lock (table.go states the rules that make this safe). Memory is a few large
 // arrays without pointers, so the garbage collector does not scan them.
 //
+// A model's device index may have one index per lower storage tier beside it (host, disk,
+// external; EnsureTier), sharing its slots; a match then extends each slot's device depth
+// through them (Match.Tiers, tiers.go).
+//
 // The index itself enforces no budget: it holds what its writers add. Package shard, the only
 // writer in kvrouterd, bounds the number of residencies.
 package radix

@@ -102,8 +102,8 @@ func checkEvent(ev *kvevent.Event, i, bs int, ranks []uint32) error {
 			}
 			break
 		}
-		// Copies held elsewhere than the device may come without tokens; they are skipped.
-		if ev.Tier == kvevent.Device && len(ev.Tokens) != len(ev.Hashes)*bs {
+		// Every tier is indexed, so a lower tier's copies need their tokens as the device's do.
+		if len(ev.Tokens) != len(ev.Hashes)*bs {
 			return fieldErr(ErrInvalid, evField(i, "token_ids"), "%d token ids for %d blocks of %d tokens", len(ev.Tokens), len(ev.Hashes), bs)
 		}
 		if ev.MM != nil && len(ev.MM) != len(ev.Hashes) {

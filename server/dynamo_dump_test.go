@@ -149,6 +149,40 @@ func TestDynamoDumpRecovery(t *testing.T) {
 	}
 }
 
+// TestDynamoDumpTiers: /dump lists a worker's lower-tier blocks after its device blocks, tagged
+// host_pinned and chained onto the device block they were offloaded under; a kvrouterd
+// recovering from that dump rebuilds the host tier: the same dump, and /query's cpu counts it.
+func TestDynamoDumpTiers(t *testing.T) {
+	a := newHarnessWith(t, keepTree)
+	if code, resp := a.post("/register", "", []byte(`{"instance_id":7,"model_name":"m","block_size":4}`)); code != 201 {
+		t.Fatalf("register: %d %s", code, resp)
+	}
+	evs := []kvevent.Event{
+		{Kind: kvevent.Stored, ID: 1, Hashes: []uint64{10, 11}, Tokens: tokens(0, 8)},
+		{Kind: kvevent.Stored, ID: 2, Tier: kvevent.Host, Hashes: []uint64{12}, Parent: 11, HasParent: true, Tokens: tokens(8, 4)},
+	}
+	if res, err := a.c.Events(&wire.EventBatch{Worker: 7, Model: "m", Events: evs}); err != nil || res.OK != 2 {
+		t.Fatalf("events: %+v %v", res, err)
+	}
+	_, body := a.get("/dump")
+	host := `"storage_tier":"host_pinned","event":{"event_id":1,"dp_rank":0,"data":{"stored":{"parent_hash":11,`
+	if i, j := strings.Index(body, `"storage_tier":"device"`), strings.Index(body, host); i < 0 || j < i {
+		t.Fatalf("dump without the host block after the device's:\n%s", body)
+	}
+	b := newHarnessWith(t, keepTree)
+	if st, err := b.s.RecoverFromPeers(t.Context(), []string{"http://" + a.tcp}, 5*time.Second); err != nil || st.Refused != 0 {
+		t.Fatalf("recovery: %+v %v", st, err)
+	}
+	if _, again := b.get("/dump"); again != body {
+		t.Errorf("the recovered index dumps\n%s\nwant\n%s", again, body)
+	}
+	q := []byte(`{"model_name":"m","token_ids":[0,1,2,3,4,5,6,7,8,9,10,11]}`)
+	_, got := b.post("/query", "", q)
+	if !strings.Contains(got, `"7":{"longest_matched":12,"gpu":8,"dp":{"0":8},"cpu":12,"disk":12}`) {
+		t.Errorf("query after recovery: %s", got)
+	}
+}
+
 // TestDynamoPeers: /register_peer, /deregister_peer and /peers as Dynamo answers them.
 func TestDynamoPeers(t *testing.T) {
 	h := newHarness(t)

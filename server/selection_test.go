@@ -717,3 +717,37 @@ func TestSelectionConcurrent(t *testing.T) {
 		t.Fatal("worker 3, deleted last, is still in the router")
 	}
 }
+
+// TestSelectionTiers: /overlap_scores and /select report the lower tiers as Dynamo does: worker
+// 1 holds 2 blocks on its device and the next one in its host tier; host_pinned_blocks and
+// disk_blocks are cumulative (3), the extensions apart (host 1), and router_credit_blocks is
+// 1.0 × 2 + 0.75 × 1 = 2.75 at the default weights; /select's overlap is gpu 32, cpu and disk
+// 48 tokens.
+func TestSelectionTiers(t *testing.T) {
+	h := newSelHarness(t)
+	h.want("POST", "/workers", `{"worker_id":1,"model_name":"model","endpoint":"http://w1:8000","kv_events_endpoint":"tcp://w1:5557","block_size":16}`, 201)
+	toks := tokens(0, 64)
+	evs := []kvevent.Event{
+		{Kind: kvevent.Stored, ID: 1, Hashes: []uint64{1, 2}, Tokens: toks[:32], BlockSize: 16},
+		{Kind: kvevent.Stored, ID: 2, Tier: kvevent.Host, Hashes: []uint64{3}, Parent: 2, HasParent: true, Tokens: toks[32:48], BlockSize: 16},
+	}
+	if res, err := h.c.Events(&wire.EventBatch{Worker: 1, Model: "model", Events: evs}); err != nil || res.OK != 2 {
+		t.Fatalf("events: %+v %v", res, err)
+	}
+	ids, _ := json.Marshal(toks)
+	var scores struct {
+		Workers []map[string]any `json:"workers"`
+	}
+	h.decode("POST", "/overlap_scores", `{"model_name":"model","token_ids":`+string(ids)+`}`, 200, &scores)
+	want := map[string]any{"worker_id": 1.0, "dp_rank": 0.0, "device_blocks": 2.0, "host_pinned_blocks": 3.0, "disk_blocks": 3.0,
+		"host_pinned_extension_blocks": 1.0, "disk_extension_blocks": 0.0, "shared_beyond_device_blocks": nil, "router_credit_blocks": 2.75}
+	if len(scores.Workers) != 1 || !reflect.DeepEqual(scores.Workers[0], want) {
+		t.Fatalf("/overlap_scores workers %v\nwant [%v]", scores.Workers, want)
+	}
+	var sel map[string]any
+	h.decode("POST", "/select", `{"model_name":"model","token_ids":`+string(ids)+`}`, 200, &sel)
+	wantOverlap := map[string]any{"longest_matched": 48.0, "gpu": 32.0, "dp": map[string]any{"0": 32.0}, "cpu": 48.0, "disk": 48.0}
+	if !reflect.DeepEqual(sel["overlap"], wantOverlap) {
+		t.Fatalf("/select overlap %v, want %v", sel["overlap"], wantOverlap)
+	}
+}

@@ -500,8 +500,9 @@ func (a *Applier) RemoveWorker(id uint64) int {
 	return n
 }
 
-// Clear drops every block of worker id (every rank), keeping its slots and event cursors, as a
-// Cleared event would, and returns how many residencies went away.
+// Clear drops every block of worker id (every rank, every storage tier), keeping its slots and
+// event cursors, as a Cleared event of each rank and tier would, and returns how many
+// residencies went away: a resync starts from nothing.
 func (a *Applier) Clear(id uint64) int {
 	w := a.workers[id]
 	if w == nil {

@@ -4,7 +4,9 @@
 // id, so all events of all its data-parallel ranks apply in the order they were enqueued, and
 // each shard is the only writer of its workers' state: per (worker, rank) the map from engine
 // block hash to the router's sequence hash (removals name blocks by engine hash only), duplicate-
-// content counts, the event-id cursor, and the worker's slot in the index.
+// content counts, the event-id cursor, and the worker's slot in the index. Events of a lower
+// storage tier (host, disk, external) go to that tier's index and have an engine map of their
+// own per rank, so that an offloaded copy never touches the device's.
 //
 // Each shard's queue is bounded: a producer that outruns it waits in Enqueue (TryEnqueue refuses
 // instead), so memory never grows without limit and nothing is dropped silently. Barrier waits

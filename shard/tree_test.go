@@ -98,3 +98,39 @@ func mustApply(t *testing.T, a *Applier, ix *radix.Index, id uint64, ev *Event) 
 		t.Fatalf("apply %+v: %v", ev, o)
 	}
 }
+
+// TestDumpTreeTiers: lower-tier blocks are listed after the device's, tagged with their tier,
+// a host block offloaded under a device parent naming it by the device's engine hash; replaying
+// the dump (as a peer recovering from it does) rebuilds every tier.
+func TestDumpTreeTiers(t *testing.T) {
+	const bs = 4
+	ix, _ := radix.New(radix.Config{BlockSize: bs})
+	a := NewApplier(0, nil)
+	a.KeepTree = true
+	mustApply(t, a, ix, 1, &Event{Kind: Stored, Hashes: []uint64{10, 11}, Tokens: treeTokens(0, 2, bs)})
+	mustApply(t, a, ix, 1, &Event{Kind: Stored, Tier: Host, Hashes: []uint64{12, 13}, Parent: 11, HasParent: true, Tokens: treeTokens(8, 2, bs)})
+	mustApply(t, a, ix, 1, &Event{Kind: Stored, Tier: Disk, Hashes: []uint64{14}, Parent: 13, HasParent: true, Tokens: treeTokens(16, 1, bs)})
+	got, left := a.DumpTree(1, nil)
+	if left != 0 || len(got) != 5 {
+		t.Fatalf("dumped %d blocks, left %d: %+v", len(got), left, got)
+	}
+	wantTiers := []Tier{Device, Device, Host, Host, Disk}
+	wantParents := []uint64{0, 10, 11, 12, 13}
+	for i, b := range got {
+		if b.Tier != wantTiers[i] || b.Engine != uint64(10+i) || b.HasParent != (i > 0) || b.Parent != wantParents[i] {
+			t.Errorf("block %d: %+v, want engine %d in tier %v after %d", i, b, 10+i, wantTiers[i], wantParents[i])
+		}
+	}
+	// Replayed in order with local hashes, the dump rebuilds the same tiers.
+	c := NewApplier(0, nil)
+	ix2, _ := radix.New(radix.Config{BlockSize: bs})
+	for _, b := range got {
+		mustApply(t, c, ix2, 1, &Event{Kind: Stored, Tier: b.Tier, Hashes: []uint64{b.Engine}, Parent: b.Parent, HasParent: b.HasParent, Locals: []uint64{b.Local}})
+	}
+	var m1, m2 radix.Match
+	ix.MatchTokens(treeTokens(0, 5, bs), radix.BaseSeed, &m1)
+	ix2.MatchTokens(treeTokens(0, 5, bs), radix.BaseSeed, &m2)
+	if len(m1.Tiers) != 1 || m1.Tiers[0].Blocks != [4]int32{2, 2, 1, 0} || !slices.Equal(m1.Tiers, m2.Tiers) {
+		t.Fatalf("tiers %+v, replayed %+v; want device 2, host 2, disk 1", m1.Tiers, m2.Tiers)
+	}
+}

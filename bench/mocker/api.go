@@ -11,6 +11,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/kvrouterd/kvrouterd/internal/peer"
 )
 
 // api is the OpenAI-compatible HTTP API (vLLM's routes and shapes) in front of the engine.
@@ -288,6 +290,12 @@ func (a *api) generate(ctx *fasthttp.RequestCtx, g *generation) {
 			finish = "abort"
 		}
 		if hold && e == endFinished {
+			if peer.Gone(ctx.Conn()) {
+				// Nobody will learn where the blocks are: free them now, as vLLM frees the
+				// blocks of a prefill request whose client went away.
+				a.eng.release(r)
+				return
+			}
 			r.mu.Lock()
 			blocks := r.held
 			r.mu.Unlock()

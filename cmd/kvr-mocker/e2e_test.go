@@ -117,13 +117,36 @@ type workerView struct {
 	ID    uint64 `json:"worker_id"`
 	State string `json:"state"`
 	HTTP  string `json:"http_endpoint"`
+	Role  string `json:"role"`
+}
+
+// metric reads one of a mocker's /metrics values.
+func metric(t *testing.T, addr, name string) float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, name+"{"); ok {
+			var v float64
+			if _, err := fmt.Sscan(rest[strings.IndexByte(rest, '}')+1:], &v); err == nil {
+				return v
+			}
+		}
+	}
+	t.Fatalf("no %s in %s's /metrics:\n%s", name, addr, b)
+	return 0
 }
 
 // TestWithKvrouterd runs kvrouterd and two kvr-mockers as processes: the mockers register
 // themselves (with their OpenAI address), kvrouterd's own ZMQ subscriber reads their KV events
 // so that Dynamo's /query finds a prompt's blocks on the mocker that served it, kvrouterd's
 // front door routes the same chat to that mocker, which reports the prefix as cached, and a
-// SIGTERM makes a mocker leave kvrouterd and exit 0.
+// SIGTERM makes a mocker leave kvrouterd and exit 0. Then a prefill mocker and a decode mocker
+// of another model register their roles, and the front door serves a chat in two stages.
 func TestWithKvrouterd(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs kvrouterd and kvr-mocker")
@@ -235,4 +258,35 @@ func TestWithKvrouterd(t *testing.T) {
 	if !strings.Contains(m2.log(), "left kvrouterd") {
 		t.Errorf("mocker 2's log:\n%s", m2.log())
 	}
+
+	// Disaggregated: mocker 3 prefills, mocker 4 decodes, model pd.
+	for id, role := range map[uint64]string{3: "prefill", 4: "decode"} {
+		addrs[id] = freeAddr(t)
+		mockers[id] = run(t, mock, "--http-addr", addrs[id], "--worker-id", fmt.Sprint(id), "--model", "pd",
+			"--kv-events-addr", "tcp://127.0.0.1:0", "--register", "http://"+kaddr, "--speedup", "100", "--role", role)
+	}
+	until(t, "the prefill and decode mockers registered and connected", nil, func() bool {
+		ws := workers()
+		return ws[3].State == "active" && ws[4].State == "active"
+	})
+	if ws := workers(); ws[3].Role != "prefill" || ws[4].Role != "decode" {
+		t.Fatalf("registered roles %q and %q", ws[3].Role, ws[4].Role)
+	}
+	if code := call(t, "POST", "http://"+front+"/v1/chat/completions", `{"model":"pd","messages":`+msgs+`,"max_tokens":2}`, &ans); code != 200 {
+		t.Fatalf("front door, disaggregated: %d\n%s", code, d.log())
+	}
+	// The decode mocker read the prompt's KV from the prefill mocker: every prompt token but
+	// the last counts as cached, none was computed there but the last.
+	if ans.Usage.Prompt != len(tok.Tokens) || ans.Usage.Details.Cached != len(tok.Tokens)-1 {
+		t.Fatalf("front door answer %+v, want %d prompt tokens, %d cached", ans.Usage, len(tok.Tokens), len(tok.Tokens)-1)
+	}
+	if got := metric(t, addrs[4], "kvr_mocker_kv_transfers_received_total"); got != 1 {
+		t.Errorf("the decode mocker received %v transfers, want 1", got)
+	}
+	if got := metric(t, addrs[4], "kvr_mocker_computed_prompt_tokens_total"); got != 1 {
+		t.Errorf("the decode mocker computed %v prompt tokens, want 1", got)
+	}
+	until(t, "the prefill mocker's blocks read and released", nil, func() bool {
+		return metric(t, addrs[3], "kvr_mocker_kv_transfers_sent_total") == 1
+	})
 }
