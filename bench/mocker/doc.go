@@ -68,9 +68,9 @@
 // blocks are stored and published as Stored events, as vLLM caches received blocks, and only
 // the last prompt token is computed, for the first output token; usage counts the received
 // tokens as cached, as vLLM does. A read that fails (the prefill mocker gone, the transfer
-// unknown or expired) is counted and the prompt computed here instead, vLLM's default
-// kv_load_failure_policy "recompute". Unlike vLLM, the decode mocker does not hold its blocks
-// during the read: the request is queued once they have arrived.
+// unknown or expired, blocks of another size) is counted and the prompt computed here
+// instead, vLLM's default kv_load_failure_policy "recompute". Unlike vLLM, the decode mocker
+// does not hold its blocks during the read: the request is queued once they have arrived.
 //
 // Stats.Transfers and /metrics (kvr_mocker_kv_transfer_*) count both sides: blocks held, sent
 // and expired; transfers received, their blocks, bytes and modelled time, and failures.

@@ -77,16 +77,18 @@ type Stats struct {
 // Transfers are the KV connector's counters: a prefill worker's held blocks and their fate, a
 // decode worker's reads.
 type Transfers struct {
-	Held         int    // finished prefill requests whose blocks wait to be read
-	Sent         uint64 // held transfers a decode worker read and released
-	Expired      uint64 // held transfers nobody read within Config.KVTransferTimeout, released
-	Received     uint64 // transfers this worker read before decoding
-	BlocksIn     uint64 // blocks they brought
-	BytesIn      uint64 // bytes they brought (blocks × block size × Config.KVBytesPerToken)
+	Held     int    // finished prefill requests whose blocks wait to be read
+	Sent     uint64 // held transfers a decode worker read and released
+	Expired  uint64 // held transfers nobody read within Config.KVTransferTimeout, released
+	Received uint64 // transfers this worker read before decoding
+	BlocksIn uint64 // blocks they brought
+	BytesIn  uint64 // bytes they brought (blocks × block size × Config.KVBytesPerToken)
+	// TransferTime is the modelled time the reads took, simulated (bytes / bandwidth +
+	// Config.KVTransferLatency each); the wall time slept is that divided by Config.Speedup.
 	TransferTime time.Duration
-	// TransferTime is the modelled time the reads took, in simulated time (bytes / bandwidth +
-	// Config.KVTransferLatency each); wall time is that divided by Config.Speedup.
-	Failed uint64 // reads that failed (prefill worker unreachable, transfer unknown or expired): the prompt was computed here instead
+	// Failed counts the reads that failed (the prefill worker unreachable, the transfer
+	// unknown or expired, another block size): the prompt was computed here instead.
+	Failed uint64
 }
 
 // opKind is what an op asks of the engine goroutine.

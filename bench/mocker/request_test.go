@@ -113,6 +113,11 @@ func FuzzRequestDecoding(f *testing.F) {
 		`{"messages":[{"role":"system","content":[{"type":"text","text":"a"}]},{"role":"assistant","content":null}],"add_generation_prompt":false,"continue_final_message":true}`,
 		`{"model":"m","messages":[{"role":"user","content":"<|im_end|>x"}],"add_special_tokens":true}`,
 		`{"tokens":[1,2,99999]}`, `{"prompt":"\ud800"}`, `{`, `null`, `[]`, `{"prompt":-1}`,
+		// vLLM's toy disaggregation proxy's prefill request, and a decode request with what
+		// NixlConnector answers.
+		`{"prompt":[1,2,3],"max_tokens":1,"stream":false,"kv_transfer_params":{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}}`,
+		`{"prompt":[1,2,3],"kv_transfer_params":{"do_remote_prefill":true,"do_remote_decode":false,"remote_block_ids":[7],"remote_engine_id":"e","remote_request_id":"cmpl-1","remote_host":"10.0.0.1","remote_port":8000,"tp_size":1}}`,
+		`{"remote_engine_id":"e","remote_request_id":"cmpl-1","remote_block_ids":[1,-2]}`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -145,5 +150,10 @@ func FuzzRequestDecoding(f *testing.F) {
 		if decodeBody(body, &d) == nil {
 			_ = Decode(d.Tokens)
 		}
+		if c.KVTransferParams != nil {
+			_ = c.KVTransferParams.check(c.Stream)
+		}
+		var tr transferRequest
+		_ = decodeBody(body, &tr)
 	})
 }

@@ -199,9 +199,9 @@ func (a *api) transferEndpoint(ctx *fasthttp.RequestCtx) {
 // local cache hit, which are the tail of p's remote_block_ids (the prefill worker held one
 // block per block of the prompt). It waits the modelled transfer time, then tells the prefill
 // worker to free the blocks. It reports whether the blocks arrived; when they did not (the
-// prefill worker unreachable, the transfer unknown or expired) the request computes its prompt
-// here, as vLLM's default kv_load_failure_policy "recompute" does. A remote_block_ids that does
-// not fit the prompt is the client's error.
+// prefill worker unreachable, the transfer unknown or expired, blocks of another size) the
+// request computes its prompt here, as vLLM's default kv_load_failure_policy "recompute"
+// does. A remote_block_ids that does not fit the prompt is the client's error.
 func (a *api) pull(prompt []uint32, p *kvTransferParams) (bool, *apiError) {
 	bs := a.cfg.BlockSize
 	if want := (len(prompt) + bs - 1) / bs; len(p.RemoteBlockIDs) != want {
@@ -223,6 +223,16 @@ func (a *api) pull(prompt []uint32, p *kvTransferParams) (bool, *apiError) {
 	status, answer, err := call(context.Background(), http.MethodPost, base+"/kv_transfer/read", body)
 	if err == nil && status != http.StatusOK {
 		err = fmt.Errorf("%d %s", status, bytes.TrimSpace(answer))
+	}
+	if err == nil {
+		var read struct {
+			BlockSize int `json:"block_size"`
+		}
+		if err = json.Unmarshal(answer, &read); err == nil && read.BlockSize != bs {
+			// Its blocks would not line up with ours (NixlConnector checks the same at its
+			// handshake).
+			err = fmt.Errorf("the prefill worker's blocks hold %d tokens, ours %d", read.BlockSize, bs)
+		}
 	}
 	if err != nil {
 		return failed("read", err)

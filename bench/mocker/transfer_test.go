@@ -192,3 +192,19 @@ func TestTransferErrors(t *testing.T) {
 	f("/kv_transfer/release", fmt.Sprintf(`{"remote_engine_id":%q,"remote_request_id":%q}`, engine, params.RemoteRequestID), 200, "{}")
 	waitUntil(t, "the blocks released", func() bool { return m.Stats().Held == 0 })
 }
+
+// TestTransferBlockSizeMismatch: blocks of another size cannot be read into ours (NixlConnector
+// refuses such a peer at its handshake); the decode worker computes the prompt instead.
+func TestTransferBlockSizeMismatch(t *testing.T) {
+	p := start(t, func(c *Config) { c.BlockSize = 32 })
+	d := start(t, func(c *Config) { c.WorkerID = 2 })
+	prompt := promptOf(4000, 16) // one block on either side
+	decode(t, d, prompt, 2, prefill(t, p, prompt))
+	if st := d.Stats(); st.Failed != 1 || st.Received != 0 || st.ComputedTokens != 16 {
+		t.Errorf("decode worker %+v", st)
+	}
+	// Not read, not released: the prefill worker keeps them until they expire.
+	if st := p.Stats(); st.Sent != 0 {
+		t.Errorf("prefill worker %+v", st)
+	}
+}
