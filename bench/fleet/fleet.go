@@ -11,6 +11,13 @@
 // time of the prefill-done or completion that admitted it. Its TTFT counts from its arrival, the
 // wait included.
 //
+// Three features of large fleets can be measured: a disaggregated fleet (Config.PrefillWorkers:
+// prefill and decode pools at the same worker count, a prompt's KV moving between them at
+// Config.Transfer's cost), a host-memory tier per worker (sim.WorkerConfig.HostBlocks, its
+// events indexed by the router and credited by Config.TierCredit), and the delay between a
+// worker storing a block and the router hearing of it (Config.EventDelay), against which the
+// router's predict-on-route (Config.PredictedTTL) is meant to help.
+//
 // The router is a Router: by default a router.Router in process, unpaced. Package bench/e2e
 // supplies one that drives a running daemon over HTTP and NATS; such a router applies events
 // when they arrive, so the simulation must then keep to wall time (Config.Pace), and is no
@@ -80,23 +87,111 @@ type Config struct {
 	// Priority, if set, gives request i (its index in the trace) a priority jump in seconds
 	// (wire.RouteRequest.PriorityJump, Dynamo's nvext.agent_hints.priority); 0 is none.
 	Priority func(i int) float64
+
+	// PrefillWorkers, if > 0, makes the fleet disaggregated at the same worker count: workers
+	// 1 to PrefillWorkers register as router.RolePrefill, the others as router.RoleDecode, and
+	// every request asks for a disaggregated decision (wire.RouteRequest.Disagg). A request
+	// given a prefill stage runs its prompt on the prefill worker, generating one token, with
+	// its blocks held there (sim.Request.Hold); its KV then moves to the decode worker, which
+	// takes Transfer.Time(prompt tokens) of simulated time, and the decode worker admits it
+	// with its prompt computed (sim.Request.Remote), computes the last prompt token for the
+	// first output token and decodes. Its TTFT is the decode worker's first token. The router
+	// hears PrefillDone when the prefill stage ends, Complete when the decode stage does. A
+	// request the router serves whole (Prefill false: a conditional bypass) runs on its decode
+	// worker as in an aggregated fleet.
+	PrefillWorkers int
+	// Disagg is the router's disaggregation settings (router.Config.Disagg; nil: split every
+	// request). Run's own router only.
+	Disagg *router.DisaggConfig
+	// Transfer is the cost of moving a prompt's KV from a prefill to a decode worker; its zero
+	// fields take DefaultTransfer's.
+	Transfer Transfer
+	// EventDelay holds every batch of KV events back from the router this long after the step
+	// that produced it ends, as an engine's publisher, the event bus and the router's apply
+	// queue do (OnEvents sees a batch when the router gets it). Prefill-done and completion
+	// calls are not delayed: they come from the request's own path.
+	EventDelay time.Duration
+	// PredictedTTL turns on the router's predict-on-route (router.Config.PredictedTTL) on the
+	// simulated clock; 0 is off. Run's own router only.
+	PredictedTTL time.Duration
+	// TierCredit weighs the lower tiers' blocks in the router's cost (router.Config.TierCredit;
+	// nil: the router's defaults). Run's own router only.
+	TierCredit *scoring.TierCredit
+}
+
+// Transfer is the prefill-to-decode KV transfer of a disaggregated fleet: a fixed latency plus
+// the prompt's KV bytes over the link. A plain value.
+type Transfer struct {
+	BytesPerToken float64       // KV bytes per prompt token (0: sim.KVBytesPerToken)
+	Bandwidth     float64       // link bytes/s (0: DefaultTransferBandwidth)
+	Latency       time.Duration // fixed cost per transfer (0: DefaultTransferLatency; negative: none)
+}
+
+const (
+	// DefaultTransferBandwidth is one NVIDIA ConnectX-7 NIC's line rate, 400 Gb/s = 50 GB/s:
+	// the RDMA NIC each GPU of a DGX H100 has for itself, over which NIXL moves KV blocks
+	// between a prefill and a decode worker (vLLM's NixlConnector, Dynamo's disaggregated
+	// serving).
+	DefaultTransferBandwidth = 50e9
+	// DefaultTransferLatency is the fixed cost of one transfer: the decode worker's read
+	// request, the RDMA read's setup and the completion notice, each of the order of a hundred
+	// microseconds, rounded up to a millisecond.
+	DefaultTransferLatency = time.Millisecond
+)
+
+// DefaultTransfer is the transfer of an 8B model's KV (sim.KVBytesPerToken, 128 KiB per token)
+// over one 400 Gb/s RDMA NIC with 1 ms of fixed cost: an 8,192-token prompt's 1.07 GB takes
+// 1 + 21.5 ms, against its 165 ms of prefill.
+func DefaultTransfer() Transfer {
+	return Transfer{BytesPerToken: sim.KVBytesPerToken, Bandwidth: DefaultTransferBandwidth, Latency: DefaultTransferLatency}
+}
+
+func (t Transfer) withDefaults() Transfer {
+	d := DefaultTransfer()
+	if t.BytesPerToken <= 0 {
+		t.BytesPerToken = d.BytesPerToken
+	}
+	if t.Bandwidth <= 0 {
+		t.Bandwidth = d.Bandwidth
+	}
+	if t.Latency == 0 {
+		t.Latency = d.Latency
+	}
+	return t
+}
+
+// Time is how long moving the KV of tokens prompt tokens takes: Latency + tokens ×
+// BytesPerToken / Bandwidth, rounded to the nanosecond (zero fields: DefaultTransfer's). The
+// whole prompt moves, whatever the decode worker holds (Dynamo's mocker's full-prompt timing
+// mode): the decode stage is routed without regard to its cache.
+func (t Transfer) Time(tokens int) time.Duration {
+	t = t.withDefaults()
+	return max(0, t.Latency) + time.Duration(math.Round(float64(tokens)*t.BytesPerToken/t.Bandwidth*1e9))
 }
 
 // Result is what one simulation measured; plain data.
 type Result struct {
-	Requests      int
-	TTFT, E2E     []time.Duration // per request, in arrival order
-	PromptTokens  int64
-	CachedTokens  int64 // prompt tokens served from a worker's prefix cache
-	OutputTokens  int64
-	Makespan      time.Duration // first arrival to last completion
-	PerWorker     []int         // requests routed to each worker
-	Samples       []LoadSample
-	RouteFailures int
-	RouteErr      string // the first route failure, if any
-	Refused       int    // requests larger than a worker's whole KV cache
-	CallErrors    int    // prefill-done and complete calls the router refused
-	Blocks        []int  // blocks each worker holds at the end (sim.Worker.CachedBlocks)
+	Requests     int
+	TTFT, E2E    []time.Duration // per request, in arrival order
+	PromptTokens int64
+	CachedTokens int64 // prompt tokens served from a worker's prefix cache on the device
+	HostTokens   int64 // prompt tokens reloaded from a worker's host tier (sim.Done.Host)
+	OutputTokens int64
+	// Disaggregated: the requests the router split into two stages, and the simulated time
+	// their KV transfers took in all.
+	Split        int
+	TransferTime time.Duration
+	// PrefillBusy and DecodeBusy are the workers' step time spent in the timing model's prefill
+	// and decode parts, summed over the fleet (sim.Stats.PrefillNs and DecodeNs).
+	PrefillBusy, DecodeBusy time.Duration
+	Makespan                time.Duration // first arrival to last completion
+	PerWorker               []int         // requests routed to each worker
+	Samples                 []LoadSample
+	RouteFailures           int
+	RouteErr                string // the first route failure, if any
+	Refused                 int    // requests larger than a worker's whole KV cache
+	CallErrors              int    // prefill-done and complete calls the router refused
+	Blocks                  []int  // blocks each worker holds at the end (sim.Worker.CachedBlocks)
 
 	// RouteLatency is the wall time of each Route call, in arrival order, when Config.Router
 	// is set (nil otherwise).
@@ -126,12 +221,34 @@ type LoadSample struct {
 	Waiting []int
 }
 
-// HitRate is the fraction of prompt tokens served from cache.
+// HitRate is the fraction of prompt tokens served from a device cache (host reloads not
+// counted: see HostHitRate).
 func (r *Result) HitRate() float64 {
 	if r.PromptTokens == 0 {
 		return 0
 	}
 	return float64(r.CachedTokens) / float64(r.PromptTokens)
+}
+
+// HostHitRate is the fraction of prompt tokens reloaded from a host tier.
+func (r *Result) HostHitRate() float64 {
+	if r.PromptTokens == 0 {
+		return 0
+	}
+	return float64(r.HostTokens) / float64(r.PromptTokens)
+}
+
+// ITL returns each request's mean inter-token latency, (E2E − TTFT) / (output − 1), in
+// arrival order; 0 for a request with a single output token or never served. reqs are the
+// requests Run was given.
+func (r *Result) ITL(reqs []trace.Request) []time.Duration {
+	itl := make([]time.Duration, len(r.E2E))
+	for i, e := range r.E2E {
+		if n := max(reqs[i].Output, 1) - 1; n > 0 && e > 0 && r.TTFT[i] > 0 {
+			itl[i] = (e - r.TTFT[i]) / time.Duration(n)
+		}
+	}
+	return itl
 }
 
 // Imbalance is the most requests any worker got over the mean (1 = perfectly even).
@@ -174,6 +291,12 @@ func Run(cfg Config, reqs []trace.Request) (*Result, error) {
 	if !slices.IsSortedFunc(reqs, func(a, b trace.Request) int { return int(a.At - b.At) }) {
 		return nil, fmt.Errorf("fleet: requests not sorted by arrival")
 	}
+	if cfg.PrefillWorkers < 0 || cfg.PrefillWorkers > 0 && cfg.PrefillWorkers >= cfg.Workers {
+		return nil, fmt.Errorf("fleet: %d prefill workers of %d: a disaggregated fleet needs decode workers too", cfg.PrefillWorkers, cfg.Workers)
+	}
+	if cfg.Router != nil && (cfg.Disagg != nil || cfg.PredictedTTL != 0 || cfg.TierCredit != nil) {
+		return nil, fmt.Errorf("fleet: Disagg, PredictedTTL and TierCredit configure Run's own router; a caller's router has its own")
+	}
 	wc := cfg.Worker
 	if wc.BlockSize == 0 {
 		wc.BlockSize = 64
@@ -205,6 +328,9 @@ func Run(cfg Config, reqs []trace.Request) (*Result, error) {
 			Rand:           rand.New(rand.NewPCG(cfg.Seed, 0x666c656574)),
 			Now:            clock.Load,
 			Queue:          qc,
+			Disagg:         cfg.Disagg,
+			PredictedTTL:   cfg.PredictedTTL,
+			TierCredit:     cfg.TierCredit,
 		})
 		defer own.Close()
 		rt = &local{r: own}
@@ -227,6 +353,12 @@ func Run(cfg Config, reqs []trace.Request) (*Result, error) {
 		ws[i] = &worker{id: id, w: sim.NewWorker(id, wc)}
 		g := router.Registration{ID: id, Model: model, BlockSize: wc.BlockSize,
 			MaxTokens: int64(ws[i].w.Config().MaxBatchedTokens)}
+		if cfg.PrefillWorkers > 0 {
+			g.Role = router.RoleDecode
+			if i < cfg.PrefillWorkers {
+				g.Role = router.RolePrefill
+			}
+		}
 		if err := rt.Register(g); err != nil {
 			return nil, fmt.Errorf("fleet: register worker %d: %w", id, err)
 		}
@@ -234,7 +366,7 @@ func Run(cfg Config, reqs []trace.Request) (*Result, error) {
 	res := &Result{Requests: len(reqs), TTFT: make([]time.Duration, len(reqs)), E2E: make([]time.Duration, len(reqs)),
 		PerWorker: make([]int, cfg.Workers)}
 	// A router of the caller's gets the simulation's settings with every request.
-	req0 := wire.RouteRequest{Model: model}
+	req0 := wire.RouteRequest{Model: model, Disagg: cfg.PrefillWorkers > 0}
 	if cfg.Router != nil {
 		res.RouteLatency = make([]time.Duration, len(reqs))
 		req0.Mode = wire.Mode(cfg.Mode)
@@ -248,6 +380,9 @@ func Run(cfg Config, reqs []trace.Request) (*Result, error) {
 		req0.HasTemperature, req0.Temperature = true, cfg.Temperature
 	}
 	arrival := make([]int64, len(reqs))
+	stages := make([]stage, len(reqs))
+	xfer := cfg.Transfer.withDefaults()
+	var timers timers
 	var h stepHeap
 	start := func(w *worker, at int64) {
 		if w.busy || w.w.Idle() {
@@ -277,10 +412,15 @@ func Run(cfg Config, reqs []trace.Request) (*Result, error) {
 		}
 		res.RouteFailures++
 	}
-	// place starts request i, routed to worker, on its simulated worker.
-	place := func(i int, worker uint64) {
-		if worker < 1 || worker > uint64(len(ws)) {
-			routeFailed(fmt.Errorf("fleet: routed to worker %d, not a simulated one", worker))
+	// place starts request i, routed as resp says, on its simulated worker: the prefill worker
+	// first when the router chose a prefill stage.
+	place := func(i int, resp *wire.RouteResponse) {
+		worker := resp.Worker
+		if resp.Prefill {
+			worker = resp.PrefillWorker
+		}
+		if worker < 1 || worker > uint64(len(ws)) || resp.Prefill && (resp.Worker < 1 || resp.Worker > uint64(len(ws))) {
+			routeFailed(fmt.Errorf("fleet: routed to workers %d and %d, not simulated ones", resp.PrefillWorker, resp.Worker))
 			return
 		}
 		q := &reqs[i]
@@ -288,7 +428,14 @@ func Run(cfg Config, reqs []trace.Request) (*Result, error) {
 		res.PerWorker[worker-1]++
 		res.PromptTokens += int64(len(q.Tokens))
 		res.OutputTokens += int64(max(q.Output, 1))
-		if err := w.w.Submit(&sim.Request{ID: uint64(i), Tokens: q.Tokens, Output: max(q.Output, 1)}, now); err != nil {
+		sr := sim.Request{ID: uint64(i), Tokens: q.Tokens, Output: max(q.Output, 1)}
+		if resp.Prefill {
+			// The prefill stage: one token, the blocks held until the decode worker has them.
+			stages[i] = stage{decode: resp.Worker, prefill: true}
+			sr.Output, sr.Hold = 1, true
+			res.Split++
+		}
+		if err := w.w.Submit(&sr, now); err != nil {
 			// Larger than the worker's whole cache: no engine could serve it.
 			res.Refused++
 			if rt.Complete(ids[i]) != nil {
@@ -310,29 +457,62 @@ func Run(cfg Config, reqs []trace.Request) (*Result, error) {
 				continue
 			}
 			res.QueueWait[a.i] = time.Duration(now - arrival[a.i])
-			place(a.i, a.resp.Worker)
+			place(a.i, a.resp)
 		}
 		admitted = admitted[:0]
+	}
+	// events hands the router a batch of worker's KV events.
+	events := func(worker uint64, evs []kvevent.Event) error {
+		if cfg.OnEvents != nil {
+			cfg.OnEvents(time.Duration(now), worker, evs)
+		}
+		batch = wire.EventBatch{Worker: worker, Model: model, Events: evs}
+		if err := rt.Events(&batch); err != nil {
+			return fmt.Errorf("worker %d events: %w", worker, err)
+		}
+		return nil
 	}
 	// deliver hands the router what worker w's finished step produced.
 	deliver := func(w *worker) error {
 		if len(w.out.Events) > 0 {
-			if cfg.OnEvents != nil {
-				cfg.OnEvents(time.Duration(now), w.id, w.out.Events)
-			}
-			batch = wire.EventBatch{Worker: w.id, Model: model, Events: w.out.Events}
-			if err := rt.Events(&batch); err != nil {
-				return fmt.Errorf("worker %d events: %w", w.id, err)
+			if cfg.EventDelay > 0 {
+				timers.push(timer{at: now + int64(cfg.EventDelay), worker: w.id, events: cloneEvents(w.out.Events)})
+			} else if err := events(w.id, w.out.Events); err != nil {
+				return err
 			}
 		}
 		for _, d := range w.out.PrefillDone {
+			st := &stages[d.ID]
+			if st.prefill {
+				// The prefill stage's one token: the prompt's cache hit is the prefill
+				// worker's; the client's first token comes from the decode worker.
+				res.CachedTokens += int64(d.Cached)
+				res.HostTokens += int64(d.Host)
+				continue
+			}
 			res.TTFT[d.ID] = time.Duration(d.At - arrival[d.ID])
+			if st.decode != 0 {
+				continue // a decode stage: its prefill was the prefill worker's
+			}
 			res.CachedTokens += int64(d.Cached)
+			res.HostTokens += int64(d.Host)
 			if rt.PrefillDone(ids[d.ID]) != nil {
 				res.CallErrors++
 			}
 		}
 		for _, d := range w.out.Completed {
+			st := &stages[d.ID]
+			if st.prefill {
+				// The prefill stage is over; its KV moves to the decode worker.
+				st.prefill = false
+				if rt.PrefillDone(ids[d.ID]) != nil {
+					res.CallErrors++
+				}
+				tt := xfer.Time(len(reqs[d.ID].Tokens))
+				res.TransferTime += tt
+				timers.push(timer{at: now + int64(tt), worker: w.id, handoff: true, i: int(d.ID)})
+				continue
+			}
 			res.E2E[d.ID] = time.Duration(d.At - arrival[d.ID])
 			if rt.Complete(ids[d.ID]) != nil {
 				res.CallErrors++
@@ -340,6 +520,24 @@ func Run(cfg Config, reqs []trace.Request) (*Result, error) {
 			res.Makespan = max(res.Makespan, time.Duration(d.At))
 		}
 		return nil
+	}
+	// handoff ends request i's transfer from prefill worker pw: pw lets its blocks go and
+	// the decode worker takes the request with its prompt computed.
+	handoff := func(pw uint64, i int) {
+		p := ws[pw-1]
+		p.w.Release(uint64(i))
+		start(p, now)
+		q := &reqs[i]
+		d := ws[stages[i].decode-1]
+		res.PerWorker[d.id-1]++
+		if err := d.w.Submit(&sim.Request{ID: uint64(i), Tokens: q.Tokens, Output: max(q.Output, 1), Remote: true}, now); err != nil {
+			res.Refused++
+			if rt.Complete(ids[i]) != nil {
+				res.CallErrors++
+			}
+			return
+		}
+		start(d, now)
 	}
 	var (
 		req     wire.RouteRequest
@@ -352,12 +550,16 @@ func Run(cfg Config, reqs []trace.Request) (*Result, error) {
 		pace.origin, pace.start = int64(reqs[0].At), time.Now()
 	}
 	const never = math.MaxInt64
-	for next < len(reqs) || h.Len() > 0 || deadlines.Len() > 0 {
+	for next < len(reqs) || h.Len() > 0 || deadlines.Len() > 0 || timers.Len() > 0 {
 		// At equal times a step's end comes first (the router sees what the workers did by
-		// then), then a deadline, then an arrival.
-		tStep, tDead, tArr := int64(never), int64(never), int64(never)
+		// then), then a delayed event batch or a transfer's end, then a deadline, then an
+		// arrival.
+		tStep, tTimer, tDead, tArr := int64(never), int64(never), int64(never), int64(never)
 		if h.Len() > 0 {
 			tStep = h.peek().end
+		}
+		if timers.Len() > 0 {
+			tTimer = timers.next()
 		}
 		if deadlines.Len() > 0 {
 			tDead = deadlines[0].at
@@ -366,7 +568,7 @@ func Run(cfg Config, reqs []trace.Request) (*Result, error) {
 			tArr = int64(reqs[next].At)
 		}
 		switch {
-		case tStep <= tDead && tStep <= tArr:
+		case tStep <= tTimer && tStep <= tDead && tStep <= tArr:
 			pace.wait(tStep)
 			w := heap.Pop(&h).(*worker)
 			now = w.end
@@ -377,6 +579,18 @@ func Run(cfg Config, reqs []trace.Request) (*Result, error) {
 			}
 			placeAdmitted()
 			start(w, now)
+			continue
+		case tTimer <= tDead && tTimer <= tArr:
+			pace.wait(tTimer)
+			t := timers.pop()
+			now = t.at
+			clock.Store(now)
+			if t.handoff {
+				handoff(t.worker, t.i)
+			} else if err := events(t.worker, t.events); err != nil {
+				return nil, err
+			}
+			placeAdmitted()
 			continue
 		case tDead <= tArr:
 			d := heap.Pop(&deadlines).(deadline)
@@ -448,7 +662,7 @@ func Run(cfg Config, reqs []trace.Request) (*Result, error) {
 			routeFailed(err)
 			continue
 		}
-		place(i, rs.Worker)
+		place(i, rs)
 		placeAdmitted() // a refused placement completes at once, which may admit others
 	}
 	if len(reqs) > 0 {
@@ -461,8 +675,62 @@ func Run(cfg Config, reqs []trace.Request) (*Result, error) {
 	res.Blocks = make([]int, len(ws))
 	for i, w := range ws {
 		res.Blocks[i] = w.w.CachedBlocks()
+		st := w.w.Stats()
+		res.PrefillBusy += time.Duration(st.PrefillNs)
+		res.DecodeBusy += time.Duration(st.DecodeNs)
 	}
 	return res, nil
+}
+
+// stage is where a request of a disaggregated fleet is: prefill while its prefill stage runs,
+// decode the worker of its decode stage (0: the request is served whole).
+type stage struct {
+	decode  uint64
+	prefill bool
+}
+
+// timer is a delayed event batch of worker, or (handoff) the end of request i's KV transfer
+// from prefill worker worker; seq orders timers of equal times by their making.
+type timer struct {
+	at      int64
+	seq     uint64
+	worker  uint64
+	handoff bool
+	i       int
+	events  []kvevent.Event
+}
+
+// timerHeap orders timers by time, then by their making.
+type timerHeap []timer
+
+func (h timerHeap) Len() int { return len(h) }
+func (h timerHeap) Less(i, j int) bool {
+	return h[i].at < h[j].at || h[i].at == h[j].at && h[i].seq < h[j].seq
+}
+func (h timerHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
+func (h *timerHeap) Push(x any)   { *h = append(*h, x.(timer)) }
+func (h *timerHeap) Pop() any     { old := *h; t := old[len(old)-1]; *h = old[:len(old)-1]; return t }
+
+// timers are a run's pending timers.
+type timers struct {
+	h   timerHeap
+	seq uint64
+}
+
+func (t *timers) Len() int     { return len(t.h) }
+func (t *timers) next() int64  { return t.h[0].at }
+func (t *timers) pop() timer   { return heap.Pop(&t.h).(timer) }
+func (t *timers) push(x timer) { t.seq++; x.seq = t.seq; heap.Push(&t.h, x) }
+
+// cloneEvents copies evs and the slices they hold, which the worker reuses at its next step.
+func cloneEvents(evs []kvevent.Event) []kvevent.Event {
+	c := slices.Clone(evs)
+	for i := range c {
+		c[i].Hashes = slices.Clone(c[i].Hashes)
+		c[i].Tokens = slices.Clone(c[i].Tokens)
+		c[i].Locals = slices.Clone(c[i].Locals)
+	}
+	return c
 }
 
 // noRecheck is the period of the router queue's wall-clock recheck in a simulation: longer than

@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvrouterd/kvrouterd/bench/sim"
 	"github.com/kvrouterd/kvrouterd/bench/trace"
+	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/router"
 	"github.com/kvrouterd/kvrouterd/scoring"
 	"github.com/kvrouterd/kvrouterd/wire"
@@ -252,5 +253,178 @@ func TestQueueNeedsQueuer(t *testing.T) {
 	_, err := Run(Config{Workers: 1, Worker: smallWorker(), Router: noQueue{&local{r: r}}, Queue: &router.QueueConfig{}}, smallWorkload())
 	if err == nil {
 		t.Fatal("no error")
+	}
+}
+
+// TestTransferTime: the transfer's cost, worked by hand.
+func TestTransferTime(t *testing.T) {
+	// 8,192 tokens × 131,072 B = 1,073,741,824 B; / 50e9 B/s = 21.47483648 ms; + 1 ms.
+	if got := DefaultTransfer().Time(8192); got != 22474836*time.Nanosecond {
+		t.Errorf("default transfer of 8192 tokens: %v", got)
+	}
+	if got := (Transfer{}).Time(8192); got != DefaultTransfer().Time(8192) {
+		t.Errorf("zero Transfer %v: want the defaults", got)
+	}
+	// 1,000 tokens × 100 B / 1e9 B/s = 100 µs, no latency.
+	if got := (Transfer{BytesPerToken: 100, Bandwidth: 1e9, Latency: -1}).Time(1000); got != 100*time.Microsecond {
+		t.Errorf("transfer %v, want 100µs", got)
+	}
+	if got := (Transfer{BytesPerToken: 100, Bandwidth: 1e9, Latency: 3 * time.Millisecond}).Time(0); got != 3*time.Millisecond {
+		t.Errorf("empty transfer %v, want the latency", got)
+	}
+}
+
+// TestDisaggregated: every request runs its prompt on a prefill worker, moves its KV at the
+// transfer's cost and decodes on a decode worker; the router's bookings all end released.
+func TestDisaggregated(t *testing.T) {
+	reqs := smallWorkload()
+	cfg := Config{Workers: 4, PrefillWorkers: 2, Mode: scoring.KV, Worker: smallWorker(), Seed: 3}
+	res, err := Run(cfg, reqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Split != len(reqs) || res.RouteFailures != 0 || res.CallErrors != 0 || res.Refused != 0 || res.Booked != 0 {
+		t.Fatalf("split %d of %d, %d route failures (%s), %d call errors, %d refused, %d left booked",
+			res.Split, len(reqs), res.RouteFailures, res.RouteErr, res.CallErrors, res.Refused, res.Booked)
+	}
+	// Each request is counted once on a prefill worker (1, 2) and once on a decode one (3, 4).
+	if p, d := res.PerWorker[0]+res.PerWorker[1], res.PerWorker[2]+res.PerWorker[3]; p != len(reqs) || d != len(reqs) {
+		t.Errorf("prefill stages %d, decode stages %d, want %d each (%v)", p, d, len(reqs), res.PerWorker)
+	}
+	var xfer time.Duration
+	for i, q := range reqs {
+		tt := DefaultTransfer().Time(len(q.Tokens))
+		xfer += tt
+		// Prefill (at least its fixed 16.5 ms), the transfer, then the last prompt token.
+		if res.TTFT[i] < tt+16*time.Millisecond || res.E2E[i] < res.TTFT[i] {
+			t.Fatalf("request %d: ttft %v, e2e %v, transfer %v", i, res.TTFT[i], res.E2E[i], tt)
+		}
+	}
+	if res.TransferTime != xfer {
+		t.Errorf("transfer time %v, want %v", res.TransferTime, xfer)
+	}
+	if res.HitRate() <= 0 {
+		t.Errorf("no prefix hits on the prefill workers")
+	}
+
+	// Conditional disaggregation: isl_bounding keeps short or well-cached prompts whole.
+	cfg.Disagg = &router.DisaggConfig{Policy: router.DisaggISLBounding}
+	cond, err := Run(cfg, reqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cond.Split == 0 || cond.Split == len(reqs) || cond.CallErrors != 0 || cond.Booked != 0 || cond.RouteFailures != 0 {
+		t.Errorf("conditional: split %d of %d, %d call errors, %d left booked", cond.Split, len(reqs), cond.CallErrors, cond.Booked)
+	}
+	if cond.PerWorker[0]+cond.PerWorker[1] != cond.Split {
+		t.Errorf("conditional: %v, %d split: a prefill worker served a request whole", cond.PerWorker, cond.Split)
+	}
+	t.Logf("disaggregated: ttft %s, hit %.3f; conditional: %d of %d split, ttft %s", summary(res), res.HitRate(),
+		cond.Split, len(reqs), summary(cond))
+}
+
+// TestEventDelay: the router gets every batch EventDelay after the step that produced it, in
+// the order the workers published them. Round robin routes without the index, so the runs
+// differ only in when the events arrive.
+func TestEventDelay(t *testing.T) {
+	reqs := smallWorkload()
+	type got struct {
+		at     time.Duration
+		worker uint64
+		first  uint64
+		n      int
+	}
+	run := func(delay time.Duration) []got {
+		var gs []got
+		cfg := Config{Workers: 4, Mode: scoring.RoundRobin, Worker: smallWorker(), Seed: 3, EventDelay: delay,
+			OnEvents: func(at time.Duration, worker uint64, evs []kvevent.Event) {
+				gs = append(gs, got{at, worker, evs[0].ID, len(evs)})
+			}}
+		if _, err := Run(cfg, reqs); err != nil {
+			t.Fatal(err)
+		}
+		return gs
+	}
+	const delay = 40 * time.Millisecond
+	now, late := run(0), run(delay)
+	if len(now) == 0 || len(now) != len(late) {
+		t.Fatalf("%d batches at once, %d delayed", len(now), len(late))
+	}
+	next := map[uint64]uint64{}
+	for i := range now {
+		want := now[i]
+		want.at += delay
+		if late[i] != want {
+			t.Fatalf("batch %d: %+v, want %+v", i, late[i], want)
+		}
+		if late[i].first != next[late[i].worker]+1 {
+			t.Fatalf("worker %d: batch from event %d after %d", late[i].worker, late[i].first, next[late[i].worker])
+		}
+		next[late[i].worker] += uint64(late[i].n)
+	}
+}
+
+// TestHostTierFleet: with a host tier, evicted prefixes come back as reloads, the router takes
+// the host tier's events without complaint, and crediting them changes where requests go.
+func TestHostTierFleet(t *testing.T) {
+	g := trace.DefaultSynthetic()
+	g.Duration = time.Minute
+	reqs := trace.Synthetic(g)
+	wc := smallWorker()
+	wc.Blocks = 256 // small enough to evict the workload's prefixes
+	base := Config{Workers: 4, Mode: scoring.KV, Worker: wc, Seed: 3}
+	none, err := Run(base, reqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wc.HostBlocks = 4 * wc.Blocks
+	host := base
+	host.Worker = wc
+	host.TierCredit = &scoring.TierCredit{}
+	indexed, err := Run(host, reqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	host.TierCredit = &scoring.TierCredit{Host: 0.75}
+	credited, err := Run(host, reqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range []*Result{none, indexed, credited} {
+		if r.CallErrors != 0 || r.RouteFailures != 0 || r.Booked != 0 {
+			t.Fatalf("%d call errors, %d route failures, %d left booked", r.CallErrors, r.RouteFailures, r.Booked)
+		}
+	}
+	if none.HostTokens != 0 || indexed.HostTokens == 0 || credited.HostTokens == 0 {
+		t.Errorf("host tokens: none %d, indexed %d, credited %d", none.HostTokens, indexed.HostTokens, credited.HostTokens)
+	}
+	if reflect.DeepEqual(indexed.PerWorker, credited.PerWorker) && reflect.DeepEqual(indexed.TTFT, credited.TTFT) {
+		t.Errorf("crediting the host tier changed nothing")
+	}
+	t.Logf("hit device+host: none %.3f, indexed %.3f+%.3f, credited %.3f+%.3f", none.HitRate(), indexed.HitRate(),
+		indexed.HostHitRate(), credited.HitRate(), credited.HostHitRate())
+}
+
+// TestDeterministicFeatures: a disaggregated fleet with host tiers, delayed events and
+// predict-on-route gives the same numbers for the same seed.
+func TestDeterministicFeatures(t *testing.T) {
+	reqs := smallWorkload()
+	wc := smallWorker()
+	wc.Blocks, wc.HostBlocks = 512, 2048
+	cfg := Config{Workers: 4, PrefillWorkers: 1, Mode: scoring.KV, Worker: wc, Seed: 5, EventDelay: 30 * time.Millisecond,
+		PredictedTTL: 2 * time.Second, Disagg: &router.DisaggConfig{Policy: router.DisaggISLBounding}}
+	a, err := Run(cfg, reqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := Run(cfg, reqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(a, b) {
+		t.Fatalf("two runs differ:\n%+v\n%+v", summary(a), summary(b))
+	}
+	if a.Split == 0 || a.HostTokens == 0 || a.CallErrors != 0 || a.Booked != 0 {
+		t.Errorf("split %d, host tokens %d, %d call errors, %d left booked", a.Split, a.HostTokens, a.CallErrors, a.Booked)
 	}
 }

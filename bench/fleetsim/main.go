@@ -17,6 +17,15 @@
 // the in-process router; a daemon is routed without it.
 //
 //	go run ./bench/fleetsim --trace ../shared/traces/mooncake/conversation_trace.jsonl --modes kv --time-scale 0.12 --router-queue-threshold 4 --router-queue-policy wspt
+//
+// The features of large fleets, in process: --prefill-workers splits the fleet into prefill
+// and decode pools (--disagg-policy for conditional disaggregation), --host-blocks gives each
+// worker a host-memory tier (--host-cache-hit-weight credits it in the router's cost),
+// --event-delay holds KV events back from the router, --router-predicted-ttl-secs turns on
+// predict-on-route, and --burst replaces the trace with the generated burst workload.
+//
+//	go run ./bench/fleetsim --trace ../shared/traces/mooncake/conversation_trace.jsonl --modes kv --time-scale 0.15 --host-blocks 65536 --host-cache-hit-weight 0.75
+//	go run ./bench/fleetsim --burst --modes kv --event-delay 50ms --router-predicted-ttl-secs 5
 package main
 
 import (
@@ -56,6 +65,13 @@ func main() {
 		pace      = flag.Float64("pace", 0, "simulated seconds per wall second; 0: unpaced (in process only: a daemon needs a pace)")
 		qThresh   = flag.Float64("router-queue-threshold", -1, "turns the router queue on (in process only): a rank is busy above this × max_num_batched_tokens of prompt tokens booked and not prefilled; negative: off")
 		qPolicy   = flag.String("router-queue-policy", "fcfs", "the router queue's order: fcfs, wspt or lcfs")
+		prefillN  = flag.Int("prefill-workers", 0, "disaggregated: this many of --workers prefill, the others decode (in process only)")
+		dPolicy   = flag.String("disagg-policy", "none", "conditional disaggregation: none, isl_bounding (Dynamo's thresholds)")
+		hostN     = flag.Int("host-blocks", 0, "host-memory tier per worker, in blocks (0: none)")
+		hostW     = flag.Float64("host-cache-hit-weight", -1, "the router's credit for host-tier blocks (negative: its default, 0.75)")
+		evDelay   = flag.Duration("event-delay", 0, "delay between a worker's step and the router getting its KV events")
+		predTTL   = flag.Float64("router-predicted-ttl-secs", 0, "predict-on-route's TTL in seconds (0: off)")
+		burst     = flag.Bool("burst", false, "the generated burst workload (groups of siblings over a shared prefix) instead of --trace")
 	)
 	flag.Parse()
 	e2eMode := *inProc || *addr != ""
@@ -80,7 +96,9 @@ func main() {
 	t0 := time.Now()
 	var reqs []trace.Request
 	var err error
-	if *path != "" {
+	if *burst {
+		reqs = trace.Scale(trace.Burst(trace.DefaultBurst()), *timeScale)
+	} else if *path != "" {
 		reqs, err = trace.LoadMooncake(*path, trace.MooncakeOptions{TimeScale: *timeScale, Limit: *limit})
 	} else {
 		reqs = trace.Scale(trace.Synthetic(trace.DefaultSynthetic()), *timeScale)
@@ -92,8 +110,8 @@ func main() {
 	bound := trace.CountHits(reqs, *blockSize)
 	fmt.Printf("# %d requests, loaded in %v; infinite-cache bound at block size %d: %.1f %% of full blocks\n",
 		len(reqs), time.Since(t0).Round(time.Millisecond), *blockSize, 100*bound.FullBound())
-	head, rule := "| mode | TTFT mean / p50 / p99 ms | e2e mean / p99 s | hit rate | of bound | output tok/s | imbalance | refused | sim time |",
-		"|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+	head, rule := "| mode | TTFT mean / p50 / p99 ms | ITL mean ms | e2e mean / p99 s | hit rate device + host | of bound | output tok/s | imbalance | refused | sim time |",
+		"|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 	if e2eMode {
 		where := "a kvrouterd in process per mode (router, HTTP on loopback, embedded NATS)"
 		if *addr != "" {
@@ -106,7 +124,22 @@ func main() {
 	fmt.Println(head)
 	fmt.Println(rule)
 	wc := sim.DefaultWorkerConfig()
-	wc.BlockSize, wc.Blocks = *blockSize, *blocks
+	wc.BlockSize, wc.Blocks, wc.HostBlocks = *blockSize, *blocks, *hostN
+	var dc *router.DisaggConfig
+	if *dPolicy != "none" {
+		p, err := router.ParseDisaggPolicy(*dPolicy)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "fleetsim: --disagg-policy:", err)
+			os.Exit(2)
+		}
+		dc = &router.DisaggConfig{Policy: p}
+	}
+	var credit *scoring.TierCredit
+	if *hostW >= 0 {
+		c := scoring.DefaultTierCredit()
+		c.Host = *hostW
+		credit = &c
+	}
 	for _, name := range strings.Split(*modes, ",") {
 		mode, err := scoring.ParseMode(name)
 		if err != nil {
@@ -115,7 +148,8 @@ func main() {
 		}
 		t1 := time.Now()
 		fc := fleet.Config{Workers: *workers, Mode: mode, Worker: wc, Seed: *seed, Pace: *pace, OverlapWeight: *weight, Temperature: *temp,
-			Queue: queue}
+			Queue: queue, PrefillWorkers: *prefillN, Disagg: dc, TierCredit: credit, EventDelay: *evDelay,
+			PredictedTTL: time.Duration(*predTTL * float64(time.Second))}
 		var (
 			res *fleet.Result
 			er  *e2e.Result
@@ -138,9 +172,10 @@ func main() {
 		}
 		tm, t50, t99 := stats(res.TTFT)
 		em, _, e99 := stats(res.E2E)
-		fmt.Printf("| %s | %.0f / %.0f / %.0f | %.1f / %.1f | %.1f %% | %.0f %% | %.0f | %.2f | %d | %v |",
-			name, ms(tm), ms(t50), ms(t99), em.Seconds(), e99.Seconds(), 100*res.HitRate(),
-			100*res.HitRate()/bound.TokenBound(), float64(res.OutputTokens)/res.Makespan.Seconds(),
+		im, _, _ := stats(res.ITL(reqs))
+		fmt.Printf("| %s | %.0f / %.0f / %.0f | %.1f | %.1f / %.1f | %.1f + %.1f %% | %.0f %% | %.0f | %.2f | %d | %v |",
+			name, ms(tm), ms(t50), ms(t99), ms(im), em.Seconds(), e99.Seconds(), 100*res.HitRate(), 100*res.HostHitRate(),
+			100*(res.HitRate()+res.HostHitRate())/bound.TokenBound(), float64(res.OutputTokens)/res.Makespan.Seconds(),
 			res.Imbalance(), res.Refused, time.Since(t1).Round(time.Millisecond))
 		if er != nil {
 			_, r50, r99 := stats(res.RouteLatency)
@@ -148,6 +183,8 @@ func main() {
 				er.Published.Errors, ms(res.MaxLag), ms(er.Drain))
 		}
 		fmt.Println()
+		fmt.Fprintf(os.Stderr, "fleetsim: %s: workers' step time %.0f %% prefill; %d requests split into prefill and decode stages\n", name,
+			100*float64(res.PrefillBusy)/float64(max(1, res.PrefillBusy+res.DecodeBusy)), res.Split)
 		if queue != nil {
 			fmt.Fprintf(os.Stderr, "fleetsim: %s: %d requests waited in the router queue (%s, threshold %g), at most %d at once\n",
 				name, res.Queued, queue.Policy, queue.Threshold, res.MaxQueued)

@@ -8,7 +8,9 @@
 //	quality  routing quality: the Mooncake conversation and synthetic traces and the built-in
 //	         generator on 8 simulated workers (package bench/fleet), per routing mode; then the
 //	         router queue on the conversation trace where kv saturates the workers: off and each
-//	         policy, priority classes, and a sweep of the threshold
+//	         policy, priority classes, and a sweep of the threshold; then disaggregated prefill
+//	         and decode pools and a host-memory tier on the conversation trace, and
+//	         predict-on-route on a generated burst workload with delayed KV events
 //	e2e      the same simulation against a whole daemon over HTTP and NATS (package bench/e2e)
 //	index    the index replaying the conversation trace's own KV events at 8, 1,000 and 10,000
 //	         workers (package bench/replay)

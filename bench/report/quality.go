@@ -81,11 +81,12 @@ func (r *report) simulate(w workload, mode scoring.Mode, s float64, blocks int, 
 	return r.simulateFleet(w, s, fleet.Config{Mode: mode, OverlapWeight: weight, Sample: sample}, blocks, mode.String())
 }
 
-// simulateFleet runs one fleet simulation of w at arrival scale s with fc's routing and queue
-// settings (its workers, worker model and seed are the section's); label names it in the log.
+// simulateFleet runs one fleet simulation of w at arrival scale s with fc's routing, queue and
+// fleet settings (its workers, worker model — but for fc.Worker.HostBlocks — and seed are the
+// section's); label names it in the log.
 func (r *report) simulateFleet(w workload, s float64, fc fleet.Config, blocks int, label string) (qualityRun, error) {
 	wc := sim.DefaultWorkerConfig()
-	wc.BlockSize, wc.Blocks = blockSize, blocks
+	wc.BlockSize, wc.Blocks, wc.HostBlocks = blockSize, blocks, fc.Worker.HostBlocks
 	fc.Workers, fc.Worker, fc.Seed = fleetWorkers, wc, r.cfg.Seed
 	t0 := time.Now()
 	res, err := fleet.Run(fc, trace.Scale(w.reqs, s))
@@ -93,8 +94,8 @@ func (r *report) simulateFleet(w workload, s float64, fc fleet.Config, blocks in
 		return qualityRun{}, fmt.Errorf("%s ×%g %s: %w", w.name, s, label, err)
 	}
 	q := qualityRun{mode: fc.Mode, scale: s, res: res, ttft: summarize(res.TTFT), e2e: summarize(res.E2E)}
-	r.logf("quality: %s ×%g %-12s TTFT mean %7.0f ms, hit %4.1f %%  (%v)", w.name, s, label, ms(q.ttft.mean),
-		100*res.HitRate(), time.Since(t0).Round(10*time.Millisecond))
+	r.logf("quality: %s ×%g %-12s TTFT mean %7.0f ms, hit %4.1f %% + host %4.1f %%  (%v)", w.name, s, label, ms(q.ttft.mean),
+		100*res.HitRate(), 100*res.HostHitRate(), time.Since(t0).Round(10*time.Millisecond))
 	return q, nil
 }
 
@@ -146,7 +147,7 @@ func (r *report) quality() error {
 			return err
 		}
 	}
-	return nil
+	return r.features(conv)
 }
 
 // loadedSet is the runs of every mode at a workload's loaded point.

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kvrouterd/kvrouterd/bench/trace"
+	"github.com/kvrouterd/kvrouterd/scoring"
 )
 
 // TestQuickReportGenerated runs the quality section on the built-in workload alone (no trace
@@ -56,7 +57,8 @@ func TestQuickReportGenerated(t *testing.T) {
 		seen[name] = true
 	}
 	for _, name := range []string{"quality.generated.loaded.kv.ttft_mean", "quality.generated.bound_infinite",
-		"quality.generated.loaded.kv_over_round_robin_ttft_mean"} {
+		"quality.generated.loaded.kv_over_round_robin_ttft_mean", "quality.generated.predict.off.hit_rate",
+		"quality.generated.predict.on.hit_rate", "quality.generated.predict.on.ttft_mean"} {
 		if !seen[name] {
 			t.Errorf("no %s", name)
 		}
@@ -70,7 +72,7 @@ func TestQuickReportGenerated(t *testing.T) {
 			t.Errorf("report.md lacks %q", want)
 		}
 	}
-	for _, f := range []string{"ttft-cdf-generated.png", "hit-rate-generated.png", "load-generated-kv.png"} {
+	for _, f := range []string{"ttft-cdf-generated.png", "hit-rate-generated.png", "load-generated-kv.png", "predict-hit-burst.png"} {
 		if st, err := os.Stat(filepath.Join(out, f)); err != nil || st.Size() == 0 {
 			t.Errorf("plot %s: %v", f, err)
 		}
@@ -144,4 +146,56 @@ func TestQueueRows(t *testing.T) {
 	}
 	t.Logf("off %.0f, fcfs %.0f, wspt %.0f, lcfs %.0f ms; high %.0f, low %.0f ms", got[want[2]], got[want[4]], got[want[6]],
 		got[want[8]], got[want[0]], got[want[1]])
+}
+
+// TestFeatureRows runs the disaggregation, host-tier and predict-on-route sections, on a short
+// generated workload standing in for the conversation trace, and checks that every row the
+// issue names exists, with its plot.
+func TestFeatureRows(t *testing.T) {
+	if testing.Short() {
+		t.Skip("simulates workloads a few dozen times")
+	}
+	out := t.TempDir()
+	g := trace.DefaultSynthetic()
+	g.Duration = time.Minute
+	r := &report{cfg: config{Quick: true, Out: out, Seed: 1}, start: time.Now(), progress: io.Discard}
+	w := workload{"conversation", "generated stand-in", trace.Synthetic(g)}
+	kv, err := r.simulate(w, scoring.KV, 0.2, kvBlocks, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.features(&loadedSet{w: w, runs: []qualityRun{kv}}); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, m := range r.ms {
+		if _, dup := got[m.Name]; dup {
+			t.Errorf("measurement %q twice", m.Name)
+		}
+		got[m.Name] = m.Value
+	}
+	var want []string
+	for _, f := range []string{"aggregated", "disaggregated", "conditional"} {
+		for _, v := range []string{"ttft_mean", "ttft_p99", "itl_mean"} {
+			want = append(want, "quality.conversation.disagg."+f+"."+v)
+		}
+	}
+	for _, f := range []string{"none", "host", "host_credit"} {
+		want = append(want, "quality.conversation.tiers."+f+".hit_of_bound", "quality.conversation.tiers."+f+".ttft_mean")
+	}
+	for _, f := range []string{"off", "on"} {
+		want = append(want, "quality.generated.predict."+f+".hit_rate", "quality.generated.predict."+f+".ttft_mean")
+	}
+	for _, name := range want {
+		if v, ok := got[name]; !ok || !(v > 0) {
+			t.Errorf("%s: %v, %v", name, v, ok)
+		}
+	}
+	for _, f := range []string{"disagg-ttft-cdf-conversation.png", "tiers-hit-conversation.png", "predict-hit-burst.png"} {
+		if st, err := os.Stat(filepath.Join(out, f)); err != nil || st.Size() == 0 {
+			t.Errorf("plot %s: %v", f, err)
+		}
+	}
+	t.Logf("disagg ttft agg %.0f / disagg %.0f / cond %.0f ms; tiers of bound %.0f / %.0f / %.0f %%; predict hit %.1f → %.1f %%",
+		got[want[0]], got[want[3]], got[want[6]], got[want[9]], got[want[11]], got[want[13]], got[want[15]], got[want[17]])
 }

@@ -68,6 +68,25 @@
 // evicted; a cached block's parent is always cached (it is pinned by everyone pinning the
 // child, and it is released after the child, so it is never the older of the two in the LRU).
 //
+// # Host tier
+//
+// With WorkerConfig.HostBlocks a worker has a host-memory tier, as KVBM or LMCache give vLLM:
+// a block evicted from the device cache is copied into a host LRU of that many blocks (a block
+// the tier holds already only becomes its most recently used), and the tier's least recently
+// used block makes room, leaving it. A request's cached prefix is its device prefix continued
+// by host blocks; those are reloaded into device blocks at admission — stored again on the
+// device, not computed — and the step that admits it lasts HostReload longer per block (the
+// load precedes the forward pass, as vLLM's connectors load synchronously). A reload costs
+// between a device hit (nothing) and a recompute: HostReloadTime derives it from the KV bytes
+// of a block and the host link's bandwidth. Done.Host reports the tokens reloaded, apart from
+// the device hit (Done.Cached).
+//
+// The tier publishes its own events (Tier kvevent.Host), as Dynamo's KVBM does: Stored when a
+// block enters it, carrying the blocks' local hashes (Locals) instead of tokens, the device
+// copy's tokens being gone, and Removed when it leaves. A block's host Stored event comes
+// before its device Removed event, and a device eviction takes a child before its parent, so
+// the parent of a block entering the host tier is always on the device or in the tier.
+//
 // # Admission
 //
 // There is no preemption. A request is admitted only if the blocks it can still need —
@@ -80,7 +99,8 @@
 //
 // # Events
 //
-// Events carry IDs from 1 upwards, Rank 0 and the device tier. Consecutive blocks stored in one
+// Events carry IDs from 1 upwards (one sequence for both tiers), Rank 0 and the device tier
+// unless they are the host tier's. Consecutive blocks stored in one
 // chain are published in one Stored event (Parent = the engine hash of the block before the
 // first, HasParent false at the root, Tokens = the blocks' prompt tokens, BlockSize set);
 // consecutive evictions are published in one Removed event. Applied in order, the events of

@@ -3,7 +3,9 @@ package sim
 import (
 	"errors"
 	"fmt"
+	"math"
 	"slices"
+	"time"
 
 	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/radix"
@@ -24,6 +26,16 @@ type WorkerConfig struct {
 	MaxSeqs          int    // max running sequences (default 256)
 	MaxBatchedTokens int    // max tokens per step: prefill chunks + 1 per decoding sequence (default 8192)
 	Timing           Timing // step-time model (default DefaultTiming(); the zero Timing means default)
+
+	// HostBlocks, if > 0, gives the worker a host-memory tier of that many blocks: device
+	// blocks evicted from the cache are copied into it (an LRU; Stored and Removed events of
+	// kvevent.Host), and a request whose cached prefix continues there reloads those blocks
+	// instead of computing them. 0: no host tier.
+	HostBlocks int
+	// HostReload is the time to reload one block from the host tier, added to the step that
+	// admits the request (the load precedes the forward pass, as vLLM's KV connectors load
+	// synchronously). 0: HostReloadTime(BlockSize, KVBytesPerToken, HostBandwidth).
+	HostReload time.Duration
 }
 
 // DefaultWorkerConfig returns the defaults of Dynamo's mocker: 16384 blocks of 64 tokens, 256
@@ -48,6 +60,12 @@ func (c WorkerConfig) withDefaults() WorkerConfig {
 	}
 	if c.Timing == (Timing{}) {
 		c.Timing = d.Timing
+	}
+	if c.HostBlocks < 0 {
+		c.HostBlocks = 0
+	}
+	if c.HostBlocks > 0 && c.HostReload <= 0 {
+		c.HostReload = HostReloadTime(c.BlockSize, KVBytesPerToken, HostBandwidth)
 	}
 	return c
 }
@@ -76,7 +94,8 @@ type Request struct {
 type Done struct {
 	ID     uint64
 	At     int64 // simulated time, ns: the end of the step
-	Cached int   // prompt tokens that were a prefix-cache hit
+	Cached int   // prompt tokens that were a prefix-cache hit on the device
+	Host   int   // prompt tokens reloaded from the host tier (after the Cached ones)
 }
 
 // Token is one output token a request emitted in a step, at the step's end.
@@ -101,6 +120,7 @@ type StepOutput struct {
 
 	hashes []uint64 // arena of the events' Hashes
 	tokens []uint32 // arena of the events' Tokens
+	locals []uint64 // arena of the events' Locals
 }
 
 func (o *StepOutput) reset() {
@@ -112,6 +132,7 @@ func (o *StepOutput) reset() {
 	o.PrefillTokens, o.DecodeTokens = 0, 0
 	o.hashes = o.hashes[:0]
 	o.tokens = o.tokens[:0]
+	o.locals = o.locals[:0]
 }
 
 // Stats are a worker's cumulative counters.
@@ -124,6 +145,12 @@ type Stats struct {
 	Steps                                    uint64
 	RemoteTokens                             uint64 // prompt tokens of Remote requests that arrived computed (not cache hits, not computed here)
 	ComputedTokens                           uint64 // prompt tokens computed by prefill steps
+	// Host tier: prompt tokens reloaded from it, blocks copied into it and evicted from it.
+	HostTokens                          uint64
+	HostStoredBlocks, HostEvictedBlocks uint64
+	// The steps' time, split into the prefill part (with host reloads) and the decode part of
+	// the timing model, in ns: what a fleet's pools would have to be sized for.
+	PrefillNs, DecodeNs uint64
 }
 
 const none int32 = -1
@@ -133,6 +160,7 @@ const none int32 = -1
 // list when ref is 0.
 type block struct {
 	hash, parent      uint64 // engine hash and parent's engine hash, when stored
+	local             uint64 // local hash (tokens only), when stored and the worker has a host tier
 	ref               int32
 	prev, next        int32 // LRU links
 	stored, hasParent bool
@@ -144,12 +172,14 @@ type seq struct {
 	tokens    []uint32
 	output    int
 	hashes    []uint64 // engine hashes of the full prompt blocks
+	locals    []uint64 // their local hashes, with a host tier (its Stored events carry them)
 	blocks    []int32  // the sequence's KV blocks in order
 	maxBlocks int      // blocks it holds when it completes
 	stored    int      // blocks[:stored] are stored prompt blocks it pins
 	computed  int      // tokens whose KV is computed
 	generated int
 	cached    int // prompt tokens hit in the cache
+	host      int // prompt tokens reloaded from the host tier
 	emitted   bool
 	remote    bool // Request.Remote
 	hold      bool // Request.Hold
@@ -177,6 +207,9 @@ type Worker struct {
 	seed   uint64
 	nextID uint64 // ID of the last event published
 
+	host   *hostTier // nil without one
+	reload int       // blocks reloaded from the host tier in the step under way
+
 	out  *StepOutput // during Step
 	recs []eventRec
 	st   Stats
@@ -186,8 +219,9 @@ type Worker struct {
 // arenas, turned into slices once the arenas stop growing.
 type eventRec struct {
 	kind      kvevent.Kind
+	tier      kvevent.Tier
 	h0, h1    int
-	t0, t1    int
+	t0, t1    int // tokens; for a host Stored event, its locals in the output's arena
 	parent    uint64
 	hasParent bool
 }
@@ -204,6 +238,9 @@ func NewWorker(id uint64, cfg WorkerConfig) *Worker {
 		byHash: make(map[uint64]int32, cfg.Blocks),
 		held:   make(map[uint64]*seq),
 		seed:   radix.LoRASeed(""),
+	}
+	if cfg.HostBlocks > 0 {
+		w.host = newHostTier(cfg.HostBlocks)
 	}
 	// Pop order 0, 1, 2, …: the stack holds the slots in reverse.
 	for i := range w.free {
@@ -278,8 +315,11 @@ func (w *Worker) Submit(r *Request, now int64) error {
 		s = new(seq)
 	}
 	*s = seq{id: r.ID, tokens: r.Tokens, output: output, maxBlocks: need,
-		hashes: s.hashes[:0], blocks: s.blocks[:0], remote: r.Remote, hold: r.Hold}
+		hashes: s.hashes[:0], locals: s.locals[:0], blocks: s.blocks[:0], remote: r.Remote, hold: r.Hold}
 	s.hashes = w.hasher.AppendSequence(s.hashes, r.Tokens, w.cfg.BlockSize, w.seed)
+	if w.host != nil {
+		s.locals = w.hasher.AppendLocal(s.locals[:0], r.Tokens, w.cfg.BlockSize, w.seed)
+	}
 	if w.whead > 0 && w.whead == len(w.waiting) {
 		clear(w.waiting)
 		w.waiting, w.whead = w.waiting[:0], 0
@@ -304,6 +344,7 @@ func (w *Worker) Step(now int64, out *StepOutput) int64 {
 	}
 	w.st.Steps++
 	w.out = out
+	w.reload = 0
 	budget := w.cfg.MaxBatchedTokens
 	decoding := false
 	// Decoding sequences first, then running prefills in admission order.
@@ -337,7 +378,15 @@ func (w *Worker) Step(now int64, out *StepOutput) int64 {
 		decoding = decoding || s.emitted
 	}
 
-	end := now + max(1, int64(w.cfg.Timing.StepTime(out.PrefillTokens, w.ActiveUsage(), decoding)))
+	u := w.ActiveUsage()
+	step := w.cfg.Timing.StepTime(out.PrefillTokens, u, decoding) + time.Duration(w.reload)*w.cfg.HostReload
+	end := now + max(1, int64(step))
+	decodeNs := int64(0)
+	if decoding {
+		decodeNs = int64(math.Round(w.cfg.Timing.DecodeMs(u) * 1e6))
+	}
+	w.st.DecodeNs += uint64(decodeNs)
+	w.st.PrefillNs += uint64(max(0, int64(step)-decodeNs))
 
 	kept := w.running[:0]
 	for _, s := range w.running {
@@ -348,13 +397,13 @@ func (w *Worker) Step(now int64, out *StepOutput) int64 {
 		s.emitted = false
 		out.Emitted = append(out.Emitted, Token{ID: s.id, N: s.generated})
 		if s.generated == 1 {
-			out.PrefillDone = append(out.PrefillDone, Done{ID: s.id, At: end, Cached: s.cached})
+			out.PrefillDone = append(out.PrefillDone, Done{ID: s.id, At: end, Cached: s.cached, Host: s.host})
 		}
 		if s.generated < s.output {
 			kept = append(kept, s)
 			continue
 		}
-		out.Completed = append(out.Completed, Done{ID: s.id, At: end, Cached: s.cached})
+		out.Completed = append(out.Completed, Done{ID: s.id, At: end, Cached: s.cached, Host: s.host})
 		w.st.Completed++
 		if s.hold {
 			// Its blocks stay pinned; the reservation it will not use goes back.
@@ -370,11 +419,17 @@ func (w *Worker) Step(now int64, out *StepOutput) int64 {
 
 	for _, r := range w.recs {
 		w.nextID++
-		ev := kvevent.Event{Kind: r.kind, ID: w.nextID, Hashes: out.hashes[r.h0:r.h1:r.h1]}
+		ev := kvevent.Event{Kind: r.kind, ID: w.nextID, Tier: r.tier, Hashes: out.hashes[r.h0:r.h1:r.h1]}
 		if r.kind == kvevent.Stored {
 			ev.Parent, ev.HasParent = r.parent, r.hasParent
 			ev.BlockSize = w.cfg.BlockSize
-			ev.Tokens = out.tokens[r.t0:r.t1:r.t1]
+			if r.tier == kvevent.Host {
+				// The device copy's tokens are gone: the event carries the blocks' local
+				// hashes, as Dynamo's KVBM events do (tokens_hash).
+				ev.Locals = out.locals[r.t0:r.t1:r.t1]
+			} else {
+				ev.Tokens = out.tokens[r.t0:r.t1:r.t1]
+			}
 		}
 		out.Events = append(out.Events, ev)
 	}
@@ -486,6 +541,13 @@ func (w *Worker) admit(s *seq) bool {
 	if need > len(w.free)+w.lruLen-unpinned-w.reserved {
 		return false
 	}
+	// The cached prefix may continue in the host tier.
+	host := 0
+	if w.host != nil && !s.remote { // a transfer brings the rest of a Remote prompt
+		for hit+host < limit && w.host.has(s.hashes[hit+host]) {
+			host++
+		}
+	}
 	for i := range hit {
 		b := w.byHash[s.hashes[i]]
 		w.pin(b)
@@ -498,6 +560,21 @@ func (w *Worker) admit(s *seq) bool {
 	w.st.Admitted++
 	w.st.PromptTokens += uint64(len(s.tokens))
 	w.st.CachedTokens += uint64(s.cached)
+	if host > 0 {
+		// Reloaded, not computed: the blocks come back into device blocks of the request's
+		// reservation and are stored (published) as if computed, and the step pays the copy.
+		// Deepest first, so that a parent stays more recently used than its child in the
+		// host LRU and leaves it after the child.
+		for i := hit + host - 1; i >= hit; i-- {
+			w.host.touch(s.hashes[i])
+		}
+		s.host = host * w.cfg.BlockSize
+		s.computed += s.host
+		w.grow(s, s.computed)
+		w.storeFull(s)
+		w.reload += host
+		w.st.HostTokens += uint64(s.host)
+	}
 	if last := len(s.tokens) - 1; s.remote && s.computed < last {
 		// The transferred blocks land in the blocks it reserved and are cached as if computed
 		// here; the last prompt token is left to compute, for the first output token.
@@ -533,6 +610,9 @@ func (w *Worker) alloc() int32 {
 	w.lruRemove(b)
 	blk := &w.blocks[b]
 	delete(w.byHash, blk.hash)
+	if w.host != nil {
+		w.offload(blk)
+	}
 	w.recordRemoved(blk.hash)
 	*blk = block{prev: none, next: none}
 	w.st.EvictedBlocks++
@@ -554,6 +634,9 @@ func (w *Worker) storeFull(s *seq) {
 		}
 		blk := &w.blocks[b]
 		blk.hash, blk.stored = h, true
+		if w.host != nil {
+			blk.local = s.locals[i]
+		}
 		if i > 0 {
 			blk.parent, blk.hasParent = s.hashes[i-1], true
 		}
@@ -625,7 +708,7 @@ func (w *Worker) recordStored(hash, parent uint64, hasParent bool, tokens []uint
 	o := w.out
 	if n := len(w.recs); n > 0 && hasParent {
 		r := &w.recs[n-1]
-		if r.kind == kvevent.Stored && o.hashes[r.h1-1] == parent {
+		if r.kind == kvevent.Stored && r.tier == kvevent.Device && o.hashes[r.h1-1] == parent {
 			o.hashes = append(o.hashes, hash)
 			o.tokens = append(o.tokens, tokens...)
 			r.h1, r.t1 = len(o.hashes), len(o.tokens)
@@ -639,16 +722,38 @@ func (w *Worker) recordStored(hash, parent uint64, hasParent bool, tokens []uint
 	w.recs = append(w.recs, r)
 }
 
-// recordRemoved appends an evicted block to the step's events, extending the last event when
-// it is a Removed event.
-func (w *Worker) recordRemoved(hash uint64) {
+// recordHostStored appends a block copied into the host tier to the step's events, extending
+// the last event when it is a host Stored event ending with the block's parent.
+func (w *Worker) recordHostStored(hash, parent uint64, hasParent bool, local uint64) {
 	o := w.out
-	if n := len(w.recs); n > 0 && w.recs[n-1].kind == kvevent.Removed {
+	if n := len(w.recs); n > 0 && hasParent {
+		r := &w.recs[n-1]
+		if r.kind == kvevent.Stored && r.tier == kvevent.Host && o.hashes[r.h1-1] == parent {
+			o.hashes = append(o.hashes, hash)
+			o.locals = append(o.locals, local)
+			r.h1, r.t1 = len(o.hashes), len(o.locals)
+			return
+		}
+	}
+	w.recs = append(w.recs, eventRec{kind: kvevent.Stored, tier: kvevent.Host, h0: len(o.hashes), h1: len(o.hashes) + 1,
+		t0: len(o.locals), t1: len(o.locals) + 1, parent: parent, hasParent: hasParent})
+	o.hashes = append(o.hashes, hash)
+	o.locals = append(o.locals, local)
+}
+
+// recordRemoved appends a block evicted from the device to the step's events.
+func (w *Worker) recordRemoved(hash uint64) { w.recordRemovedTier(hash, kvevent.Device) }
+
+// recordRemovedTier appends a block that left tier to the step's events, extending the last
+// event when it is a Removed event of the same tier.
+func (w *Worker) recordRemovedTier(hash uint64, tier kvevent.Tier) {
+	o := w.out
+	if n := len(w.recs); n > 0 && w.recs[n-1].kind == kvevent.Removed && w.recs[n-1].tier == tier {
 		o.hashes = append(o.hashes, hash)
 		w.recs[n-1].h1 = len(o.hashes)
 		return
 	}
-	w.recs = append(w.recs, eventRec{kind: kvevent.Removed, h0: len(o.hashes), h1: len(o.hashes) + 1})
+	w.recs = append(w.recs, eventRec{kind: kvevent.Removed, tier: tier, h0: len(o.hashes), h1: len(o.hashes) + 1})
 	o.hashes = append(o.hashes, hash)
 }
 
@@ -744,6 +849,9 @@ func (w *Worker) check() error {
 	}
 	if stored != len(w.byHash) {
 		return fmt.Errorf("%d stored blocks, %d indexed", stored, len(w.byHash))
+	}
+	if err := w.checkHost(); err != nil {
+		return err
 	}
 	if free := len(w.free); free+w.lruLen < w.reserved {
 		return fmt.Errorf("free %d + evictable %d < reserved %d", free, w.lruLen, w.reserved)

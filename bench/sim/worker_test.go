@@ -6,6 +6,7 @@ import (
 	"hash/fnv"
 	"maps"
 	"math/rand/v2"
+	"reflect"
 	"slices"
 	"testing"
 	"time"
@@ -84,6 +85,7 @@ func cloneOut(o *StepOutput) StepOutput {
 	for _, ev := range o.Events {
 		ev.Hashes = slices.Clone(ev.Hashes)
 		ev.Tokens = slices.Clone(ev.Tokens)
+		ev.Locals = slices.Clone(ev.Locals)
 		c.Events = append(c.Events, ev)
 	}
 	return c
@@ -106,6 +108,10 @@ func TestSingleRequestTiming(t *testing.T) {
 	}
 	if want := first + 2*9394574; end != want || outs[2].Completed[0].At != want {
 		t.Errorf("end %d, completed %+v, want %d", end, outs[2].Completed, want)
+	}
+	// The step time split: 27,418,548 − 9,394,574 ns of prefill, three decode parts.
+	if st := w.Stats(); st.PrefillNs != 18023974 || st.DecodeNs != 3*9394574 {
+		t.Errorf("prefill %d ns, decode %d ns", st.PrefillNs, st.DecodeNs)
 	}
 	if outs[0].PrefillTokens != 100 || outs[1].DecodeTokens != 1 || outs[2].DecodeTokens != 1 {
 		t.Errorf("tokens per step: %+v", outs)
@@ -332,12 +338,13 @@ type model struct {
 	nextID   uint64
 	parent   map[uint64]uint64 // cached block → parent (0 at the root)
 	children map[uint64]int
+	host     map[uint64]bool // blocks in the host tier
 	hasher   radix.Hasher
 	buf      []uint64
 }
 
 func newModel(t *testing.T, bs int) *model {
-	return &model{t: t, bs: bs, parent: map[uint64]uint64{}, children: map[uint64]int{}}
+	return &model{t: t, bs: bs, parent: map[uint64]uint64{}, children: map[uint64]int{}, host: map[uint64]bool{}}
 }
 
 func (m *model) apply(evs []kvevent.Event) {
@@ -347,6 +354,13 @@ func (m *model) apply(evs []kvevent.Event) {
 		m.nextID++
 		if ev.ID != m.nextID {
 			t.Fatalf("event id %d, want %d", ev.ID, m.nextID)
+		}
+		if ev.Tier == kvevent.Host {
+			m.applyHost(ev)
+			continue
+		}
+		if ev.Tier != kvevent.Device {
+			t.Fatalf("event %d of tier %v", ev.ID, ev.Tier)
 		}
 		switch ev.Kind {
 		case kvevent.Stored:
@@ -393,6 +407,47 @@ func (m *model) apply(evs []kvevent.Event) {
 		default:
 			t.Fatalf("unexpected event %v", ev.Kind)
 		}
+	}
+}
+
+// applyHost applies a host-tier event: a Stored one carries local hashes that chain from its
+// parent to its engine hashes, and its parent is a block the router knows (on the device or in
+// the host tier), so that it can be indexed; a Removed one names a block of the tier.
+func (m *model) applyHost(ev kvevent.Event) {
+	t := m.t
+	t.Helper()
+	switch ev.Kind {
+	case kvevent.Stored:
+		if ev.BlockSize != m.bs || len(ev.Tokens) != 0 || len(ev.Locals) != len(ev.Hashes) || len(ev.Hashes) == 0 {
+			t.Fatalf("host stored event %d: block size %d, %d tokens, %d locals for %d blocks", ev.ID, ev.BlockSize,
+				len(ev.Tokens), len(ev.Locals), len(ev.Hashes))
+		}
+		m.buf = append(m.buf[:0], ev.Locals...)
+		radix.ChainInPlace(m.buf, ev.Parent, ev.HasParent)
+		if !slices.Equal(m.buf, ev.Hashes) {
+			t.Fatalf("host stored event %d: hashes are not the chain of its locals", ev.ID)
+		}
+		if _, onDevice := m.parent[ev.Parent]; ev.HasParent && !onDevice && !m.host[ev.Parent] {
+			t.Fatalf("host stored event %d: parent %x in no tier", ev.ID, ev.Parent)
+		}
+		for _, h := range ev.Hashes {
+			if m.host[h] {
+				t.Fatalf("host stored event %d: block %x stored twice", ev.ID, h)
+			}
+			if _, ok := m.parent[h]; !ok {
+				t.Fatalf("host stored event %d: block %x was not on the device", ev.ID, h)
+			}
+			m.host[h] = true
+		}
+	case kvevent.Removed:
+		for _, h := range ev.Hashes {
+			if !m.host[h] {
+				t.Fatalf("host removed event %d: block %x not in the tier", ev.ID, h)
+			}
+			delete(m.host, h)
+		}
+	default:
+		t.Fatalf("unexpected host event %v", ev.Kind)
 	}
 }
 
@@ -481,6 +536,14 @@ func simulate(t *testing.T, wl workload) uint64 {
 				t.Fatalf("model block %x not cached by the worker", h)
 			}
 		}
+		if len(m.host) != w.HostBlocks() {
+			t.Fatalf("model has %d host blocks, worker %d", len(m.host), w.HostBlocks())
+		}
+		for h := range m.host {
+			if !w.host.has(h) {
+				t.Fatalf("model host block %x not in the worker's host tier", h)
+			}
+		}
 		for _, ev := range out.Events {
 			put(uint64(ev.Kind), ev.ID, ev.Parent)
 			put(ev.Hashes...)
@@ -501,11 +564,11 @@ func simulate(t *testing.T, wl workload) uint64 {
 		}
 		for _, d := range out.PrefillDone {
 			p := accepted[d.ID]
-			if p == nil || p.prefill || d.Cached%cfg.BlockSize != 0 || d.Cached >= p.prompt {
+			if p == nil || p.prefill || d.Cached%cfg.BlockSize != 0 || d.Host%cfg.BlockSize != 0 || d.Cached+d.Host >= p.prompt {
 				t.Fatalf("bad PrefillDone %+v", d)
 			}
 			p.prefill = true
-			put(d.ID, uint64(d.Cached))
+			put(d.ID, uint64(d.Cached), uint64(d.Host))
 		}
 		for _, d := range out.Completed {
 			p := accepted[d.ID]
@@ -535,7 +598,7 @@ func simulate(t *testing.T, wl workload) uint64 {
 	}
 	st := w.Stats()
 	t.Logf("stats %+v", st)
-	if st.EvictedBlocks == 0 || st.CachedTokens == 0 {
+	if st.EvictedBlocks == 0 || st.CachedTokens == 0 || cfg.HostBlocks > 0 && (st.HostTokens == 0 || st.HostEvictedBlocks == 0) {
 		t.Errorf("workload too easy: %+v", st)
 	}
 	return digest.Sum64()
@@ -548,6 +611,10 @@ func TestEventStreamMatchesCache(t *testing.T) {
 		{Blocks: 128, BlockSize: 16, MaxSeqs: 8, MaxBatchedTokens: 4096},
 		{Blocks: 40, BlockSize: 16, MaxSeqs: 1, MaxBatchedTokens: 7},
 		{Blocks: 500, BlockSize: 1, MaxSeqs: 16, MaxBatchedTokens: 100},
+		// With a host tier: evicted blocks move there and come back.
+		{Blocks: 64, BlockSize: 4, MaxSeqs: 4, MaxBatchedTokens: 32, HostBlocks: 40},
+		{Blocks: 128, BlockSize: 16, MaxSeqs: 8, MaxBatchedTokens: 4096, HostBlocks: 100},
+		{Blocks: 40, BlockSize: 16, MaxSeqs: 1, MaxBatchedTokens: 7, HostBlocks: 10},
 	} {
 		t.Run(fmt.Sprintf("%d", i), func(t *testing.T) {
 			simulate(t, workload{cfg: cfg, requests: 3000, seed: uint64(i)})
@@ -708,6 +775,114 @@ func TestWorkerStepAllocs(t *testing.T) {
 	}
 	if n := testing.AllocsPerRun(2000, s.step); n > 0.01 {
 		t.Errorf("%.3f allocations per steady-state step", n)
+	}
+}
+
+// TestHostReloadTime: a block's reload is its bytes over the host link, worked by hand.
+func TestHostReloadTime(t *testing.T) {
+	// 64 tokens × 131,072 B = 8,388,608 B; / 14e9 B/s = 599.186286 µs.
+	if got := HostReloadTime(64, KVBytesPerToken, HostBandwidth); got != 599186*time.Nanosecond {
+		t.Errorf("default reload %v, want 599.186µs", got)
+	}
+	// 16 tokens × 1,000 B / 1e9 B/s = 16 µs.
+	if got := HostReloadTime(16, 1000, 1e9); got != 16*time.Microsecond {
+		t.Errorf("reload %v, want 16µs", got)
+	}
+	if HostReloadTime(64, KVBytesPerToken, 0) != 0 || HostReloadTime(0, 1, 1) != 0 {
+		t.Error("a zero link or block size should cost nothing")
+	}
+	// Between a device hit (0) and a recompute of the block's tokens.
+	tm := DefaultTiming()
+	if r, c := HostReloadTime(64, KVBytesPerToken, HostBandwidth), tm.StepTime(64, 0, false); !(r > 0 && r < c) {
+		t.Errorf("reload %v, recompute %v", r, c)
+	}
+	if got := NewWorker(1, WorkerConfig{BlockSize: 16, HostBlocks: 1}).Config().HostReload; got != HostReloadTime(16, KVBytesPerToken, HostBandwidth) {
+		t.Errorf("default HostReload %v", got)
+	}
+}
+
+// TestHostTier follows blocks from the device into the host tier and back, with the events a
+// KVBM-style offload publishes and the reload's cost in the step that admits the request.
+func TestHostTier(t *testing.T) {
+	const bs = 4
+	w := NewWorker(1, WorkerConfig{Blocks: 4, BlockSize: bs, HostBlocks: 3, HostReload: 5 * time.Millisecond})
+	aTok, bTok := toks(0, 16), toks(100, 8)
+	A, B := seqHashes(aTok, bs), seqHashes(bTok, bs)
+	var h radix.Hasher
+	aLoc, bLoc := h.AppendLocal(nil, aTok, bs, radix.LoRASeed("")), h.AppendLocal(nil, bTok, bs, radix.LoRASeed(""))
+	type ev struct {
+		kind   kvevent.Kind
+		tier   kvevent.Tier
+		hashes []uint64
+		parent uint64
+		locals []uint64
+	}
+	flat := func(outs []StepOutput) []ev {
+		var evs []ev
+		for _, o := range outs {
+			for _, e := range o.Events {
+				evs = append(evs, ev{e.Kind, e.Tier, e.Hashes, e.Parent, e.Locals})
+			}
+		}
+		return evs
+	}
+	dev, host := kvevent.Device, kvevent.Host
+	st, rm := kvevent.Stored, kvevent.Removed
+
+	now := int64(0)
+	w.Submit(&Request{ID: 1, Tokens: aTok, Output: 1}, now)
+	now, _ = drain(t, w, now)
+	// B needs two blocks: A's tail leaves the device for the host tier, child first.
+	w.Submit(&Request{ID: 2, Tokens: bTok, Output: 1}, now)
+	now, outs := drain(t, w, now)
+	want := []ev{
+		{st, host, A[3:4], A[2], aLoc[3:4]}, {rm, dev, A[3:4], 0, nil},
+		{st, host, A[2:3], A[1], aLoc[2:3]}, {rm, dev, A[2:3], 0, nil},
+		{st, dev, B[:2], 0, nil},
+	}
+	if got := flat(outs); !reflect.DeepEqual(got, want) {
+		t.Fatalf("events\n%+v\nwant\n%+v", got, want)
+	}
+	if w.HostBlocks() != 2 || w.CachedBlocks() != 4 {
+		t.Fatalf("host %d, device %d blocks", w.HostBlocks(), w.CachedBlocks())
+	}
+
+	// A again: A0 and A1 hit on the device, A2 is reloaded from the host (A3 is computed: the
+	// last block of a fully cached prompt always is). B's blocks move to the host tier, whose
+	// oldest block, A3, leaves it.
+	w.Submit(&Request{ID: 3, Tokens: aTok, Output: 1}, now)
+	start := now
+	now, outs = drain(t, w, now)
+	if d := outs[0].PrefillDone; len(d) != 1 || d[0].Cached != 8 || d[0].Host != 4 {
+		t.Fatalf("PrefillDone %+v, want 8 device and 4 host tokens", d)
+	}
+	// One step: 4 tokens computed at full usage, plus one block's reload.
+	if want := start + int64(w.Config().Timing.StepTime(4, 1, true)+5*time.Millisecond); now != want {
+		t.Errorf("step ended at %d, want %d", now, want)
+	}
+	want = []ev{
+		{st, host, B[1:2], B[0], bLoc[1:2]}, {rm, dev, B[1:2], 0, nil},
+		{st, dev, A[2:3], A[1], nil},
+		{rm, host, A[3:4], 0, nil}, {st, host, B[0:1], 0, bLoc[0:1]}, {rm, dev, B[0:1], 0, nil},
+		{st, dev, A[3:4], A[2], nil},
+	}
+	got := flat(outs)
+	for i := range got {
+		got[i].locals = slices.Clone(got[i].locals)
+		if got[i].kind == st && got[i].tier == dev {
+			got[i].locals = nil
+		}
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("events\n%+v\nwant\n%+v", got, want)
+	}
+	if s := w.Stats(); s.HostTokens != 4 || s.HostStoredBlocks != 4 || s.HostEvictedBlocks != 1 || s.CachedTokens != 8 {
+		t.Errorf("stats %+v", s)
+	}
+	for _, x := range []uint64{A[2], B[0], B[1]} {
+		if !w.host.has(x) {
+			t.Errorf("host tier lacks %x", x)
+		}
 	}
 }
 

@@ -1,7 +1,9 @@
 package trace
 
 import (
+	"cmp"
 	"math/rand/v2"
+	"slices"
 	"time"
 )
 
@@ -169,5 +171,62 @@ func Synthetic(cfg SyntheticConfig) []Request {
 			reqs = append(reqs, Request{At: at, Tokens: toks, Output: out})
 		}
 	}
+	return reqs
+}
+
+// BurstConfig describes a burst workload: groups of sibling requests that share a long prefix
+// (one agent's parallel calls over one context, a fan-out over one document) and arrive within
+// Spread of each other, a window shorter than the time a worker takes to prefill the prefix
+// and the router to hear of its blocks. Plain data; DefaultBurst is the report's.
+type BurstConfig struct {
+	Seed     uint64
+	Duration time.Duration // groups start in [0, Duration)
+	Rate     float64       // mean groups per second (Poisson)
+	Size     int           // requests per group (at least 1)
+	Prefix   int           // tokens of the group's shared prefix, fresh for every group
+	Suffix   int           // mean tokens each sibling adds after it (uniform in [½, 1½] × Suffix)
+	Spread   time.Duration // siblings arrive uniformly within this window after the group's start
+	Output   int           // mean output tokens (at least 1)
+	Vocab    uint32        // token ids are in [0, Vocab); 0 → DefaultVocab
+}
+
+// DefaultBurst is ten minutes of groups of 8 siblings over a fresh 4,096-token prefix, one group
+// every 2 s on average (2,400 requests), the siblings arriving within 20 ms with 128 tokens of
+// their own and 128-token answers.
+func DefaultBurst() BurstConfig {
+	return BurstConfig{Seed: 1, Duration: 10 * time.Minute, Rate: 0.5, Size: 8, Prefix: 4096, Suffix: 128,
+		Spread: 20 * time.Millisecond, Output: 128, Vocab: DefaultVocab}
+}
+
+// Burst generates a burst workload (see BurstConfig), sorted by At. It is deterministic for
+// cfg. Siblings of one group share exactly their Prefix tokens; no two groups share any.
+func Burst(cfg BurstConfig) []Request {
+	if !(cfg.Rate > 0) || cfg.Duration <= 0 {
+		return nil
+	}
+	g := &synth{rng: rand.New(rand.NewPCG(cfg.Seed, 0x6275727374)), vocab: DefaultVocab, key: mix64(cfg.Seed ^ 0x6275727374)}
+	if cfg.Vocab != 0 {
+		g.vocab = uint64(cfg.Vocab)
+	}
+	var reqs []Request
+	at := time.Duration(0)
+	for {
+		at += time.Duration(g.rng.ExpFloat64() / cfg.Rate * float64(time.Second))
+		if at >= cfg.Duration {
+			break
+		}
+		prefix := g.fresh(nil, cfg.Prefix)
+		for range max(cfg.Size, 1) {
+			toks := make([]uint32, len(prefix), len(prefix)+cfg.Suffix*3/2+1)
+			copy(toks, prefix)
+			toks = g.fresh(toks, g.around(cfg.Suffix))
+			off := time.Duration(0)
+			if cfg.Spread > 0 {
+				off = time.Duration(g.rng.Int64N(int64(cfg.Spread)))
+			}
+			reqs = append(reqs, Request{At: at + off, Tokens: toks[:len(toks):len(toks)], Output: g.around(cfg.Output)})
+		}
+	}
+	slices.SortStableFunc(reqs, func(a, b Request) int { return cmp.Compare(a.At, b.At) })
 	return reqs
 }

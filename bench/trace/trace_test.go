@@ -575,3 +575,42 @@ func FuzzReadMooncake(f *testing.F) {
 		}
 	})
 }
+
+// TestBurst: groups of siblings share exactly their prefix, arrive within the spread, and no
+// two groups share a token block; the same config gives the same workload.
+func TestBurst(t *testing.T) {
+	cfg := DefaultBurst()
+	reqs := Burst(cfg)
+	if !slices.IsSortedFunc(reqs, func(a, b Request) int { return int(a.At - b.At) }) {
+		t.Fatal("not sorted by arrival")
+	}
+	if len(reqs) == 0 || len(reqs)%cfg.Size != 0 {
+		t.Fatalf("%d requests in groups of %d", len(reqs), cfg.Size)
+	}
+	groups := map[uint32][]Request{} // by the prefix's first token: fresh per group
+	for _, r := range reqs {
+		if len(r.Tokens) < cfg.Prefix+cfg.Suffix/2 || len(r.Tokens) > cfg.Prefix+cfg.Suffix*3/2 || r.Output < 1 {
+			t.Fatalf("request of %d tokens, %d output", len(r.Tokens), r.Output)
+		}
+		groups[r.Tokens[0]] = append(groups[r.Tokens[0]], r)
+	}
+	if len(groups)*cfg.Size != len(reqs) {
+		t.Fatalf("%d groups for %d requests", len(groups), len(reqs))
+	}
+	for _, g := range groups {
+		if len(g) != cfg.Size || g[len(g)-1].At-g[0].At >= cfg.Spread {
+			t.Fatalf("group of %d arriving over %v", len(g), g[len(g)-1].At-g[0].At)
+		}
+		for _, r := range g[1:] {
+			if !slices.Equal(r.Tokens[:cfg.Prefix], g[0].Tokens[:cfg.Prefix]) || r.Tokens[cfg.Prefix] == g[0].Tokens[cfg.Prefix] {
+				t.Fatal("siblings do not share exactly the prefix")
+			}
+		}
+	}
+	if b := CountHits(reqs, 64).TokenBound(); b < 0.8 {
+		t.Errorf("infinite-cache bound %.3f: siblings should share most of their prompts", b)
+	}
+	if !reflect.DeepEqual(Burst(cfg), reqs) {
+		t.Error("same config, different workload")
+	}
+}
