@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"testing"
 
+	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/radix"
 )
 
@@ -141,5 +142,47 @@ func BenchmarkIndexMatch(b *testing.B) {
 				b.ReportMetric(float64(f.residencies), "residencies")
 			})
 		}
+	}
+}
+
+// BenchmarkIndexMatchTiers is BenchmarkIndexMatch with a host tier in use: the second half of
+// every query's conversation has been offloaded (moved from each holder's device to its host
+// tier), so every match extends the device depth through the host tier. tiered/query is how
+// many slots an extension was reported for.
+func BenchmarkIndexMatchTiers(b *testing.B) {
+	for _, workers := range []int{8, 1000} {
+		b.Run(fmt.Sprintf("residencies=1e+06/workers=%d", workers), func(b *testing.B) {
+			cachedFleet.f, cachedFleet.key = nil, "" // this fleet is changed: build its own
+			runtime.GC()
+			f := buildFleet(b, 1e6, workers)
+			host := f.ix.EnsureTier(kvevent.Host)
+			var hold []radix.Slot
+			moved := map[uint64]bool{}
+			for _, q := range f.queries {
+				for _, k := range q[len(q)/2:] {
+					if moved[k] {
+						continue
+					}
+					moved[k] = true
+					hold = f.ix.AppendHolders(hold[:0], k)
+					for _, s := range hold {
+						f.ix.Remove(k, s)
+						host.Add(k, s)
+					}
+				}
+			}
+			var m radix.Match
+			b.ReportAllocs()
+			b.ResetTimer()
+			blocks, tiered := 0, 0
+			for i := range b.N {
+				q := f.queries[i%len(f.queries)]
+				f.ix.Match(q, &m)
+				blocks += len(q)
+				tiered += len(m.Tiers)
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(blocks), "ns/block")
+			b.ReportMetric(float64(tiered)/float64(b.N), "tiered/query")
+		})
 	}
 }

@@ -38,6 +38,7 @@ type Match struct {
 
 	walk, walk2 []tierWalk // the lower tiers' walk (tiers.go)
 	hold        []Slot
+	starts      []int32
 }
 
 // window is how many blocks the walk prefetches ahead: while it resolves and intersects one

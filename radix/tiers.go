@@ -88,16 +88,14 @@ type tierWalk struct {
 	d    [kvevent.NumTiers]int32
 }
 
-func bySlot(a, b tierWalk) int { return cmp.Compare(a.slot, b.slot) }
-
-func byPos(a, b tierWalk) int {
-	if c := cmp.Compare(a.pos, b.pos); c != 0 {
-		return c
-	}
-	return cmp.Compare(a.slot, b.slot)
-}
-
 // extend fills m.Tiers from the device walk's m.Slots and m.Depth and the lower tiers lt.
+//
+// The walk keeps the slots in slot order (m.walk) and, per tier, visits the query's blocks from
+// the shallowest slot position on. At block q only the slots whose run in this tier has reached
+// q may extend: those holding block q in the tier, found from the block's holders (a few inline
+// or in cells: each looked up among the slots by binary search; a bitset: each slot at q tested
+// against it). The visit ends when no slot is at or beyond q, so its cost is the positions that
+// some slot can still extend at, not the slots times the positions.
 func (ix *Index) extend(lt *lowerTiers, seqs []uint64, m *Match) {
 	m.Tiers = m.Tiers[:0]
 	if len(seqs) == 0 {
@@ -107,6 +105,7 @@ func (ix *Index) extend(lt *lowerTiers, seqs []uint64, m *Match) {
 	for i, s := range m.Slots {
 		w = append(w, tierWalk{slot: s, pos: m.Depth[i], d: [kvevent.NumTiers]int32{m.Depth[i]}})
 	}
+	n := int32(len(seqs))
 	for t, lix := range lt {
 		if lix == nil {
 			continue
@@ -120,44 +119,68 @@ func (ix *Index) extend(lt *lowerTiers, seqs []uint64, m *Match) {
 		if len(w) == 0 {
 			continue
 		}
-		// Walk the query's blocks from the shallowest position on: at each block, the slots
-		// whose run has reached it and still goes on test it; a slot joins when the walk
-		// reaches its position and leaves at its first block missing in this tier.
-		slices.SortFunc(w, byPos)
-		act := m.act[:0]
-		next, q := 0, w[0].pos
-		for {
-			for next < len(w) && w[next].pos == q {
-				act = append(act, int32(next))
-				next++
-			}
-			if len(act) == 0 {
-				if next == len(w) {
+		// starts[q]: the slots whose run in this tier starts at block q.
+		starts := slices.Grow(m.starts[:0], int(n)+1)[:n+1]
+		clear(starts)
+		lo := n
+		for i := range w {
+			starts[w[i].pos]++
+			lo = min(lo, w[i].pos)
+		}
+		m.starts = starts
+		// at: the slots whose run is at block q now (started there or extended into it); later:
+		// those that start beyond q.
+		later := int32(len(w)) - starts[lo]
+		at := starts[lo]
+		// The tier's holders of the blocks from base on, prefetched a few windows ahead as the
+		// device walk does: a run of offloaded blocks is a run of cache misses otherwise.
+		var la lookahead
+		base := lo
+		if lo < n {
+			la.start(lix, seqs[lo:])
+		}
+		for q := lo; q < n; q++ {
+			if at == 0 {
+				if later == 0 {
 					break
 				}
-				q = w[next].pos
-				continue
+				// Jump to the next block a slot starts at.
+				for q++; starts[q] == 0; q++ {
+				}
+				at, later = starts[q], later-starts[q]
+				if q >= n {
+					break
+				}
+				base = q
+				la.start(lix, seqs[q:])
 			}
-			if int(q) >= len(seqs) {
-				break
-			}
-			mk := lix.mix(seqs[q])
-			h, s := lix.segment(mk).holders(seqs[q], mk)
-			k := 0
-			for _, e := range act {
-				x := &w[e]
-				if s != nil && s.has(x.slot) || s == nil && inlineHas(h, x.slot) {
-					x.pos++
-					x.d[tier]++
-					act[k] = e
-					k++
+			h, hs := la.at(int(q - base))
+			moved := int32(0)
+			if hs != nil && hs.bits != nil {
+				for i := range w {
+					if x := &w[i]; x.pos == q && hs.has(x.slot) {
+						x.pos++
+						x.d[tier]++
+						moved++
+					}
+				}
+			} else {
+				m.hold = appendMembers(m.hold[:0], h, hs)
+				for _, x := range m.hold {
+					i, ok := slices.BinarySearchFunc(w, x, func(e tierWalk, x Slot) int { return cmp.Compare(e.slot, x) })
+					if ok && w[i].pos == q {
+						w[i].pos++
+						w[i].d[tier]++
+						moved++
+					}
 				}
 			}
-			act = act[:k]
-			q++
+			at = moved
+			if q+1 < n {
+				at += starts[q+1]
+				later -= starts[q+1]
+			}
 		}
-		m.act = act[:0]
-		slices.SortFunc(w, bySlot)
 	}
 	for i := range w {
 		if x := &w[i]; x.d[1]|x.d[2]|x.d[3] != 0 {

@@ -2,8 +2,10 @@ package radix_test
 
 import (
 	"errors"
+	"math/rand/v2"
 	"testing"
 
+	"github.com/kvrouterd/kvrouterd/internal/refmodel"
 	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/radix"
 )
@@ -91,5 +93,47 @@ func TestMatchTiers(t *testing.T) {
 	ix.Match(chain(99), &m)
 	if len(m.Tiers) != 0 {
 		t.Errorf("tiers of an unknown prompt: %v", m.Tiers)
+	}
+}
+
+// TestMatchTiersRandom checks the tier walk against the reference model on random holdings of
+// one chain by many slots (bitsets of holders included), over every tier.
+func TestMatchTiersRandom(t *testing.T) {
+	r := rand.New(rand.NewPCG(23, 2))
+	for round := range 40 {
+		ix := newIndex(t, 4)
+		var models [kvevent.NumTiers]*refmodel.Index
+		models[kvevent.Device] = refmodel.NewIndex()
+		q := chain(1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20)
+		workers := []int{3, 40, 200}[round%3]
+		slots := make([]radix.Slot, workers)
+		for w := range slots {
+			slots[w] = acquire(t, ix, uint64(w))
+		}
+		for tier := range kvevent.NumTiers {
+			if tier > 0 && r.IntN(4) == 0 {
+				continue // a tier the model never used
+			}
+			tix := ix.EnsureTier(kvevent.Tier(tier))
+			if models[tier] == nil {
+				models[tier] = refmodel.NewIndex()
+			}
+			for w, s := range slots {
+				// Runs of blocks with holes: what offloading and eviction leave.
+				for i, k := range q {
+					if r.IntN(3) > 0 && (i == 0 || r.IntN(4) > 0) {
+						tix.Add(k, s)
+						models[tier].Add(k, radix.WorkerKey{ID: uint64(w)})
+					}
+				}
+			}
+		}
+		var m radix.Match
+		for cut := 1; cut <= len(q); cut += 1 + r.IntN(5) {
+			ix.Match(q[:cut], &m)
+			if err := refmodel.CheckTiers(models, ix, q[:cut], &m); err != nil {
+				t.Fatalf("round %d, %d workers, query of %d: %v", round, workers, cut, err)
+			}
+		}
 	}
 }

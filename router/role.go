@@ -72,7 +72,8 @@ func ParseRole(s string) (Role, error) {
 }
 
 // DisaggPolicy is the conditional disaggregation policy: which disaggregated requests skip the
-// prefill stage and are served whole by a decode worker (Dynamo's conditional_disagg_policy).
+// prefill stage and are served whole by a decode worker (Dynamo's conditional_disagg_policy); a
+// plain value.
 type DisaggPolicy uint8
 
 const (

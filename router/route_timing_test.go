@@ -64,3 +64,53 @@ func BenchmarkRoute(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkRouteDisagg is BenchmarkRoute's 8-worker fleet, with workers 1 to 4 prefill workers
+// and 5 to 8 decode workers, every request asking for a disaggregated decision: two picks and
+// two bookings per request, the prefill stage completed by its prefill done.
+func BenchmarkRouteDisagg(b *testing.B) {
+	const inFlight = 16
+	r := fleet(b, 8)
+	for id := uint64(1); id <= 4; id++ {
+		if err := r.Register(Registration{ID: id, Model: "m", Role: RolePrefill}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	var reqs [][]byte
+	for i := range 64 {
+		reqs = append(reqs, wire.AppendRouteRequest(nil, &wire.RouteRequest{RequestID: "r", Model: "m", Tokens: familyPrompt(i % 16), Disagg: true}))
+	}
+	var g atomic.Int64
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		var ids [inFlight]string
+		for k := range ids {
+			ids[k] = "g" + strconv.FormatInt(g.Add(1), 10)
+		}
+		var req wire.RouteRequest
+		var resp wire.RouteResponse
+		var out []byte
+		i := 0
+		for pb.Next() {
+			if err := wire.DecodeRouteRequest(reqs[i%len(reqs)], &req); err != nil {
+				b.Fatal(err)
+			}
+			id := ids[i%inFlight]
+			if i >= inFlight {
+				if err := r.Complete(id); err != nil {
+					b.Fatal(err)
+				}
+			}
+			req.RequestID = id
+			var err error
+			if out, err = r.AppendRoute(out[:0], &req, &resp); err != nil {
+				b.Fatal(err)
+			}
+			if err := r.PrefillDone(id); err != nil {
+				b.Fatal(err)
+			}
+			i++
+		}
+	})
+}

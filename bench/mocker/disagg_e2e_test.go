@@ -64,10 +64,21 @@ func (f *disaggFleet) disagg(outcome string) float64 {
 	return 0
 }
 
-// released waits until the router holds no booking: both stages' released.
+// released waits until the router holds no booking — both stages' released — and every
+// worker's load is back to zero.
 func (f *disaggFleet) released(t *testing.T) {
 	t.Helper()
-	waitUntil(t, "every booking released", func() bool { return f.r.Stats().ActiveRequests == 0 })
+	waitUntil(t, "every booking released", func() bool {
+		if f.r.Stats().ActiveRequests != 0 {
+			return false
+		}
+		for _, w := range f.r.Workers() {
+			if w.ActiveBlocks != 0 || w.ActivePrefill != 0 || w.ActiveRequests != 0 {
+				return false
+			}
+		}
+		return true
+	})
 }
 
 const disaggChat = `{"model":"kvr-mock","max_completion_tokens":4,"stream":true,"stream_options":{"include_usage":true},` +
