@@ -15,6 +15,12 @@
 // Lower is better. As in Dynamo, a request's blocks are its full blocks, which concurrent
 // requests with the same prefix share; a partial last block is not counted.
 //
+// Blocks a worker holds in a lower storage tier (host, disk, external) right after its cached
+// prefix are credited as a share of a cached block (TierCredit, Candidate.Ext, CostExt): CostV1
+// counts cached(w) + host_weight × host(w) + disk_weight × (disk(w) + external(w)) blocks in
+// prefill_tokens' place of cached(w); CostMain adds the same weighted blocks to its credit.
+// What the router books stays the device prefix's.
+//
 // # Selection
 //
 // Temperature 0 takes the lowest logit; among equal logits the worker holding the fewest blocks

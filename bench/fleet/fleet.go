@@ -185,7 +185,7 @@ type Result struct {
 	// and decode parts, summed over the fleet (sim.Stats.PrefillNs and DecodeNs).
 	PrefillBusy, DecodeBusy time.Duration
 	Makespan                time.Duration // first arrival to last completion
-	PerWorker               []int         // requests routed to each worker
+	PerWorker               []int         // requests routed to each worker (a split request: on both of its workers)
 	Samples                 []LoadSample
 	RouteFailures           int
 	RouteErr                string // the first route failure, if any
