@@ -174,7 +174,9 @@ type Result struct {
 	Requests     int
 	TTFT, E2E    []time.Duration // per request, in arrival order
 	PromptTokens int64
-	CachedTokens int64 // prompt tokens served from a worker's prefix cache on the device
+	// CachedTokens are the prompt tokens served from a worker's prefix cache on the device (a
+	// split request's: its prefill worker's).
+	CachedTokens int64
 	HostTokens   int64 // prompt tokens reloaded from a worker's host tier (sim.Done.Host)
 	OutputTokens int64
 	// Disaggregated: the requests the router split into two stages, and the simulated time
@@ -184,14 +186,15 @@ type Result struct {
 	// PrefillBusy and DecodeBusy are the workers' step time spent in the timing model's prefill
 	// and decode parts, summed over the fleet (sim.Stats.PrefillNs and DecodeNs).
 	PrefillBusy, DecodeBusy time.Duration
-	Makespan                time.Duration // first arrival to last completion
-	PerWorker               []int         // requests routed to each worker (a split request: on both of its workers)
-	Samples                 []LoadSample
-	RouteFailures           int
-	RouteErr                string // the first route failure, if any
-	Refused                 int    // requests larger than a worker's whole KV cache
-	CallErrors              int    // prefill-done and complete calls the router refused
-	Blocks                  []int  // blocks each worker holds at the end (sim.Worker.CachedBlocks)
+
+	Makespan      time.Duration // first arrival to last completion
+	PerWorker     []int         // requests routed to each worker (a split request: on both of its workers)
+	Samples       []LoadSample
+	RouteFailures int
+	RouteErr      string // the first route failure, if any
+	Refused       int    // requests larger than a worker's whole KV cache
+	CallErrors    int    // prefill-done and complete calls the router refused
+	Blocks        []int  // blocks each worker holds at the end (sim.Worker.CachedBlocks)
 
 	// RouteLatency is the wall time of each Route call, in arrival order, when Config.Router
 	// is set (nil otherwise).

@@ -100,9 +100,9 @@
 // # Events
 //
 // Events carry IDs from 1 upwards (one sequence for both tiers), Rank 0 and the device tier
-// unless they are the host tier's. Consecutive blocks stored in one
-// chain are published in one Stored event (Parent = the engine hash of the block before the
-// first, HasParent false at the root, Tokens = the blocks' prompt tokens, BlockSize set);
+// unless they are the host tier's. Consecutive blocks stored in one chain are published in one
+// Stored event (Parent = the engine hash of the block before the first, HasParent false at the
+// root, Tokens = the blocks' prompt tokens, BlockSize set);
 // consecutive evictions are published in one Removed event. Applied in order, the events of
 // all steps describe exactly the worker's cached block set (tests check this against a
 // reference model). A worker never publishes Cleared.
