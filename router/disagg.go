@@ -242,12 +242,7 @@ func (r *Router) bookPrefill(s *scratch, m *model, w *rankWorker, p *scoring.Par
 	if r.cfg.Share != nil {
 		r.cfg.Share.Booked(m.name, w.key, key, nil, prefill, r.cfg.RequestExpiry)
 	}
-	if r.approx != nil {
-		r.recordApprox(m, w, s.seqs)
-	}
-	if m.pred != nil {
-		m.pred.record(w.key, s.seqs, r.cfg.Now())
-	}
+	r.placed(m, w, s.seqs)
 	return nil
 }
 

@@ -170,6 +170,17 @@ func (p *predicted) merge(s *scratch, list *workerList, now int64) bool {
 	return raised
 }
 
+// placed notes that w of m will compute (or receive) the blocks seqs of a request booked on it:
+// approximate mode counts them as cached there, predict-on-route predicts them.
+func (r *Router) placed(m *model, w *rankWorker, seqs []uint64) {
+	if r.approx != nil {
+		r.recordApprox(m, w, seqs)
+	}
+	if m.pred != nil {
+		m.pred.record(w.key, seqs, r.cfg.Now())
+	}
+}
+
 // expirePredicted drops every model's predictions whose TTL ran out and returns how many. The
 // Router calls it periodically, so that predictions no request matches go away too; a match
 // drops those due first (merge), so that none is seen past its TTL between the calls.

@@ -355,12 +355,7 @@ func (r *Router) bookStage(s *scratch, m *model, w *rankWorker, p *scoring.Param
 	if r.cfg.Share != nil {
 		r.cfg.Share.Booked(m.name, w.key, key, seqs, prefill, r.cfg.RequestExpiry)
 	}
-	if r.approx != nil {
-		r.recordApprox(m, w, s.seqs)
-	}
-	if m.pred != nil {
-		m.pred.record(w.key, s.seqs, r.cfg.Now())
-	}
+	r.placed(m, w, s.seqs)
 	return nil
 }
 

@@ -150,12 +150,7 @@ func (r *Router) Book(model string, worker radix.WorkerKey, id string, seqs []ui
 	if r.cfg.Share != nil {
 		r.cfg.Share.Booked(m.name, w.key, id, seqs, prefill, r.cfg.RequestExpiry)
 	}
-	if r.approx != nil {
-		r.recordApprox(m, w, seqs)
-	}
-	if m.pred != nil {
-		m.pred.record(w.key, seqs, r.cfg.Now())
-	}
+	r.placed(m, w, seqs)
 	r.routed.Add(1)
 	return nil
 }
