@@ -26,8 +26,8 @@
 //     given up for this request: the booking is freed and the request routed again among the
 //     model's other workers, up to Config.Retries times (Dynamo's migration). After the first
 //     byte an error ends the client's answer where it stands.
-//  6. Disaggregation. Every request asks for a disaggregated decision (the router serves it whole
-//     while its model has no prefill worker). When the router splits it, the prefill stage runs
+//  6. Disaggregation. A request asks for a disaggregated decision while its model has a prefill
+//     worker, or disaggregation is enforced (Router.Disaggregates). When the router splits it, the prefill stage runs
 //     first, as Dynamo's frontend runs it with vLLM: the request, with max_tokens 1, not
 //     streamed, and kv_transfer_params asking for a remote decode (do_remote_decode), goes to
 //     the prefill worker; once it answers, the prefill stage's booking is released and the

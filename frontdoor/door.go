@@ -387,10 +387,10 @@ func (d *Door) forward(ctx *fasthttp.RequestCtx, path, model string, ws []router
 	var lastErr string
 	for attempt := 0; attempt <= d.cfg.Retries && len(allowed) > 0; attempt++ {
 		id := d.prefix + strconv.FormatUint(d.ids.Add(1), 36)
-		// Every request asks for a disaggregated decision: the router splits it only while
-		// the model has prefill workers (and its conditional policy agrees), and otherwise
-		// answers as it always does.
-		rr := wire.RouteRequest{RequestID: id, Model: model, Tokens: toks, Allowed: allowed, SessionID: session, Disagg: true}
+		// A request asks for a disaggregated decision while its model has prefill workers
+		// (or disaggregation is enforced), as Dynamo's frontend does; the router splits it
+		// unless its conditional policy keeps it whole.
+		rr := wire.RouteRequest{RequestID: id, Model: model, Tokens: toks, Allowed: allowed, SessionID: session, Disagg: d.r.Disaggregates(model)}
 		if attempt == 0 && every {
 			rr.Allowed = nil
 		}

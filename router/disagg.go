@@ -101,6 +101,19 @@ func (r *Router) releasePrefillStage(id string) bool {
 	return true
 }
 
+// Disaggregates reports whether a request of model asking for a disaggregated decision
+// (wire.RouteRequest.Disagg) can get anything but an aggregated answer: the model has a prefill
+// worker now, or Config.Disagg enforces disaggregation (and would refuse it). A caller that asks
+// only then, as Dynamo's frontend does, keeps kvrouterd_disagg_decisions_total's fallbacks to
+// the requests that wanted a prefill worker. Lock-free.
+func (r *Router) Disaggregates(model string) bool {
+	if r.cfg.Disagg.Enforce {
+		return true
+	}
+	m := r.model(model)
+	return m != nil && m.list.Load().prefill != nil
+}
+
 // routeDisagg routes req, which asks for a disaggregated decision, on model m whose worker
 // list is full; p, s and the rest are route's, with the request's blocks matched.
 func (r *Router) routeDisagg(s *scratch, m *model, full *workerList, p *scoring.Params, req *wire.RouteRequest,

@@ -211,6 +211,10 @@ func TestDisaggFallback(t *testing.T) {
 	toks := seq(0, 4*16)
 	for _, enforce := range []bool{false, true} {
 		r := disaggFleet(t, Config{Disagg: &DisaggConfig{Enforce: enforce}}, RoleDecode, RoleBoth)
+		// A caller asks for a split only when it can matter (the front door does).
+		if r.Disaggregates("m") != enforce || r.Disaggregates("other") != enforce {
+			t.Fatalf("enforce %v: Disaggregates says %v, %v without a prefill worker", enforce, r.Disaggregates("m"), r.Disaggregates("other"))
+		}
 		var resp wire.RouteResponse
 		err := r.Route(disaggReq("a", toks), &resp)
 		d := r.DisaggDecisions()
@@ -233,6 +237,9 @@ func TestDisaggFallback(t *testing.T) {
 		// A prefill worker joins: the request is split. It leaves: back to the fallback.
 		if err := r.Register(Registration{ID: 3, Model: "m", Role: RolePrefill}); err != nil {
 			t.Fatal(err)
+		}
+		if !r.Disaggregates("m") {
+			t.Fatal("Disaggregates is false with a prefill worker")
 		}
 		if err := r.Route(disaggReq("b", toks), &resp); err != nil || !resp.Prefill || resp.PrefillWorker != 3 {
 			t.Fatalf("with a prefill worker: %+v %v", resp, err)

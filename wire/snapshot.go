@@ -416,6 +416,11 @@ func DecodeSnapshotWorker(b []byte, w *SnapshotWorker) error {
 		}
 		w.nl = append(w.nl, nl)
 	}
+	if flags&snapTiers != 0 && !slices.ContainsFunc(w.nl, func(n int) bool { return n != 0 }) {
+		// The encoder sets the bit only for a worker with some rank's lower tier: one form
+		// per worker.
+		return d.errAt("flags", base+12, ErrInvalid, "bit 6 (lower tiers) set, but no rank has a lower tier")
+	}
 	// Point the ranks into the arena now that it has stopped growing.
 	off, k := 0, 0
 	for i := range w.Ranks {
