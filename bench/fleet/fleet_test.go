@@ -428,3 +428,25 @@ func TestDeterministicFeatures(t *testing.T) {
 		t.Errorf("split %d, host tokens %d, %d call errors, %d left booked", a.Split, a.HostTokens, a.CallErrors, a.Booked)
 	}
 }
+
+// TestPredictOnRoute: on a burst of siblings whose prefix no worker has published yet, the
+// router's predict-on-route sends more of them where the prefix is being computed.
+func TestPredictOnRoute(t *testing.T) {
+	b := trace.DefaultBurst()
+	b.Duration = time.Minute
+	reqs := trace.Scale(trace.Burst(b), 0.05)
+	cfg := Config{Workers: 8, Mode: scoring.KV, Seed: 1, EventDelay: 50 * time.Millisecond}
+	off, err := Run(cfg, reqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.PredictedTTL = 5 * time.Second
+	on, err := Run(cfg, reqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !(on.HitRate() > off.HitRate()) || on.CallErrors != 0 || on.Booked != 0 {
+		t.Errorf("hit rate off %.3f, on %.3f; %d call errors, %d left booked", off.HitRate(), on.HitRate(), on.CallErrors, on.Booked)
+	}
+	t.Logf("hit rate off %.3f, on %.3f; %s → %s", off.HitRate(), on.HitRate(), summary(off), summary(on))
+}

@@ -728,6 +728,11 @@ func TestDeterminism(t *testing.T) {
 	if c := simulate(t, wl); c == a {
 		t.Errorf("different inputs, same digest")
 	}
+	// With a host tier too.
+	wl.cfg.HostBlocks = 60
+	if a, b := simulate(t, wl), simulate(t, wl); a != b {
+		t.Errorf("host tier: same inputs, digests %x and %x", a, b)
+	}
 }
 
 // steady drives a worker with a fixed pool of requests, keeping about load of them in flight.
