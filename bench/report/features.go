@@ -183,7 +183,7 @@ func (r *report) disagg(set *loadedSet) error {
 	r.mdf("\nDisaggregated against aggregated at this load: mean TTFT %.0f against %.0f ms, mean ITL %.1f against %.1f ms; conditional %.0f ms and %.1f ms.\n",
 		ms(best.ttft.mean), ms(agg.ttft.mean), ms(itl(best).mean), ms(itl(agg).mean), ms(cond.ttft.mean), ms(itl(cond).mean))
 	return r.cdfPlot(fmt.Sprintf("TTFT CDF, aggregated and disaggregated, %s, kv, arrivals ×%g, %d workers", w.name, s, fleetWorkers),
-		"disagg-ttft-cdf-"+w.name+".png", "TTFT CDF, aggregated and disaggregated serving, "+w.name, curves)
+		"disagg-ttft-cdf-"+w.name+".png", "TTFT CDF, aggregated and disaggregated serving, "+w.name, curves, len(curves))
 }
 
 // tiers measures a host-memory tier per worker on the conversation trace at its loaded point:
@@ -355,8 +355,8 @@ func (r *report) predict() error {
 	return r.save(p, "predict-hit-burst.png", "prefix hit rate with predict-on-route off and on, burst workload")
 }
 
-// cdfPlot draws the TTFT CDF of each curve.
-func (r *report) cdfPlot(title, file, caption string, curves []curve) error {
+// cdfPlot draws the TTFT CDF of each curve, those from dashed on dashed.
+func (r *report) cdfPlot(title, file, caption string, curves []curve, dashed int) error {
 	p := plot.New()
 	p.Title.Text = title
 	p.X.Label.Text = "TTFT (ms, log scale)"
@@ -371,6 +371,9 @@ func (r *report) cdfPlot(title, file, caption string, curves []curve) error {
 		}
 		l.Color = plotutil.Color(i)
 		l.Width = vg.Points(1.5)
+		if i >= dashed {
+			l.Dashes = []vg.Length{vg.Points(4), vg.Points(3)}
+		}
 		p.Add(l)
 		p.Legend.Add(c.name, l)
 	}

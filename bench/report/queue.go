@@ -7,10 +7,6 @@ import (
 	"github.com/kvrouterd/kvrouterd/bench/fleet"
 	"github.com/kvrouterd/kvrouterd/router"
 	"github.com/kvrouterd/kvrouterd/scoring"
-	"gonum.org/v1/plot"
-	"gonum.org/v1/plot/plotter"
-	"gonum.org/v1/plot/plotutil"
-	"gonum.org/v1/plot/vg"
 )
 
 // The router queue under saturation: kv routing with the queue off and under each policy, at
@@ -202,28 +198,8 @@ type curve struct {
 	ttft []time.Duration
 }
 
-// queuePlot draws the TTFT CDF of each queue setting and priority class.
+// queuePlot draws the TTFT CDF of each queue setting and, dashed, each priority class.
 func (r *report) queuePlot(w workload, s float64, curves []curve) error {
-	p := plot.New()
-	p.Title.Text = fmt.Sprintf("TTFT CDF by router queue policy, %s, kv, arrivals ×%g, %d workers", w.name, s, fleetWorkers)
-	p.X.Label.Text = "TTFT (ms, log scale)"
-	p.Y.Label.Text = "fraction of requests"
-	p.X.Scale = plot.LogScale{}
-	p.X.Tick.Marker = plot.LogTicks{Prec: -1}
-	p.Legend.Top, p.Legend.Left = true, true
-	for i, c := range curves {
-		l, err := plotter.NewLine(cdf(c.ttft))
-		if err != nil {
-			return err
-		}
-		l.Color = plotutil.Color(i)
-		l.Width = vg.Points(1.5)
-		if i >= len(queuePolicies) {
-			l.Dashes = []vg.Length{vg.Points(4), vg.Points(3)}
-		}
-		p.Add(l)
-		p.Legend.Add(c.name, l)
-	}
-	p.Add(plotter.NewGrid())
-	return r.save(p, "queue-ttft-cdf-"+w.name+".png", "TTFT CDF by router queue policy and priority class, "+w.name)
+	return r.cdfPlot(fmt.Sprintf("TTFT CDF by router queue policy, %s, kv, arrivals ×%g, %d workers", w.name, s, fleetWorkers),
+		"queue-ttft-cdf-"+w.name+".png", "TTFT CDF by router queue policy and priority class, "+w.name, curves, len(queuePolicies))
 }
