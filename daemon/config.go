@@ -128,6 +128,9 @@ type Config struct {
 	SelectionCacheTTL        time.Duration
 	SelectionCacheMaxEntries int
 
+	// Who may call the HTTP listeners, over what (security.go).
+	Security Security
+
 	// Approximate mode.
 	NoKVEvents        bool
 	ApproxTTL         time.Duration
@@ -187,6 +190,7 @@ func Defaults() Config {
 		ApproxPruneTarget:        0.8,
 		ZMQLimits:                DefaultZMQLimits(),
 		ZMQStaleAfter:            ingest.DefaultStaleAfter,
+		Security:                 DefaultSecurity(),
 	}
 }
 
@@ -258,6 +262,7 @@ func (c *Config) Flags(fs *flag.FlagSet) {
 	fs.Uint64Var(&c.NATSStartSeq, "nats-start-seq", c.NATSStartSeq, "first stream sequence to apply; 0 = the oldest retained")
 	fs.Var(&SourceList{P: &c.ZMQ}, "zmq", "subscribe to an engine's ZMQ KV events: worker=ID,model=NAME,endpoint=tcp://host:port[,replay=tcp://host:port][,ranks=N][,rank=R][,topic=T]; repeat the flag, or separate sources with ';'")
 	c.ZMQLimits.Flags(fs)
+	c.Security.Flags(fs)
 	fs.DurationVar(&c.ZMQStaleAfter, "zmq-stale-after", c.ZMQStaleAfter, "report an engine's connected ZMQ rank stale, not active, in /workers and /metrics once it has sent no batch for this long (an idle engine publishes nothing: a hint to look, not a failure)")
 	fs.BoolVar(&c.ShareLoad, "share-load", c.ShareLoad, "tell the other replicas on the same NATS of every request this one routes, and count theirs in the load (off in approximate mode)")
 	fs.StringVar(&c.ReplicaID, "replica-id", c.ReplicaID, "this replica's name in load sharing, unique among live replicas (1-64 of A-Z a-z 0-9 _ -); empty: random")
@@ -363,6 +368,9 @@ func (c *Config) Check() error {
 		return err
 	}
 	if err := c.NATS.Check(); err != nil {
+		return err
+	}
+	if err := c.Security.Check(); err != nil {
 		return err
 	}
 	if err := c.ZMQLimits.Check(); err != nil {

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -39,6 +40,8 @@ type Daemon struct {
 	ln   net.Listener
 	sel  net.Listener // Dynamo's selection service; nil when off
 	fdLn net.Listener // the front door; nil when off
+	adm  net.Listener // the admin listener (pprof); nil when off
+	cred credentials  // tokens and certificate, nil when not configured
 	fd   *fasthttp.Server
 	srv  *server.Server
 	r    *router.Router
@@ -110,6 +113,15 @@ func Start(ctx context.Context, c Config, stderr io.Writer) (_ *Daemon, err erro
 			return nil, fmt.Errorf("--selection-addr %s: %w", c.SelectionAddr, err)
 		}
 		d.undo.push(func() { d.sel.Close() })
+	}
+	if c.Security.AdminAddr != "" {
+		if d.adm, err = net.Listen("tcp", c.Security.AdminAddr); err != nil {
+			return nil, fmt.Errorf("--admin-addr %s: %w", c.Security.AdminAddr, err)
+		}
+		d.undo.push(func() { d.adm.Close() })
+	}
+	if d.cred, err = c.Security.load(); err != nil {
+		return nil, err
 	}
 	if err := checkDataDir(c.DataDir); err != nil {
 		return nil, err
@@ -222,7 +234,8 @@ func Start(ctx context.Context, c Config, stderr io.Writer) (_ *Daemon, err erro
 	scfg := server.Config{MaxBodyBytes: c.MaxBodyBytes, ReadBufferSize: c.HTTPReadBuffer, WriteBufferSize: c.HTTPWriteBuffer,
 		MaxConns: c.HTTPMaxConns, MaxConnsPerIP: c.HTTPMaxConnsPerIP, IdleTimeout: c.HTTPIdleTimeout, Logger: log, Registry: reg,
 		SelectionCacheTTL: c.SelectionCacheTTL, SelectionCacheMaxEntries: c.SelectionCacheMaxEntries, NoKVEvents: c.NoKVEvents,
-		OverloadStatus: c.OverloadStatus}
+		OverloadStatus: c.OverloadStatus, Tokens: d.cred.tokens,
+		ControlRate: c.Security.ControlRate, ControlBurst: c.Security.ControlBurst, EventsRate: c.Security.EventsRate, EventsBurst: c.Security.EventsBurst}
 	// Background work that ends before the stream and the router close.
 	bgCtx, stopBackground := context.WithCancel(ctx)
 	var background sync.WaitGroup
@@ -230,6 +243,7 @@ func Start(ctx context.Context, c Config, stderr io.Writer) (_ *Daemon, err erro
 		stopBackground()
 		background.Wait()
 	})
+	background.Go(func() { d.cred.watch(bgCtx, c.Security.ReloadInterval, log) })
 	if d.p != nil {
 		scfg.Snapshots = d.p.store
 		scfg.Ready = append(scfg.Ready, server.ReadyCheck{Name: "disk", Check: d.p.diskReady},
@@ -259,7 +273,7 @@ func Start(ctx context.Context, c Config, stderr io.Writer) (_ *Daemon, err erro
 		_, _ = d.srv.RecoverFromPeers(ctx, splitList(c.Peers), 10*time.Second)
 	}
 	if d.fdLn != nil {
-		door := frontdoor.New(d.r, frontdoor.Config{Logger: log, Registry: reg, Retries: c.FrontendRetries, Timeout: c.FrontendTimeout, OverloadStatus: c.OverloadStatus})
+		door := frontdoor.New(d.r, frontdoor.Config{Logger: log, Registry: reg, Retries: c.FrontendRetries, Timeout: c.FrontendTimeout, OverloadStatus: c.OverloadStatus, Tokens: d.cred.tokens})
 		// The API's transport settings, but for the write timeout: a streamed answer may last
 		// minutes (--frontend-timeout bounds it).
 		d.fd = server.HTTPServer(door.Handle, scfg)
@@ -270,14 +284,24 @@ func Start(ctx context.Context, c Config, stderr io.Writer) (_ *Daemon, err erro
 		"http_max_conns", maxConns, "http_max_conns_per_ip", perIP, "shards", c.Shards, "mode", c.RouterMode, "block_size", c.BlockSize, "data_dir", c.DataDir,
 		"since_start", time.Since(processStart))
 	d.serving = 1
-	go func() { d.done <- d.srv.Serve(d.ln) }()
+	go func() { d.done <- d.srv.Serve(d.cred.listen(d.ln)) }()
 	if d.sel != nil {
 		d.serving++
-		go func() { d.done <- d.srv.ServeSelection(d.sel) }()
+		go func() { d.done <- d.srv.ServeSelection(d.cred.listen(d.sel)) }()
 	}
 	if d.fd != nil {
 		d.serving++
-		go func() { d.done <- d.fd.Serve(d.fdLn) }()
+		go func() { d.done <- d.fd.Serve(d.cred.listen(d.fdLn)) }()
+	}
+	if d.adm != nil {
+		// Not in serving: a failed admin listener is logged, not the daemon's end.
+		adm := &http.Server{Handler: d.cred.adminHandler(), ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+		d.undo.push(func() { adm.Close() })
+		go func() {
+			if err := adm.Serve(d.adm); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				log.Error("admin listener failed", "addr", d.adm.Addr().String(), "err", err)
+			}
+		}()
 	}
 	return d, nil
 }
@@ -291,6 +315,14 @@ func (d *Daemon) FrontendAddr() net.Addr {
 		return nil
 	}
 	return d.fdLn.Addr()
+}
+
+// AdminAddr is the admin listener's address; nil when it is off.
+func (d *Daemon) AdminAddr() net.Addr {
+	if d.adm == nil {
+		return nil
+	}
+	return d.adm.Addr()
 }
 
 // SelectionAddr is the selection service's address; nil when it is off.

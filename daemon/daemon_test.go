@@ -63,6 +63,11 @@ func TestStartFailsAndUndoes(t *testing.T) {
 		{"HTTP port taken", "--http-addr", func(c *Config) { c.HTTPAddr = taken.Addr().String() }, nil},
 		{"HTTP address bad", "--http-addr", func(c *Config) { c.HTTPAddr = "256.0.0.1:80" }, nil},
 		{"selection port taken", "--selection-addr", func(c *Config) { c.SelectionAddr = taken.Addr().String() }, nil},
+		{"admin port taken", "--admin-addr", func(c *Config) { c.Security.AdminAddr = taken.Addr().String() }, nil},
+		{"token file missing", "--auth-token-file", func(c *Config) {
+			c.Security.AdminAddr, c.Security.AuthTokenFile = freeAddr(t), filepath.Join(file, "tokens")
+		}, nil},
+		{"certificate missing", "--tls-cert-file", func(c *Config) { c.Security.TLSCertFile, c.Security.TLSKeyFile = file, file }, nil},
 		{"data dir a file", "--data-dir", func(c *Config) { c.DataDir = filepath.Join(file, "data") }, nil},
 		{"data dir unwritable", "--data-dir", func(c *Config) { c.DataDir = unwritableDir(t) }, nil},
 		{"data dir held by a running daemon", "--data-dir", func(c *Config) { c.DataDir = held }, nil},

@@ -20,6 +20,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvrouterd/kvrouterd/internal/bearer"
 	"github.com/kvrouterd/kvrouterd/internal/peer"
 	"github.com/kvrouterd/kvrouterd/radix"
 	"github.com/kvrouterd/kvrouterd/router"
@@ -42,6 +43,9 @@ type Config struct {
 	// OverloadStatus answers a request whose workers are all overloaded (their busy
 	// thresholds): 529 when 0, as Dynamo's frontend.
 	OverloadStatus int
+	// Tokens, if set, requires a bearer token of it (OpenAI clients send their API key so):
+	// a write token to generate, a read token for /v1/models; /health is open.
+	Tokens *bearer.Tokens
 }
 
 // Door is the front door over one Router. Safe for concurrent use.
@@ -90,6 +94,22 @@ func New(r *router.Router, cfg Config) *Door {
 // Handle serves one request of the front door's API.
 func (d *Door) Handle(ctx *fasthttp.RequestCtx) {
 	path := string(ctx.Path())
+	if d.cfg.Tokens != nil && path != "/health" {
+		need := bearer.Write
+		if path == "/v1/models" {
+			need = bearer.Read
+		}
+		switch got := d.cfg.Tokens.Check(ctx.Request.Header.Peek("Authorization")); {
+		case got == bearer.None:
+			ctx.Response.Header.Set("WWW-Authenticate", `Bearer realm="kvrouterd"`)
+			d.fail(ctx, "other", fasthttp.StatusUnauthorized, "invalid_request_error", "",
+				"a bearer token is required: send the header Authorization: Bearer TOKEN with a token of kvrouterd's --auth-token-file")
+			return
+		case got < need:
+			d.fail(ctx, "other", fasthttp.StatusForbidden, "invalid_request_error", "", "this token may only read; "+path+" needs a write token")
+			return
+		}
+	}
 	switch path {
 	case "/v1/completions", "/v1/chat/completions":
 		if !ctx.IsPost() {

@@ -120,7 +120,11 @@ func matchRoute(path string) (int, string, bool) {
 // handler of the selection listener (tests may call it directly).
 func (s *Server) HandleSelection(ctx *fasthttp.RequestCtx) {
 	start := time.Now()
-	route := s.selDispatch(ctx)
+	route := "other"
+	if p, m := ctx.Path(), ctx.Method(); (s.cfg.Tokens == nil || s.authorized(ctx, selectionAccess(p, m), s.selError)) &&
+		(!selectionControlPlane(p, m) || s.allowed(ctx, s.controlLim, "--control-rate-limit", s.selError)) {
+		route = s.selDispatch(ctx)
+	}
 	method := string(ctx.Method())
 	switch method {
 	case "GET", "POST", "PATCH", "DELETE", "PUT", "HEAD", "OPTIONS":

@@ -16,6 +16,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvrouterd/kvrouterd/internal/bearer"
 	"github.com/kvrouterd/kvrouterd/internal/freelist"
 	"github.com/kvrouterd/kvrouterd/internal/peer"
 	"github.com/kvrouterd/kvrouterd/radix"
@@ -25,6 +26,7 @@ import (
 	"github.com/kvrouterd/kvrouterd/wire"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
+	"golang.org/x/time/rate"
 )
 
 // ContentType marks bodies in package wire's binary format.
@@ -81,6 +83,18 @@ type Config struct {
 	// selection service's catalog then needs no kv_events endpoint, as Dynamo's with KV events
 	// off.
 	NoKVEvents bool
+	// Tokens, if set, requires a bearer token of it on every endpoint of the API and the
+	// selection service but health, readiness and metrics: a read token for what changes
+	// nothing, a write token for the rest (access.go). Nil: no authentication.
+	Tokens *bearer.Tokens
+	// ControlRate and ControlBurst bound the control plane's requests (registrations and
+	// their removals, peers, thresholds, snapshots and dumps; both APIs together) to a token
+	// bucket of ControlRate a second holding ControlBurst; over it, 429. EventsRate and
+	// EventsBurst do the same for POST /v1/events. A rate ≤ 0: no limit.
+	ControlRate  float64
+	ControlBurst int
+	EventsRate   float64
+	EventsBurst  int
 }
 
 // ReadyCheck is one condition of readiness. Check returns nil while it holds, otherwise why the
@@ -169,6 +183,8 @@ type Server struct {
 	bufs    *freelist.List[buffers]
 	metrics fasthttp.RequestHandler
 
+	controlLim, eventsLim *rate.Limiter // nil: no limit
+
 	// The unknown fields of Dynamo's bodies logged so far ("path name"), and how many.
 	unknownSeen  sync.Map
 	unknownCount atomic.Int64
@@ -228,6 +244,11 @@ func New(r *router.Router, cfg Config) *Server {
 	s.bufs = freelist.New[buffers](4 * runtime.GOMAXPROCS(0))
 	s.srv = HTTPServer(s.Handle, cfg)
 	s.srv.ErrorHandler = s.transportError
+	s.srv.HeaderReceived = func(h *fasthttp.RequestHeader) fasthttp.RequestConfig {
+		limit, _ := s.apiBodyLimit(h.RequestURI(), h.Method())
+		return fasthttp.RequestConfig{MaxRequestBodySize: limit}
+	}
+	s.controlLim, s.eventsLim = newLimiter(cfg.ControlRate, cfg.ControlBurst), newLimiter(cfg.EventsRate, cfg.EventsBurst)
 	s.conns = newConns(cfg.MaxConns, cfg.MaxConnsPerIP, cfg.Logger)
 	s.srv.ConnState = s.conns.connState
 	// The limit is conns': fasthttp's own (a worker per connection) must never refuse first,
@@ -235,7 +256,11 @@ func New(r *router.Router, cfg Config) *Server {
 	s.srv.Concurrency = max(fasthttp.DefaultConcurrency, 2*cfg.MaxConns)
 	s.sel = newSelection(cfg)
 	s.selSrv = HTTPServer(s.HandleSelection, cfg)
-	s.selSrv.ErrorHandler, s.selSrv.ConnState, s.selSrv.Concurrency = s.transportError, s.conns.connState, s.srv.Concurrency
+	s.selSrv.ErrorHandler, s.selSrv.ConnState, s.selSrv.Concurrency = s.selTransportError, s.conns.connState, s.srv.Concurrency
+	s.selSrv.HeaderReceived = func(h *fasthttp.RequestHeader) fasthttp.RequestConfig {
+		limit, _ := s.selectionBodyLimit(h.RequestURI(), h.Method())
+		return fasthttp.RequestConfig{MaxRequestBodySize: limit}
+	}
 	cfg.Registry.MustRegister(connCollector{s.conns})
 	s.ready.Store(true)
 	return s
@@ -295,6 +320,15 @@ func (s *Server) readyz(ctx *fasthttp.RequestCtx) {
 
 // transportError answers requests fasthttp refuses before the handler: oversized or unreadable.
 func (s *Server) transportError(ctx *fasthttp.RequestCtx, err error) {
+	s.refuseTransport(ctx, err, false)
+}
+
+// selTransportError is transportError for the selection service.
+func (s *Server) selTransportError(ctx *fasthttp.RequestCtx, err error) {
+	s.refuseTransport(ctx, err, true)
+}
+
+func (s *Server) refuseTransport(ctx *fasthttp.RequestCtx, err error, selection bool) {
 	if cn, ok := ctx.Conn().(*conn); ok && cn.idle.Load() != 0 {
 		// Not a byte of a request came: the connection timed out idle, its client left, or
 		// it was closed to admit another (counted then). Nothing to count or log per
@@ -304,23 +338,28 @@ func (s *Server) transportError(ctx *fasthttp.RequestCtx, err error) {
 		return
 	}
 	status, reason, field := fasthttp.StatusBadRequest, "unreadable", "body"
+	msg := err.Error()
 	var small *fasthttp.ErrSmallBuffer
 	switch {
 	case errors.Is(err, fasthttp.ErrBodyTooLarge):
-		status, reason = fasthttp.StatusRequestEntityTooLarge, "too_large"
+		status, reason, msg = fasthttp.StatusRequestEntityTooLarge, "too_large", s.bodyTooLarge(ctx, selection)
 	case errors.As(err, &small):
 		status, reason, field = fasthttp.StatusRequestHeaderFieldsTooLarge, "headers_too_large", "headers"
 	}
 	s.m.rejected.WithLabelValues("any", reason).Inc()
-	s.log.Warn("request refused", "reason", reason, "err", err, "remote", ctx.RemoteAddr().String())
+	s.log.Warn("request refused", "reason", reason, "err", msg, "remote", ctx.RemoteAddr().String())
 	ctx.SetStatusCode(status)
 	ctx.SetContentType("application/json")
-	ctx.SetBody(appendError(nil, field+": "+err.Error(), field, -1))
+	ctx.SetBody(appendError(nil, field+": "+msg, field, -1))
 }
 
 // Handle serves one request; it is the fasthttp handler (tests may call it directly).
 func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
 	start := time.Now()
+	if s.cfg.Tokens != nil && !s.authorized(ctx, apiAccess(ctx.Path(), ctx.Method()), s.apiRefusal) {
+		s.m.latency[epOther].Observe(time.Since(start).Seconds())
+		return
+	}
 	ep := s.dispatch(ctx, start)
 	s.m.latency[ep].Observe(time.Since(start).Seconds())
 }
@@ -374,7 +413,7 @@ func (s *Server) dispatch(ctx *fasthttp.RequestCtx, start time.Time) endpoint {
 			return epOutput
 		}
 	case bytes.Equal(path, pEvents):
-		if s.method(ctx, epEvents, method, mPost) {
+		if s.method(ctx, epEvents, method, mPost) && s.allowed(ctx, s.eventsLim, "--events-rate-limit", s.apiRefusal) {
 			s.events(ctx)
 		}
 		return epEvents
@@ -382,12 +421,12 @@ func (s *Server) dispatch(ctx *fasthttp.RequestCtx, start time.Time) endpoint {
 		switch {
 		case bytes.Equal(method, mGet):
 			s.listWorkers(ctx)
-		case s.method(ctx, epWorkers, method, mPost):
+		case s.method(ctx, epWorkers, method, mPost) && s.control(ctx):
 			s.registerWorker(ctx)
 		}
 		return epWorkers
 	case bytes.HasPrefix(path, pWorkersS):
-		if s.method(ctx, epWorkers, method, mDelete) {
+		if s.method(ctx, epWorkers, method, mDelete) && s.control(ctx) {
 			s.unregisterWorker(ctx, path[len(pWorkersS):])
 		}
 		return epWorkers
@@ -406,15 +445,19 @@ func (s *Server) dispatch(ctx *fasthttp.RequestCtx, start time.Time) endpoint {
 		s.metrics(ctx)
 		return epMetrics
 	case "/busy_threshold":
-		s.busyThresholds(ctx)
+		if !controlPlane(path, method) || s.control(ctx) {
+			s.busyThresholds(ctx)
+		}
 		return epBusy
 	case "/v1/snapshot":
-		if s.method(ctx, epSnapshot, method, mGet) {
+		if s.method(ctx, epSnapshot, method, mGet) && s.control(ctx) {
 			s.snapshot(ctx)
 		}
 		return epSnapshot
 	case "/register", "/unregister", "/workers", "/query", "/query_by_hash", "/dump", "/register_peer", "/deregister_peer", "/peers", "/reopen_logs":
-		s.dynamo(ctx, string(path))
+		if !controlPlane(path, method) || s.control(ctx) {
+			s.dynamo(ctx, string(path))
+		}
 		return epDynamo
 	}
 	s.reject(ctx, epOther, fasthttp.StatusNotFound, "not_found", "path", -1, "no endpoint "+strconv.Quote(string(path)))

@@ -17,6 +17,7 @@ import (
 // layer places every package of the module, by its path inside the module; a package imports
 // only packages of lower layers, save the pairs in sameLayer.
 var layer = map[string]int{
+	"internal/bearer":   1,
 	"internal/freelist": 1,
 	"internal/hostile":  1,
 	"internal/layers":   1,
@@ -25,6 +26,7 @@ var layer = map[string]int{
 	"internal/panics":   1,
 	"internal/peer":     1,
 	"internal/prefetch": 1,
+	"internal/tlscert":  1,
 	"internal/u64map":   1,
 	"kvevent":           1,
 
