@@ -33,10 +33,10 @@ test: vet
 # The performance and routing-quality report: bench/out/report.md, report.json and PNG plots
 # (under 10 minutes on 2 cores; bench-quick under 2).
 bench:
-	$(GO) run ./bench/report --out $(OUT)
+	$(GO) run ./bench/report --out $(OUT) $(ARGS)
 
 bench-quick:
-	$(GO) run ./bench/report --quick --out $(OUT)
+	$(GO) run ./bench/report --quick --out $(OUT) $(ARGS)
 
 # kvrouterd with its front door and four mock engines, the Mooncake conversation trace through
 # the front door in kv mode and round robin: TTFT and ITL of each, beside the simulator's

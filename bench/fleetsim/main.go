@@ -47,12 +47,14 @@ import (
 
 func main() {
 	var (
-		path      = flag.String("trace", "", "Mooncake JSON-lines trace; empty: the built-in synthetic workload")
+		path      = flag.String("trace", "", "JSON-lines trace (Mooncake's form, with hash ids of --block-size tokens or token ids; see bench/trace); empty: the built-in synthetic workload")
 		workers   = flag.Int("workers", 8, "simulated workers")
 		modes     = flag.String("modes", "kv,round_robin,random,least_loaded", "routing modes to compare, comma-separated")
 		timeScale = flag.Float64("time-scale", 1, "multiply arrival times (below 1: more load)")
 		limit     = flag.Int("limit", 0, "first N trace rows (0: all)")
-		blockSize = flag.Int("block-size", 64, "engine block size in tokens")
+		traceBS   = flag.Int("block-size", 0, "tokens per hash id of --trace (0: the trace's block_size, else Mooncake's 512)")
+		timeUnit  = flag.String("time-unit", "", "unit of --trace's numeric timestamps: ms or s (empty: the trace's time_unit, else ms); ISO-8601 strings need none")
+		blockSize = flag.Int("engine-block-size", 64, "the simulated engines' KV block size in tokens")
 		blocks    = flag.Int("kv-blocks", 16384, "KV cache per worker, in blocks")
 		seed      = flag.Uint64("seed", 1, "seed of the router's tie-breaks")
 		weight    = flag.Float64("overlap-weight", 1, "the router's overlap score weight")
@@ -99,7 +101,10 @@ func main() {
 	if *burst {
 		reqs = trace.Scale(trace.Burst(trace.DefaultBurst()), *timeScale)
 	} else if *path != "" {
-		reqs, err = trace.LoadMooncake(*path, trace.MooncakeOptions{TimeScale: *timeScale, Limit: *limit})
+		opt := trace.MooncakeOptions{TimeScale: *timeScale, Limit: *limit, BlockSize: *traceBS}
+		if opt.TimeUnit, err = trace.ParseTimeUnit(*timeUnit); err == nil {
+			reqs, err = trace.LoadMooncake(*path, opt)
+		}
 	} else {
 		reqs = trace.Scale(trace.Synthetic(trace.DefaultSynthetic()), *timeScale)
 	}

@@ -37,6 +37,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvrouterd/kvrouterd/bench/trace"
 	"golang.org/x/text/language"
 	"golang.org/x/text/message"
 )
@@ -48,6 +49,48 @@ type config struct {
 	Traces string // directory holding mooncake/*.jsonl; sections that need a missing file say so
 	Skip   []string
 	Seed   uint64
+	// Extra are the traces of --trace NAME=PATH, replayed in the quality section beside the
+	// Mooncake traces (rows quality.NAME.…), read with TraceOptions (--block-size, --time-unit).
+	Extra        []namedTrace
+	TraceOptions trace.MooncakeOptions
+}
+
+// namedTrace is one --trace NAME=PATH.
+type namedTrace struct{ Name, Path string }
+
+// traceList is the repeatable --trace flag.
+type traceList struct{ list *[]namedTrace }
+
+func (l traceList) String() string {
+	if l.list == nil {
+		return ""
+	}
+	var s []string
+	for _, t := range *l.list {
+		s = append(s, t.Name+"="+t.Path)
+	}
+	return strings.Join(s, ",")
+}
+
+// Set takes NAME=PATH; NAME becomes a segment of the rows' names, so it is lower-case letters,
+// digits, '-' and '_', and not a name the report gives a workload of its own.
+func (l traceList) Set(v string) error {
+	name, path, ok := strings.Cut(v, "=")
+	if !ok || name == "" || path == "" {
+		return fmt.Errorf("%q: want NAME=PATH", v)
+	}
+	for _, c := range name {
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+			return fmt.Errorf("%q: a name of lower-case letters, digits, '-' and '_' (it names the rows quality.NAME.…)", name)
+		}
+	}
+	for _, t := range append(slices.Clone(*l.list), namedTrace{"conversation", ""}, namedTrace{"mooncake-synthetic", ""}, namedTrace{"generated", ""}) {
+		if t.Name == name {
+			return fmt.Errorf("%q: the name of another workload of the report", name)
+		}
+	}
+	*l.list = append(*l.list, namedTrace{name, path})
+	return nil
 }
 
 // sections lists every section in the order they run.
@@ -61,7 +104,15 @@ func main() {
 	flag.StringVar(&c.Traces, "traces", c.Traces, "directory with mooncake/conversation_trace.jsonl and mooncake/synthetic_trace.jsonl (env KVROUTERD_TRACES)")
 	flag.StringVar(&skip, "skip", "", "sections to leave out, comma-separated: "+strings.Join(sections, ","))
 	flag.Uint64Var(&c.Seed, "seed", c.Seed, "seed of the routers' tie-breaks and the load generators")
+	flag.Var(traceList{&c.Extra}, "trace", "NAME=PATH: replay this JSON-lines trace too (Mooncake's form or a relative; see bench/trace), its rows named quality.NAME.…; repeatable")
+	flag.IntVar(&c.TraceOptions.BlockSize, "block-size", 0, "tokens per hash id of the --trace files (0: each trace's block_size, else Mooncake's 512)")
+	timeUnit := flag.String("time-unit", "", "unit of the --trace files' numeric timestamps: ms or s (empty: each trace's time_unit, else ms)")
 	flag.Parse()
+	var err error
+	if c.TraceOptions.TimeUnit, err = trace.ParseTimeUnit(*timeUnit); err != nil {
+		fmt.Fprintln(os.Stderr, "report: --time-unit:", err)
+		os.Exit(2)
+	}
 	for s := range strings.SplitSeq(skip, ",") {
 		if s = strings.TrimSpace(s); s == "" {
 			continue

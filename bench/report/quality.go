@@ -38,9 +38,10 @@ type workload struct {
 	reqs        []trace.Request
 }
 
-// workloads loads the traces; a missing trace file is reported and skipped, the generated
-// workload needs none.
-func (r *report) workloads() []workload {
+// workloads loads the traces; a missing Mooncake trace file is reported and skipped, the
+// generated workload needs none, and a --trace that does not load is an error: the user asked
+// for it.
+func (r *report) workloads() ([]workload, error) {
 	limit := 0
 	if r.cfg.Quick {
 		limit = 2500 // about the first 12 minutes of the conversation trace
@@ -59,12 +60,21 @@ func (r *report) workloads() []workload {
 		}
 		ws = append(ws, workload{f.name, f.about, reqs})
 	}
+	for _, t := range r.cfg.Extra {
+		opt := r.cfg.TraceOptions
+		opt.Limit = limit
+		reqs, err := trace.LoadMooncake(t.Path, opt)
+		if err != nil {
+			return nil, fmt.Errorf("--trace %s=%s: %w", t.Name, t.Path, err)
+		}
+		ws = append(ws, workload{t.Name, "trace " + filepath.Base(t.Path), reqs})
+	}
 	g := trace.DefaultSynthetic()
 	if r.cfg.Quick {
 		g.Duration = 4 * time.Minute
 	}
 	ws = append(ws, workload{"generated", fmt.Sprintf("built-in generator (%v: system prompts, multi-turn sessions, document fan-out)", g.Duration), trace.Synthetic(g)})
-	return ws
+	return ws, nil
 }
 
 // qualityRun is one simulation and its summary.
@@ -128,7 +138,11 @@ func (r *report) quality() error {
 		"workers: no router can exceed it), *of pooled* by one LRU cache holding the whole fleet's %d×%d blocks with no load "+
 		"limits (what routing could recover with this much memory).\n", ladder, loadFactor, unloadedScale, fleetWorkers, kvBlocks)
 	var conv *loadedSet
-	for _, w := range r.workloads() {
+	ws, err := r.workloads()
+	if err != nil {
+		return err
+	}
+	for _, w := range ws {
 		set, err := r.qualityWorkload(w, kvBlocks)
 		if err != nil {
 			return err

@@ -199,3 +199,75 @@ func TestFeatureRows(t *testing.T) {
 	t.Logf("disagg ttft agg %.0f / disagg %.0f / cond %.0f ms; tiers of bound %.0f / %.0f / %.0f %%; predict hit %.1f → %.1f %%",
 		got[want[0]], got[want[3]], got[want[6]], got[want[9]], got[want[11]], got[want[13]], got[want[15]], got[want[17]])
 }
+
+// TestExtraTrace: a trace given as --trace NAME=PATH, here in the token-id form with ISO-8601
+// times and sessions, is replayed in the quality section under its name; one that does not
+// load ends the report with an error that names it.
+func TestExtraTrace(t *testing.T) {
+	if testing.Short() {
+		t.Skip("simulates a minute of requests at a few loads")
+	}
+	dir := t.TempDir()
+	g := trace.DefaultSynthetic()
+	g.Duration = time.Minute
+	reqs := trace.Synthetic(g)
+	var b strings.Builder
+	start := time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
+	for _, q := range reqs {
+		row, err := json.Marshal(map[string]any{"timestamp": start.Add(q.At).Format(time.RFC3339Nano), "token_ids": q.Tokens,
+			"output_length": q.Output, "session_id": fmt.Sprint("s", q.Session)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.Write(append(row, '\n'))
+	}
+	path := filepath.Join(dir, "mine.jsonl")
+	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r := &report{cfg: config{Quick: true, Out: dir, Traces: filepath.Join(dir, "none"), Seed: 1, Extra: []namedTrace{{"mine", path}}},
+		start: time.Now(), progress: io.Discard}
+	ws, err := r.workloads()
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := slices.IndexFunc(ws, func(w workload) bool { return w.name == "mine" })
+	if i < 0 || len(ws[i].reqs) != len(reqs) || !slices.Equal(ws[i].reqs[len(reqs)-1].Tokens, reqs[len(reqs)-1].Tokens) {
+		t.Fatalf("the trace is not a workload as written: %d workloads", len(ws))
+	}
+	if _, err := r.qualityWorkload(ws[i], kvBlocks); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]bool{}
+	for _, m := range r.ms {
+		got[m.Name] = true
+	}
+	for _, name := range []string{"quality.mine.loaded.kv.ttft_mean", "quality.mine.loaded.round_robin.ttft_mean", "quality.mine.bound_infinite"} {
+		if !got[name] {
+			t.Errorf("no %s", name)
+		}
+	}
+	r.cfg.Extra = []namedTrace{{"broken", filepath.Join(dir, "none.jsonl")}}
+	if _, err := r.workloads(); err == nil || !strings.Contains(err.Error(), "--trace broken=") {
+		t.Errorf("a missing --trace: %v, want an error naming it", err)
+	}
+}
+
+func TestTraceFlag(t *testing.T) {
+	var l []namedTrace
+	f := traceList{&l}
+	for _, bad := range []string{"x", "=p", "n=", "Big=p", "conversation=p", "a b=p"} {
+		if err := f.Set(bad); err == nil {
+			t.Errorf("--trace %q accepted", bad)
+		}
+	}
+	if err := f.Set("qwen-a=/t/a.jsonl"); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Set("qwen-a=/t/b.jsonl"); err == nil {
+		t.Error("a name given twice accepted")
+	}
+	if f.String() != "qwen-a=/t/a.jsonl" {
+		t.Errorf("String: %q", f.String())
+	}
+}

@@ -15,6 +15,13 @@
 //     agree by chance with probability about 128000^-512), so prompts diverge where ids diverge;
 //   - the real hashing path is exercised at any engine block size, not only 512.
 //
+// The same reader takes the Mooncake form's relatives that public traces use
+// (ReadMooncakeRows lists them): hash ids of another block size (16 in Alibaba's Qwen traces;
+// MooncakeOptions.BlockSize, a row's "block_size" or a header line's), timestamps in seconds
+// (MooncakeOptions.TimeUnit or a header's "time_unit") or as ISO-8601 strings, prompts given as
+// token ids, kept as they are, and session ids ("session_id", "conversation_id", or Qwen's
+// "chat_id" chained by "parent_chat_id").
+//
 // Synthetic builds a shared-prefix workload without a trace file: Poisson arrivals, a few system
 // prompts, multi-turn sessions whose next prompt extends the previous prompt and answer, and
 // fan-out groups of requests over one long document. It is deterministic for a seed.

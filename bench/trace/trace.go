@@ -54,13 +54,34 @@ func (e *RowError) Error() string {
 
 func (e *RowError) Unwrap() []error { return []error{ErrRow, e.Err} }
 
-// MooncakeOptions controls how a Mooncake trace becomes a workload. The zero value is valid:
-// arrival times as recorded, every row, DefaultVocab, seed 0.
+// MooncakeOptions controls how a trace becomes a workload. The zero value is valid: arrival
+// times as recorded in milliseconds, every row, 512-token hash ids unless the trace says
+// otherwise, DefaultVocab, seed 0.
 type MooncakeOptions struct {
 	TimeScale float64 // multiplies arrival times (2 = half the load); 0 → 1
 	Limit     int     // first N rows, 0 = all
 	Vocab     uint32  // token ids are in [0, Vocab); 0 → DefaultVocab
 	Seed      uint64  // varies the tokens of every hash id; equal ids stay equal under one seed
+	// BlockSize is the number of tokens one hash id stands for; 0 → the trace's own
+	// block_size (a row's field, or a header line's), else MooncakeBlock.
+	BlockSize int
+	// TimeUnit is the unit of numeric timestamps: time.Millisecond (Mooncake's; 0 → it) or
+	// time.Second (Alibaba's Qwen traces, BurstGPT); a header line's "time_unit" ("ms" or "s")
+	// sets it when the option does not. ISO-8601 strings need none.
+	TimeUnit time.Duration
+}
+
+// ParseTimeUnit reads a --time-unit flag: "ms", "s", or "" (0: the trace's own, else ms).
+func ParseTimeUnit(s string) (time.Duration, error) {
+	switch s {
+	case "":
+		return 0, nil
+	case "ms":
+		return time.Millisecond, nil
+	case "s":
+		return time.Second, nil
+	}
+	return 0, fmt.Errorf("trace: time unit %q: want ms or s", s)
 }
 
 func (o MooncakeOptions) vocab() uint64 {
@@ -70,21 +91,33 @@ func (o MooncakeOptions) vocab() uint64 {
 	return uint64(o.Vocab)
 }
 
-// MooncakeRow is one row of a Mooncake trace before tokens are made: plain data.
+func (o MooncakeOptions) blockSize() int {
+	if o.BlockSize <= 0 {
+		return MooncakeBlock
+	}
+	return o.BlockSize
+}
+
+// MooncakeRow is one row of a trace before tokens are made: plain data.
 type MooncakeRow struct {
 	Line         int           // 1-based line number in the input
 	At           time.Duration // timestamp × TimeScale
 	InputLength  int
 	OutputLength int
-	HashIDs      []uint64 // ceil(InputLength / MooncakeBlock) ids
+	HashIDs      []uint64 // ceil(InputLength / BlockSize) ids; nil when the row gives Tokens
+	BlockSize    int      // tokens per hash id
+	Tokens       []uint32 // the prompt's token ids, when the row gives them instead of hash ids
+	Session      uint64   // the row's session (conversation) id, 0 when it has none
 }
 
-// LoadMooncake reads a Mooncake JSON-lines trace ({"timestamp": ms, "input_length",
-// "output_length", "hash_ids": [...]}); each hash id stands for one 512-token block identifying
-// its whole prefix. Tokens: each hash id gets 512 deterministic pseudo-random token ids derived
-// from the id and opt.Seed, concatenated and truncated to input_length, so equal ids give equal
-// token prefixes. Rows come back sorted by arrival (stable, so equal timestamps keep file order).
-// Errors name the line and field (*RowError).
+// LoadMooncake reads a JSON-lines trace in Mooncake's form ({"timestamp": ms, "input_length",
+// "output_length", "hash_ids": [...]}) or one of its relatives (see ReadMooncakeRows): each hash
+// id stands for one block (512 tokens unless the trace or opt says otherwise) identifying its
+// whole prefix. Tokens: each hash id gets a block of deterministic pseudo-random token ids
+// derived from the id and opt.Seed, concatenated and truncated to input_length, so equal ids
+// give equal token prefixes; a row that gives its token ids keeps them. Rows come back sorted by
+// arrival (stable, so equal timestamps keep file order). Errors name the line and field
+// (*RowError).
 func LoadMooncake(path string, opt MooncakeOptions) ([]Request, error) {
 	f, err := os.Open(path)
 	if err != nil {
@@ -113,29 +146,78 @@ func ReadMooncake(r io.Reader, opt MooncakeOptions) ([]Request, error) {
 	for i := range rows {
 		row := &rows[i]
 		start := len(buf)
-		buf = opt.AppendTokens(buf, row.HashIDs, row.InputLength)
-		reqs[i] = Request{At: row.At, Tokens: buf[start:len(buf):len(buf)], Output: row.OutputLength}
+		if row.Tokens != nil {
+			buf = append(buf, row.Tokens...)
+		} else {
+			buf = opt.appendBlocks(buf, row.HashIDs, row.InputLength, row.BlockSize)
+		}
+		reqs[i] = Request{At: row.At, Tokens: buf[start:len(buf):len(buf)], Output: row.OutputLength, Session: row.Session}
 	}
 	return reqs, nil
 }
 
-// mooncakeJSON is a row as decoded; pointers tell a missing field from a zero one.
-type mooncakeJSON struct {
-	Timestamp    *float64  `json:"timestamp"`
-	InputLength  *int      `json:"input_length"`
-	OutputLength *int      `json:"output_length"`
-	HashIDs      *[]uint64 `json:"hash_ids"`
+// rowJSON is a row as decoded, under every name the accepted forms give a field; pointers tell
+// a missing field from a zero one.
+type rowJSON struct {
+	Timestamp    json.RawMessage `json:"timestamp"`
+	Time         json.RawMessage `json:"time"`
+	ArrivalTime  json.RawMessage `json:"arrival_time"`
+	InputLength  *int            `json:"input_length"`
+	OutputLength *int            `json:"output_length"`
+	HashIDs      *[]uint64       `json:"hash_ids"`
+	TokenIDs     *[]uint32       `json:"token_ids"`
+	InputIDs     *[]uint32       `json:"input_ids"`
+	PromptIDs    *[]uint32       `json:"prompt_token_ids"`
+	BlockSize    *int            `json:"block_size"`
+	TimeUnit     *string         `json:"time_unit"`
+	SessionID    json.RawMessage `json:"session_id"`
+	Conversation json.RawMessage `json:"conversation_id"`
+	ChatID       json.RawMessage `json:"chat_id"`
+	ParentChatID json.RawMessage `json:"parent_chat_id"`
 }
 
-// ReadMooncakeRows reads a Mooncake trace without making tokens, for callers that make each
-// prompt on demand with AppendTokens. Blank lines are skipped; unknown fields are ignored.
+// A trace's timestamps are all numbers or all ISO-8601 strings.
+const (
+	stampNone = iota
+	stampNumber
+	stampString
+)
+
+// rowsReader is the state of one ReadMooncakeRows.
+type rowsReader struct {
+	opt       MooncakeOptions
+	scale     float64
+	blockSize int           // the trace's header's, until a row says otherwise
+	unit      time.Duration // of numeric timestamps
+	stamps    int           // stampNumber or stampString, once a row has one
+	raw       []float64     // each row's timestamp in its unit (strings: ns since ref)
+	ref       time.Time     // the first string timestamp
+	chatRoot  map[uint64]uint64
+}
+
+// ReadMooncakeRows reads a trace without making tokens, for callers that make each prompt on
+// demand with AppendTokens. Blank lines are skipped; unknown fields are ignored. Accepted, beside
+// Mooncake's own rows:
+//   - a timestamp named "timestamp", "time" or "arrival_time": a number in opt.TimeUnit (ms
+//     unless a header says "time_unit": "s") or an ISO-8601 string (RFC 3339, or without the
+//     zone, read as UTC); a trace whose first arrival is over a day from 0 (epoch times) is
+//     moved to start at 0;
+//   - the prompt as token ids ("token_ids", "input_ids" or "prompt_token_ids") instead of hash
+//     ids, input_length then optional;
+//   - "block_size", the tokens per hash id, on a row or on a header line (a line with no
+//     timestamp), which may also give "time_unit";
+//   - a session: "session_id", "conversation_id", or "chat_id" with "parent_chat_id" (each turn
+//     takes its first turn's id), numbers or strings.
 func ReadMooncakeRows(r io.Reader, opt MooncakeOptions) ([]MooncakeRow, error) {
-	scale := opt.TimeScale
-	if scale == 0 {
-		scale = 1
+	rr := rowsReader{opt: opt, scale: opt.TimeScale, blockSize: opt.blockSize(), unit: opt.TimeUnit}
+	if rr.scale == 0 {
+		rr.scale = 1
 	}
-	if !(scale > 0) || math.IsInf(scale, 0) {
+	if !(rr.scale > 0) || math.IsInf(rr.scale, 0) {
 		return nil, fmt.Errorf("trace: TimeScale %v: want a positive finite number", opt.TimeScale)
+	}
+	if rr.unit != 0 && rr.unit != time.Millisecond && rr.unit != time.Second {
+		return nil, fmt.Errorf("trace: TimeUnit %v: want 1ms or 1s", opt.TimeUnit)
 	}
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 64<<10), 64<<20)
@@ -150,14 +232,19 @@ func ReadMooncakeRows(r io.Reader, opt MooncakeOptions) ([]MooncakeRow, error) {
 		if opt.Limit > 0 && len(rows) == opt.Limit {
 			break
 		}
-		row, err := parseMooncakeRow(b, line, scale)
+		row, ok, err := rr.parse(b, line)
 		if err != nil {
 			return nil, err
 		}
-		rows = append(rows, row)
+		if ok {
+			rows = append(rows, row)
+		}
 	}
 	if err := sc.Err(); err != nil {
 		return nil, fmt.Errorf("trace: after line %d: %w", line, err)
+	}
+	if err := rr.times(rows); err != nil {
+		return nil, err
 	}
 	if !slices.IsSortedFunc(rows, cmpRowAt) {
 		slices.SortStableFunc(rows, cmpRowAt)
@@ -175,59 +262,233 @@ func cmpRowAt(a, b MooncakeRow) int {
 	return 0
 }
 
-func parseMooncakeRow(b []byte, line int, scale float64) (MooncakeRow, error) {
+// parse reads one line: a row (true), or a header line that sets the block size or the time
+// unit (false).
+func (rr *rowsReader) parse(b []byte, line int) (MooncakeRow, bool, error) {
 	bad := func(field, format string, args ...any) error {
 		return &RowError{Line: line, Field: field, Err: fmt.Errorf(format, args...)}
 	}
-	var j mooncakeJSON
+	var j rowJSON
 	if err := json.Unmarshal(b, &j); err != nil {
 		var syn *json.SyntaxError
 		var typ *json.UnmarshalTypeError
 		switch {
 		case errors.As(err, &syn):
-			return MooncakeRow{}, bad("", "byte %d: %v", syn.Offset, err)
+			return MooncakeRow{}, false, bad("", "byte %d: %v", syn.Offset, err)
 		case errors.As(err, &typ):
 			field := typ.Field
 			if field == "" {
-				return MooncakeRow{}, bad("", "%s is not a JSON object", typ.Value)
+				return MooncakeRow{}, false, bad("", "%s is not a JSON object", typ.Value)
 			}
 			// Field is "hash_ids" for an element of the array too.
-			return MooncakeRow{}, bad(strings.SplitN(field, ".", 2)[0], "%s does not fit %v", typ.Value, typ.Type)
+			return MooncakeRow{}, false, bad(strings.SplitN(field, ".", 2)[0], "%s does not fit %v", typ.Value, typ.Type)
 		}
-		return MooncakeRow{}, bad("", "%v", err)
+		return MooncakeRow{}, false, bad("", "%v", err)
+	}
+	stampField, stamp := "timestamp", j.Timestamp
+	if stamp == nil && j.Time != nil {
+		stampField, stamp = "time", j.Time
+	}
+	if stamp == nil && j.ArrivalTime != nil {
+		stampField, stamp = "arrival_time", j.ArrivalTime
+	}
+	if j.TimeUnit != nil && rr.opt.TimeUnit == 0 {
+		switch *j.TimeUnit {
+		case "ms":
+			rr.unit = time.Millisecond
+		case "s":
+			rr.unit = time.Second
+		default:
+			return MooncakeRow{}, false, bad("time_unit", "%q: want \"ms\" or \"s\"", *j.TimeUnit)
+		}
+	}
+	bs := rr.blockSize
+	if j.BlockSize != nil {
+		if *j.BlockSize < 1 || *j.BlockSize > 1<<20 {
+			return MooncakeRow{}, false, bad("block_size", "%d: want 1 to 1048576", *j.BlockSize)
+		}
+		if rr.opt.BlockSize == 0 {
+			bs = *j.BlockSize
+		}
+	}
+	toks := j.TokenIDs
+	if toks == nil {
+		toks = j.InputIDs
+	}
+	if toks == nil {
+		toks = j.PromptIDs
+	}
+	if stamp == nil && j.InputLength == nil && j.HashIDs == nil && toks == nil {
+		if j.BlockSize != nil || j.TimeUnit != nil {
+			rr.blockSize = bs // a header line
+			return MooncakeRow{}, false, nil
+		}
+		return MooncakeRow{}, false, bad("timestamp", "missing")
 	}
 	switch {
-	case j.Timestamp == nil:
-		return MooncakeRow{}, bad("timestamp", "missing")
-	case j.InputLength == nil:
-		return MooncakeRow{}, bad("input_length", "missing")
+	case stamp == nil:
+		return MooncakeRow{}, false, bad("timestamp", "missing")
+	case j.InputLength == nil && toks == nil:
+		return MooncakeRow{}, false, bad("input_length", "missing")
 	case j.OutputLength == nil:
-		return MooncakeRow{}, bad("output_length", "missing")
-	case j.HashIDs == nil:
-		return MooncakeRow{}, bad("hash_ids", "missing")
+		return MooncakeRow{}, false, bad("output_length", "missing")
+	case j.HashIDs == nil && toks == nil:
+		return MooncakeRow{}, false, bad("hash_ids", "missing (or token_ids)")
 	}
-	ts := *j.Timestamp * scale * float64(time.Millisecond)
-	if !(ts >= 0) || ts >= math.MaxInt64 {
-		return MooncakeRow{}, bad("timestamp", "%v ms: want 0 ≤ t < %v after scaling", *j.Timestamp, time.Duration(math.MaxInt64))
+	v, err := rr.stamp(stamp)
+	if err != nil {
+		return MooncakeRow{}, false, bad(stampField, "%v", err)
 	}
-	in, out, ids := *j.InputLength, *j.OutputLength, *j.HashIDs
-	if in < 0 {
-		return MooncakeRow{}, bad("input_length", "%d is negative", in)
+	rr.raw = append(rr.raw, v)
+	row := MooncakeRow{Line: line, OutputLength: *j.OutputLength, BlockSize: bs}
+	if row.OutputLength < 0 {
+		return MooncakeRow{}, false, bad("output_length", "%d is negative", row.OutputLength)
 	}
-	if out < 0 {
-		return MooncakeRow{}, bad("output_length", "%d is negative", out)
+	if toks != nil {
+		row.Tokens, row.InputLength = *toks, len(*toks)
+		if row.Tokens == nil {
+			row.Tokens = []uint32{}
+		}
+		if j.InputLength != nil && *j.InputLength != row.InputLength {
+			return MooncakeRow{}, false, bad("input_length", "%d, but the row gives %d token ids", *j.InputLength, row.InputLength)
+		}
+	} else {
+		in, ids := *j.InputLength, *j.HashIDs
+		if in < 0 {
+			return MooncakeRow{}, false, bad("input_length", "%d is negative", in)
+		}
+		if want := (in + bs - 1) / bs; len(ids) != want {
+			return MooncakeRow{}, false, bad("hash_ids", "%d ids for input_length %d, want %d (one per %d tokens; --block-size or the trace's block_size sets it)", len(ids), in, want, bs)
+		}
+		row.InputLength, row.HashIDs = in, ids
 	}
-	if want := (in + MooncakeBlock - 1) / MooncakeBlock; len(ids) != want {
-		return MooncakeRow{}, bad("hash_ids", "%d ids for input_length %d, want %d (one per %d tokens)", len(ids), in, want, MooncakeBlock)
+	if row.Session, err = rr.session(&j); err != nil {
+		return MooncakeRow{}, false, bad("session_id", "%v", err)
 	}
-	return MooncakeRow{Line: line, At: time.Duration(ts), InputLength: in, OutputLength: out, HashIDs: ids}, nil
+	return row, true, nil
+}
+
+// stamp reads a timestamp: a number (in the trace's unit, known only at the end) or an
+// ISO-8601 string (ns since the trace's first, exact in a float64 for 104 days).
+func (rr *rowsReader) stamp(raw json.RawMessage) (float64, error) {
+	kind := stampNumber
+	if len(raw) > 0 && raw[0] == '"' {
+		kind = stampString
+	}
+	if rr.stamps != stampNone && rr.stamps != kind {
+		return 0, errors.New("mixes numbers and strings: want one form for the whole trace")
+	}
+	rr.stamps = kind
+	if kind == stampNumber {
+		var v float64
+		if err := json.Unmarshal(raw, &v); err != nil {
+			return 0, fmt.Errorf("%s: want a number or an ISO-8601 string", raw)
+		}
+		return v, nil
+	}
+	var str string
+	if err := json.Unmarshal(raw, &str); err != nil {
+		return 0, err
+	}
+	for _, layout := range []string{time.RFC3339Nano, "2006-01-02T15:04:05.999999999", "2006-01-02 15:04:05.999999999Z07:00", "2006-01-02 15:04:05.999999999"} {
+		if t, err := time.Parse(layout, str); err == nil {
+			if rr.ref.IsZero() {
+				rr.ref = t
+			}
+			return float64(t.Sub(rr.ref)), nil
+		}
+	}
+	return 0, fmt.Errorf("%q: want an ISO-8601 time such as 2024-05-10T12:00:01.250Z", str)
+}
+
+// session is a row's session id: session_id or conversation_id as given (numbers as such,
+// strings hashed), or the first turn's chat_id along parent_chat_id links.
+func (rr *rowsReader) session(j *rowJSON) (uint64, error) {
+	id := func(raw json.RawMessage) (uint64, error) {
+		if len(raw) == 0 || string(raw) == "null" {
+			return 0, nil
+		}
+		if raw[0] == '"' {
+			var s string
+			if err := json.Unmarshal(raw, &s); err != nil {
+				return 0, err
+			}
+			return xxh3.HashString(s) | 1, nil // never 0, which is "no session"
+		}
+		var v int64
+		if err := json.Unmarshal(raw, &v); err != nil {
+			return 0, fmt.Errorf("%s: want an integer or a string", raw)
+		}
+		return uint64(v) ^ 1<<63, nil // 0 and -1 (Qwen's "no parent") stay apart from "none"
+	}
+	for _, raw := range []json.RawMessage{j.SessionID, j.Conversation} {
+		if v, err := id(raw); err != nil || v != 0 {
+			return v, err
+		}
+	}
+	chat, err := id(j.ChatID)
+	if err != nil || chat == 0 {
+		return 0, err
+	}
+	parent, err := id(j.ParentChatID)
+	if err != nil {
+		return 0, err
+	}
+	if rr.chatRoot == nil {
+		rr.chatRoot = map[uint64]uint64{}
+	}
+	root := chat
+	if r, ok := rr.chatRoot[parent]; ok {
+		root = r
+	}
+	rr.chatRoot[chat] = root
+	return root, nil
+}
+
+// times turns the rows' raw timestamps into arrivals: in the unit, moved to start at 0 when
+// they are epoch times, scaled.
+func (rr *rowsReader) times(rows []MooncakeRow) error {
+	if len(rows) == 0 {
+		return nil
+	}
+	unit := float64(rr.unit)
+	if unit == 0 {
+		unit = float64(time.Millisecond)
+	}
+	if rr.stamps == stampString {
+		unit = 1 // ns already
+	}
+	first := slices.Min(rr.raw)
+	base := 0.0
+	if rr.stamps == stampString || first*unit > float64(24*time.Hour) {
+		base = first
+	}
+	for i := range rows {
+		v := rr.raw[i]
+		ts := (v - base) * unit * rr.scale
+		if !(ts >= 0) || ts >= math.MaxInt64 {
+			u := "ms"
+			if unit == float64(time.Second) {
+				u = "s"
+			}
+			return &RowError{Line: rows[i].Line, Field: "timestamp", Err: fmt.Errorf("%v %s: want 0 ≤ t < %v after scaling", v, u, time.Duration(math.MaxInt64))}
+		}
+		rows[i].At = time.Duration(ts)
+	}
+	return nil
 }
 
 // AppendTokens appends the first n tokens of the prompt that hashIDs stand for to dst and returns
-// the extended slice: for each id, MooncakeBlock tokens that depend only on the id, o.Seed and
-// o.Vocab. n beyond len(hashIDs)·MooncakeBlock is cut to it. It allocates only when dst is full.
+// the extended slice: for each id, a block of o.BlockSize tokens (MooncakeBlock when 0) that
+// depend only on the id, o.Seed and o.Vocab. n beyond len(hashIDs)·BlockSize is cut to it. It
+// allocates only when dst is full.
 func (o MooncakeOptions) AppendTokens(dst []uint32, hashIDs []uint64, n int) []uint32 {
-	n = min(n, len(hashIDs)*MooncakeBlock)
+	return o.appendBlocks(dst, hashIDs, n, o.blockSize())
+}
+
+// appendBlocks is AppendTokens with blocks of bs tokens.
+func (o MooncakeOptions) appendBlocks(dst []uint32, hashIDs []uint64, n, bs int) []uint32 {
+	n = min(n, len(hashIDs)*bs)
 	if n <= 0 {
 		return dst
 	}
@@ -237,11 +498,11 @@ func (o MooncakeOptions) AppendTokens(dst []uint32, hashIDs []uint64, n int) []u
 	key := mix64(o.Seed + 0x6d6f6f6e63616b65) // so that seed 0 is not the identity
 	vocab := o.vocab()
 	for i, id := range hashIDs {
-		lo := i * MooncakeBlock
+		lo := i * bs
 		if lo >= n {
 			break
 		}
-		fillTokens(out[lo:min(lo+MooncakeBlock, n)], id^key, vocab)
+		fillTokens(out[lo:min(lo+bs, n)], id^key, vocab)
 	}
 	return dst
 }

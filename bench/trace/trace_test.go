@@ -614,3 +614,66 @@ func TestBurst(t *testing.T) {
 		t.Error("same config, different workload")
 	}
 }
+
+// TestReadTraceForms reads the forms beside Mooncake's: a header's block size and time unit,
+// seconds, sessions along parent_chat_id, token ids and ISO-8601 times.
+func TestReadTraceForms(t *testing.T) {
+	q := loadFixture(t, "qwen_blksz16.jsonl", MooncakeOptions{})
+	if len(q) != 3 {
+		t.Fatalf("%d requests, want 3 (the header is no request)", len(q))
+	}
+	for i, want := range []time.Duration{500 * time.Millisecond, 1250 * time.Millisecond, 2 * time.Second} {
+		if q[i].At != want {
+			t.Errorf("request %d at %v, want %v (seconds)", i, q[i].At, want)
+		}
+	}
+	if len(q[0].Tokens) != 40 || len(q[2].Tokens) != 50 {
+		t.Fatalf("prompts of %d and %d tokens, want 40 and 50", len(q[0].Tokens), len(q[2].Tokens))
+	}
+	// 16-token blocks: equal ids give equal 16-token blocks, so request 2 repeats request 0's 40
+	// tokens (ids 100-102, the last block cut at 8) in its first 48 (ids 100-102 whole).
+	if !slices.Equal(q[0].Tokens[:32], q[2].Tokens[:32]) || !slices.Equal(q[1].Tokens, q[0].Tokens[:16]) {
+		t.Error("equal hash ids do not give equal 16-token blocks")
+	}
+	if slices.Equal(q[2].Tokens[32:48], q[2].Tokens[48:50]) || q[0].Session == 0 || q[0].Session != q[2].Session || q[1].Session == q[0].Session {
+		t.Errorf("sessions %d %d %d: want chat 9 in chat 7's session, chat 8 in its own", q[0].Session, q[1].Session, q[2].Session)
+	}
+	// The option wins over the header: at 8 tokens a block the ids no longer fit.
+	if _, err := LoadMooncake(filepath.Join("testdata", "qwen_blksz16.jsonl"), MooncakeOptions{BlockSize: 8}); err == nil || !strings.Contains(err.Error(), "want 5 (one per 8 tokens") {
+		t.Errorf("block size 8: %v", err)
+	}
+	// The same trace read in milliseconds by option.
+	ms := loadFixture(t, "qwen_blksz16.jsonl", MooncakeOptions{TimeUnit: time.Millisecond})
+	if ms[2].At != 2*time.Millisecond {
+		t.Errorf("TimeUnit ms: %v, want 2ms", ms[2].At)
+	}
+
+	x := loadFixture(t, "tokens_iso.jsonl", MooncakeOptions{TimeScale: 2})
+	if len(x) != 3 || x[0].At != 0 || x[1].At != 2500*time.Millisecond || x[2].At != 7*time.Second {
+		t.Fatalf("arrivals %v, %v, %v: want 0, 2.5 s, 7 s (from the first, ×2)", x[0].At, x[1].At, x[2].At)
+	}
+	if !slices.Equal(x[0].Tokens, []uint32{1, 2, 3}) || !slices.Equal(x[2].Tokens, []uint32{1, 2, 3, 4, 5, 6, 7}) || x[1].Output != 2 {
+		t.Errorf("token ids not kept: %v %v", x[0].Tokens, x[2].Tokens)
+	}
+	if x[1].Session != x[2].Session || x[0].Session == x[1].Session || x[0].Session == 0 {
+		t.Errorf("string sessions %d %d %d", x[0].Session, x[1].Session, x[2].Session)
+	}
+}
+
+func TestReadTraceFormErrors(t *testing.T) {
+	f := func(text, field, want string) {
+		t.Helper()
+		_, err := ReadMooncake(strings.NewReader(text), MooncakeOptions{})
+		var re *RowError
+		if !errors.As(err, &re) || re.Field != field || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v, want field %q and %q", text, err, field, want)
+		}
+	}
+	f(`{"timestamp": "noon", "token_ids": [1], "output_length": 1}`, "timestamp", "ISO-8601")
+	f(`{"timestamp": 0, "token_ids": [1], "output_length": 1}`+"\n"+`{"timestamp": "2024-05-10T12:00:00Z", "token_ids": [1], "output_length": 1}`, "timestamp", "mixes numbers and strings")
+	f(`{"time_unit": "h"}`, "time_unit", `want "ms" or "s"`)
+	f(`{"block_size": 0}`, "block_size", "want 1 to")
+	f(`{"timestamp": 0, "input_length": 3, "token_ids": [1], "output_length": 1}`, "input_length", "gives 1 token ids")
+	f(`{"timestamp": 0, "output_length": 1}`, "input_length", "missing")
+	f(`{"timestamp": 0, "session_id": 1.5, "token_ids": [1], "output_length": 1}`, "session_id", "integer or a string")
+}
