@@ -117,6 +117,15 @@ type Config struct {
 	// TierCredit weighs the lower tiers' blocks in the router's cost (router.Config.TierCredit;
 	// nil: the router's defaults). Run's own router only.
 	TierCredit *scoring.TierCredit
+	// ClosedLoop replays sessions closed-loop: a request with a Session id that an earlier
+	// request of the trace shares is a later turn, and arrives only once the session's previous
+	// turn has ended (completed, or refused), after a think time: the gap between the two turns'
+	// arrivals in the trace (as scaled). The trace's arrivals hold for first turns and requests
+	// without a session. The trace records arrivals only, so the gap also holds the answer's
+	// time as it was served then: the think time is an upper bound, and a fleet slower than the
+	// trace's stretches a session, as a user waiting for answers would. Off: every request
+	// arrives at its trace time (open loop).
+	ClosedLoop bool
 }
 
 // Transfer is the prefill-to-decode KV transfer of a disaggregated fleet: a fixed latency plus
@@ -171,8 +180,13 @@ func (t Transfer) Time(tokens int) time.Duration {
 
 // Result is what one simulation measured; plain data.
 type Result struct {
-	Requests     int
-	TTFT, E2E    []time.Duration // per request, in arrival order
+	Requests  int
+	TTFT, E2E []time.Duration // per request, in the trace's order
+	// Arrival is each request's arrival (from the trace's start): its trace time, or, closed
+	// loop, when its session let it come.
+	Arrival []time.Duration
+	// LaterTurns is how many requests arrived closed-loop, after their session's previous turn.
+	LaterTurns   int
 	PromptTokens int64
 	// CachedTokens are the prompt tokens served from a worker's prefix cache on the device (a
 	// split request's: its prefill worker's).
@@ -384,6 +398,18 @@ func Run(cfg Config, reqs []trace.Request) (*Result, error) {
 	}
 	arrival := make([]int64, len(reqs))
 	stages := make([]stage, len(reqs))
+	// Closed loop: each later turn's request, released when its session's previous turn ends.
+	var loop *sessions
+	if cfg.ClosedLoop {
+		loop = newSessions(reqs)
+		res.LaterTurns = loop.later
+	}
+	// ended is called once per request when it is over: it releases the session's next turn.
+	ended := func(i int) {
+		if loop != nil {
+			loop.ended(i, now)
+		}
+	}
 	xfer := cfg.Transfer.withDefaults()
 	var timers timers
 	var h stepHeap
@@ -409,11 +435,12 @@ func Run(cfg Config, reqs []trace.Request) (*Result, error) {
 		tickets = make([]*router.Ticket, len(reqs))
 		res.QueueWait = make([]time.Duration, len(reqs))
 	}
-	routeFailed := func(err error) {
+	routeFailed := func(i int, err error) {
 		if res.RouteFailures == 0 {
 			res.RouteErr = err.Error()
 		}
 		res.RouteFailures++
+		ended(i)
 	}
 	// place starts request i, routed as resp says, on its simulated worker: the prefill worker
 	// first when the router chose a prefill stage.
@@ -423,7 +450,7 @@ func Run(cfg Config, reqs []trace.Request) (*Result, error) {
 			worker = resp.PrefillWorker
 		}
 		if worker < 1 || worker > uint64(len(ws)) || resp.Prefill && (resp.Worker < 1 || resp.Worker > uint64(len(ws))) {
-			routeFailed(fmt.Errorf("fleet: routed to workers %d and %d, not simulated ones", resp.PrefillWorker, resp.Worker))
+			routeFailed(i, fmt.Errorf("fleet: routed to workers %d and %d, not simulated ones", resp.PrefillWorker, resp.Worker))
 			return
 		}
 		q := &reqs[i]
@@ -444,6 +471,7 @@ func Run(cfg Config, reqs []trace.Request) (*Result, error) {
 			if rt.Complete(ids[i]) != nil {
 				res.CallErrors++
 			}
+			ended(i)
 			return
 		}
 		start(w, now)
@@ -456,7 +484,7 @@ func Run(cfg Config, reqs []trace.Request) (*Result, error) {
 			tickets[a.i] = nil
 			depth--
 			if a.err != nil {
-				routeFailed(a.err)
+				routeFailed(a.i, a.err)
 				continue
 			}
 			res.QueueWait[a.i] = time.Duration(now - arrival[a.i])
@@ -521,6 +549,7 @@ func Run(cfg Config, reqs []trace.Request) (*Result, error) {
 				res.CallErrors++
 			}
 			res.Makespan = max(res.Makespan, time.Duration(d.At))
+			ended(int(d.ID))
 		}
 		return nil
 	}
@@ -538,6 +567,7 @@ func Run(cfg Config, reqs []trace.Request) (*Result, error) {
 			if rt.Complete(ids[i]) != nil {
 				res.CallErrors++
 			}
+			ended(i)
 			return
 		}
 		start(d, now)
@@ -553,11 +583,32 @@ func Run(cfg Config, reqs []trace.Request) (*Result, error) {
 		pace.origin, pace.start = int64(reqs[0].At), time.Now()
 	}
 	const never = math.MaxInt64
-	for next < len(reqs) || h.Len() > 0 || deadlines.Len() > 0 || timers.Len() > 0 {
+	// nextArrival is the next request to arrive and when: the next of the trace's order that
+	// arrives on its own, or a released later turn, whichever is first (the trace's on a tie).
+	nextArrival := func() (int, int64) {
+		for loop != nil && next < len(reqs) && loop.isLater(next) {
+			next++ // a later turn: it arrives when released
+		}
+		i, at := -1, int64(never)
+		if next < len(reqs) {
+			i, at = next, int64(reqs[next].At)
+		}
+		if loop != nil {
+			if j, t, ok := loop.peek(); ok && t < at {
+				i, at = j, t
+			}
+		}
+		return i, at
+	}
+	for {
+		ni, tArr := nextArrival()
+		if ni < 0 && h.Len() == 0 && deadlines.Len() == 0 && timers.Len() == 0 {
+			break
+		}
 		// At equal times a step's end comes first (the router sees what the workers did by
 		// then), then a delayed event batch or a transfer's end, then a deadline, then an
 		// arrival.
-		tStep, tTimer, tDead, tArr := int64(never), int64(never), int64(never), int64(never)
+		tStep, tTimer, tDead := int64(never), int64(never), int64(never)
 		if h.Len() > 0 {
 			tStep = h.peek().end
 		}
@@ -566,9 +617,6 @@ func Run(cfg Config, reqs []trace.Request) (*Result, error) {
 		}
 		if deadlines.Len() > 0 {
 			tDead = deadlines[0].at
-		}
-		if next < len(reqs) {
-			tArr = int64(reqs[next].At)
 		}
 		switch {
 		case tStep <= tTimer && tStep <= tDead && tStep <= tArr:
@@ -608,14 +656,15 @@ func Run(cfg Config, reqs []trace.Request) (*Result, error) {
 				tickets[d.i] = nil
 				depth--
 				res.QueueTimedOut++
+				ended(d.i)
 			} else {
 				placeAdmitted() // decided already: its done function ran or is about to
 			}
 			continue
 		}
-		q := &reqs[next]
-		pace.wait(int64(q.At))
-		now = int64(q.At)
+		q := &reqs[ni]
+		pace.wait(tArr)
+		now = tArr
 		clock.Store(now)
 		for cfg.Sample > 0 && sampleT <= now {
 			s := LoadSample{At: time.Duration(sampleT), Running: make([]int, len(ws)), Waiting: make([]int, len(ws))}
@@ -625,8 +674,12 @@ func Run(cfg Config, reqs []trace.Request) (*Result, error) {
 			res.Samples = append(res.Samples, s)
 			sampleT += int64(cfg.Sample)
 		}
-		i := next
-		next++
+		i := ni
+		if ni == next {
+			next++
+		} else {
+			loop.pop()
+		}
 		arrival[i] = now
 		ids[i] = strconv.Itoa(i)
 		rq, rs := &req, &resp
@@ -662,7 +715,7 @@ func Run(cfg Config, reqs []trace.Request) (*Result, error) {
 			res.RouteLatency[i] = time.Since(t0)
 		}
 		if err != nil {
-			routeFailed(err)
+			routeFailed(i, err)
 			continue
 		}
 		place(i, rs)
@@ -670,6 +723,10 @@ func Run(cfg Config, reqs []trace.Request) (*Result, error) {
 	}
 	if len(reqs) > 0 {
 		res.Makespan -= reqs[0].At
+	}
+	res.Arrival = make([]time.Duration, len(reqs))
+	for i, a := range arrival {
+		res.Arrival[i] = time.Duration(a)
 	}
 	if own != nil {
 		res.Booked = own.Stats().ActiveRequests

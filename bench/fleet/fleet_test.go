@@ -450,3 +450,55 @@ func TestPredictOnRoute(t *testing.T) {
 	}
 	t.Logf("hit rate off %.3f, on %.3f; %s → %s", off.HitRate(), on.HitRate(), summary(off), summary(on))
 }
+
+// TestClosedLoop: replayed closed-loop, a session's next turn never arrives before its previous
+// turn's answer has ended, and comes its trace gap after it; requests without a session keep
+// their trace times. The same trace open-loop sends turns before the answers they follow.
+func TestClosedLoop(t *testing.T) {
+	reqs := smallWorkload()
+	// Squeeze the trace tenfold: turns then come faster than answers.
+	reqs = trace.Scale(reqs, 0.1)
+	cfg := Config{Workers: 2, Mode: scoring.KV, Worker: smallWorker(), Seed: 3}
+	open, err := Run(cfg, reqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ClosedLoop = true
+	closed, err := Run(cfg, reqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	prev := map[uint64]int{}
+	early, later := 0, 0
+	for i, q := range reqs {
+		if closed.E2E[i] <= 0 {
+			t.Fatalf("request %d never ended closed-loop", i)
+		}
+		p, ok := prev[q.Session]
+		if q.Session == 0 || !ok {
+			if closed.Arrival[i] != q.At {
+				t.Errorf("request %d (a first turn or without a session) arrived at %v, its trace time %v", i, closed.Arrival[i], q.At)
+			}
+		} else {
+			later++
+			end := closed.Arrival[p] + closed.E2E[p]
+			if want := end + (q.At - reqs[p].At); closed.Arrival[i] != want {
+				t.Fatalf("turn %d of session %d arrived at %v; its previous turn %d ended at %v, think %v: want %v",
+					i, q.Session, closed.Arrival[i], p, end, q.At-reqs[p].At, want)
+			}
+			if open.Arrival[i] < open.Arrival[p]+open.E2E[p] {
+				early++
+			}
+		}
+		if q.Session != 0 {
+			prev[q.Session] = i
+		}
+	}
+	if later == 0 || closed.LaterTurns != later || open.LaterTurns != 0 {
+		t.Fatalf("%d later turns (result says %d closed, %d open)", later, closed.LaterTurns, open.LaterTurns)
+	}
+	if early == 0 {
+		t.Fatal("open-loop, no turn came before its previous answer ended: the test shows nothing")
+	}
+	t.Logf("%d later turns; open-loop %d of them arrived before the answer they follow", later, early)
+}

@@ -73,6 +73,7 @@ func main() {
 		hostW     = flag.Float64("host-cache-hit-weight", -1, "the router's credit for host-tier blocks (negative: its default, 0.75)")
 		evDelay   = flag.Duration("event-delay", 0, "delay between a worker's step and the router getting its KV events")
 		predTTL   = flag.Float64("router-predicted-ttl-secs", 0, "predict-on-route's TTL in seconds (0: off)")
+		replay    = flag.String("replay", "auto", "open (every request at its trace time), closed (a session's next turn after its previous answer ends, plus the trace's gap) or auto (closed when the trace has sessions)")
 		burst     = flag.Bool("burst", false, "the generated burst workload (groups of siblings over a shared prefix) instead of --trace")
 	)
 	flag.Parse()
@@ -112,9 +113,24 @@ func main() {
 		fmt.Fprintln(os.Stderr, "fleetsim:", err)
 		os.Exit(1)
 	}
+	closed := false
+	switch *replay {
+	case "open":
+	case "closed":
+		closed = true
+	case "auto":
+		closed = slices.ContainsFunc(reqs, func(q trace.Request) bool { return q.Session != 0 })
+	default:
+		fmt.Fprintf(os.Stderr, "fleetsim: --replay %q: want open, closed or auto\n", *replay)
+		os.Exit(2)
+	}
 	bound := trace.CountHits(reqs, *blockSize)
-	fmt.Printf("# %d requests, loaded in %v; infinite-cache bound at block size %d: %.1f %% of full blocks\n",
-		len(reqs), time.Since(t0).Round(time.Millisecond), *blockSize, 100*bound.FullBound())
+	loop := "open loop (every request at its trace time)"
+	if closed {
+		loop = "closed loop (a session's next turn after its previous answer, plus the trace's gap)"
+	}
+	fmt.Printf("# %d requests, loaded in %v; infinite-cache bound at block size %d: %.1f %% of full blocks; replayed %s\n",
+		len(reqs), time.Since(t0).Round(time.Millisecond), *blockSize, 100*bound.FullBound(), loop)
 	head, rule := "| mode | TTFT mean / p50 / p99 ms | ITL mean ms | e2e mean / p99 s | hit rate device + host | of bound | output tok/s | imbalance | refused | sim time |",
 		"|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 	if e2eMode {
@@ -154,7 +170,7 @@ func main() {
 		t1 := time.Now()
 		fc := fleet.Config{Workers: *workers, Mode: mode, Worker: wc, Seed: *seed, Pace: *pace, OverlapWeight: *weight, Temperature: *temp,
 			Queue: queue, PrefillWorkers: *prefillN, Disagg: dc, TierCredit: credit, EventDelay: *evDelay,
-			PredictedTTL: time.Duration(*predTTL * float64(time.Second))}
+			PredictedTTL: time.Duration(*predTTL * float64(time.Second)), ClosedLoop: closed}
 		var (
 			res *fleet.Result
 			er  *e2e.Result

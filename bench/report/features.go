@@ -278,8 +278,8 @@ func (r *report) burstWorkload() workload {
 	if r.cfg.Quick {
 		b.Duration = 5 * time.Minute
 	}
-	return workload{"generated", fmt.Sprintf("generated burst workload (%v: groups of %d requests over a fresh %d-token prefix, %d more tokens each, arriving within %v)",
-		b.Duration, b.Size, b.Prefix, b.Suffix, b.Spread), trace.Burst(b)}
+	return workload{name: "generated", about: fmt.Sprintf("generated burst workload (%v: groups of %d requests over a fresh %d-token prefix, %d more tokens each, arriving within %v)",
+		b.Duration, b.Size, b.Prefix, b.Suffix, b.Spread), reqs: trace.Burst(b)}
 }
 
 // predict measures predict-on-route on the burst workload, whose siblings arrive before any

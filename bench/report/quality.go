@@ -36,6 +36,9 @@ const (
 type workload struct {
 	name, about string
 	reqs        []trace.Request
+	// closedLoop replays its sessions closed-loop (fleet.Config.ClosedLoop): a --trace whose
+	// requests carry sessions. about says so, and with it every row's conditions.
+	closedLoop bool
 }
 
 // workloads loads the traces; a missing Mooncake trace file is reported and skipped, the
@@ -58,7 +61,7 @@ func (r *report) workloads() ([]workload, error) {
 			r.mdf("\n*%s not measured: %v.*\n", f.about, err)
 			continue
 		}
-		ws = append(ws, workload{f.name, f.about, reqs})
+		ws = append(ws, workload{name: f.name, about: f.about, reqs: reqs})
 	}
 	for _, t := range r.cfg.Extra {
 		opt := r.cfg.TraceOptions
@@ -67,13 +70,18 @@ func (r *report) workloads() ([]workload, error) {
 		if err != nil {
 			return nil, fmt.Errorf("--trace %s=%s: %w", t.Name, t.Path, err)
 		}
-		ws = append(ws, workload{t.Name, "trace " + filepath.Base(t.Path), reqs})
+		w := workload{name: t.Name, about: "trace " + filepath.Base(t.Path), reqs: reqs}
+		if slices.ContainsFunc(reqs, func(q trace.Request) bool { return q.Session != 0 }) {
+			w.closedLoop = true
+			w.about += ", its sessions replayed closed-loop (a turn after the previous answer and the trace's gap)"
+		}
+		ws = append(ws, w)
 	}
 	g := trace.DefaultSynthetic()
 	if r.cfg.Quick {
 		g.Duration = 4 * time.Minute
 	}
-	ws = append(ws, workload{"generated", fmt.Sprintf("built-in generator (%v: system prompts, multi-turn sessions, document fan-out)", g.Duration), trace.Synthetic(g)})
+	ws = append(ws, workload{name: "generated", about: fmt.Sprintf("built-in generator (%v: system prompts, multi-turn sessions, document fan-out)", g.Duration), reqs: trace.Synthetic(g)})
 	return ws, nil
 }
 
@@ -97,7 +105,7 @@ func (r *report) simulate(w workload, mode scoring.Mode, s float64, blocks int, 
 func (r *report) simulateFleet(w workload, s float64, fc fleet.Config, blocks int, label string) (qualityRun, error) {
 	wc := sim.DefaultWorkerConfig()
 	wc.BlockSize, wc.Blocks, wc.HostBlocks = blockSize, blocks, fc.Worker.HostBlocks
-	fc.Workers, fc.Worker, fc.Seed = fleetWorkers, wc, r.cfg.Seed
+	fc.Workers, fc.Worker, fc.Seed, fc.ClosedLoop = fleetWorkers, wc, r.cfg.Seed, w.closedLoop
 	t0 := time.Now()
 	res, err := fleet.Run(fc, trace.Scale(w.reqs, s))
 	if err != nil {

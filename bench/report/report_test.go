@@ -119,7 +119,7 @@ func TestQueueRows(t *testing.T) {
 	g := trace.DefaultSynthetic()
 	g.Duration = time.Minute
 	r := &report{cfg: config{Quick: true, Out: out, Seed: 1}, start: time.Now(), progress: io.Discard}
-	if err := r.queue(workload{"conversation", "generated stand-in", trace.Synthetic(g)}); err != nil {
+	if err := r.queue(workload{name: "conversation", about: "generated stand-in", reqs: trace.Synthetic(g)}); err != nil {
 		t.Fatal(err)
 	}
 	got := map[string]float64{}
@@ -159,7 +159,7 @@ func TestFeatureRows(t *testing.T) {
 	g := trace.DefaultSynthetic()
 	g.Duration = time.Minute
 	r := &report{cfg: config{Quick: true, Out: out, Seed: 1}, start: time.Now(), progress: io.Discard}
-	w := workload{"conversation", "generated stand-in", trace.Synthetic(g)}
+	w := workload{name: "conversation", about: "generated stand-in", reqs: trace.Synthetic(g)}
 	kv, err := r.simulate(w, scoring.KV, 0.2, kvBlocks, 0, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -241,6 +241,9 @@ func TestExtraTrace(t *testing.T) {
 	got := map[string]bool{}
 	for _, m := range r.ms {
 		got[m.Name] = true
+		if strings.HasPrefix(m.Name, "quality.mine.loaded.") && !strings.Contains(m.Conditions, "closed-loop") {
+			t.Errorf("%s: conditions %q do not say the sessions were replayed closed-loop", m.Name, m.Conditions)
+		}
 	}
 	for _, name := range []string{"quality.mine.loaded.kv.ttft_mean", "quality.mine.loaded.round_robin.ttft_mean", "quality.mine.bound_infinite"} {
 		if !got[name] {
