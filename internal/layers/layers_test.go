@@ -44,6 +44,7 @@ var layer = map[string]int{
 	"internal/refmodel": 4, // models radix and shard for their tests, so it sits above them
 	"replica":           4,
 	"server":            4,
+	"ui":                4, // the status page: reads the router; the daemon hands it to the server
 
 	"daemon": 5,
 
