@@ -235,7 +235,7 @@ func TestPageInChromium(t *testing.T) {
 	if last := s.Workers[0][5]; !strings.HasSuffix(last, " ago · #20") {
 		t.Errorf("rank 0's last event shows %q, want its age and #20", last)
 	}
-	if s.Values["workers-count"] != "1" || s.Subs["workers-sub"] != "2 ranks, 1 models" || s.Values["index-blocks"] != "20" ||
+	if s.Values["workers-count"] != "1" || s.Subs["workers-sub"] != "2 ranks, 1 model" || s.Values["index-blocks"] != "20" ||
 		s.Values["hit-rate"] != "100.0 %" || s.Subs["events-sub"] != "20 applied" {
 		t.Errorf("tiles %v, %v", s.Values, s.Subs)
 	}

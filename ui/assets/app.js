@@ -14,6 +14,8 @@ function setText(id, s) { el(id).textContent = s; }
 
 function fmtInt(n) { return Math.round(n).toLocaleString("en-US"); }
 
+function count(n, noun) { return fmtInt(n) + " " + noun + (n === 1 ? "" : "s"); }
+
 function fmtRate(x) { return x >= 100 ? fmtInt(x) : x.toFixed(1); }
 
 function fmtBytes(n) {
@@ -129,7 +131,7 @@ function renderWorkers(st) {
 function render(st) {
   const r = rates(st);
   setText("workers-count", fmtInt(st.worker_ids));
-  setText("workers-sub", fmtInt(st.workers_total) + " ranks, " + fmtInt(st.models.length) + " models");
+  setText("workers-sub", count(st.workers_total, "rank") + ", " + count(st.models.length, "model"));
   setText("index-blocks", fmtInt(st.index.blocks));
   let idx = fmtInt(st.index.residencies) + " residencies";
   if (st.index.lower_tier_residencies > 0) idx += ", " + fmtInt(st.index.lower_tier_residencies) + " in lower tiers";
