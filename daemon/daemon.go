@@ -23,6 +23,7 @@ import (
 	"github.com/kvrouterd/kvrouterd/router"
 	"github.com/kvrouterd/kvrouterd/scoring"
 	"github.com/kvrouterd/kvrouterd/server"
+	"github.com/kvrouterd/kvrouterd/ui"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
@@ -266,6 +267,13 @@ func Start(ctx context.Context, c Config, stderr io.Writer) (_ *Daemon, err erro
 	if d.logFile != nil {
 		scfg.ReopenLogs = d.logFile.reopen
 	}
+	page := ui.Config{Router: d.r, RouterQueue: c.queue() != nil, Started: processStart,
+		// d.srv is set below, before the API serves the page's first request.
+		HitRate: func() (float64, uint64) { return d.srv.HitRate() }}
+	if d.p != nil {
+		page.LastSnapshot = d.p.newestTime
+	}
+	scfg.UI = ui.New(page).Handle
 	d.srv = server.New(d.r, scfg)
 	if c.Peers != "" {
 		// As a Dynamo indexer does before it serves; none answering is no failure: it starts

@@ -31,6 +31,9 @@ type persist struct {
 	mu sync.Mutex // one Write at a time (the periodic one and the final one)
 	// failed is the last write's error; nil once one succeeds.
 	failed atomic.Pointer[error]
+	// newest is when the newest snapshot written or restored was taken (Unix nanoseconds; 0
+	// before any), for the status page's snapshot age.
+	newest atomic.Int64
 
 	writes, failures, skipped, gapClears prometheus.Counter
 	lastSeconds, lastBytes, lastSeq      prometheus.Gauge
@@ -146,6 +149,7 @@ func (p *persist) restore(newRouter func() *router.Router) (*router.Router, uint
 		}
 		took := time.Since(start)
 		p.restoreSeconds.Set(took.Seconds())
+		p.newest.Store(m.Created.UnixNano())
 		p.log.Info("restored snapshot", "id", m.ID, "created", m.Created, "stream_seq", m.StreamSeq, "workers", st.Workers,
 			"residencies", st.Residencies, "bytes", m.StoredBytes, "took", took)
 		return r, m.StreamSeq, nil
@@ -180,6 +184,7 @@ func (p *persist) write(r *router.Router, seq uint64) error {
 		return err
 	}
 	p.failed.Store(nil)
+	p.newest.Store(m.Created.UnixNano())
 	took := time.Since(start)
 	p.writes.Inc()
 	p.lastSeconds.Set(took.Seconds())
@@ -211,6 +216,15 @@ func (p *persist) loop(ctx context.Context, r *router.Router, interval time.Dura
 }
 
 func (p *persist) close() error { return p.store.Close() }
+
+// newestTime is when the newest snapshot written or restored was taken; zero before any. Safe
+// for concurrent use.
+func (p *persist) newestTime() time.Time {
+	if n := p.newest.Load(); n != 0 {
+		return time.Unix(0, n)
+	}
+	return time.Time{}
+}
 
 // snapshotsReady is the readiness check "snapshots": the last snapshot write's error, nil
 // once a later one succeeds.

@@ -17,10 +17,12 @@ import (
 // token: a read token for what changes nothing (GET, the match and Dynamo's queries), a write
 // token for the rest. The check runs before the endpoint's own and allocates nothing.
 
-// apiAccess is the class of token the HTTP API's endpoint at path needs for method.
+// apiAccess is the class of token the HTTP API's endpoint at path needs for method. The status
+// page's files carry no data and are open, so that a browser can load the page and then send a
+// token for its one document, /ui/status.json.
 func apiAccess(path, method []byte) bearer.Class {
 	switch string(path) {
-	case "/healthz", "/health", "/readyz", "/metrics":
+	case "/healthz", "/health", "/readyz", "/metrics", "/ui", "/ui/", "/ui/index.html", "/ui/app.js", "/ui/style.css":
 		return bearer.None
 	case "/v1/match", "/query", "/query_by_hash":
 		return bearer.Read

@@ -123,6 +123,9 @@ func TestAuthTokens(t *testing.T) {
 	f("GET", "http://"+api+"/healthz", "", nil, 200)
 	f("GET", "http://"+api+"/readyz", "", nil, 200)
 	f("GET", "http://"+api+"/metrics", "", nil, 200)
+	// The status page's files carry no data; its document needs a read token.
+	f("GET", "http://"+api+"/ui/app.js", "", nil, 404) // open (this server has no page: 404, not 401)
+	f("GET", "http://"+api+"/ui/status.json", "", nil, 401)
 	// The selection service, in Dynamo's error shape.
 	f("GET", "http://"+sel+"/health", "", nil, 200)
 	f("GET", "http://"+sel+"/ready", "", nil, 503) // open, and not ready: no worker yet
@@ -130,8 +133,8 @@ func TestAuthTokens(t *testing.T) {
 	f("GET", "http://"+sel+"/loads", readToken, nil, 200)
 	f("POST", "http://"+sel+"/select", readToken, []byte(`{"model":"m","token_ids":[1,2,3,4]}`), 403)
 	f("DELETE", "http://"+sel+"/workers/9", "", nil, 401)
-	if got := testutil.ToFloat64(s.m.rejected.WithLabelValues("other", "unauthorized")) - unauthorized; got != 6 {
-		t.Errorf("kvrouterd_http_rejected_total{reason=unauthorized} rose by %v, want 6", got)
+	if got := testutil.ToFloat64(s.m.rejected.WithLabelValues("other", "unauthorized")) - unauthorized; got != 7 {
+		t.Errorf("kvrouterd_http_rejected_total{reason=unauthorized} rose by %v, want 7", got)
 	}
 }
 

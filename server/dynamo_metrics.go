@@ -9,6 +9,7 @@ import (
 	"github.com/kvrouterd/kvrouterd/router"
 	"github.com/kvrouterd/kvrouterd/shard"
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 )
 
 // dynamoMetrics are the per-request series under Dynamo's names (lib/llm kv_router metrics.rs
@@ -121,4 +122,16 @@ func (c dynamoCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descDynPrefill, prometheus.GaugeValue, float64(w.ActivePrefill), id, rank, typ)
 		ch <- prometheus.MustNewConstMetric(descDynRegistered, prometheus.GaugeValue, 1, id, rank, typ)
 	}
+}
+
+// HitRate returns what dynamo_component_router_kv_hit_rate has observed since the start: the
+// sum of routed requests' hit rates (the share of a request's blocks cached on the worker
+// chosen) and how many requests it sums (those of at least one block). It reads the histogram's
+// counters, so that the route path pays nothing more for it; for the status page.
+func (s *Server) HitRate() (sum float64, requests uint64) {
+	var m dto.Metric
+	if err := s.m.dyn.hitRate.Write(&m); err != nil {
+		return 0, 0
+	}
+	return m.GetHistogram().GetSampleSum(), m.GetHistogram().GetSampleCount()
 }

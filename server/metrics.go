@@ -28,11 +28,12 @@ const (
 	epSnapshot
 	epSelection
 	epBusy
+	epUI
 	epOther
 	numEndpoints
 )
 
-var endpointNames = [numEndpoints]string{"route", "match", "prefill_done", "complete", "output", "events", "workers", "dynamo", "health", "metrics", "snapshot", "selection", "busy_threshold", "other"}
+var endpointNames = [numEndpoints]string{"route", "match", "prefill_done", "complete", "output", "events", "workers", "dynamo", "health", "metrics", "snapshot", "selection", "busy_threshold", "ui", "other"}
 
 type metrics struct {
 	reg      *prometheus.Registry

@@ -95,6 +95,9 @@ type Config struct {
 	ControlBurst int
 	EventsRate   float64
 	EventsBurst  int
+	// UI, if set, serves GET /ui and every path under /ui/: the status page (package ui), read
+	// only. Without it they are 404. The server checks the method; UI sees only GETs.
+	UI fasthttp.RequestHandler
 }
 
 // ReadyCheck is one condition of readiness. Check returns nil while it holds, otherwise why the
@@ -371,6 +374,7 @@ var (
 	pWorkers   = []byte("/v1/workers")
 	pWorkersS  = []byte("/v1/workers/")
 	pRequests  = []byte("/v1/requests/")
+	pUI        = []byte("/ui")
 	sPrefill   = []byte("/prefill_done")
 	sComplete  = []byte("/complete")
 	sOutput    = []byte("/output")
@@ -430,6 +434,14 @@ func (s *Server) dispatch(ctx *fasthttp.RequestCtx, start time.Time) endpoint {
 			s.unregisterWorker(ctx, path[len(pWorkersS):])
 		}
 		return epWorkers
+	case bytes.HasPrefix(path, pUI) && (len(path) == len(pUI) || path[len(pUI)] == '/'):
+		switch {
+		case s.cfg.UI == nil:
+			s.reject(ctx, epUI, fasthttp.StatusNotFound, "not_found", "path", -1, "this kvrouterd serves no status page")
+		case s.method(ctx, epUI, method, mGet):
+			s.cfg.UI(ctx)
+		}
+		return epUI
 	}
 	switch string(path) {
 	case "/healthz", "/health":

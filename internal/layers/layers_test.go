@@ -46,6 +46,7 @@ var layer = map[string]int{
 	"internal/refmodel": 4, // models radix and shard for their tests, so it sits above them
 	"replica":           4,
 	"server":            4,
+	"ui":                4, // the status page: reads the router; the daemon hands it to the server
 
 	"daemon": 5,
 
@@ -168,7 +169,7 @@ func TestClientLinksNoIndex(t *testing.T) {
 }
 
 // TestDaemonLinksNoBench: the daemon's dependency tree holds neither the benchmarks nor their
-// plotting libraries.
+// plotting libraries, nor the browser driver of the status page's test.
 func TestDaemonLinksNoBench(t *testing.T) {
 	mod, pkgs := list(t, "")
 	p, ok := pkgs[mod+"/cmd/kvrouterd"]
@@ -177,7 +178,7 @@ func TestDaemonLinksNoBench(t *testing.T) {
 	}
 	for _, d := range p.Deps {
 		if strings.HasPrefix(d, mod+"/bench/") || strings.HasPrefix(d, "gonum.org/") ||
-			strings.Contains(strings.ToLower(d), "plot") {
+			strings.Contains(strings.ToLower(d), "plot") || strings.HasPrefix(d, "github.com/chromedp/") {
 			t.Errorf("cmd/kvrouterd depends on %s", d)
 		}
 	}
