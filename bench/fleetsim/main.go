@@ -124,13 +124,13 @@ func main() {
 		fmt.Fprintf(os.Stderr, "fleetsim: --replay %q: want open, closed or auto\n", *replay)
 		os.Exit(2)
 	}
-	bound := trace.CountHits(reqs, *blockSize)
+	bound := trace.InfiniteBound(reqs, *blockSize)
 	loop := "open loop (every request at its trace time)"
 	if closed {
 		loop = "closed loop (a session's next turn after its previous answer, plus the trace's gap)"
 	}
-	fmt.Printf("# %d requests, loaded in %v; infinite-cache bound at block size %d: %.1f %% of full blocks; replayed %s\n",
-		len(reqs), time.Since(t0).Round(time.Millisecond), *blockSize, 100*bound.FullBound(), loop)
+	fmt.Printf("# %d requests, loaded in %v; infinite-cache bound at block size %d: %.1f %% of prompt tokens; replayed %s\n",
+		len(reqs), time.Since(t0).Round(time.Millisecond), *blockSize, 100*bound, loop)
 	head, rule := "| mode | TTFT mean / p50 / p99 ms | ITL mean ms | e2e mean / p99 s | hit rate device + host | of bound | output tok/s | imbalance | refused | sim time |",
 		"|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 	if e2eMode {
@@ -196,7 +196,7 @@ func main() {
 		im, _, _ := stats(res.ITL(reqs))
 		fmt.Printf("| %s | %.0f / %.0f / %.0f | %.1f | %.1f / %.1f | %.1f + %.1f %% | %.0f %% | %.0f | %.2f | %d | %v |",
 			name, ms(tm), ms(t50), ms(t99), ms(im), em.Seconds(), e99.Seconds(), 100*res.HitRate(), 100*res.HostHitRate(),
-			100*(res.HitRate()+res.HostHitRate())/bound.TokenBound(), float64(res.OutputTokens)/res.Makespan.Seconds(),
+			100*(res.HitRate()+res.HostHitRate())/bound, float64(res.OutputTokens)/res.Makespan.Seconds(),
 			res.Imbalance(), res.Refused, time.Since(t1).Round(time.Millisecond))
 		if er != nil {
 			_, r50, r99 := stats(res.RouteLatency)

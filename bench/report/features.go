@@ -192,7 +192,7 @@ func (r *report) tiers(set *loadedSet) error {
 	w := set.w
 	none := kvRun(set)
 	s := none.scale
-	inf := trace.CountHits(w.reqs, blockSize).TokenBound()
+	inf := trace.InfiniteBound(w.reqs, blockSize)
 	hostBlocks := hostRatio * kvBlocks
 	reload := sim.HostReloadTime(blockSize, sim.KVBytesPerToken, sim.HostBandwidth)
 	r.mdf("\n### Host-memory tier (%s)\n\n", w.about)
@@ -291,7 +291,7 @@ func (r *report) predict() error {
 		return err
 	}
 	s := loaded.scale
-	inf := trace.CountHits(w.reqs, blockSize).TokenBound()
+	inf := trace.InfiniteBound(w.reqs, blockSize)
 	r.mdf("\n### Predict-on-route (%s)\n\n", w.about)
 	r.mdf("The router hears of a worker's blocks %v after the step that stored them ends (the engine's publisher, the event "+
 		"bus, the router's apply queue), and a prefix is stored only when the step that computes it ends: the siblings of a "+

@@ -180,7 +180,7 @@ type loadedSet struct {
 
 func (r *report) qualityWorkload(w workload, blocks int) (*loadedSet, error) {
 	st := trace.Summarize(w.reqs)
-	inf := trace.CountHits(w.reqs, blockSize).TokenBound()
+	inf := trace.InfiniteBound(w.reqs, blockSize)
 	pooled := trace.CountLRUHits(w.reqs, blockSize, fleetWorkers*blocks).TokenBound()
 	r.logf("quality: %s: %d requests over %v; bounds: infinite %.1f %%, pooled %.1f %%", w.name, st.Requests,
 		st.Duration.Round(time.Second), 100*inf, 100*pooled)
@@ -292,7 +292,7 @@ func met(ok bool) string {
 // and with caches that hold the whole trace: what limits kv's hit rate, memory or routing.
 func (r *report) sensitivity(set *loadedSet) error {
 	w := set.w
-	inf := trace.CountHits(w.reqs, blockSize).TokenBound()
+	inf := trace.InfiniteBound(w.reqs, blockSize)
 	r.mdf("\n### What limits the hit rate\n\nThe conversation trace again, kv against round robin, with more memory per worker and a " +
 		"higher overlap weight. *Of pooled* is against the pooled bound of that row's memory. The last rows give every worker a " +
 		"cache larger than all it is ever sent, at the same load: what they still miss is routing's doing, the load term sending " +

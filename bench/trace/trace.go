@@ -696,6 +696,15 @@ func tokenBytes(toks []uint32) []byte {
 	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(toks))), 4*len(toks))
 }
 
+// InfiniteBound is the infinite-cache bound that bench/fleetsim and bench/report compare hit
+// rates with, one function for both: the fraction of prompt tokens in blocks an infinite cache
+// shared by all workers would serve as prefix hits, replaying reqs in arrival order
+// (CountHits(reqs, blockSize).TokenBound()). The simulators' hit rates are in prompt tokens
+// too. It panics if blockSize ≤ 0.
+func InfiniteBound(reqs []Request, blockSize int) float64 {
+	return CountHits(reqs, blockSize).TokenBound()
+}
+
 // HitBound returns the fraction of prompt blocks that an infinite cache shared by all workers
 // would serve as prefix hits over the whole workload, in arrival order: the best any router can
 // do. Every block of a prompt counts, a partial tail block too (engines cache only full blocks,

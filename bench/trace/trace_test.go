@@ -677,3 +677,13 @@ func TestReadTraceFormErrors(t *testing.T) {
 	f(`{"timestamp": 0, "output_length": 1}`, "input_length", "missing")
 	f(`{"timestamp": 0, "session_id": 1.5, "token_ids": [1], "output_length": 1}`, "session_id", "integer or a string")
 }
+
+// TestInfiniteBound: the one bound the tools compare hit rates with is CountHits' token bound.
+func TestInfiniteBound(t *testing.T) {
+	reqs := loadFixture(t, "mooncake_small.jsonl", MooncakeOptions{})
+	for _, bs := range []int{16, 64, 512} {
+		if got, want := InfiniteBound(reqs, bs), CountHits(reqs, bs).TokenBound(); got != want || got <= 0 {
+			t.Errorf("block size %d: InfiniteBound %v, CountHits' token bound %v", bs, got, want)
+		}
+	}
+}
