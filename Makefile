@@ -7,7 +7,7 @@ BENCHCOUNT ?= 6
 BENCHSTAT  := golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9c6c9d4da
 OUT        := bench/out
 
-.PHONY: build run test vet bench bench-quick demo micro micro-ab frontdoor-overhead load load-1cpu fuzz clean
+.PHONY: build run test vet bench bench-quick demo micro micro-ab frontdoor-overhead load load-1cpu fuzz clean traces
 
 build:
 	$(GO) build ./...
@@ -37,6 +37,13 @@ bench:
 
 bench-quick:
 	$(GO) run ./bench/report --quick --out $(OUT) $(ARGS)
+
+# The public traces the report replays, from their published sources, checked against pinned
+# SHA-256 sums, into TRACES (the report finds ./traces by itself; needs curl or wget and the
+# network).
+TRACES ?= traces
+traces:
+	sh bench/fetch-traces.sh $(TRACES)
 
 # kvrouterd with its front door and four mock engines, the Mooncake conversation trace through
 # the front door in kv mode and round robin: TTFT and ITL of each, beside the simulator's

@@ -29,6 +29,7 @@ func (r *report) e2e() error {
 	if err != nil {
 		r.mdf("\n## End to end\n\n*Not measured: %v.*\n", err)
 		r.logf("e2e: %v (skipped)", err)
+		r.missing("e2e", "the conversation trace through a whole daemon", err)
 		return nil
 	}
 	st := trace.Summarize(reqs)

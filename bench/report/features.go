@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"time"
@@ -49,7 +50,9 @@ func prefillShare(agg *fleet.Result) int {
 // features measures the three features. conv is the conversation trace's loaded point (nil
 // when the trace is missing: the rows on it are then not measured).
 func (r *report) features(conv *loadedSet) error {
-	if conv != nil {
+	if conv == nil {
+		r.missing("quality", "the disaggregation and host-tier rows", errors.New("they replay the conversation trace"))
+	} else {
 		if err := r.disagg(conv); err != nil {
 			return err
 		}

@@ -28,6 +28,7 @@ func (r *report) index() error {
 	if err != nil {
 		r.mdf("*Not measured: %v.*\n", err)
 		r.logf("index: %v (skipped)", err)
+		r.missing("index", "the index on the conversation trace's events", err)
 		return nil
 	}
 	wc := sim.DefaultWorkerConfig()

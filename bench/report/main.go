@@ -125,16 +125,35 @@ func main() {
 	}
 	if err := run(c, os.Stderr); err != nil {
 		fmt.Fprintln(os.Stderr, "report:", err)
+		if errors.Is(err, errMissing) {
+			os.Exit(3)
+		}
 		os.Exit(1)
 	}
 }
 
-// defaultTraces is $KVROUTERD_TRACES, else the shared directory beside the repository.
+// errMissing is wrapped by run's error when a section, or part of one, was not measured for
+// want of a trace: the report is written, but it is not the whole report.
+var errMissing = errors.New("parts of the report were not measured for want of traces: get them with `make traces` (into ./traces, where the report looks), or point --traces (KVROUTERD_TRACES) at a copy; --skip SECTION leaves a section out on purpose")
+
+// missing records that what (part of section) was not measured, and why.
+func (r *report) missing(section, what string, why error) {
+	r.gaps = append(r.gaps, gap{section, what, why.Error()})
+}
+
+// gap is one part of the report not measured.
+type gap struct{ section, what, why string }
+
+// defaultTraces is $KVROUTERD_TRACES, else the shared directory beside the repository when it
+// is there, else ./traces, where `make traces` puts them.
 func defaultTraces() string {
 	if d := os.Getenv("KVROUTERD_TRACES"); d != "" {
 		return d
 	}
-	return "../shared/traces"
+	if st, err := os.Stat("../shared/traces"); err == nil && st.IsDir() {
+		return "../shared/traces"
+	}
+	return "traces"
 }
 
 func run(c config, progress io.Writer) error {
@@ -147,8 +166,10 @@ func run(c config, progress io.Writer) error {
 	for _, s := range sections {
 		if slices.Contains(c.Skip, s) {
 			r.logf("%s: skipped", s)
+			r.status = append(r.status, sectionStatus{s, "skipped", "--skip"})
 			continue
 		}
+		gaps := len(r.gaps)
 		t0 := time.Now()
 		var err error
 		switch s {
@@ -163,13 +184,20 @@ func run(c config, progress io.Writer) error {
 		case "restart":
 			err = r.restart()
 		}
+		st := sectionStatus{s, "ran", ""}
+		for _, g := range r.gaps[gaps:] {
+			st.state = "ran in part"
+			st.why += fmt.Sprintf("%s not measured: %s. ", g.what, g.why)
+		}
 		if err != nil {
 			// A failed section is reported and the others still run.
 			err = fmt.Errorf("%s: %w", s, err)
 			r.logf("%v", err)
 			fmt.Fprintf(&r.md, "\n**The %s section failed:** %v\n", s, err)
 			errs = append(errs, err)
+			st.state, st.why = "failed", err.Error()
 		}
+		r.status = append(r.status, st)
 		r.logf("%s: done in %v", s, time.Since(t0).Round(100*time.Millisecond))
 	}
 	if err := r.write(); err != nil {
@@ -177,8 +205,18 @@ func run(c config, progress io.Writer) error {
 	}
 	r.logf("wrote %s and %s, %d measurements, in %v", filepath.Join(c.Out, "report.md"),
 		filepath.Join(c.Out, "report.json"), len(r.ms), time.Since(r.start).Round(time.Second))
+	for _, st := range r.status {
+		r.logf("section %-8s %s %s", st.name, st.state, st.why)
+	}
+	if len(r.gaps) > 0 {
+		errs = append(errs, errMissing)
+	}
 	return errors.Join(errs...)
 }
+
+// sectionStatus is what became of one section: ran, ran in part (why: what was not
+// measured), skipped (--skip) or failed (why).
+type sectionStatus struct{ name, state, why string }
 
 // measurement is one number of report.json.
 type measurement struct {
@@ -197,6 +235,8 @@ type report struct {
 	ms       []measurement
 	plots    []string
 	summary  []summaryRow
+	status   []sectionStatus
+	gaps     []gap
 }
 
 // summaryRow is one line of the report's opening table (and of the README's).
@@ -231,6 +271,13 @@ func (r *report) write() error {
 	fmt.Fprintf(&head, "Written by `go run ./bench/report%s` (%s run, %s) in %v on %s.\n",
 		map[bool]string{true: " --quick"}[r.cfg.Quick], mode, time.Now().UTC().Format(time.DateOnly),
 		time.Since(r.start).Round(time.Second), machine())
+	fmt.Fprintf(&head, "\n| section | state | why |\n|---|---|---|\n")
+	for _, st := range r.status {
+		fmt.Fprintf(&head, "| %s | %s | %s |\n", st.name, st.state, strings.TrimSpace(st.why))
+	}
+	if len(r.gaps) > 0 {
+		fmt.Fprintf(&head, "\n**Not the whole report:** %v.\n", errMissing)
+	}
 	if len(r.summary) > 0 {
 		fmt.Fprintf(&head, "\n## Summary\n\n| what | measured | target | command |\n|---|---|---|---|\n")
 		for _, s := range r.summary {

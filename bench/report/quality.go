@@ -59,6 +59,7 @@ func (r *report) workloads() ([]workload, error) {
 		if err != nil {
 			r.logf("quality: %s: %v (skipped; --traces or KVROUTERD_TRACES names the directory)", f.name, err)
 			r.mdf("\n*%s not measured: %v.*\n", f.about, err)
+			r.missing("quality", f.about, err)
 			continue
 		}
 		ws = append(ws, workload{name: f.name, about: f.about, reqs: reqs})
