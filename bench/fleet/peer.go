@@ -60,6 +60,7 @@ type Metrics struct {
 // peerLoad is what a peer's policy knows of the workers' load when it picks: the metrics of the
 // last scrape, and the requests the router itself has in flight per worker.
 type peerLoad struct {
+	now      int64 // simulated ns
 	metrics  []Metrics
 	inflight []int
 }
@@ -135,6 +136,7 @@ func (p *peerRouter) scrape() {
 
 func (p *peerRouter) Route(req *wire.RouteRequest, resp *wire.RouteResponse) error {
 	p.scrape()
+	p.load.now = *p.now
 	w := p.policy.pick(req.Tokens, &p.load)
 	p.load.inflight[w]++
 	p.routed[req.RequestID] = w

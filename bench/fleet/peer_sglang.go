@@ -1,6 +1,11 @@
 package fleet
 
 import (
+	"container/heap"
+	"math/bits"
+	"slices"
+	"time"
+
 	"github.com/kvrouterd/kvrouterd/kvevent"
 )
 
@@ -17,15 +22,17 @@ type SGLangConfig struct {
 	// the smallest tree, as older releases (sgl-router) and the policy's own description say;
 	// false sends it to the least loaded worker, as sgl-model-gateway's code does.
 	SmallestTree bool
-	// MaxTreeSize is each worker's tree size, in characters (here: tokens), past which the
-	// periodic eviction trims it (2^26). The simulated traces never reach it, so eviction is
-	// not modelled: pick panics if a tree outgrows it.
-	MaxTreeSize int
+	// Every EvictionInterval (60 s) each worker's tree is trimmed, least recently used leaves
+	// first, to MaxTreeSize: 2^26 characters, here 2^24 tokens at 4 characters per token (the
+	// ratio GIE assumes).
+	EvictionInterval time.Duration
+	MaxTreeSize      int
 }
 
-// DefaultSGLangConfig is sgl-model-gateway's cache_aware defaults.
+// DefaultSGLangConfig is the cache_aware defaults of SGLang's router as launched
+// (sglang_router's RouterArgs).
 func DefaultSGLangConfig() SGLangConfig {
-	return SGLangConfig{CacheThreshold: 0.3, BalanceAbs: 64, BalanceRel: 1.5, MaxTreeSize: 1 << 26}
+	return SGLangConfig{CacheThreshold: 0.3, BalanceAbs: 64, BalanceRel: 1.5, EvictionInterval: 60 * time.Second, MaxTreeSize: 1 << 24}
 }
 
 // sglang is SGLang's cache_aware policy over its approximate tree: one radix tree of the
@@ -33,31 +40,38 @@ func DefaultSGLangConfig() SGLangConfig {
 // router sees text, not tokens; here a token stands for a character, which leaves the match
 // rate, a ratio, as it is for text of even token length.
 type sglang struct {
-	cfg  SGLangConfig
-	root *tnode
-	size []int // characters (tokens) in the nodes each worker is on
+	cfg       SGLangConfig
+	root      *tnode
+	size      []int // characters (tokens) in the nodes each worker is on
+	epoch     int64 // SGLang's global access counter
+	nextEvict int64 // simulated ns of the next eviction; 0: not started
+	heap      evictHeap
 }
 
 // tnode is a node of the tree: its edge from the parent (a slice of a routed prompt, which the
-// simulation keeps alive), children by first token, the workers on it, and the worker that
-// created it (SGLang's cached last_tenant, which the match returns).
+// simulation keeps alive), children by first token, the workers on it with each one's last
+// access (an epoch), and the worker that created it (SGLang's cached last_tenant, which the
+// match returns).
 type tnode struct {
 	edge     []uint32
+	parent   *tnode
 	children map[uint32]*tnode
 	workers  uint64
+	access   []int64
 	owner    int
 }
 
 func newSGLang(cfg SGLangConfig, workers int) *sglang {
-	return &sglang{cfg: cfg, root: &tnode{children: map[uint32]*tnode{}}, size: make([]int, workers)}
+	return &sglang{cfg: cfg, root: &tnode{children: map[uint32]*tnode{}, access: make([]int64, workers)}, size: make([]int, workers)}
 }
 
 func (s *sglang) events(int, []kvevent.Event) {}
 
 // match returns how many leading tokens of the prompt the tree holds (for any worker) and the
-// worker its deepest matched node names (-1: nothing matched).
+// worker its deepest matched node names (-1: nothing matched). One match in eight refreshes
+// that worker's access time on the node, as SGLang's does.
 func (s *sglang) match(tokens []uint32) (n, worker int) {
-	nd, worker := s.root, -1
+	nd := s.root
 	for n < len(tokens) {
 		c := nd.children[tokens[n]]
 		if c == nil {
@@ -65,55 +79,147 @@ func (s *sglang) match(tokens []uint32) (n, worker int) {
 		}
 		k := commonPrefix(tokens[n:], c.edge)
 		n += k
-		if c.workers != 0 {
-			worker = c.owner
-			if c.workers&(1<<c.owner) == 0 {
-				worker = lowestBit(c.workers)
-			}
-		}
+		nd = c
 		if k < len(c.edge) {
 			break
 		}
-		nd = c
+	}
+	worker = -1
+	if nd != s.root && nd.workers != 0 {
+		worker = nd.owner
+		if nd.workers&(1<<worker) == 0 {
+			worker = bits.TrailingZeros64(nd.workers)
+		}
+	}
+	s.epoch++
+	if worker >= 0 && s.epoch&7 == 0 {
+		nd.access[worker] = s.epoch
 	}
 	return n, worker
 }
 
-// insert records that the prompt went to worker w.
+// insert records that the prompt went to worker w: nodes it newly passes get w with access 0,
+// the node where it ends (new leaf or not) a fresh access.
 func (s *sglang) insert(tokens []uint32, w int) {
 	bit := uint64(1) << w
 	nd := s.root
 	for len(tokens) > 0 {
 		c := nd.children[tokens[0]]
 		if c == nil {
-			nd.children[tokens[0]] = &tnode{edge: tokens, children: map[uint32]*tnode{}, workers: bit, owner: w}
+			s.epoch++
+			leaf := &tnode{edge: tokens, parent: nd, children: map[uint32]*tnode{}, workers: bit, access: make([]int64, len(s.size)), owner: w}
+			leaf.access[w] = s.epoch
+			nd.children[tokens[0]] = leaf
 			s.size[w] += len(tokens)
 			return
 		}
 		k := commonPrefix(tokens, c.edge)
 		if k < len(c.edge) {
 			// Split c: a new node for the shared part takes c's place, with c's workers.
-			mid := &tnode{edge: c.edge[:k], children: map[uint32]*tnode{}, workers: c.workers, owner: c.owner}
+			mid := &tnode{edge: c.edge[:k], parent: nd, children: map[uint32]*tnode{}, workers: c.workers,
+				access: slices.Clone(c.access), owner: c.owner}
 			c.edge = c.edge[k:]
+			c.parent = mid
 			mid.children[c.edge[0]] = c
 			nd.children[tokens[0]] = mid
 			c = mid
 		}
 		if c.workers&bit == 0 {
 			c.workers |= bit
+			c.access[w] = 0
 			s.size[w] += len(c.edge)
 		}
 		tokens = tokens[k:]
 		nd = c
 	}
+	s.epoch++
+	nd.access[w] = s.epoch
 }
 
+// evict trims every worker's tree to MaxTreeSize: SGLang's periodic eviction, which takes the
+// least recently used leaves of each worker first (a node is a worker's leaf when none of its
+// children has that worker) and lets a parent become a leaf in its turn.
+func (s *sglang) evict() {
+	over := false
+	for _, z := range s.size {
+		over = over || z > s.cfg.MaxTreeSize
+	}
+	if !over {
+		return
+	}
+	s.heap = s.heap[:0]
+	stack := []*tnode{s.root}
+	for len(stack) > 0 {
+		nd := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		var below uint64
+		for _, c := range nd.children {
+			stack = append(stack, c)
+			below |= c.workers
+		}
+		if nd == s.root {
+			continue
+		}
+		for m := nd.workers &^ below; m != 0; m &= m - 1 {
+			w := bits.TrailingZeros64(m)
+			s.heap = append(s.heap, evictEntry{at: nd.access[w], w: w, nd: nd})
+		}
+	}
+	heap.Init(&s.heap)
+	for s.heap.Len() > 0 {
+		e := heap.Pop(&s.heap).(evictEntry)
+		bit := uint64(1) << e.w
+		if s.size[e.w] <= s.cfg.MaxTreeSize || e.nd.workers&bit == 0 || hasWorker(e.nd, bit) {
+			continue
+		}
+		s.size[e.w] -= len(e.nd.edge)
+		e.nd.workers &^= bit
+		p := e.nd.parent
+		if len(e.nd.children) == 0 && e.nd.workers == 0 {
+			delete(p.children, e.nd.edge[0])
+		}
+		if p != s.root && p.workers&bit != 0 && !hasWorker(p, bit) {
+			heap.Push(&s.heap, evictEntry{at: p.access[e.w], w: e.w, nd: p})
+		}
+	}
+}
+
+// hasWorker reports whether a child of nd has a worker of bit.
+func hasWorker(nd *tnode, bit uint64) bool {
+	for _, c := range nd.children {
+		if c.workers&bit != 0 {
+			return true
+		}
+	}
+	return false
+}
+
+type evictEntry struct {
+	at int64
+	w  int
+	nd *tnode
+}
+
+// evictHeap orders leaves by last access, oldest first.
+type evictHeap []evictEntry
+
+func (h evictHeap) Len() int           { return len(h) }
+func (h evictHeap) Less(i, j int) bool { return h[i].at < h[j].at }
+func (h evictHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *evictHeap) Push(x any)        { *h = append(*h, x.(evictEntry)) }
+func (h *evictHeap) Pop() any          { old := *h; e := old[len(old)-1]; *h = old[:len(old)-1]; return e }
+
 func (s *sglang) pick(tokens []uint32, load *peerLoad) int {
+	iv := int64(s.cfg.EvictionInterval)
+	if s.nextEvict == 0 {
+		s.nextEvict = load.now + iv
+	}
+	for iv > 0 && load.now >= s.nextEvict {
+		s.evict()
+		s.nextEvict += iv
+	}
 	w := s.decide(tokens, load.inflight)
 	s.insert(tokens, w)
-	if s.size[w] > s.cfg.MaxTreeSize {
-		panic("fleet: sglang: a tree outgrew max_tree_size; its eviction is not modelled")
-	}
 	return w
 }
 
@@ -155,13 +261,4 @@ func commonPrefix(a, b []uint32) int {
 		}
 	}
 	return n
-}
-
-func lowestBit(x uint64) int {
-	for i := range 64 {
-		if x&(1<<i) != 0 {
-			return i
-		}
-	}
-	return -1
 }

@@ -127,6 +127,46 @@ func TestSGLangDecide(t *testing.T) {
 	f("abs without rel", def, seq(1, 10), []int{250, 170, 200}, 0)
 }
 
+// TestSGLangEvict: a worker's tree over MaxTreeSize loses its least recently used leaves. Worker
+// 0 was sent 1..10 (a leaf, access 1), then 1..4,50..55: the tree splits into "1..4" (which
+// takes the old leaf's access) with children "5..10" (access 1) and "50..55" (access 2), 16
+// tokens. Trimmed to 10, the oldest leaf "5..10" goes (16 − 6 = 10), and the next is spared.
+func TestSGLangEvict(t *testing.T) {
+	cfg := DefaultSGLangConfig()
+	cfg.MaxTreeSize = 10
+	s := newSGLang(cfg, 2)
+	b := cat(seq(1, 4), seq(50, 6))
+	s.insert(seq(1, 10), 0)
+	s.insert(b, 0)
+	if s.size[0] != 16 {
+		t.Fatalf("size %d before eviction, want 16", s.size[0])
+	}
+	s.evict()
+	if s.size[0] != 10 {
+		t.Fatalf("size %d after eviction, want 10", s.size[0])
+	}
+	if n, w := s.match(seq(1, 10)); n != 4 || w != 0 {
+		t.Fatalf("1..10 matches %d tokens on worker %d, want 4 on 0", n, w)
+	}
+	if n, w := s.match(b); n != 10 || w != 0 {
+		t.Fatalf("1..4,50..55 matches %d tokens on worker %d, want 10 on 0", n, w)
+	}
+	// The periodic eviction runs on the simulated clock: none before the first interval.
+	s.insert(seq(100, 20), 1)
+	load := &peerLoad{now: 1, inflight: make([]int, 2)}
+	cfg.MaxTreeSize = 5
+	s.cfg = cfg
+	s.pick(seq(200, 1), load)
+	if s.size[1] != 20 {
+		t.Fatalf("evicted before the interval: size %d", s.size[1])
+	}
+	load.now += int64(cfg.EvictionInterval)
+	s.pick(seq(300, 1), load)
+	if s.size[1] > 5 {
+		t.Fatalf("not evicted after the interval: size %d", s.size[1])
+	}
+}
+
 // TestMaxScoreTies: ties are broken at random among the tied only.
 func TestMaxScoreTies(t *testing.T) {
 	rnd := rand.New(rand.NewPCG(1, 2))
