@@ -232,6 +232,10 @@ func (r *report) qualityWorkload(w workload, blocks int) (*loadedSet, error) {
 				100*hit, 100*hit/inf, 100*hit/pooled, tput, res.Imbalance())
 			key := fmt.Sprintf("quality.%s.%s.%s.", w.name, map[bool]string{true: "trace_speed", false: "loaded"}[pt.scale == 1], m)
 			c := cond(pt.scale)
+			if m.peer != "" {
+				c = fmt.Sprintf("%s, arrival times ×%g; %d simulated workers × %d blocks of %d tokens; routed by the simulated %s policy with its defaults (docs/peers.md); seed %d",
+					w.about, pt.scale, fleetWorkers, blocks, blockSize, m.peer, r.cfg.Seed)
+			}
 			r.add(key+"ttft_mean", ms(q.ttft.mean), "ms", c)
 			r.add(key+"ttft_p50", ms(q.ttft.p50), "ms", c)
 			r.add(key+"ttft_p99", ms(q.ttft.p99), "ms", c)
