@@ -18,6 +18,12 @@
 // worker storing a block and the router hearing of it (Config.EventDelay), against which the
 // router's predict-on-route (Config.PredictedTTL) is meant to help.
 //
+// For comparison, the fleet can instead be routed by the default policies of the routers users
+// would otherwise run (Config.Peer: llm-d's inference scheduler, SGLang's router, the Gateway
+// API inference extension's endpoint picker; peer.go), each knowing only what it would in
+// production: its own record of what it routed or the KV events, and the workers' metrics as a
+// scrape sees them.
+//
 // The router is a Router: by default a router.Router in process, unpaced. Package bench/e2e
 // supplies one that drives a running daemon over HTTP and NATS; such a router applies events
 // when they arrive, so the simulation must then keep to wall time (Config.Pace), and is no
