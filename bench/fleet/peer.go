@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvrouterd/kvrouterd/bench/sim"
 	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/router"
 	"github.com/kvrouterd/kvrouterd/wire"
@@ -93,7 +94,7 @@ func newPeerRouter(cfg Config, blockSize int, now *int64) (*peerRouter, error) {
 	rnd := rand.New(rand.NewPCG(cfg.Seed, 0x70656572))
 	blocks := cfg.Worker.Blocks
 	if blocks <= 0 {
-		blocks = 16384
+		blocks = sim.DefaultWorkerConfig().Blocks // what sim.NewWorker takes for 0
 	}
 	var p peerPolicy
 	switch cfg.Peer {
