@@ -18,6 +18,12 @@
 // worker storing a block and the router hearing of it (Config.EventDelay), against which the
 // router's predict-on-route (Config.PredictedTTL) is meant to help.
 //
+// For comparison, the fleet can instead be routed by the default policies of the routers users
+// would otherwise run (Config.Peer: llm-d's inference scheduler, SGLang's router, the Gateway
+// API inference extension's endpoint picker; peer.go), each knowing only what it would in
+// production: its own record of what it routed or the KV events, and the workers' metrics as a
+// scrape sees them.
+//
 // The router is a Router: by default a router.Router in process, unpaced. Package bench/e2e
 // supplies one that drives a running daemon over HTTP and NATS; such a router applies events
 // when they arrive, so the simulation must then keep to wall time (Config.Pace), and is no
@@ -126,6 +132,14 @@ type Config struct {
 	// trace's stretches a session, as a user waiting for answers would. Off: every request
 	// arrives at its trace time (open loop).
 	ClosedLoop bool
+
+	// Peer, if set, routes by another router's policy (peer.go) instead of kvrouterd's: Mode,
+	// the cost settings and the router features above are then unused, and Router, Queue,
+	// PrefillWorkers, PredictedTTL and TierCredit must be unset. Such a router knows what it
+	// would in production: its own record of what it routed, or the KV events (llm-d), and
+	// the workers' metrics scraped every ScrapeInterval (0: DefaultScrapeInterval).
+	Peer           Peer
+	ScrapeInterval time.Duration
 }
 
 // Transfer is the prefill-to-decode KV transfer of a disaggregated fleet: a fixed latency plus
@@ -314,6 +328,12 @@ func Run(cfg Config, reqs []trace.Request) (*Result, error) {
 	if cfg.Router != nil && (cfg.Disagg != nil || cfg.PredictedTTL != 0 || cfg.TierCredit != nil) {
 		return nil, fmt.Errorf("fleet: Disagg, PredictedTTL and TierCredit configure Run's own router; a caller's router has its own")
 	}
+	if cfg.Peer != "" && (cfg.Router != nil || cfg.Queue != nil || cfg.PrefillWorkers > 0 || cfg.PredictedTTL != 0 || cfg.TierCredit != nil) {
+		return nil, fmt.Errorf("fleet: peer %s: Router, Queue, PrefillWorkers, PredictedTTL and TierCredit are kvrouterd's", cfg.Peer)
+	}
+	if cfg.Peer != "" && cfg.Workers > 64 {
+		return nil, fmt.Errorf("fleet: peer %s: %d workers; the simulated peers keep worker sets of 64", cfg.Peer, cfg.Workers)
+	}
 	wc := cfg.Worker
 	if wc.BlockSize == 0 {
 		wc.BlockSize = 64
@@ -326,6 +346,14 @@ func Run(cfg Config, reqs []trace.Request) (*Result, error) {
 	)
 	rt := cfg.Router
 	var own *router.Router
+	var peer *peerRouter
+	if cfg.Peer != "" {
+		var err error
+		if peer, err = newPeerRouter(cfg, wc.BlockSize, &now); err != nil {
+			return nil, err
+		}
+		rt = peer
+	}
 	if rt == nil {
 		var qc *router.QueueConfig
 		if cfg.Queue != nil {
@@ -379,6 +407,9 @@ func Run(cfg Config, reqs []trace.Request) (*Result, error) {
 		if err := rt.Register(g); err != nil {
 			return nil, fmt.Errorf("fleet: register worker %d: %w", id, err)
 		}
+	}
+	if peer != nil {
+		peer.ws = ws
 	}
 	res := &Result{Requests: len(reqs), TTFT: make([]time.Duration, len(reqs)), E2E: make([]time.Duration, len(reqs)),
 		PerWorker: make([]int, cfg.Workers)}

@@ -13,6 +13,11 @@
 //
 //	go run ./bench/fleetsim --trace ../shared/traces/mooncake/conversation_trace.jsonl --limit 600 --e2e --pace 10
 //
+// --modes also takes the simulated policies of the routers users would otherwise run (llmd,
+// sglang, gie: package bench/fleet's peers, docs/peers.md), in process:
+//
+//	go run ./bench/fleetsim --trace ../shared/traces/mooncake/conversation_trace.jsonl --modes kv,llmd,sglang,gie --time-scale 0.2
+//
 // --router-queue-threshold puts the router queue (unbounded, --router-queue-policy) in front of
 // the in-process router; a daemon is routed without it.
 //
@@ -49,7 +54,7 @@ func main() {
 	var (
 		path      = flag.String("trace", "", "JSON-lines trace (Mooncake's form, with hash ids of --block-size tokens or token ids; see bench/trace); empty: the built-in synthetic workload")
 		workers   = flag.Int("workers", 8, "simulated workers")
-		modes     = flag.String("modes", "kv,round_robin,random,least_loaded", "routing modes to compare, comma-separated")
+		modes     = flag.String("modes", "kv,round_robin,random,least_loaded", "routing modes to compare, comma-separated: kvrouterd's (kv, round_robin, random, least_loaded) or a simulated peer's policy (llmd, sglang, gie; in process only)")
 		timeScale = flag.Float64("time-scale", 1, "multiply arrival times (below 1: more load)")
 		limit     = flag.Int("limit", 0, "first N trace rows (0: all)")
 		traceBS   = flag.Int("block-size", 0, "tokens per hash id of --trace (0: the trace's block_size, else Mooncake's 512)")
@@ -162,15 +167,21 @@ func main() {
 		credit = &c
 	}
 	for _, name := range strings.Split(*modes, ",") {
-		mode, err := scoring.ParseMode(name)
-		if err != nil {
+		t1 := time.Now()
+		fc := fleet.Config{Workers: *workers, Worker: wc, Seed: *seed, Pace: *pace, OverlapWeight: *weight, Temperature: *temp,
+			Queue: queue, PrefillWorkers: *prefillN, Disagg: dc, TierCredit: credit, EventDelay: *evDelay,
+			PredictedTTL: time.Duration(*predTTL * float64(time.Second)), ClosedLoop: closed}
+		if p, ok := fleet.ParsePeer(name); ok {
+			if e2eMode {
+				fmt.Fprintf(os.Stderr, "fleetsim: %s: a simulated peer routes in process only\n", name)
+				os.Exit(2)
+			}
+			// A peer's policy has none of kvrouterd's features; the fleet's own settings stay.
+			fc.Peer, fc.Queue, fc.PrefillWorkers, fc.Disagg, fc.TierCredit, fc.PredictedTTL = p, nil, 0, nil, nil, 0
+		} else if fc.Mode, err = scoring.ParseMode(name); err != nil {
 			fmt.Fprintln(os.Stderr, "fleetsim:", err)
 			os.Exit(2)
 		}
-		t1 := time.Now()
-		fc := fleet.Config{Workers: *workers, Mode: mode, Worker: wc, Seed: *seed, Pace: *pace, OverlapWeight: *weight, Temperature: *temp,
-			Queue: queue, PrefillWorkers: *prefillN, Disagg: dc, TierCredit: credit, EventDelay: *evDelay,
-			PredictedTTL: time.Duration(*predTTL * float64(time.Second)), ClosedLoop: closed}
 		var (
 			res *fleet.Result
 			er  *e2e.Result

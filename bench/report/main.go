@@ -6,7 +6,8 @@
 // Sections, each skippable with --skip:
 //
 //	quality  routing quality: the Mooncake conversation and synthetic traces and the built-in
-//	         generator on 8 simulated workers (package bench/fleet), per routing mode; then the
+//	         generator on 8 simulated workers (package bench/fleet), per routing mode and per
+//	         simulated peer policy (llmd, sglang, gie: docs/peers.md); then the
 //	         router queue on the conversation trace where kv saturates the workers: off and each
 //	         policy, priority classes, and a sweep of the threshold; then disaggregated prefill
 //	         and decode pools and a host-memory tier on the conversation trace, and

@@ -45,7 +45,7 @@ func (r *report) qualityPlots(w workload, set *loadedSet, inf, pooled float64) e
 		l.Color = plotutil.Color(i)
 		l.Width = vg.Points(1.5)
 		p.Add(l)
-		p.Legend.Add(q.mode.String(), l)
+		p.Legend.Add(q.name(), l)
 	}
 	p.Add(plotter.NewGrid())
 	if err := r.save(p, "ttft-cdf-"+w.name+".png", "TTFT CDF per routing mode, "+w.name); err != nil {
@@ -60,7 +60,7 @@ func (r *report) qualityPlots(w workload, set *loadedSet, inf, pooled float64) e
 	names := make([]string, len(set.runs))
 	for i, q := range set.runs {
 		vals[i] = 100 * q.res.HitRate()
-		names[i] = q.mode.String()
+		names[i] = q.name()
 	}
 	bars, err := plotter.NewBarChart(vals, vg.Points(40))
 	if err != nil {
@@ -91,7 +91,7 @@ func (r *report) qualityPlots(w workload, set *loadedSet, inf, pooled float64) e
 
 	// Per-worker requests in the worker (running + waiting) over time, kv and round robin.
 	for _, q := range set.runs {
-		if q.mode.String() != "kv" && q.mode.String() != "round_robin" || len(q.res.Samples) == 0 {
+		if q.name() != "kv" && q.name() != "round_robin" || len(q.res.Samples) == 0 {
 			continue
 		}
 		p = plot.New()

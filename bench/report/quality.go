@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/kvrouterd/kvrouterd/bench/fleet"
@@ -20,8 +21,24 @@ const (
 	kvBlocks     = 16384
 )
 
-// modes are the routing modes compared, kv first.
-var modes = []scoring.Mode{scoring.KV, scoring.RoundRobin, scoring.Random, scoring.LeastLoaded}
+// routing is how a run routes: one of kvrouterd's modes, or a simulated peer's policy (peer
+// set; package bench/fleet, docs/peers.md).
+type routing struct {
+	mode scoring.Mode
+	peer fleet.Peer
+}
+
+func (r routing) String() string {
+	if r.peer != "" {
+		return string(r.peer)
+	}
+	return r.mode.String()
+}
+
+// routings are the routings compared, kv first: kvrouterd's modes, then the policies of the
+// routers users would otherwise run.
+var routings = []routing{{mode: scoring.KV}, {mode: scoring.RoundRobin}, {mode: scoring.Random}, {mode: scoring.LeastLoaded},
+	{peer: fleet.LLMD}, {peer: fleet.SGLang}, {peer: fleet.GIE}}
 
 // ladder is the arrival-time scales tried, lightest load first, for the loaded point: the first
 // at which round robin's mean TTFT is at least 10× its unloaded value.
@@ -89,6 +106,7 @@ func (r *report) workloads() ([]workload, error) {
 // qualityRun is one simulation and its summary.
 type qualityRun struct {
 	mode  scoring.Mode
+	peer  fleet.Peer // set: the run routed by this peer's policy (mode unused)
 	scale float64
 	res   *fleet.Result
 	ttft  dist
@@ -99,6 +117,17 @@ type qualityRun struct {
 func (r *report) simulate(w workload, mode scoring.Mode, s float64, blocks int, weight float64, sample time.Duration) (qualityRun, error) {
 	return r.simulateFleet(w, s, fleet.Config{Mode: mode, OverlapWeight: weight, Sample: sample}, blocks, mode.String())
 }
+
+// simulateRouting runs one fleet simulation of w at arrival scale s routed by rt.
+func (r *report) simulateRouting(w workload, rt routing, s float64, blocks int, sample time.Duration) (qualityRun, error) {
+	if rt.peer == "" {
+		return r.simulate(w, rt.mode, s, blocks, 0, sample)
+	}
+	return r.simulateFleet(w, s, fleet.Config{Peer: rt.peer, Sample: sample}, blocks, rt.String())
+}
+
+// name is the run's routing, as the report's rows and plots name it.
+func (q qualityRun) name() string { return routing{q.mode, q.peer}.String() }
 
 // simulateFleet runs one fleet simulation of w at arrival scale s with fc's routing, queue and
 // fleet settings (its workers, worker model — but for fc.Worker.HostBlocks — and seed are the
@@ -112,7 +141,7 @@ func (r *report) simulateFleet(w workload, s float64, fc fleet.Config, blocks in
 	if err != nil {
 		return qualityRun{}, fmt.Errorf("%s ×%g %s: %w", w.name, s, label, err)
 	}
-	q := qualityRun{mode: fc.Mode, scale: s, res: res, ttft: summarize(res.TTFT), e2e: summarize(res.E2E)}
+	q := qualityRun{mode: fc.Mode, peer: fc.Peer, scale: s, res: res, ttft: summarize(res.TTFT), e2e: summarize(res.E2E)}
 	r.logf("quality: %s ×%g %-12s TTFT mean %7.0f ms, hit %4.1f %% + host %4.1f %%  (%v)", w.name, s, label, ms(q.ttft.mean),
 		100*res.HitRate(), 100*res.HostHitRate(), time.Since(t0).Round(10*time.Millisecond))
 	return q, nil
@@ -140,7 +169,10 @@ func (r *report) quality() error {
 	r.mdf("Each trace is replayed on %d simulated workers (package `bench/sim`: prefix-cached KV cache of %d blocks of %d tokens "+
 		"with LRU eviction, 256 sequences, 8,192 batched tokens, chunked prefill, the timing model of Dynamo's simulated engine) "+
 		"routed by kvrouterd's router in process, on a simulated clock (package `bench/fleet`; deterministic for a seed). "+
-		"Defaults as in Dynamo: overlap weight 1, temperature 0, prefill tokens tracked.\n\n", fleetWorkers, kvBlocks, blockSize)
+		"Defaults as in Dynamo: overlap weight 1, temperature 0, prefill tokens tracked. The rows llmd, sglang and gie route the "+
+		"same fleet by the simulated policies of llm-d's precise-prefix-cache profile, SGLang's cache_aware router and the "+
+		"Gateway API inference extension's default endpoint picker, with their defaults and only what each would know "+
+		"(`docs/peers.md`).\n\n", fleetWorkers, kvBlocks, blockSize)
 	r.mdf("The loaded point is the lightest arrival-time scale of %v at which round robin's mean TTFT is at least %d× its "+
 		"unloaded value (arrivals %d× further apart than the trace's). The hit rate is the fraction of prompt tokens served "+
 		"from a worker's cache; *of bound* divides it by the infinite-cache bound (one cache of unlimited size shared by all "+
@@ -209,9 +241,9 @@ func (r *report) qualityWorkload(w workload, blocks int) (*loadedSet, error) {
 		label string
 		scale float64
 	}{{"trace speed", 1}, {"loaded", loaded.scale}} {
-		for _, m := range modes {
+		for _, m := range routings {
 			// Round robin at the loaded point runs again, with load samples (deterministic: the same numbers).
-			q, err := r.simulate(w, m, pt.scale, blocks, 0, loadSamples(w, pt.scale))
+			q, err := r.simulateRouting(w, m, pt.scale, blocks, loadSamples(w, pt.scale))
 			if err != nil {
 				return nil, err
 			}
@@ -223,6 +255,10 @@ func (r *report) qualityWorkload(w workload, blocks int) (*loadedSet, error) {
 				100*hit, 100*hit/inf, 100*hit/pooled, tput, res.Imbalance())
 			key := fmt.Sprintf("quality.%s.%s.%s.", w.name, map[bool]string{true: "trace_speed", false: "loaded"}[pt.scale == 1], m)
 			c := cond(pt.scale)
+			if m.peer != "" {
+				c = fmt.Sprintf("%s, arrival times ×%g; %d simulated workers × %d blocks of %d tokens; routed by the simulated %s policy with its defaults (docs/peers.md); seed %d",
+					w.about, pt.scale, fleetWorkers, blocks, blockSize, m.peer, r.cfg.Seed)
+			}
 			r.add(key+"ttft_mean", ms(q.ttft.mean), "ms", c)
 			r.add(key+"ttft_p50", ms(q.ttft.p50), "ms", c)
 			r.add(key+"ttft_p99", ms(q.ttft.p99), "ms", c)
@@ -271,6 +307,36 @@ func (r *report) verdict(w workload, set *loadedSet, inf float64) {
 		mdPrinter.Sprintf("%.1f %%, %.0f %% of %.1f %%", 100*kv.res.HitRate(), of, 100*inf), target(w, "≥ 80 % of the bound"), r.command("quality"))
 	c := fmt.Sprintf("%s at the loaded point ×%g; %d workers × %d blocks", w.about, kv.scale, fleetWorkers, kvBlocks)
 	r.add(fmt.Sprintf("quality.%s.loaded.kv_over_round_robin_ttft_mean", w.name), ratio, "ratio", c)
+	r.peerVerdict(kv, set)
+}
+
+// peerVerdict says, at the loaded point, where a peer's policy did better than kv: mean or p99
+// TTFT, or hit rate.
+func (r *report) peerVerdict(kv qualityRun, set *loadedSet) {
+	var better []string
+	for _, q := range set.runs {
+		if q.peer == "" {
+			continue
+		}
+		var on []string
+		if q.ttft.mean < kv.ttft.mean {
+			on = append(on, fmt.Sprintf("mean TTFT %.0f ms against kv's %.0f", ms(q.ttft.mean), ms(kv.ttft.mean)))
+		}
+		if q.ttft.p99 < kv.ttft.p99 {
+			on = append(on, fmt.Sprintf("p99 TTFT %.0f ms against %.0f", ms(q.ttft.p99), ms(kv.ttft.p99)))
+		}
+		if q.res.HitRate() > kv.res.HitRate() {
+			on = append(on, fmt.Sprintf("hit rate %.1f %% against %.1f %%", 100*q.res.HitRate(), 100*kv.res.HitRate()))
+		}
+		if len(on) > 0 {
+			better = append(better, fmt.Sprintf("%s (%s)", q.name(), strings.Join(on, "; ")))
+		}
+	}
+	if len(better) == 0 {
+		r.mdf("No peer's policy beats kv here on mean TTFT, p99 TTFT or hit rate.\n")
+		return
+	}
+	r.mdf("Where a peer's policy beats kv here: %s.\n", strings.Join(better, ", "))
 }
 
 // target is t for the conversation trace, the one the targets are set on, and "—" otherwise.

@@ -61,7 +61,8 @@ func TestQuickReportGenerated(t *testing.T) {
 	}
 	for _, name := range []string{"quality.generated.loaded.kv.ttft_mean", "quality.generated.bound_infinite",
 		"quality.generated.loaded.kv_over_round_robin_ttft_mean", "quality.generated.predict.off.hit_rate",
-		"quality.generated.predict.on.hit_rate", "quality.generated.predict.on.ttft_mean"} {
+		"quality.generated.predict.on.hit_rate", "quality.generated.predict.on.ttft_mean",
+		"quality.generated.loaded.llmd.ttft_mean", "quality.generated.loaded.sglang.ttft_p99", "quality.generated.loaded.gie.hit_rate"} {
 		if !seen[name] {
 			t.Errorf("no %s", name)
 		}
