@@ -238,6 +238,7 @@ type report struct {
 	summary  []summaryRow
 	status   []sectionStatus
 	gaps     []gap
+	sims     map[simKey]qualityRun // simulate's runs, by their settings
 }
 
 // summaryRow is one line of the report's opening table (and of the README's).

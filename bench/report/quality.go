@@ -114,8 +114,31 @@ type qualityRun struct {
 }
 
 // simulate runs one fleet simulation of w at arrival scale s.
+// Runs without load samples are kept by their settings: a simulation is deterministic for its
+// settings and seed, and the loaded point, the tables and the load sweep ask for many of the
+// same ones.
 func (r *report) simulate(w workload, mode scoring.Mode, s float64, blocks int, weight float64, sample time.Duration) (qualityRun, error) {
-	return r.simulateFleet(w, s, fleet.Config{Mode: mode, OverlapWeight: weight, Sample: sample}, blocks, mode.String())
+	key := simKey{w.name + "\x00" + w.about, mode, s, blocks, weight}
+	if q, ok := r.sims[key]; ok && sample == 0 {
+		return q, nil
+	}
+	q, err := r.simulateFleet(w, s, fleet.Config{Mode: mode, OverlapWeight: weight, Sample: sample}, blocks, mode.String())
+	if err == nil && sample == 0 {
+		if r.sims == nil {
+			r.sims = map[simKey]qualityRun{}
+		}
+		r.sims[key] = q
+	}
+	return q, err
+}
+
+// simKey is what a simulation without load samples depends on, besides the seed.
+type simKey struct {
+	workload string // name and about: the report has two workloads named "generated"
+	mode     scoring.Mode
+	scale    float64
+	blocks   int
+	weight   float64
 }
 
 // simulateRouting runs one fleet simulation of w at arrival scale s routed by rt.
@@ -276,6 +299,9 @@ func (r *report) qualityWorkload(w workload, blocks int) (*loadedSet, error) {
 	}
 	r.verdict(w, set, inf)
 	if err := r.qualityPlots(w, set, inf, pooled); err != nil {
+		return nil, err
+	}
+	if err := r.knees(w, blocks); err != nil {
 		return nil, err
 	}
 	return set, nil

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -277,5 +278,27 @@ func TestTraceFlag(t *testing.T) {
 	}
 	if f.String() != "qwen-a=/t/a.jsonl" {
 		t.Errorf("String: %q", f.String())
+	}
+}
+
+// TestKnee: the knee is interpolated in log–log between the points around the threshold, and
+// says when it lies outside the loads tried.
+func TestKnee(t *testing.T) {
+	pt := func(load float64, p99ms float64) sweepPoint {
+		return sweepPoint{load: load, q: qualityRun{ttft: dist{p99: time.Duration(p99ms * float64(time.Millisecond))}}}
+	}
+	// 100 ms at 1 req/s, 400 ms at 4 req/s: 200 ms (log-halfway) at 2 req/s.
+	if l, below, above := knee(200, []sweepPoint{pt(0.5, 90), pt(1, 100), pt(4, 400), pt(8, 2000)}); below || above || math.Abs(l-2) > 1e-9 {
+		t.Errorf("knee %v (below %v, above %v), want 2 req/s", l, below, above)
+	}
+	if l, below, _ := knee(200, []sweepPoint{pt(3, 250), pt(6, 900)}); !below || l != 3 {
+		t.Errorf("past at the lightest: %v %v", l, below)
+	}
+	if l, _, above := knee(200, []sweepPoint{pt(3, 110), pt(6, 150)}); !above || l != 6 {
+		t.Errorf("not reached: %v %v", l, above)
+	}
+	w := workload{reqs: []trace.Request{{At: 0}, {At: 5 * time.Second}, {At: 10 * time.Second}}}
+	if got := offered(w, 0.5); got != 0.6 {
+		t.Errorf("offered: %v req/s, want 3 requests over 5 s", got)
 	}
 }

@@ -1,0 +1,187 @@
+package main
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/kvrouterd/kvrouterd/scoring"
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/plotutil"
+	"gonum.org/v1/plot/vg"
+)
+
+// The load sweep: each mode's TTFT and hit rate against offered load, and its knee, the load
+// at which its p99 TTFT reaches kneeFactor × its unloaded p99.
+const (
+	kneeFactor = 2
+	// sweepPast is how far past the knee the sweep goes (p99 over unloaded) to draw the curve.
+	sweepPast = 8
+)
+
+// sweepLadder is the arrival-time scales of the sweep, lightest load first, in steps of about
+// √2 in load: fine enough that the knee falls between two points at most 41 % apart, which
+// the interpolation then narrows.
+var sweepLadder = []float64{2, 1.4, 1, 0.7, 0.5, 0.35, 0.25, 0.18, 0.13, 0.09, 0.065, 0.045, 0.032, 0.022, 0.016, 0.011, 0.008, 0.0055, 0.004}
+
+// sweepPoint is one simulation of the sweep.
+type sweepPoint struct {
+	load float64 // offered requests/s
+	q    qualityRun
+}
+
+// kneeResult is one mode's sweep: its unloaded p99, the points, and the knee in requests/s;
+// below (above) says the knee is under the lightest (over the heaviest) load tried, the figure
+// then the bound it is past.
+type kneeResult struct {
+	mode         scoring.Mode
+	unloadedP99  float64 // ms
+	points       []sweepPoint
+	knee         float64
+	below, above bool
+}
+
+// offered is the request rate of w's arrivals at scale s.
+func offered(w workload, s float64) float64 {
+	if len(w.reqs) < 2 {
+		return 0
+	}
+	span := (w.reqs[len(w.reqs)-1].At - w.reqs[0].At).Seconds() * s
+	if span <= 0 {
+		return 0
+	}
+	return float64(len(w.reqs)) / span
+}
+
+// sweep runs mode over the ladder until its p99 TTFT is sweepPast × the unloaded one.
+func (r *report) sweep(w workload, mode scoring.Mode, blocks int) (kneeResult, error) {
+	k := kneeResult{mode: mode}
+	un, err := r.simulate(w, mode, unloadedScale, blocks, 0, 0)
+	if err != nil {
+		return k, err
+	}
+	k.unloadedP99 = ms(un.ttft.p99)
+	for _, s := range sweepLadder {
+		q, err := r.simulate(w, mode, s, blocks, 0, 0)
+		if err != nil {
+			return k, err
+		}
+		k.points = append(k.points, sweepPoint{offered(w, s), q})
+		if ms(q.ttft.p99) >= sweepPast*k.unloadedP99 {
+			break
+		}
+	}
+	k.knee, k.below, k.above = knee(k.unloadedP99*kneeFactor, k.points)
+	return k, nil
+}
+
+// knee is where the p99 TTFT of points (by rising load) first reaches at, interpolated
+// linearly in log load and log TTFT between the last point below and the first at or above.
+func knee(at float64, points []sweepPoint) (load float64, below, above bool) {
+	if len(points) == 0 {
+		return 0, false, true
+	}
+	for i, p := range points {
+		y := ms(p.q.ttft.p99)
+		if y < at {
+			continue
+		}
+		if i == 0 {
+			return p.load, true, false
+		}
+		lo := points[i-1]
+		y0 := ms(lo.q.ttft.p99)
+		f := (math.Log(at) - math.Log(y0)) / (math.Log(y) - math.Log(y0))
+		return math.Exp(math.Log(lo.load) + f*(math.Log(p.load)-math.Log(lo.load))), false, false
+	}
+	return points[len(points)-1].load, false, true
+}
+
+// knees sweeps every mode on w, reports each knee (quality.NAME.knee.MODE, requests/s), and
+// draws p99 TTFT and hit rate against offered load.
+func (r *report) knees(w workload, blocks int) error {
+	var ks []kneeResult
+	for _, m := range modes {
+		k, err := r.sweep(w, m, blocks)
+		if err != nil {
+			return err
+		}
+		ks = append(ks, k)
+	}
+	r.mdf("\n**Load sweep.** Each mode at arrival scales %v (lightest first, until its p99 TTFT is %d× its unloaded "+
+		"p99); its *knee* is the offered load at which its p99 TTFT reaches %d× its unloaded value (interpolated in log–log "+
+		"between the two points around it).\n\n| mode | unloaded p99 ms | knee (requests/s) | points |\n|---|---:|---:|---:|\n",
+		sweepLadder, sweepPast, kneeFactor)
+	for _, k := range ks {
+		note := ""
+		switch {
+		case k.below:
+			note = " (already past at the lightest load tried: at most this)"
+		case k.above:
+			note = " (not reached at the heaviest load tried: at least this)"
+		}
+		r.mdf("| %s | %.0f | %.2f%s | %d |\n", k.mode, k.unloadedP99, k.knee, note, len(k.points))
+		r.add(fmt.Sprintf("quality.%s.knee.%s", w.name, k.mode), k.knee, "requests/s",
+			fmt.Sprintf("%s; %d simulated workers × %d blocks of %d tokens; the offered load at which %s's p99 TTFT is %d× its unloaded %.0f ms%s; seed %d",
+				w.about, fleetWorkers, blocks, blockSize, k.mode, kneeFactor, k.unloadedP99, note, r.cfg.Seed))
+	}
+	return r.sweepPlots(w, ks)
+}
+
+// sweepPlots draws p99 TTFT (log) and hit rate against offered load, a line per mode, each
+// knee marked.
+func (r *report) sweepPlots(w workload, ks []kneeResult) error {
+	p := plot.New()
+	p.Title.Text = fmt.Sprintf("p99 TTFT against offered load, %s, %d workers", w.name, fleetWorkers)
+	p.X.Label.Text = "offered load (requests/s, log scale)"
+	p.Y.Label.Text = "p99 TTFT (ms, log scale)"
+	p.X.Scale, p.Y.Scale = plot.LogScale{}, plot.LogScale{}
+	p.X.Tick.Marker, p.Y.Tick.Marker = plot.LogTicks{Prec: -1}, plot.LogTicks{Prec: -1}
+	h := plot.New()
+	h.Title.Text = fmt.Sprintf("Prefix hit rate against offered load, %s", w.name)
+	h.X.Label.Text = "offered load (requests/s, log scale)"
+	h.Y.Label.Text = "prompt tokens served from cache (%)"
+	h.X.Scale, h.X.Tick.Marker = plot.LogScale{}, plot.LogTicks{Prec: -1}
+	for i, k := range ks {
+		var ttft, hit plotter.XYs
+		for _, pt := range k.points {
+			if pt.load <= 0 || pt.q.ttft.p99 <= 0 {
+				continue
+			}
+			ttft = append(ttft, plotter.XY{X: pt.load, Y: ms(pt.q.ttft.p99)})
+			hit = append(hit, plotter.XY{X: pt.load, Y: 100 * pt.q.res.HitRate()})
+		}
+		if len(ttft) == 0 {
+			continue
+		}
+		for _, d := range []struct {
+			p  *plot.Plot
+			xy plotter.XYs
+		}{{p, ttft}, {h, hit}} {
+			l, s, err := plotter.NewLinePoints(d.xy)
+			if err != nil {
+				return err
+			}
+			l.Color, s.Color, s.Shape = plotutil.Color(i), plotutil.Color(i), plotutil.Shape(i)
+			l.Width = vg.Points(1.5)
+			d.p.Add(l, s)
+			d.p.Legend.Add(k.mode.String(), l, s)
+		}
+		if !k.below && !k.above && k.knee > 0 {
+			m, err := plotter.NewScatter(plotter.XYs{{X: k.knee, Y: kneeFactor * k.unloadedP99}})
+			if err != nil {
+				return err
+			}
+			m.Color, m.Shape, m.Radius = plotutil.Color(i), plotutil.Shape(i), vg.Points(6)
+			p.Add(m)
+		}
+	}
+	p.Add(plotter.NewGrid())
+	h.Add(plotter.NewGrid())
+	p.Legend.Top, p.Legend.Left = true, true
+	h.Legend.Top = true
+	if err := r.save(p, "sweep-ttft-"+w.name+".png", "p99 TTFT against offered load per routing mode (knees marked), "+w.name); err != nil {
+		return err
+	}
+	return r.save(h, "sweep-hit-"+w.name+".png", "prefix hit rate against offered load per routing mode, "+w.name)
+}
