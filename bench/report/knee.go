@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"math"
 
-	"github.com/kvrouterd/kvrouterd/scoring"
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/plotutil"
@@ -34,7 +33,7 @@ type sweepPoint struct {
 // below (above) says the knee is under the lightest (over the heaviest) load tried, the figure
 // then the bound it is past.
 type kneeResult struct {
-	mode         scoring.Mode
+	routing      routing
 	unloadedP99  float64 // ms
 	points       []sweepPoint
 	knee         float64
@@ -54,15 +53,15 @@ func offered(w workload, s float64) float64 {
 }
 
 // sweep runs mode over the ladder until its p99 TTFT is sweepPast × the unloaded one.
-func (r *report) sweep(w workload, mode scoring.Mode, blocks int) (kneeResult, error) {
-	k := kneeResult{mode: mode}
-	un, err := r.simulate(w, mode, unloadedScale, blocks, 0, 0)
+func (r *report) sweep(w workload, rt routing, blocks int) (kneeResult, error) {
+	k := kneeResult{routing: rt}
+	un, err := r.simulateRouting(w, rt, unloadedScale, blocks, 0)
 	if err != nil {
 		return k, err
 	}
 	k.unloadedP99 = ms(un.ttft.p99)
 	for _, s := range sweepLadder {
-		q, err := r.simulate(w, mode, s, blocks, 0, 0)
+		q, err := r.simulateRouting(w, rt, s, blocks, 0)
 		if err != nil {
 			return k, err
 		}
@@ -101,8 +100,8 @@ func knee(at float64, points []sweepPoint) (load float64, below, above bool) {
 // draws p99 TTFT and hit rate against offered load.
 func (r *report) knees(w workload, blocks int) error {
 	var ks []kneeResult
-	for _, m := range modes {
-		k, err := r.sweep(w, m, blocks)
+	for _, rt := range routings {
+		k, err := r.sweep(w, rt, blocks)
 		if err != nil {
 			return err
 		}
@@ -120,10 +119,10 @@ func (r *report) knees(w workload, blocks int) error {
 		case k.above:
 			note = " (not reached at the heaviest load tried: at least this)"
 		}
-		r.mdf("| %s | %.0f | %.2f%s | %d |\n", k.mode, k.unloadedP99, k.knee, note, len(k.points))
-		r.add(fmt.Sprintf("quality.%s.knee.%s", w.name, k.mode), k.knee, "requests/s",
+		r.mdf("| %s | %.0f | %.2f%s | %d |\n", k.routing, k.unloadedP99, k.knee, note, len(k.points))
+		r.add(fmt.Sprintf("quality.%s.knee.%s", w.name, k.routing), k.knee, "requests/s",
 			fmt.Sprintf("%s; %d simulated workers × %d blocks of %d tokens; the offered load at which %s's p99 TTFT is %d× its unloaded %.0f ms%s; seed %d",
-				w.about, fleetWorkers, blocks, blockSize, k.mode, kneeFactor, k.unloadedP99, note, r.cfg.Seed))
+				w.about, fleetWorkers, blocks, blockSize, k.routing, kneeFactor, k.unloadedP99, note, r.cfg.Seed))
 	}
 	return r.sweepPlots(w, ks)
 }
@@ -165,7 +164,7 @@ func (r *report) sweepPlots(w workload, ks []kneeResult) error {
 			l.Color, s.Color, s.Shape = plotutil.Color(i), plotutil.Color(i), plotutil.Shape(i)
 			l.Width = vg.Points(1.5)
 			d.p.Add(l, s)
-			d.p.Legend.Add(k.mode.String(), l, s)
+			d.p.Legend.Add(k.routing.String(), l, s)
 		}
 		if !k.below && !k.above && k.knee > 0 {
 			m, err := plotter.NewScatter(plotter.XYs{{X: k.knee, Y: kneeFactor * k.unloadedP99}})

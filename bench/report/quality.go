@@ -118,11 +118,21 @@ type qualityRun struct {
 // settings and seed, and the loaded point, the tables and the load sweep ask for many of the
 // same ones.
 func (r *report) simulate(w workload, mode scoring.Mode, s float64, blocks int, weight float64, sample time.Duration) (qualityRun, error) {
-	key := simKey{w.name + "\x00" + w.about, mode, s, blocks, weight}
+	return r.simulateKept(w, routing{mode: mode}, s, blocks, weight, sample)
+}
+
+// simulateKept runs one simulation of w at scale s routed by rt, or returns the kept run of
+// the same settings.
+func (r *report) simulateKept(w workload, rt routing, s float64, blocks int, weight float64, sample time.Duration) (qualityRun, error) {
+	key := simKey{w.name + "\x00" + w.about, rt, s, blocks, weight}
 	if q, ok := r.sims[key]; ok && sample == 0 {
 		return q, nil
 	}
-	q, err := r.simulateFleet(w, s, fleet.Config{Mode: mode, OverlapWeight: weight, Sample: sample}, blocks, mode.String())
+	fc := fleet.Config{Mode: rt.mode, OverlapWeight: weight, Sample: sample}
+	if rt.peer != "" {
+		fc = fleet.Config{Peer: rt.peer, Sample: sample}
+	}
+	q, err := r.simulateFleet(w, s, fc, blocks, rt.String())
 	if err == nil && sample == 0 {
 		if r.sims == nil {
 			r.sims = map[simKey]qualityRun{}
@@ -135,7 +145,7 @@ func (r *report) simulate(w workload, mode scoring.Mode, s float64, blocks int, 
 // simKey is what a simulation without load samples depends on, besides the seed.
 type simKey struct {
 	workload string // name and about: the report has two workloads named "generated"
-	mode     scoring.Mode
+	routing  routing
 	scale    float64
 	blocks   int
 	weight   float64
@@ -143,10 +153,7 @@ type simKey struct {
 
 // simulateRouting runs one fleet simulation of w at arrival scale s routed by rt.
 func (r *report) simulateRouting(w workload, rt routing, s float64, blocks int, sample time.Duration) (qualityRun, error) {
-	if rt.peer == "" {
-		return r.simulate(w, rt.mode, s, blocks, 0, sample)
-	}
-	return r.simulateFleet(w, s, fleet.Config{Peer: rt.peer, Sample: sample}, blocks, rt.String())
+	return r.simulateKept(w, rt, s, blocks, 0, sample)
 }
 
 // name is the run's routing, as the report's rows and plots name it.
