@@ -63,7 +63,9 @@ func TestQuickReportGenerated(t *testing.T) {
 	for _, name := range []string{"quality.generated.loaded.kv.ttft_mean", "quality.generated.bound_infinite",
 		"quality.generated.loaded.kv_over_round_robin_ttft_mean", "quality.generated.predict.off.hit_rate",
 		"quality.generated.predict.on.hit_rate", "quality.generated.predict.on.ttft_mean",
-		"quality.generated.loaded.llmd.ttft_mean", "quality.generated.loaded.sglang.ttft_p99", "quality.generated.loaded.gie.hit_rate"} {
+		"quality.generated.loaded.llmd.ttft_mean", "quality.generated.loaded.sglang.ttft_p99", "quality.generated.loaded.gie.hit_rate",
+		"quality.generated.knee.kv", "quality.generated.knee.round_robin", "quality.generated.knee.llmd",
+		"quality.generated.knee.sglang", "quality.generated.knee.gie"} {
 		if !seen[name] {
 			t.Errorf("no %s", name)
 		}
@@ -78,7 +80,8 @@ func TestQuickReportGenerated(t *testing.T) {
 			t.Errorf("report.md lacks %q", want)
 		}
 	}
-	for _, f := range []string{"ttft-cdf-generated.png", "hit-rate-generated.png", "load-generated-kv.png", "predict-hit-burst.png"} {
+	for _, f := range []string{"ttft-cdf-generated.png", "hit-rate-generated.png", "load-generated-kv.png", "predict-hit-burst.png",
+		"sweep-ttft-generated.png", "sweep-hit-generated.png"} {
 		if st, err := os.Stat(filepath.Join(out, f)); err != nil || st.Size() == 0 {
 			t.Errorf("plot %s: %v", f, err)
 		}
