@@ -29,7 +29,8 @@ func parseConfig(args []string, env func(string) (string, bool), out io.Writer) 
 		return c, err
 	}
 	if err := parseFlags(fs, args, env, out, "kvrouterd: a KV-cache-aware router for LLM inference workers.\n\n"+
-		"Usage: kvrouterd [flags]\n       kvrouterd bridge [flags]   (kvrouterd bridge --help)\n\n"+
+		"Usage: kvrouterd [flags]\n       kvrouterd bridge [flags]   (kvrouterd bridge --help)\n"+
+		"       kvrouterd --version        (version, Go version, VCS revision and time)\n\n"+
 		"Dynamo's router flags and DYN_ variables are accepted for the kvrouterd flags that mean the same;\n"+
 		"kvrouterd's own (KVR_) variables win over Dynamo's, and flags over both.", dynEnvs); err != nil {
 		return c, err
