@@ -214,6 +214,9 @@ func (r *Router) params(m *model, req *wire.RouteRequest, prefix bool, p *scorin
 func (r *Router) route(req *wire.RouteRequest, resp *wire.RouteResponse, book bool, enc *[]byte) error {
 	m := r.model(req.Model)
 	if m == nil {
+		if req.Model == "" {
+			return fieldErr(ErrInvalid, "model", "required: the name of the model to route for, as its workers registered it, e.g. \"llama\"")
+		}
 		return fieldErr(ErrUnknownModel, "model", "no worker is registered for model %q", req.Model)
 	}
 	if book {

@@ -538,7 +538,7 @@ func (g Registration) Checked() (Registration, error) {
 // duplicates are dropped: the format stores a rank once per worker.
 func (g *Registration) check() ([]uint32, error) {
 	if g.Model == "" {
-		return nil, fieldErr(ErrInvalid, "model", "must not be empty")
+		return nil, fieldErr(ErrInvalid, "model", "required: the name of the model the worker serves, e.g. \"llama\"")
 	}
 	for _, f := range [...]struct{ name, v string }{{"model", g.Model}, {"endpoint", g.Endpoint}, {"replay_endpoint", g.Replay}, {"http_endpoint", g.HTTPEndpoint}} {
 		if len(f.v) > wire.MaxString {

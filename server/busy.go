@@ -97,7 +97,8 @@ func (s *Server) setBusyThresholds(ctx *fasthttp.RequestCtx) {
 		}
 	}
 	if err != nil {
-		s.busyError(ctx, fasthttp.StatusBadRequest, "json", "Failed to parse the request body as JSON: "+err.Error())
+		_, msg := jsonErrText(err)
+		s.busyError(ctx, fasthttp.StatusBadRequest, "json", "Failed to parse the request body as JSON: "+msg)
 		return
 	}
 	t := req.thresholds()

@@ -304,18 +304,24 @@ func (s *Server) transportError(ctx *fasthttp.RequestCtx, err error) {
 		return
 	}
 	status, reason, field := fasthttp.StatusBadRequest, "unreadable", "body"
+	msg := ""
 	var small *fasthttp.ErrSmallBuffer
 	switch {
 	case errors.Is(err, fasthttp.ErrBodyTooLarge):
 		status, reason = fasthttp.StatusRequestEntityTooLarge, "too_large"
+		msg = fmt.Sprintf("body: larger than the limit of %d bytes; send a smaller one, or raise the limit with --max-body-bytes", s.cfg.MaxBodyBytes)
 	case errors.As(err, &small):
 		status, reason, field = fasthttp.StatusRequestHeaderFieldsTooLarge, "headers_too_large", "headers"
+		msg = fmt.Sprintf("headers: larger than the read buffer of %d bytes; send smaller headers, or raise --http-read-buffer", s.cfg.ReadBufferSize)
+	}
+	if msg == "" {
+		msg = field + ": " + err.Error()
 	}
 	s.m.rejected.WithLabelValues("any", reason).Inc()
 	s.log.Warn("request refused", "reason", reason, "err", err, "remote", ctx.RemoteAddr().String())
 	ctx.SetStatusCode(status)
 	ctx.SetContentType("application/json")
-	ctx.SetBody(appendError(nil, field+": "+err.Error(), field, -1))
+	ctx.SetBody(appendError(nil, msg, field, -1))
 }
 
 // Handle serves one request; it is the fasthttp handler (tests may call it directly).
@@ -594,7 +600,8 @@ func (s *Server) output(ctx *fasthttp.RequestCtx, id []byte) {
 		j.Generated = &n
 	} else if body := ctx.PostBody(); len(body) > 0 {
 		if err := json.Unmarshal(body, &j); err != nil {
-			s.reject(ctx, epOutput, fasthttp.StatusBadRequest, "invalid", "body", -1, err.Error())
+			field, msg := jsonErrText(err)
+			s.reject(ctx, epOutput, fasthttp.StatusBadRequest, "invalid", field, -1, msg)
 			return
 		}
 	}
