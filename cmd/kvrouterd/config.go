@@ -5,7 +5,9 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/kvrouterd/kvrouterd/daemon"
 )
@@ -69,6 +71,7 @@ func parseFlags(fs *flag.FlagSet, args []string, env func(string) (string, bool)
 	}
 	fs.Usage = func() {}
 	fs.SetOutput(io.Discard)
+	unitless := wrapDurations(fs)
 	var err error
 	fs.VisitAll(func(f *flag.Flag) {
 		if alias(f) {
@@ -87,6 +90,9 @@ func parseFlags(fs *flag.FlagSet, args []string, env func(string) (string, bool)
 		if errors.Is(err, flag.ErrHelp) {
 			usage()
 			return err
+		}
+		if *unitless != nil {
+			return *unitless
 		}
 		return badFlag(fs, err)
 	}
@@ -138,4 +144,38 @@ func editDistance(a, b string) int {
 		prev, cur = cur, prev
 	}
 	return prev[len(b)]
+}
+
+// unitDuration is a duration flag that refuses a number without a unit with the fix: Go's
+// durations need one, and "--snapshot-interval 30" would otherwise be a parse error that does not
+// say so. A bare 0 is a duration.
+type unitDuration struct {
+	flag.Getter
+	name string
+	// unitless is where Set leaves the whole message for a flag on the command line, which the
+	// flag package would bury in its own.
+	unitless *error
+}
+
+func (u unitDuration) Set(v string) error {
+	s := strings.TrimSpace(v)
+	if _, err := strconv.ParseFloat(s, 64); err == nil && s != "0" {
+		*u.unitless = fmt.Errorf("--%s: %s has no unit; write %ss", u.name, s, s)
+		return fmt.Errorf("%s has no unit; write %ss", s, s)
+	}
+	return u.Getter.Set(v)
+}
+
+// wrapDurations makes every duration flag of fs a unitDuration, and returns where their
+// command-line refusals go.
+func wrapDurations(fs *flag.FlagSet) *error {
+	unitless := new(error)
+	fs.VisitAll(func(f *flag.Flag) {
+		if g, ok := f.Value.(flag.Getter); ok {
+			if _, ok := g.Get().(time.Duration); ok {
+				f.Value = unitDuration{Getter: g, name: f.Name, unitless: unitless}
+			}
+		}
+	})
+	return unitless
 }
