@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/kvrouterd/kvrouterd/internal/freelist"
+	"github.com/kvrouterd/kvrouterd/internal/lograte"
 	"github.com/kvrouterd/kvrouterd/internal/peer"
 	"github.com/kvrouterd/kvrouterd/radix"
 	"github.com/kvrouterd/kvrouterd/router"
@@ -156,18 +157,20 @@ func HTTPServer(h fasthttp.RequestHandler, cfg Config) *fasthttp.Server {
 
 // Server serves the HTTP API of one Router. Safe for concurrent use.
 type Server struct {
-	r       *router.Router
-	ch      router.Changer // cfg.Changes, or r
-	cfg     Config
-	log     *slog.Logger
-	m       *metrics
-	srv     *fasthttp.Server
-	selSrv  *fasthttp.Server // Dynamo's selection service (ServeSelection)
-	sel     *selection
-	ready   atomic.Bool
-	conns   *conns
-	bufs    *freelist.List[buffers]
-	metrics fasthttp.RequestHandler
+	r   *router.Router
+	ch  router.Changer // cfg.Changes, or r
+	cfg Config
+	log *slog.Logger
+	// refusals logs refused requests, behind a rate limit (refusalLogger).
+	refusals *slog.Logger
+	m        *metrics
+	srv      *fasthttp.Server
+	selSrv   *fasthttp.Server // Dynamo's selection service (ServeSelection)
+	sel      *selection
+	ready    atomic.Bool
+	conns    *conns
+	bufs     *freelist.List[buffers]
+	metrics  fasthttp.RequestHandler
 
 	// The unknown fields of Dynamo's bodies logged so far ("path name"), and how many.
 	unknownSeen  sync.Map
@@ -219,7 +222,7 @@ func New(r *router.Router, cfg Config) *Server {
 		cfg.Logger.Warn(fmt.Sprintf("the connection limit leaves the daemon's other files fewer than %d of the open-file limit: "+
 			"out of files, HTTP accepts close idle connections or wait", fileReserve), "max_conns", cfg.MaxConns, "open_file_limit", files)
 	}
-	s := &Server{r: r, ch: cfg.Changes, cfg: cfg, log: cfg.Logger}
+	s := &Server{r: r, ch: cfg.Changes, cfg: cfg, log: cfg.Logger, refusals: refusalLogger(cfg.Logger)}
 	if s.ch == nil {
 		s.ch = r
 	}
@@ -318,7 +321,7 @@ func (s *Server) transportError(ctx *fasthttp.RequestCtx, err error) {
 		msg = field + ": " + err.Error()
 	}
 	s.m.rejected.WithLabelValues("any", reason).Inc()
-	s.log.Warn("request refused", "reason", reason, "err", err, "remote", ctx.RemoteAddr().String())
+	s.refusals.Warn("request refused", "reason", reason, "err", err, "remote", ctx.RemoteAddr().String())
 	ctx.SetStatusCode(status)
 	ctx.SetContentType("application/json")
 	ctx.SetBody(appendError(nil, msg, field, -1))
@@ -444,11 +447,22 @@ func binary(ctx *fasthttp.RequestCtx) bool {
 // for binary bodies, -1 when it does not apply), a counter and a log line.
 func (s *Server) reject(ctx *fasthttp.RequestCtx, ep endpoint, status int, reason, field string, offset int, msg string) {
 	s.m.rejected.WithLabelValues(endpointNames[ep], reason).Inc()
-	s.log.Warn("request refused", "endpoint", endpointNames[ep], "status", status, "reason", reason,
+	s.refusals.Warn("request refused", "endpoint", endpointNames[ep], "status", status, "reason", reason,
 		"field", field, "offset", offset, "error", msg, "remote", ctx.RemoteAddr().String())
 	ctx.SetStatusCode(status)
 	ctx.SetContentType("application/json")
 	ctx.SetBody(appendError(ctx.Response.Body()[:0], msg, field, offset))
+}
+
+// refusalLogger is l behind a rate limit (package lograte: a few lines of a message, then one
+// per interval saying how many it dropped), unless l's handler has one already, as the daemon's
+// does: a client sending bad requests in a loop must not flood the log, and
+// kvrouterd_http_rejected_total counts every one.
+func refusalLogger(l *slog.Logger) *slog.Logger {
+	if _, ok := l.Handler().(*lograte.Handler); ok {
+		return l
+	}
+	return slog.New(lograte.New(l.Handler(), lograte.Config{}))
 }
 
 // fail maps an error of package router or wire to a refusal.
