@@ -221,6 +221,11 @@ type Router struct {
 	queued          atomic.Int64 // requests waiting in every model's queue
 	refusing        atomic.Bool  // RefuseWaiting: the queue takes no more requests
 	routed, matched atomic.Int64
+
+	// promptTokens and cachedTokens sum routed requests' prompt tokens and those cached on the
+	// worker chosen (noteRouted); beside routed, on its cache line.
+	promptTokens, cachedTokens atomic.Int64
+
 	expired         atomic.Int64
 	discovered      atomic.Int64 // workers registered by their first event or report
 	timedOut        atomic.Int64 // workers dropped by DropSilent

@@ -321,6 +321,7 @@ func (s *Server) transportError(ctx *fasthttp.RequestCtx, err error) {
 		msg = field + ": " + err.Error()
 	}
 	s.m.rejected.WithLabelValues("any", reason).Inc()
+	s.m.requests.WithLabelValues("any", strconv.Itoa(status)).Inc()
 	s.refusals.Warn("request refused", "reason", reason, "err", err, "remote", ctx.RemoteAddr().String())
 	ctx.SetStatusCode(status)
 	ctx.SetContentType("application/json")
@@ -332,6 +333,7 @@ func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
 	start := time.Now()
 	ep := s.dispatch(ctx, start)
 	s.m.latency[ep].Observe(time.Since(start).Seconds())
+	s.m.count(ep, ctx.Response.StatusCode())
 }
 
 var (
