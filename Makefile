@@ -13,8 +13,13 @@ build:
 	$(GO) build ./...
 
 # The daemon with its embedded defaults (HTTP on :8090, data in ./data). ARGS adds flags.
+# Built first, with a word that it is: the first build downloads about 50 modules, which
+# takes minutes and prints nothing.
 run:
-	$(GO) run ./cmd/kvrouterd $(ARGS)
+	@echo "building kvrouterd into bin/ (the first build downloads about 50 modules: a few minutes)..."
+	$(GO) build -o bin/kvrouterd ./cmd/kvrouterd
+	@echo "starting bin/kvrouterd $(ARGS)"
+	./bin/kvrouterd $(ARGS)
 
 vet:
 	$(GO) vet ./...

@@ -136,6 +136,11 @@ type Config struct {
 	ApproxTTL         time.Duration
 	ApproxMaxBlocks   int
 	ApproxPruneTarget float64
+
+	// Build is what the binary was built from, exported as kvrouterd_build_info. Not a flag:
+	// the command sets it (ReadBuild with its link-time version); zero reads the running
+	// binary's.
+	Build BuildInfo
 }
 
 // Defaults returns the configuration of a daemon started without flags.

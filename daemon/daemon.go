@@ -183,6 +183,11 @@ func Start(ctx context.Context, c Config, stderr io.Writer) (_ *Daemon, err erro
 		return router.New(cfg)
 	}
 	reg := prometheus.NewRegistry()
+	build := c.Build
+	if build.Version == "" {
+		build = ReadBuild("")
+	}
+	reg.MustRegister(build.collector())
 	if c.NoSnapshots {
 		d.r = newRouter()
 	} else {
@@ -288,7 +293,7 @@ func Start(ctx context.Context, c Config, stderr io.Writer) (_ *Daemon, err erro
 		d.fd.WriteTimeout = 0
 	}
 	maxConns, perIP := d.srv.ConnLimits()
-	log.Info("kvrouterd ready", "http", d.ln.Addr().String(), "selection", d.selectionAddr(), "frontend", c.FrontendAddr, "nats", streamURL(d.st), "resume_after_seq", d.seq,
+	log.Info("kvrouterd ready", "version", build.Version, "http", d.ln.Addr().String(), "selection", d.selectionAddr(), "frontend", c.FrontendAddr, "nats", streamURL(d.st), "resume_after_seq", d.seq,
 		"http_max_conns", maxConns, "http_max_conns_per_ip", perIP, "shards", c.Shards, "mode", c.RouterMode, "block_size", c.BlockSize, "data_dir", c.DataDir,
 		"since_start", time.Since(processStart))
 	d.serving = 1

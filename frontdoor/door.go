@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/kvrouterd/kvrouterd/internal/bearer"
+	"github.com/kvrouterd/kvrouterd/internal/lograte"
 	"github.com/kvrouterd/kvrouterd/internal/peer"
 	"github.com/kvrouterd/kvrouterd/radix"
 	"github.com/kvrouterd/kvrouterd/router"
@@ -57,6 +58,8 @@ type Door struct {
 	tok *fasthttp.Client // /tokenize, answers buffered
 	pre *http.Client     // prefill stages: cancelled when the client goes (fasthttp's calls cannot be)
 	m   *metrics
+	// refusals logs refused requests, behind a rate limit.
+	refusals *slog.Logger
 
 	prefix string        // of the request ids the front door books under
 	ids    atomic.Uint64 // the request ids' counter
@@ -79,6 +82,10 @@ func New(r *router.Router, cfg Config) *Door {
 		cfg.OverloadStatus = 529
 	}
 	d := &Door{r: r, cfg: cfg, log: cfg.Logger,
+		// Refusals are client errors, logged at info level: limited from that level up (Level
+		// is the lowest level limited; zero would mean warn), so that a client sending bad
+		// requests in a loop does not flood the log. The metric counts every one.
+		refusals: slog.New(lograte.New(cfg.Logger.Handler(), lograte.Config{Level: slog.LevelInfo - 1})),
 		up: &fasthttp.Client{Name: "kvrouterd", StreamResponseBody: true, MaxConnsPerHost: 4096,
 			MaxIdleConnDuration: time.Minute, NoDefaultUserAgentHeader: false, DisablePathNormalizing: true},
 		tok: &fasthttp.Client{Name: "kvrouterd", MaxConnsPerHost: 1024, MaxResponseBodySize: 64 << 20,
@@ -142,7 +149,7 @@ func (d *Door) fail(ctx *fasthttp.RequestCtx, path string, status int, typ, para
 	ctx.SetContentType("application/json")
 	ctx.SetBody(append(b, '\n'))
 	d.m.requests.WithLabelValues(path, strconv.Itoa(status)).Inc()
-	d.log.Info("front door: request refused", "path", path, "status", status, "type", typ, "msg", msg)
+	d.refusals.Info("front door: request refused", "path", path, "status", status, "type", typ, "msg", msg)
 }
 
 // models lists the models some worker serves an HTTP API for, as OpenAI's /v1/models does.

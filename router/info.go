@@ -193,12 +193,18 @@ type Stats struct {
 	// the matches whose depths they raised (Config.PredictedTTL).
 	Predictions, PredictRaised int64
 	Events                     shard.Stats
+
+	// PromptTokens and CachedTokens sum the routed requests' prompt tokens and the tokens of
+	// them in the device prefix cached on the worker chosen (for a disaggregated request, its
+	// prefill worker): their rates' ratio is the token-weighted hit rate.
+	PromptTokens, CachedTokens int64
 }
 
 // Stats returns the counters.
 func (r *Router) Stats() Stats {
 	return Stats{
 		Routed: r.routed.Load(), Matched: r.matched.Load(), Expired: r.expired.Load(),
+		PromptTokens: r.promptTokens.Load(), CachedTokens: r.cachedTokens.Load(),
 		ActiveRequests: r.tracker.Active(),
 		Discovered:     r.discovered.Load(), TimedOut: r.timedOut.Load(),
 		SnapshotSkipped: r.snapshotSkipped.Load(),

@@ -214,6 +214,9 @@ func (r *Router) params(m *model, req *wire.RouteRequest, prefix bool, p *scorin
 func (r *Router) route(req *wire.RouteRequest, resp *wire.RouteResponse, book bool, enc *[]byte) error {
 	m := r.model(req.Model)
 	if m == nil {
+		if req.Model == "" {
+			return fieldErr(ErrInvalid, "model", "required: the name of the model to route for, as its workers registered it, e.g. \"llama\"")
+		}
 		return fieldErr(ErrUnknownModel, "model", "no worker is registered for model %q", req.Model)
 	}
 	if book {
@@ -276,7 +279,7 @@ func (r *Router) route(req *wire.RouteRequest, resp *wire.RouteResponse, book bo
 	if err := r.bookStage(s, m, w, &p, req, req.RequestID, cached, s.noReuse, true); err != nil {
 		return err
 	}
-	r.routed.Add(1)
+	r.noteRouted(p.ISL, cached, m.blockSize)
 	if req.SessionID != "" && r.aff != nil && (sticky || !req.HasPinned) {
 		r.bind(m.name, req.SessionID, w.key)
 	}
@@ -285,6 +288,14 @@ func (r *Router) route(req *wire.RouteRequest, resp *wire.RouteResponse, book bo
 		*enc = wire.AppendRouteResponse(*enc, resp)
 	}
 	return nil
+}
+
+// noteRouted counts a routed request of isl prompt tokens whose worker holds cached blocks of
+// bs tokens of it.
+func (r *Router) noteRouted(isl int, cached int32, bs int) {
+	r.routed.Add(1)
+	r.promptTokens.Add(int64(isl))
+	r.cachedTokens.Add(min(int64(cached)*int64(bs), int64(isl)))
 }
 
 // pick scores req against list's workers with p and answers in resp; with book it chooses one

@@ -221,6 +221,11 @@ type Router struct {
 	queued          atomic.Int64 // requests waiting in every model's queue
 	refusing        atomic.Bool  // RefuseWaiting: the queue takes no more requests
 	routed, matched atomic.Int64
+
+	// promptTokens and cachedTokens sum routed requests' prompt tokens and those cached on the
+	// worker chosen (noteRouted); beside routed, on its cache line.
+	promptTokens, cachedTokens atomic.Int64
+
 	expired         atomic.Int64
 	discovered      atomic.Int64 // workers registered by their first event or report
 	timedOut        atomic.Int64 // workers dropped by DropSilent
@@ -538,7 +543,7 @@ func (g Registration) Checked() (Registration, error) {
 // duplicates are dropped: the format stores a rank once per worker.
 func (g *Registration) check() ([]uint32, error) {
 	if g.Model == "" {
-		return nil, fieldErr(ErrInvalid, "model", "must not be empty")
+		return nil, fieldErr(ErrInvalid, "model", "required: the name of the model the worker serves, e.g. \"llama\"")
 	}
 	for _, f := range [...]struct{ name, v string }{{"model", g.Model}, {"endpoint", g.Endpoint}, {"replay_endpoint", g.Replay}, {"http_endpoint", g.HTTPEndpoint}} {
 		if len(f.v) > wire.MaxString {

@@ -141,9 +141,9 @@ func (s *Server) bodyTooLarge(ctx *fasthttp.RequestCtx, selection bool) string {
 		limit, what = s.selectionBodyLimit(h.RequestURI(), h.Method())
 	}
 	if what == "--max-body-bytes" {
-		return fmt.Sprintf("the body is over the %d-byte limit; raise it with --max-body-bytes", limit)
+		return fmt.Sprintf("larger than the limit of %d bytes; send a smaller one, or raise the limit with --max-body-bytes", limit)
 	}
-	return fmt.Sprintf("the body is over %s limit of %d bytes (--max-body-bytes, %d, bounds the largest body any endpoint takes)",
+	return fmt.Sprintf("larger than %s limit of %d bytes (--max-body-bytes, %d, bounds the largest body any endpoint takes)",
 		what, limit, s.cfg.MaxBodyBytes)
 }
 

@@ -237,7 +237,7 @@ func TestEndpointBodyLimits(t *testing.T) {
 	f(api, "POST", "/register_peer", 100<<10, 413, "65536 bytes")
 	f(sel, "POST", "/reservations/r1/prefill_complete", 100<<10, 413, "65536 bytes")
 	// Over --max-body-bytes: the flag is named as the fix.
-	f(api, "POST", "/v1/route", 2<<20, 413, "1048576-byte limit", "--max-body-bytes")
+	f(api, "POST", "/v1/route", 2<<20, 413, "limit of 1048576 bytes", "--max-body-bytes")
 	f(api, "POST", "/v1/workers", 2<<20, 413, "1048576 bytes")
 	if got := testutil.ToFloat64(s.m.rejected.WithLabelValues("any", "too_large")) - before; got != 5 {
 		t.Errorf("too_large refusals counted %v, want 5", got)

@@ -97,7 +97,8 @@ func (s *Server) setBusyThresholds(ctx *fasthttp.RequestCtx) {
 		}
 	}
 	if err != nil {
-		s.busyError(ctx, fasthttp.StatusBadRequest, "json", "Failed to parse the request body as JSON: "+err.Error())
+		_, msg := jsonErrText(err)
+		s.busyError(ctx, fasthttp.StatusBadRequest, "json", "Failed to parse the request body as JSON: "+msg)
 		return
 	}
 	t := req.thresholds()
@@ -145,7 +146,7 @@ func (s *Server) busyAnswer(ctx *fasthttp.RequestCtx, status int, v any) {
 // busyError answers in Dynamo's envelope for this endpoint, {"error": msg}, and counts it.
 func (s *Server) busyError(ctx *fasthttp.RequestCtx, status int, reason, msg string) {
 	s.m.rejected.WithLabelValues("busy_threshold", reason).Inc()
-	s.log.Warn("request refused", "endpoint", "busy_threshold", "status", status, "reason", reason, "error", msg)
+	s.refusals.Warn("request refused", "endpoint", "busy_threshold", "status", status, "reason", reason, "error", msg)
 	b, _ := json.Marshal(struct {
 		Error string `json:"error"`
 	}{msg})

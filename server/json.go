@@ -61,7 +61,7 @@ func decodeJSONAs(body []byte, v any, strict bool) error {
 		// The body itself is not an object (a number, an array, a string).
 		return &jsonError{field: "body", offset: int(te.Offset), msg: fmt.Sprintf("the body is a JSON %s, not an object", te.Value)}
 	case errors.As(err, &te):
-		return &jsonError{field: te.Field, offset: int(te.Offset), msg: fmt.Sprintf("field %q: %s is not a valid %s", te.Field, te.Value, te.Type), typed: true}
+		return &jsonError{field: te.Field, offset: int(te.Offset), msg: typeErrorMsg(te), typed: true}
 	case errors.Is(err, io.ErrUnexpectedEOF):
 		return &jsonError{field: "body", offset: len(body), msg: "truncated JSON"}
 	}

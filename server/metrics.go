@@ -2,6 +2,7 @@ package server
 
 import (
 	"strconv"
+	"sync/atomic"
 
 	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/router"
@@ -39,6 +40,11 @@ type metrics struct {
 	reg      *prometheus.Registry
 	latency  [numEndpoints]prometheus.Observer
 	rejected *prometheus.CounterVec
+	// requests counts the API's requests by endpoint and status code; byCode holds each
+	// pair's counter once resolved, so that a request's count allocates nothing but the first
+	// of its pair.
+	requests *prometheus.CounterVec
+	byCode   [numEndpoints][maxCode - minCode + 1]atomic.Pointer[prometheus.Counter]
 	// unknownFields counts the fields of Dynamo's bodies that kvrouterd ignores, by path.
 	unknownFields *prometheus.CounterVec
 	dyn           *dynamoMetrics
@@ -60,15 +66,38 @@ func newMetrics(reg *prometheus.Registry, r *router.Router) *metrics {
 		Name: "kvrouterd_http_rejected_total",
 		Help: "Requests refused as malformed or inconsistent, by endpoint and reason.",
 	}, []string{"endpoint", "reason"})
+	m.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kvrouterd_http_requests_total",
+		Help: "HTTP API requests answered, by endpoint and status code (endpoint \"any\": refused before one was known, 413 and 431).",
+	}, []string{"endpoint", "code"})
 	m.unknownFields = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kvrouterd_dynamo_unknown_fields_total",
 		Help: "Fields of requests to Dynamo's endpoints that kvrouterd does not know and ignores, by path.",
 	}, []string{"path"})
 	m.dyn = newDynamoMetrics(reg, r)
 	m.selRequests = newSelMetrics(reg)
-	reg.MustRegister(lat, m.rejected, m.unknownFields, &routerCollector{r: r}, &queueCollector{r: r}, overloadCollector{r}, disaggCollector{r},
+	reg.MustRegister(lat, m.rejected, m.requests, m.unknownFields, &routerCollector{r: r}, &queueCollector{r: r}, overloadCollector{r}, disaggCollector{r},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
+}
+
+// The status codes byCode holds; others (none the API answers) are counted by label lookup.
+const minCode, maxCode = 100, 599
+
+// count counts a request to ep answered with code.
+func (m *metrics) count(ep endpoint, code int) {
+	if code < minCode || code > maxCode {
+		m.requests.WithLabelValues(endpointNames[ep], strconv.Itoa(code)).Inc()
+		return
+	}
+	slot := &m.byCode[ep][code-minCode]
+	c := slot.Load()
+	if c == nil {
+		v := m.requests.WithLabelValues(endpointNames[ep], strconv.Itoa(code))
+		c = &v
+		slot.Store(c)
+	}
+	(*c).Inc()
 }
 
 // routerCollector reads the router's state at scrape time, so that serving requests pays
@@ -90,14 +119,26 @@ var (
 	descResidency = prometheus.NewDesc("kvrouterd_index_residencies", "(block, worker) pairs in a model's index.", []string{"model"}, nil)
 	descTierRes   = prometheus.NewDesc("kvrouterd_index_tier_residencies", "(block, worker) pairs in a model's index of each storage tier (device, host, disk, external); kvrouterd_index_residencies is the device's.", []string{"model", "tier"}, nil)
 	descMembers   = prometheus.NewDesc("kvrouterd_workers_changes_total", "Workers registered from their own events or reports (discovered), removed after falling silent (timed_out), and left out of a snapshot whose format cannot hold them (snapshot_skipped).", []string{"kind"}, nil)
-	descWorker    = prometheus.NewDesc("kvrouterd_worker_load", "Per worker and dp rank: cached blocks, active blocks, active prefill tokens, active requests.", []string{"model", "worker", "dp_rank", "kind"}, nil)
+	descWorker    = prometheus.NewDesc("kvrouterd_worker_load", "Deprecated, mixes units: the same as kvrouterd_worker_cached_blocks, kvrouterd_worker_active_blocks, kvrouterd_worker_active_prefill_tokens and kvrouterd_worker_active_requests, by kind.", []string{"model", "worker", "dp_rank", "kind"}, nil)
 	descMisconfig = prometheus.NewDesc("kvrouterd_worker_misconfigured", "1 while a worker's configuration is known to disagree with the router's for its model (reason block_size: its engine publishes blocks of another size; zero_hits: requests find other workers' cached blocks but never its own), so nothing it holds is matched.", []string{"model", "worker", "reason"}, nil)
 	descUnmatched = prometheus.NewDesc("kvrouterd_worker_unmatched_requests", "Sampled requests that found other workers' cached blocks of the model and none of this worker's since its last hit, while it held many blocks.", []string{"model", "worker"}, nil)
 	descRefused   = prometheus.NewDesc("kvrouterd_worker_events_refused_total", "A worker's events refused because its configuration disagrees with its model's (reason block_size).", []string{"model", "worker", "reason"}, nil)
 )
 
+// One unit per series: a worker rank's load, and the tokens routed (kvrouterd_worker_load, which
+// mixes blocks, tokens and requests under a label, stays for dashboards until they move).
+var (
+	descWorkerCached  = prometheus.NewDesc("kvrouterd_worker_cached_blocks", "Blocks a worker rank holds in the index, on its device (the storage tiers below: kvrouterd_index_tier_residencies per model).", []string{"model", "worker", "dp_rank"}, nil)
+	descWorkerBlocks  = prometheus.NewDesc("kvrouterd_worker_active_blocks", "Blocks of a worker rank's active requests, booked by routing decisions (decode load).", []string{"model", "worker", "dp_rank"}, nil)
+	descWorkerPrefill = prometheus.NewDesc("kvrouterd_worker_active_prefill_tokens", "Prompt tokens a worker rank has to prefill for its active requests, not yet prefilled (prefill load).", []string{"model", "worker", "dp_rank"}, nil)
+	descWorkerReqs    = prometheus.NewDesc("kvrouterd_worker_active_requests", "Requests routed to a worker rank and not completed yet.", []string{"model", "worker", "dp_rank"}, nil)
+	descPromptTokens  = prometheus.NewDesc("kvrouterd_routed_prompt_tokens_total", "Prompt tokens of the requests routed (the HTTP API and the front door).", nil, nil)
+	descCachedTokens  = prometheus.NewDesc("kvrouterd_routed_cached_tokens_total", "Prompt tokens of the requests routed that were cached on the device of the worker chosen (the prefill worker, for a disaggregated request): rate of this over rate of kvrouterd_routed_prompt_tokens_total is the hit rate.", nil, nil)
+)
+
 func (c *routerCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descEvents, descEventsBy, descBlocks, descGaps, descQueue, descWaits, descRequests, descActive, descPredicted, descRaised, descEntries, descResidency, descTierRes, descMembers, descWorker, descMisconfig, descRefused, descUnmatched} {
+	for _, d := range []*prometheus.Desc{descEvents, descEventsBy, descBlocks, descGaps, descQueue, descWaits, descRequests, descActive, descPredicted, descRaised, descEntries, descResidency, descTierRes, descMembers, descWorker, descMisconfig, descRefused, descUnmatched,
+		descWorkerCached, descWorkerBlocks, descWorkerPrefill, descWorkerReqs, descPromptTokens, descCachedTokens} {
 		ch <- d
 	}
 }
@@ -121,6 +162,8 @@ func (c *routerCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descRequests, prometheus.CounterValue, float64(st.Routed), "routed")
 	ch <- prometheus.MustNewConstMetric(descRequests, prometheus.CounterValue, float64(st.Matched), "matched")
 	ch <- prometheus.MustNewConstMetric(descRequests, prometheus.CounterValue, float64(st.Expired), "expired")
+	ch <- prometheus.MustNewConstMetric(descPromptTokens, prometheus.CounterValue, float64(st.PromptTokens))
+	ch <- prometheus.MustNewConstMetric(descCachedTokens, prometheus.CounterValue, float64(st.CachedTokens))
 	ch <- prometheus.MustNewConstMetric(descActive, prometheus.GaugeValue, float64(st.ActiveRequests))
 	ch <- prometheus.MustNewConstMetric(descPredicted, prometheus.GaugeValue, float64(st.Predictions))
 	ch <- prometheus.MustNewConstMetric(descRaised, prometheus.CounterValue, float64(st.PredictRaised))
@@ -141,6 +184,10 @@ func (c *routerCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descWorker, prometheus.GaugeValue, float64(w.ActiveBlocks), w.Model, id, rank, "active_blocks")
 		ch <- prometheus.MustNewConstMetric(descWorker, prometheus.GaugeValue, float64(w.ActivePrefill), w.Model, id, rank, "active_prefill_tokens")
 		ch <- prometheus.MustNewConstMetric(descWorker, prometheus.GaugeValue, float64(w.ActiveRequests), w.Model, id, rank, "active_requests")
+		ch <- prometheus.MustNewConstMetric(descWorkerCached, prometheus.GaugeValue, float64(w.CachedBlocks), w.Model, id, rank)
+		ch <- prometheus.MustNewConstMetric(descWorkerBlocks, prometheus.GaugeValue, float64(w.ActiveBlocks), w.Model, id, rank)
+		ch <- prometheus.MustNewConstMetric(descWorkerPrefill, prometheus.GaugeValue, float64(w.ActivePrefill), w.Model, id, rank)
+		ch <- prometheus.MustNewConstMetric(descWorkerReqs, prometheus.GaugeValue, float64(w.ActiveRequests), w.Model, id, rank)
 		if !misconfigSent[w.ID] { // once per worker: the block size is its model's, every rank's
 			misconfigSent[w.ID] = true
 			bad := 0.0

@@ -211,7 +211,7 @@ func (s *Server) selDispatch(ctx *fasthttp.RequestCtx) string {
 // (endpoint "selection") by reason and logged.
 func (s *Server) selError(ctx *fasthttp.RequestCtx, status int, reason, msg string) {
 	s.m.rejected.WithLabelValues(endpointNames[epSelection], reason).Inc()
-	s.log.Warn("request refused", "endpoint", endpointNames[epSelection], "path", string(ctx.Path()), "status", status,
+	s.refusals.Warn("request refused", "endpoint", endpointNames[epSelection], "path", string(ctx.Path()), "status", status,
 		"reason", reason, "error", msg, "remote", ctx.RemoteAddr().String())
 	ctx.SetStatusCode(status)
 	ctx.SetContentType("application/json")

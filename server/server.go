@@ -18,6 +18,7 @@ import (
 
 	"github.com/kvrouterd/kvrouterd/internal/bearer"
 	"github.com/kvrouterd/kvrouterd/internal/freelist"
+	"github.com/kvrouterd/kvrouterd/internal/lograte"
 	"github.com/kvrouterd/kvrouterd/internal/peer"
 	"github.com/kvrouterd/kvrouterd/radix"
 	"github.com/kvrouterd/kvrouterd/router"
@@ -173,18 +174,20 @@ func HTTPServer(h fasthttp.RequestHandler, cfg Config) *fasthttp.Server {
 
 // Server serves the HTTP API of one Router. Safe for concurrent use.
 type Server struct {
-	r       *router.Router
-	ch      router.Changer // cfg.Changes, or r
-	cfg     Config
-	log     *slog.Logger
-	m       *metrics
-	srv     *fasthttp.Server
-	selSrv  *fasthttp.Server // Dynamo's selection service (ServeSelection)
-	sel     *selection
-	ready   atomic.Bool
-	conns   *conns
-	bufs    *freelist.List[buffers]
-	metrics fasthttp.RequestHandler
+	r   *router.Router
+	ch  router.Changer // cfg.Changes, or r
+	cfg Config
+	log *slog.Logger
+	// refusals logs refused requests, behind a rate limit (refusalLogger).
+	refusals *slog.Logger
+	m        *metrics
+	srv      *fasthttp.Server
+	selSrv   *fasthttp.Server // Dynamo's selection service (ServeSelection)
+	sel      *selection
+	ready    atomic.Bool
+	conns    *conns
+	bufs     *freelist.List[buffers]
+	metrics  fasthttp.RequestHandler
 
 	controlLim, eventsLim *rate.Limiter // nil: no limit
 
@@ -238,7 +241,7 @@ func New(r *router.Router, cfg Config) *Server {
 		cfg.Logger.Warn(fmt.Sprintf("the connection limit leaves the daemon's other files fewer than %d of the open-file limit: "+
 			"out of files, HTTP accepts close idle connections or wait", fileReserve), "max_conns", cfg.MaxConns, "open_file_limit", files)
 	}
-	s := &Server{r: r, ch: cfg.Changes, cfg: cfg, log: cfg.Logger}
+	s := &Server{r: r, ch: cfg.Changes, cfg: cfg, log: cfg.Logger, refusals: refusalLogger(cfg.Logger)}
 	if s.ch == nil {
 		s.ch = r
 	}
@@ -341,19 +344,25 @@ func (s *Server) refuseTransport(ctx *fasthttp.RequestCtx, err error, selection 
 		return
 	}
 	status, reason, field := fasthttp.StatusBadRequest, "unreadable", "body"
-	msg := err.Error()
+	msg := ""
 	var small *fasthttp.ErrSmallBuffer
 	switch {
 	case errors.Is(err, fasthttp.ErrBodyTooLarge):
-		status, reason, msg = fasthttp.StatusRequestEntityTooLarge, "too_large", s.bodyTooLarge(ctx, selection)
+		status, reason = fasthttp.StatusRequestEntityTooLarge, "too_large"
+		msg = "body: " + s.bodyTooLarge(ctx, selection)
 	case errors.As(err, &small):
 		status, reason, field = fasthttp.StatusRequestHeaderFieldsTooLarge, "headers_too_large", "headers"
+		msg = fmt.Sprintf("headers: larger than the read buffer of %d bytes; send smaller headers, or raise --http-read-buffer", s.cfg.ReadBufferSize)
+	}
+	if msg == "" {
+		msg = field + ": " + err.Error()
 	}
 	s.m.rejected.WithLabelValues("any", reason).Inc()
-	s.log.Warn("request refused", "reason", reason, "err", msg, "remote", ctx.RemoteAddr().String())
+	s.m.requests.WithLabelValues("any", strconv.Itoa(status)).Inc()
+	s.refusals.Warn("request refused", "reason", reason, "err", msg, "remote", ctx.RemoteAddr().String())
 	ctx.SetStatusCode(status)
 	ctx.SetContentType("application/json")
-	ctx.SetBody(appendError(nil, field+": "+msg, field, -1))
+	ctx.SetBody(appendError(nil, msg, field, -1))
 }
 
 // Handle serves one request; it is the fasthttp handler (tests may call it directly).
@@ -361,10 +370,12 @@ func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
 	start := time.Now()
 	if s.cfg.Tokens != nil && !s.authorized(ctx, apiAccess(ctx.Path(), ctx.Method()), s.apiRefusal) {
 		s.m.latency[epOther].Observe(time.Since(start).Seconds())
+		s.m.count(epOther, ctx.Response.StatusCode())
 		return
 	}
 	ep := s.dispatch(ctx, start)
 	s.m.latency[ep].Observe(time.Since(start).Seconds())
+	s.m.count(ep, ctx.Response.StatusCode())
 }
 
 var (
@@ -493,11 +504,22 @@ func binary(ctx *fasthttp.RequestCtx) bool {
 // for binary bodies, -1 when it does not apply), a counter and a log line.
 func (s *Server) reject(ctx *fasthttp.RequestCtx, ep endpoint, status int, reason, field string, offset int, msg string) {
 	s.m.rejected.WithLabelValues(endpointNames[ep], reason).Inc()
-	s.log.Warn("request refused", "endpoint", endpointNames[ep], "status", status, "reason", reason,
+	s.refusals.Warn("request refused", "endpoint", endpointNames[ep], "status", status, "reason", reason,
 		"field", field, "offset", offset, "error", msg, "remote", ctx.RemoteAddr().String())
 	ctx.SetStatusCode(status)
 	ctx.SetContentType("application/json")
 	ctx.SetBody(appendError(ctx.Response.Body()[:0], msg, field, offset))
+}
+
+// refusalLogger is l behind a rate limit (package lograte: a few lines of a message, then one
+// per interval saying how many it dropped), unless l's handler has one already, as the daemon's
+// does: a client sending bad requests in a loop must not flood the log, and
+// kvrouterd_http_rejected_total counts every one.
+func refusalLogger(l *slog.Logger) *slog.Logger {
+	if _, ok := l.Handler().(*lograte.Handler); ok {
+		return l
+	}
+	return slog.New(lograte.New(l.Handler(), lograte.Config{}))
 }
 
 // fail maps an error of package router or wire to a refusal.
@@ -649,7 +671,8 @@ func (s *Server) output(ctx *fasthttp.RequestCtx, id []byte) {
 		j.Generated = &n
 	} else if body := ctx.PostBody(); len(body) > 0 {
 		if err := json.Unmarshal(body, &j); err != nil {
-			s.reject(ctx, epOutput, fasthttp.StatusBadRequest, "invalid", "body", -1, err.Error())
+			field, msg := jsonErrText(err)
+			s.reject(ctx, epOutput, fasthttp.StatusBadRequest, "invalid", field, -1, msg)
 			return
 		}
 	}

@@ -5,7 +5,9 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/kvrouterd/kvrouterd/daemon"
 )
@@ -29,7 +31,8 @@ func parseConfig(args []string, env func(string) (string, bool), out io.Writer) 
 		return c, err
 	}
 	if err := parseFlags(fs, args, env, out, "kvrouterd: a KV-cache-aware router for LLM inference workers.\n\n"+
-		"Usage: kvrouterd [flags]\n       kvrouterd bridge [flags]   (kvrouterd bridge --help)\n\n"+
+		"Usage: kvrouterd [flags]\n       kvrouterd bridge [flags]   (kvrouterd bridge --help)\n"+
+		"       kvrouterd --version        (version, Go version, VCS revision and time)\n\n"+
 		"Dynamo's router flags and DYN_ variables are accepted for the kvrouterd flags that mean the same;\n"+
 		"kvrouterd's own (KVR_) variables win over Dynamo's, and flags over both.", dynEnvs); err != nil {
 		return c, err
@@ -68,6 +71,7 @@ func parseFlags(fs *flag.FlagSet, args []string, env func(string) (string, bool)
 	}
 	fs.Usage = func() {}
 	fs.SetOutput(io.Discard)
+	unitless := wrapDurations(fs)
 	var err error
 	fs.VisitAll(func(f *flag.Flag) {
 		if alias(f) {
@@ -86,6 +90,9 @@ func parseFlags(fs *flag.FlagSet, args []string, env func(string) (string, bool)
 		if errors.Is(err, flag.ErrHelp) {
 			usage()
 			return err
+		}
+		if *unitless != nil {
+			return *unitless
 		}
 		return badFlag(fs, err)
 	}
@@ -137,4 +144,38 @@ func editDistance(a, b string) int {
 		prev, cur = cur, prev
 	}
 	return prev[len(b)]
+}
+
+// unitDuration is a duration flag that refuses a number without a unit with the fix: Go's
+// durations need one, and "--snapshot-interval 30" would otherwise be a parse error that does not
+// say so. A bare 0 is a duration.
+type unitDuration struct {
+	flag.Getter
+	name string
+	// unitless is where Set leaves the whole message for a flag on the command line, which the
+	// flag package would bury in its own.
+	unitless *error
+}
+
+func (u unitDuration) Set(v string) error {
+	s := strings.TrimSpace(v)
+	if _, err := strconv.ParseFloat(s, 64); err == nil && s != "0" {
+		*u.unitless = fmt.Errorf("--%s: %s has no unit; write %ss", u.name, s, s)
+		return fmt.Errorf("%s has no unit; write %ss", s, s)
+	}
+	return u.Getter.Set(v)
+}
+
+// wrapDurations makes every duration flag of fs a unitDuration, and returns where their
+// command-line refusals go.
+func wrapDurations(fs *flag.FlagSet) *error {
+	unitless := new(error)
+	fs.VisitAll(func(f *flag.Flag) {
+		if g, ok := f.Value.(flag.Getter); ok {
+			if _, ok := g.Get().(time.Duration); ok {
+				f.Value = unitDuration{Getter: g, name: f.Name, unitless: unitless}
+			}
+		}
+	})
+	return unitless
 }

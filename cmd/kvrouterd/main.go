@@ -15,7 +15,16 @@ import (
 	"github.com/kvrouterd/kvrouterd/daemon"
 )
 
+// version is the release this binary is, set at link time: go build -ldflags "-X
+// main.version=v1.2.3". Without it, --version and kvrouterd_build_info take the module's version
+// (go install …@v1.2.3), else "devel".
+var version string
+
 func main() {
+	if versionAsked(os.Args[1:]) {
+		fmt.Print(daemon.ReadBuild(version))
+		return
+	}
 	if len(os.Args) > 1 && os.Args[1] == "bridge" {
 		bridgeMain(os.Args[2:])
 		return
@@ -28,6 +37,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "kvrouterd:", err)
 		os.Exit(2)
 	}
+	c.Build = daemon.ReadBuild(version)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	if err := daemon.Run(ctx, c, os.Stderr); err != nil {
@@ -52,4 +62,19 @@ func bridgeMain(args []string) {
 		fmt.Fprintln(os.Stderr, "kvrouterd bridge:", err)
 		os.Exit(1)
 	}
+}
+
+// versionAsked reports whether args (of kvrouterd or kvrouterd bridge) ask for --version, before
+// any "--" that ends the flags. The other flags are not parsed: --version answers whatever they
+// say, and has no environment variable.
+func versionAsked(args []string) bool {
+	for _, a := range args {
+		switch a {
+		case "--":
+			return false
+		case "--version", "-version":
+			return true
+		}
+	}
+	return false
 }
