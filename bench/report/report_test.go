@@ -305,3 +305,42 @@ func TestKnee(t *testing.T) {
 		t.Errorf("offered: %v req/s, want 3 requests over 5 s", got)
 	}
 }
+
+// TestSensitivityDecodeRows: the memory-sensitivity table reports the larger caches twice,
+// with decode timed as the mocker does and as the one GPU the model was fitted on; the
+// latter separates the hits from the decode speed-up a larger cache gets in the model.
+func TestSensitivityDecodeRows(t *testing.T) {
+	if testing.Short() {
+		t.Skip("simulates a workload a dozen times")
+	}
+	g := trace.DefaultSynthetic()
+	g.Duration = time.Minute
+	r := &report{cfg: config{Out: t.TempDir(), Seed: 1}, start: time.Now(), progress: io.Discard}
+	w := workload{name: "conversation", about: "generated stand-in", reqs: trace.Synthetic(g)}
+	var runs []qualityRun
+	for _, m := range []scoring.Mode{scoring.KV, scoring.RoundRobin} {
+		q, err := r.simulate(w, m, 0.2, kvBlocks, 0, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		runs = append(runs, q)
+	}
+	if err := r.sensitivity(&loadedSet{w: w, runs: runs}); err != nil {
+		t.Fatal(err)
+	}
+	var mocker, gpu []string
+	for _, m := range r.ms {
+		switch {
+		case strings.Contains(m.Name, ".decode16384.ttft_mean"):
+			gpu = append(gpu, m.Name)
+			if !strings.Contains(m.Conditions, "decode timed as a 16384-block GPU") {
+				t.Errorf("%s: conditions %q do not say how decode was timed", m.Name, m.Conditions)
+			}
+		case strings.Contains(m.Name, ".blocks1048576.") && strings.HasSuffix(m.Name, ".kv.w1.ttft_mean"):
+			mocker = append(mocker, m.Name)
+		}
+	}
+	if len(gpu) != 2 || len(mocker) != 1 {
+		t.Fatalf("decode-as-one-GPU rows %v, the whole-cache kv row %v: want 2 and 1", gpu, mocker)
+	}
+}

@@ -36,6 +36,13 @@ type WorkerConfig struct {
 	// admits the request (the load precedes the forward pass, as vLLM's KV connectors load
 	// synchronously). 0: HostReloadTime(BlockSize, KVBytesPerToken, HostBandwidth).
 	HostReload time.Duration
+	// TimingBlocks is the capacity the timing model's KV usage u is a fraction of (0: Blocks,
+	// as in Dynamo's mocker). The model was fitted on one GPU: its decode time grows with the
+	// KV a step reads, so a cache made larger than the GPU it models would, with u a fraction
+	// of its own size, decode faster for the same sequences. Set to the fitted capacity (the
+	// default 16,384 blocks), a larger cache is timed as that GPU, u capped at 1: the cache's
+	// size then changes hits only. The report shows both (docs/decisions.md).
+	TimingBlocks int
 }
 
 // DefaultWorkerConfig returns the defaults of Dynamo's mocker: 16384 blocks of 64 tokens, 256
@@ -281,6 +288,15 @@ func (w *Worker) ActiveUsage() float64 {
 	return float64(w.cfg.Blocks-len(w.free)-w.lruLen) / float64(w.cfg.Blocks)
 }
 
+// timingUsage is the KV usage the step-time model is given: ActiveUsage, or the blocks in use
+// as a fraction of TimingBlocks, at most 1.
+func (w *Worker) timingUsage() float64 {
+	if w.cfg.TimingBlocks <= 0 {
+		return w.ActiveUsage()
+	}
+	return min(1, float64(w.cfg.Blocks-len(w.free)-w.lruLen)/float64(w.cfg.TimingBlocks))
+}
+
 // CachedBlocks returns the number of blocks the worker holds (cached or in use) and has
 // published as stored.
 func (w *Worker) CachedBlocks() int { return len(w.byHash) }
@@ -378,7 +394,7 @@ func (w *Worker) Step(now int64, out *StepOutput) int64 {
 		decoding = decoding || s.emitted
 	}
 
-	u := w.ActiveUsage()
+	u := w.timingUsage()
 	step := w.cfg.Timing.StepTime(out.PrefillTokens, u, decoding) + time.Duration(w.reload)*w.cfg.HostReload
 	end := now + max(1, int64(step))
 	decodeNs := int64(0)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"maps"
+	"math"
 	"math/rand/v2"
 	"reflect"
 	"slices"
@@ -961,5 +962,40 @@ func TestHoldRelease(t *testing.T) {
 	}
 	if w.CachedBlocks() != 4 {
 		t.Errorf("cached %d blocks: the released prompt's two stay cached beside the last prompt's", w.CachedBlocks())
+	}
+}
+
+// TestTimingBlocks: with TimingBlocks a larger cache decodes as the GPU of that capacity does,
+// u being the blocks in use over TimingBlocks (capped at 1); without it, as a fraction of its
+// own size, the same sequences decode faster in the larger cache.
+func TestTimingBlocks(t *testing.T) {
+	step := func(blocks, timing int) time.Duration {
+		cfg := WorkerConfig{Blocks: blocks, BlockSize: 16, MaxSeqs: 8, MaxBatchedTokens: 4096, TimingBlocks: timing}
+		w := NewWorker(1, cfg)
+		// One request of 1,600 prompt tokens (100 blocks), decoding: its second step is a pure
+		// decode step over its 100+ blocks.
+		if err := w.Submit(&Request{ID: 1, Tokens: make([]uint32, 1600), Output: 4}, 0); err != nil {
+			t.Fatal(err)
+		}
+		var out StepOutput
+		end := w.Step(0, &out)
+		next := w.Step(end, &out)
+		return time.Duration(next - end)
+	}
+	tm := DefaultTiming()
+	small, big := step(200, 0), step(800, 0)
+	if big >= small {
+		t.Errorf("decode %v in 800 blocks, %v in 200: the larger cache (u of its own size) should be faster", big, small)
+	}
+	if got := step(800, 200); got != small {
+		t.Errorf("800 blocks timed as 200: %v, want the 200-block cache's %v", got, small)
+	}
+	// 101 blocks in use (the prompt's 100 and the first output token's) of 200: u = 0.505.
+	if want := time.Duration(math.Round(tm.DecodeMs(101.0/200) * 1e6)); small != want {
+		t.Errorf("decode step %v, want %v (u = 101/200)", small, want)
+	}
+	// Capped: 101 blocks timed against a 50-block GPU is u = 1, not 2.
+	if got, want := step(800, 50), time.Duration(math.Round(tm.DecodeMs(1)*1e6)); got != want {
+		t.Errorf("u over 1: %v, want the decode at u = 1, %v", got, want)
 	}
 }
