@@ -393,10 +393,10 @@ func met(ok bool) string {
 func (r *report) sensitivity(set *loadedSet) error {
 	w := set.w
 	inf := trace.InfiniteBound(w.reqs, blockSize)
-	r.mdf("\n### What limits the hit rate\n\nThe conversation trace again, kv against round robin, with more memory per worker and a " +
-		"higher overlap weight. *Of pooled* is against the pooled bound of that row's memory. The last rows give every worker a " +
-		"cache larger than all it is ever sent, at the same load: what they still miss is routing's doing, the load term sending " +
-		"a request away from the worker that holds its prefix when that worker is busier (the cost function trading hits for " +
+	r.mdf("\n### What limits the hit rate\n\nThe conversation trace again, kv against round robin, with more memory per worker and a "+
+		"higher overlap weight. *Of pooled* is against the pooled bound of that row's memory. The last rows give every worker a "+
+		"cache larger than all it is ever sent, at the same load: what they still miss is routing's doing, the load term sending "+
+		"a request away from the worker that holds its prefix when that worker is busier (the cost function trading hits for "+
 		"TTFT, as it is meant to), which a higher overlap weight trades back.\n\n"+
 		"A larger cache changes TTFT two ways: more hits, and, in the mocker's timing model, faster decode steps, because the "+
 		"model's KV usage is a fraction of the cache's own size, so the same sequences use less of a larger one. The first is "+
