@@ -114,8 +114,9 @@ func daemonFlags(t *testing.T) map[string]flagInfo {
 }
 
 // startDaemon starts a daemon in process on loopback ports with its data in a temporary
-// directory, and returns its HTTP address once /readyz answers 200.
-func startDaemon(t *testing.T) string {
+// directory, and returns its HTTP address once /readyz answers 200. set, if given, changes the
+// configuration first.
+func startDaemon(t *testing.T, set ...func(*daemon.Config)) string {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("starts a daemon with its embedded NATS server")
@@ -123,6 +124,9 @@ func startDaemon(t *testing.T) string {
 	c := daemon.Defaults()
 	c.HTTPAddr, c.NATSListen, c.DataDir = freeAddr(t), freeAddr(t), t.TempDir()
 	c.Shards, c.LogLevel, c.ShutdownTimeout = 2, "error", 5*time.Second
+	for _, f := range set {
+		f(&c)
+	}
 	if err := c.Check(); err != nil {
 		t.Fatal(err)
 	}
@@ -166,16 +170,23 @@ func get(t *testing.T, addr, path string) (int, string) {
 // post POSTs a JSON body to the daemon at addr and fails the test unless it answers 2xx.
 func post(t *testing.T, addr, path, body string) string {
 	t.Helper()
+	code, answer := postStatus(t, addr, path, body)
+	if code/100 != 2 {
+		t.Fatalf("POST %s %s: %d %s", path, body, code, answer)
+	}
+	return answer
+}
+
+// postStatus POSTs a JSON body to the daemon at addr and returns its answer, whatever it is.
+func postStatus(t *testing.T, addr, path, body string) (int, string) {
+	t.Helper()
 	resp, err := http.Post("http://"+addr+path, "application/json", strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode/100 != 2 {
-		t.Fatalf("POST %s %s: %s %s", path, body, resp.Status, b)
-	}
-	return string(b)
+	return resp.StatusCode, string(b)
 }
 
 func freeAddr(t *testing.T) string {
