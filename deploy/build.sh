@@ -4,7 +4,8 @@
 # stamped in. The Dockerfile runs this script and the deploy package's tests run it too, so the
 # image's build is the one the test suite checks.
 #
-# Usage: deploy/build.sh OUT   (VERSION, GO and GOARCH from the environment; VERSION default dev)
+# Usage: deploy/build.sh OUT   (VERSION, GO, GOOS and GOARCH from the environment; VERSION dev
+# unless set)
 set -eu
 out=${1:?usage: deploy/build.sh OUT}
 cd "$(dirname "$0")/.."
