@@ -7,7 +7,7 @@ BENCHCOUNT ?= 6
 BENCHSTAT  := golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9c6c9d4da
 OUT        := bench/out
 
-.PHONY: build run test vet bench bench-quick demo micro micro-ab frontdoor-overhead load load-1cpu fuzz clean traces
+.PHONY: build run test vet image bench bench-quick demo micro micro-ab frontdoor-overhead load load-1cpu fuzz clean traces
 
 build:
 	$(GO) build ./...
@@ -20,6 +20,20 @@ run:
 	$(GO) build -o bin/kvrouterd ./cmd/kvrouterd
 	@echo "starting bin/kvrouterd $(ARGS)"
 	./bin/kvrouterd $(ARGS)
+
+# The container image (deploy/Dockerfile; its binary built by deploy/build.sh, which the
+# deploy package's tests run), tagged $(IMAGE):$(IMAGE_VERSION) and $(IMAGE):latest, with docker
+# (its engine running) or podman; without either it says so and fails.
+IMAGE         ?= kvrouterd
+IMAGE_VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+image:
+	@if command -v docker >/dev/null 2>&1 && docker info >/dev/null 2>&1; then engine=docker; \
+	elif command -v podman >/dev/null 2>&1; then engine=podman; \
+	else echo "make image: needs docker with a running engine, or podman; neither is available here." \
+		"deploy/build.sh OUT builds the image's binary without them." >&2; exit 1; fi; \
+	echo "$$engine build $(IMAGE):$(IMAGE_VERSION)"; \
+	$$engine build -f deploy/Dockerfile --build-arg VERSION=$(IMAGE_VERSION) \
+		-t $(IMAGE):$(IMAGE_VERSION) -t $(IMAGE):latest .
 
 vet:
 	$(GO) vet ./...

@@ -29,6 +29,9 @@ func main() {
 		bridgeMain(os.Args[2:])
 		return
 	}
+	if len(os.Args) > 1 && os.Args[1] == "probe" {
+		os.Exit(probeMain(os.Args[2:], os.Stdout, os.Stderr))
+	}
 	c, err := parseConfig(os.Args[1:], os.LookupEnv, os.Stderr)
 	if errors.Is(err, flag.ErrHelp) {
 		return
