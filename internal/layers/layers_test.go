@@ -53,6 +53,7 @@ var layer = map[string]int{
 	"cmd/kvrouterd": 6,
 
 	"bench/azuretrace": 7,
+	"bench/burstgpt":   7,
 	"bench/demo":       7,
 	"bench/e2e":        7,
 	"bench/fleet":      7,
