@@ -1,7 +1,7 @@
 // Command azuretrace converts Azure's public LLM inference traces (the 2023 code and
 // conversation traces, AzureLLMInferenceTrace_code.csv and _conv.csv, and the 2024 week-long
-// ones of the same schema) into the JSON lines that bench/trace reads and bench/fleetsim
-// replays.
+// ones, whose documented schema is the same; the tests have rows of 2023's only) into the JSON
+// lines that bench/trace reads and bench/fleetsim replays.
 //
 //	go run ./bench/azuretrace < AzureLLMInferenceTrace_conv.csv > azure_conv.jsonl
 //	go run ./bench/fleetsim --trace azure_conv.jsonl

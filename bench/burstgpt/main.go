@@ -16,9 +16,9 @@
 // memory stays bounded however long the trace is.
 //
 // Rows are dropped, and counted on standard error, when Response tokens is 0 (BurstGPT marks
-// a failed request so; --keep-failures keeps them, with output_length 0), when Request tokens
-// is 0 (no prompt to route or cache), and when --model or --log-type is given and the row's
-// Model or Log Type differs.
+// a failed request so; --keep-failures keeps them, with output_length 0, which bench/fleet
+// serves as one token), when Request tokens is 0 (no prompt to route or cache), and when
+// --model or --log-type is given and the row's Model or Log Type differs.
 //
 // # Output
 //
