@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -37,7 +38,7 @@ func convertFile(t *testing.T, name string, blockSize int) ([]byte, []outRow) {
 		t.Fatal(err)
 	}
 	lines := strings.Split(strings.TrimSuffix(out.String(), "\n"), "\n")
-	if want := `{"block_size":` + itoa(blockSize) + `,"time_unit":"ms"}`; lines[0] != want {
+	if want := `{"block_size":` + strconv.Itoa(blockSize) + `,"time_unit":"ms"}`; lines[0] != want {
 		t.Fatalf("header %s, want %s", lines[0], want)
 	}
 	rows := make([]outRow, len(lines)-1)
@@ -51,8 +52,6 @@ func convertFile(t *testing.T, name string, blockSize int) ([]byte, []outRow) {
 	}
 	return out.Bytes(), rows
 }
-
-func itoa(v int) string { b, _ := json.Marshal(v); return string(b) }
 
 // TestSamples: real rows of both 2023 traces, with values checked by hand against the CSV.
 func TestSamples(t *testing.T) {
