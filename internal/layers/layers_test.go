@@ -52,20 +52,22 @@ var layer = map[string]int{
 
 	"cmd/kvrouterd": 6,
 
-	"bench/demo":     7,
-	"bench/e2e":      7,
-	"bench/fleet":    7,
-	"bench/fleetsim": 7,
-	"bench/kvrload":  7,
-	"bench/loadgen":  7,
-	"bench/mocker":   7,
-	"bench/replay":   7,
-	"bench/report":   7,
-	"bench/sim":      7,
-	"bench/trace":    7,
-	"cmd/kvr-mocker": 7, // the mock engine's command: a bench tool, out of the daemon's tree
-	"deploy":         7, // tests only: the image, manifests and dashboard against a whole daemon
-	"fuzz":           7, // cross-package fuzz targets: drive server, router, ingest and wire together
+	"bench/azuretrace": 7,
+	"bench/burstgpt":   7,
+	"bench/demo":       7,
+	"bench/e2e":        7,
+	"bench/fleet":      7,
+	"bench/fleetsim":   7,
+	"bench/kvrload":    7,
+	"bench/loadgen":    7,
+	"bench/mocker":     7,
+	"bench/replay":     7,
+	"bench/report":     7,
+	"bench/sim":        7,
+	"bench/trace":      7,
+	"cmd/kvr-mocker":   7, // the mock engine's command: a bench tool, out of the daemon's tree
+	"deploy":           7, // tests only: the image, manifests and dashboard against a whole daemon
+	"fuzz":             7, // cross-package fuzz targets: drive server, router, ingest and wire together
 }
 
 // sameLayer names the imports within one layer that the design allows, with the reason; a to
