@@ -205,9 +205,13 @@ func main() {
 		tm, t50, t99 := stats(res.TTFT)
 		em, _, e99 := stats(res.E2E)
 		im, _, _ := stats(res.ITL(reqs))
-		fmt.Printf("| %s | %.0f / %.0f / %.0f | %.1f | %.1f / %.1f | %.1f + %.1f %% | %.0f %% | %.0f | %.2f | %d | %v |",
+		of := "—" // a trace without prefix sharing has no bound to be a share of
+		if bound > 0 {
+			of = fmt.Sprintf("%.0f %%", 100*(res.HitRate()+res.HostHitRate())/bound)
+		}
+		fmt.Printf("| %s | %.0f / %.0f / %.0f | %.1f | %.1f / %.1f | %.1f + %.1f %% | %s | %.0f | %.2f | %d | %v |",
 			name, ms(tm), ms(t50), ms(t99), ms(im), em.Seconds(), e99.Seconds(), 100*res.HitRate(), 100*res.HostHitRate(),
-			100*(res.HitRate()+res.HostHitRate())/bound, float64(res.OutputTokens)/res.Makespan.Seconds(),
+			of, float64(res.OutputTokens)/res.Makespan.Seconds(),
 			res.Imbalance(), res.Refused, time.Since(t1).Round(time.Millisecond))
 		if er != nil {
 			_, r50, r99 := stats(res.RouteLatency)
