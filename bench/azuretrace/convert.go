@@ -21,6 +21,11 @@ type stats struct {
 	EmptyPrompts int // rows with ContextTokens 0, dropped
 }
 
+// String is the line the command writes on standard error.
+func (st stats) String() string {
+	return fmt.Sprintf("azuretrace: %d rows, %d written, %d without context tokens dropped", st.Rows, st.Written, st.EmptyPrompts)
+}
+
 // The columns convert reads.
 const (
 	colTime = iota

@@ -33,6 +33,12 @@ type stats struct {
 	Filtered     int // rows of another Model or Log Type, dropped
 }
 
+// String is the line the command writes on standard error.
+func (st stats) String() string {
+	return fmt.Sprintf("burstgpt: %d rows, %d written; dropped: %d failed, %d without request tokens, %d of another model or log type",
+		st.Rows, st.Written, st.Failures, st.EmptyPrompts, st.Filtered)
+}
+
 // The columns convert reads; the first three are required.
 const (
 	colTime = iota

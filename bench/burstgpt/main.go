@@ -71,19 +71,9 @@ func main() {
 		fmt.Fprintf(os.Stderr, "burstgpt: want no arguments and --block-size from 1 to %d\n", tracecsv.MaxBlockSize)
 		os.Exit(2)
 	}
-	if err := run(*in, *out, opt); err != nil {
+	convertFile := func(r io.Reader, w io.Writer) (fmt.Stringer, error) { return convert(r, w, opt) }
+	if err := tracecsv.ConvertFiles(*in, *out, convertFile); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-}
-
-func run(inPath, outPath string, opt options) error {
-	var st stats
-	return tracecsv.ConvertFiles(inPath, outPath, func(r io.Reader, w io.Writer) (err error) {
-		st, err = convert(r, w, opt)
-		return err
-	}, func() {
-		fmt.Fprintf(os.Stderr, "burstgpt: %d rows, %d written; dropped: %d failed, %d without request tokens, %d of another model or log type\n",
-			st.Rows, st.Written, st.Failures, st.EmptyPrompts, st.Filtered)
-	})
 }
