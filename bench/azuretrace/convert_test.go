@@ -15,6 +15,7 @@ import (
 	"github.com/kvrouterd/kvrouterd/bench/fleet"
 	"github.com/kvrouterd/kvrouterd/bench/sim"
 	"github.com/kvrouterd/kvrouterd/bench/trace"
+	"github.com/kvrouterd/kvrouterd/bench/tracecsv"
 	"github.com/kvrouterd/kvrouterd/scoring"
 )
 
@@ -142,8 +143,8 @@ func TestBadInput(t *testing.T) {
 	f := func(in string, line int, field, msg string) {
 		t.Helper()
 		_, err := convert(strings.NewReader(in), new(bytes.Buffer), options{BlockSize: 512})
-		var re *rowError
-		if !errors.As(err, &re) || !errors.Is(err, errRow) {
+		var re *tracecsv.RowError
+		if !errors.As(err, &re) || !errors.Is(err, tracecsv.ErrBadInput) {
 			t.Fatalf("%q: error %v, want a row error", in, err)
 		}
 		if re.Line != line || re.Field != field || !strings.Contains(err.Error(), msg) {
@@ -164,7 +165,7 @@ func TestBadInput(t *testing.T) {
 	f(h+"2023-11-16 18:15:46.6805900,374,4.5\n", 2, "GeneratedTokens", "whole number")
 	f(h+"2023-11-16 18:15:46.6805900,99999999999,44\n", 2, "ContextTokens", "want 0 to")
 	f(h+"2023-11-16 18:15:46.6805900,\"374,44\n", 2, "", "quotes only around")
-	f(h+strings.Repeat("x", maxLine+1)+"\n", 2, "", "longer than")
+	f(h+strings.Repeat("x", tracecsv.MaxLine+1)+"\n", 2, "", "longer than")
 }
 
 // TestForms: the header's columns in another order and case, quoted fields, a zone, a T, a
@@ -206,7 +207,7 @@ func FuzzConvert(f *testing.F) {
 		var out bytes.Buffer
 		st, err := convert(bytes.NewReader(in), &out, options{BlockSize: blockSize})
 		if err != nil {
-			if !errors.Is(err, errRow) {
+			if !errors.Is(err, tracecsv.ErrBadInput) {
 				t.Fatalf("error %v is not a row error", err)
 			}
 			return

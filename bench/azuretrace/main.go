@@ -43,11 +43,12 @@
 package main
 
 import (
-	"bufio"
 	"flag"
 	"fmt"
 	"io"
 	"os"
+
+	"github.com/kvrouterd/kvrouterd/bench/tracecsv"
 )
 
 func main() {
@@ -60,47 +61,13 @@ func main() {
 		flag.PrintDefaults()
 	}
 	flag.Parse()
-	if flag.NArg() != 0 || opt.BlockSize < 1 || opt.BlockSize > maxBlockSize {
-		fmt.Fprintf(os.Stderr, "azuretrace: want no arguments and --block-size from 1 to %d\n", maxBlockSize)
+	if flag.NArg() != 0 || opt.BlockSize < 1 || opt.BlockSize > tracecsv.MaxBlockSize {
+		fmt.Fprintf(os.Stderr, "azuretrace: want no arguments and --block-size from 1 to %d\n", tracecsv.MaxBlockSize)
 		os.Exit(2)
 	}
-	if err := run(*in, *out, opt); err != nil {
+	convertFile := func(r io.Reader, w io.Writer) (fmt.Stringer, error) { return convert(r, w, opt) }
+	if err := tracecsv.ConvertFiles(*in, *out, convertFile); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-}
-
-func run(inPath, outPath string, opt options) (err error) {
-	var r io.Reader = os.Stdin
-	if inPath != "" {
-		f, err := os.Open(inPath)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		r = f
-	}
-	var w io.Writer = os.Stdout
-	if outPath != "" {
-		f, err := os.Create(outPath)
-		if err != nil {
-			return err
-		}
-		defer func() {
-			if cerr := f.Close(); err == nil {
-				err = cerr
-			}
-		}()
-		w = f
-	}
-	bw := bufio.NewWriterSize(w, 64<<10)
-	st, err := convert(r, bw, opt)
-	if ferr := bw.Flush(); err == nil {
-		err = ferr
-	}
-	fmt.Fprintf(os.Stderr, "azuretrace: %d rows, %d written, %d without context tokens dropped\n", st.Rows, st.Written, st.EmptyPrompts)
-	if err != nil && inPath != "" {
-		return fmt.Errorf("%s: %w", inPath, err)
-	}
-	return err
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/kvrouterd/kvrouterd/bench/fleet"
 	"github.com/kvrouterd/kvrouterd/bench/sim"
 	"github.com/kvrouterd/kvrouterd/bench/trace"
+	"github.com/kvrouterd/kvrouterd/bench/tracecsv"
 	"github.com/kvrouterd/kvrouterd/scoring"
 )
 
@@ -211,8 +212,8 @@ func TestBadInput(t *testing.T) {
 	f := func(in string, line int, field, msg string) {
 		t.Helper()
 		_, err := convert(strings.NewReader(in), new(bytes.Buffer), options{BlockSize: 512})
-		var re *rowError
-		if !errors.As(err, &re) || !errors.Is(err, errRow) {
+		var re *tracecsv.RowError
+		if !errors.As(err, &re) || !errors.Is(err, tracecsv.ErrBadInput) {
 			t.Fatalf("%q: error %v, want a row error", in, err)
 		}
 		if re.Line != line || re.Field != field || !strings.Contains(err.Error(), msg) {
@@ -236,7 +237,7 @@ func TestBadInput(t *testing.T) {
 	f(h+"5,ChatGPT,472,18.0,490,Conversation log\n", 2, "Response tokens", "whole number")
 	f(h+"5,ChatGPT,99999999999,18,490,Conversation log\n", 2, "Request tokens", "want 0 to")
 	f(h+"5,ChatGPT,\"472,18,490,Conversation log\n", 2, "", "quotes only around")
-	f(h+strings.Repeat("x", maxLine+1)+"\n", 2, "", "longer than")
+	f(h+strings.Repeat("x", tracecsv.MaxLine+1)+"\n", 2, "", "longer than")
 	const hs = "Timestamp,Session ID,Request tokens,Response tokens\n"
 	f(hs+"5,a b,472,18\n", 2, "Session ID", "printable ASCII")
 	f(hs+"5,a\\b,472,18\n", 2, "Session ID", "printable ASCII")
@@ -252,7 +253,7 @@ func FuzzConvert(f *testing.F) {
 		var out bytes.Buffer
 		st, err := convert(bytes.NewReader(in), &out, options{BlockSize: blockSize, KeepFailures: keep})
 		if err != nil {
-			if !errors.Is(err, errRow) {
+			if !errors.Is(err, tracecsv.ErrBadInput) {
 				t.Fatalf("error %v is not a row error", err)
 			}
 			return

@@ -65,6 +65,7 @@ var layer = map[string]int{
 	"bench/report":     7,
 	"bench/sim":        7,
 	"bench/trace":      7,
+	"bench/tracecsv":   7,
 	"cmd/kvr-mocker":   7, // the mock engine's command: a bench tool, out of the daemon's tree
 	"deploy":           7, // tests only: the image, manifests and dashboard against a whole daemon
 	"fuzz":             7, // cross-package fuzz targets: drive server, router, ingest and wire together
