@@ -115,9 +115,11 @@ func TestConsumerClusterFailover(t *testing.T) {
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("index after the failover differs from the reference:\n got %v\nwant %v", got, want)
 	}
-	if cs := cons.Stats(); cs.Gaps != 0 {
+	cs := cons.Stats()
+	if cs.Gaps != 0 {
 		t.Fatalf("consumer stats %+v", cs)
 	}
+	t.Logf("%d stalled consumers restarted", cs.Restarts)
 }
 
 // TestConsumerRestartsWhenStalled stops the client's consumer behind the Consumer's back, as
