@@ -7,7 +7,7 @@ BENCHCOUNT ?= 6
 BENCHSTAT  := golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9c6c9d4da
 OUT        := bench/out
 
-.PHONY: build run test vet image bench bench-quick demo micro micro-ab frontdoor-overhead load load-1cpu fuzz clean traces
+.PHONY: build run test test-cluster vet image bench bench-quick demo micro micro-ab frontdoor-overhead load load-1cpu fuzz clean traces
 
 build:
 	$(GO) build ./...
@@ -48,6 +48,13 @@ test: vet
 	$(GO) test -race -count=1 ./...
 	$(GO) test -count=1 -tags invariants ./...
 	$(GO) test -count=1 -short -run '^$$' -bench . -benchtime=1x ./...
+
+# Two replicas on a three-node NATS cluster at length (nats-server, Debian package nats-server):
+# more events than the short version in `make test`, each node and each replica killed in turn,
+# a node once while a replica is down; then the client's consumer on a cluster losing a node.
+test-cluster:
+	@command -v nats-server >/dev/null || { echo "make test-cluster needs nats-server (Debian: apt-get install nats-server)"; exit 1; }
+	KVR_TEST_CLUSTER=long $(GO) test -count=1 -v -timeout 20m -run 'TestDaemonNATSCluster|TestConsumerClusterFailover' ./cmd/kvrouterd/ ./ingest/
 
 # The performance and routing-quality report: bench/out/report.md, report.json and PNG plots
 # (under 10 minutes on 2 cores; bench-quick under 2).

@@ -11,13 +11,14 @@ import (
 // NATSAuth is how a connection to a NATS server authenticates: an external one, or another
 // kvrouterd's embedded one (UserFile).
 type NATSAuth struct {
-	Creds, UserFile, TLSCA, TLSCert, TLSKey string
+	Creds, UserFile, NKey, TLSCA, TLSCert, TLSKey string
 }
 
 // Flags defines the flags that set a.
 func (a *NATSAuth) Flags(fs *flag.FlagSet) {
 	fs.StringVar(&a.Creds, "nats-creds", a.Creds, "credentials file (JWT and NKey) for the NATS server")
 	fs.StringVar(&a.UserFile, "nats-user-file", a.UserFile, "file holding one line user:password for the NATS server, such as a kvrouterd's --data-dir/nats/publisher.auth")
+	fs.StringVar(&a.NKey, "nats-nkey", a.NKey, "file holding the NKey seed (SU…) of a user of the NATS server's authorization.users")
 	fs.StringVar(&a.TLSCA, "nats-tls-ca", a.TLSCA, "CA certificate file to verify the NATS servers")
 	fs.StringVar(&a.TLSCert, "nats-tls-cert", a.TLSCert, "client certificate file (with --nats-tls-key)")
 	fs.StringVar(&a.TLSKey, "nats-tls-key", a.TLSKey, "client key file")
@@ -28,8 +29,13 @@ func (a *NATSAuth) Check() error {
 	if (a.TLSCert == "") != (a.TLSKey == "") {
 		return fmt.Errorf("--nats-tls-cert and --nats-tls-key go together")
 	}
-	if a.Creds != "" && a.UserFile != "" {
-		return fmt.Errorf("--nats-creds and --nats-user-file: give one")
+	if n := btoi(a.Creds != "") + btoi(a.UserFile != "") + btoi(a.NKey != ""); n > 1 {
+		return fmt.Errorf("--nats-creds, --nats-user-file and --nats-nkey: give one")
+	}
+	if a.NKey != "" {
+		if _, err := nats.NkeyOptionFromSeed(a.NKey); err != nil {
+			return fmt.Errorf("--nats-nkey %s: %w", a.NKey, err)
+		}
 	}
 	if a.UserFile != "" {
 		if _, err := ingest.ReadUserFile(a.UserFile); err != nil {
@@ -48,6 +54,14 @@ func (a *NATSAuth) Options() []nats.Option {
 	if a.UserFile != "" {
 		opts = append(opts, ingest.UserFile(a.UserFile))
 	}
+	if a.NKey != "" {
+		// The seed is read again at each connection, to sign the server's nonce.
+		o, err := nats.NkeyOptionFromSeed(a.NKey)
+		if err != nil {
+			o = func(*nats.Options) error { return fmt.Errorf("--nats-nkey %s: %w", a.NKey, err) }
+		}
+		opts = append(opts, o)
+	}
 	if a.TLSCA != "" {
 		opts = append(opts, nats.RootCAs(a.TLSCA))
 	}
@@ -55,4 +69,11 @@ func (a *NATSAuth) Options() []nats.Option {
 		opts = append(opts, nats.ClientCert(a.TLSCert, a.TLSKey))
 	}
 	return opts
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }

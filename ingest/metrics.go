@@ -11,8 +11,10 @@ var (
 	descConn     = prometheus.NewDesc("kvrouterd_stream_connected", "1 while connected to NATS with the stream there as configured (the stream readiness check passes).", nil, nil)
 	descRecreate = prometheus.NewDesc("kvrouterd_stream_recreated_total", "Times the event stream was found deleted and created again.", nil, nil)
 	descRestored = prometheus.NewDesc("kvrouterd_stream_config_restored_total", "Times the event stream's subjects, retention, storage or seal were found changed and set back.", nil, nil)
-	descReports  = prometheus.NewDesc("kvrouterd_load_reports_total", "Worker load reports recorded.", nil, nil)
-	descChanges  = prometheus.NewDesc("kvrouterd_stream_changes_total",
+	descRestarts = prometheus.NewDesc("kvrouterd_stream_consumer_restarts_total",
+		"Times the event stream's consumer read nothing while the stream held later events, and a new one was started after the last sequence read.", nil, nil)
+	descReports = prometheus.NewDesc("kvrouterd_load_reports_total", "Worker load reports recorded.", nil, nil)
+	descChanges = prometheus.NewDesc("kvrouterd_stream_changes_total",
 		"Changes asked for over HTTP (registrations, their removal, event batches) applied from the event stream, from any replica.", nil, nil)
 	descMedium = prometheus.NewDesc("kvrouterd_stream_unknown_medium_total",
 		"Engine events from the stream whose storage medium kvrouterd does not know, applied as the device tier.", nil, nil)
@@ -43,6 +45,7 @@ func (cc consumerCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descConn, prometheus.GaugeValue, conn)
 	ch <- prometheus.MustNewConstMetric(descRecreate, prometheus.CounterValue, float64(st.Recreated))
 	ch <- prometheus.MustNewConstMetric(descRestored, prometheus.CounterValue, float64(st.Restored))
+	ch <- prometheus.MustNewConstMetric(descRestarts, prometheus.CounterValue, float64(st.Restarts))
 	ch <- prometheus.MustNewConstMetric(descReports, prometheus.CounterValue, float64(st.Reports))
 	ch <- prometheus.MustNewConstMetric(descMedium, prometheus.CounterValue, float64(st.UnknownMedium))
 	ch <- prometheus.MustNewConstMetric(descChanges, prometheus.CounterValue, float64(st.Changes))

@@ -157,8 +157,17 @@ type ConsumerConfig struct {
 	// again and read from its start, a changed one set back (see Consumer). An error reported
 	// by the consumer checks at once.
 	CheckInterval time.Duration
-	Logger        *slog.Logger
+	// ReadStall is how long the consumer may read nothing while the stream holds later
+	// messages before a check starts a new one from the sequence after the last read
+	// (DefaultReadStall). The client's ordered consumer recreates itself after a server
+	// loss, but in a cluster its new consumer can be placed on the node that was just lost,
+	// and it then waits for that node for ever.
+	ReadStall time.Duration
+	Logger    *slog.Logger
 }
+
+// DefaultReadStall is ConsumerConfig.ReadStall's default.
+const DefaultReadStall = 10 * time.Second
 
 // Stats are a Consumer's counters; a plain value.
 type Stats struct {
@@ -170,6 +179,9 @@ type Stats struct {
 	Gaps      int64  // stream sequences skipped: dropped by retention before they were read, or lost with a deleted stream
 	Recreated int64  // times the stream was found missing and created again
 	Restored  int64  // times the stream's configuration was found changed and set back
+	// Restarts counts the consumers started again because they read nothing while the stream
+	// held later messages (ConsumerConfig.ReadStall).
+	Restarts int64
 	// UnknownMedium counts the engine events handed to the sink whose medium was unknown,
 	// applied as the device tier.
 	UnknownMedium int64
@@ -220,6 +232,9 @@ type Consumer struct {
 	noConsume bool      // the stream was replaced and no consumer of the new one runs yet
 	// When the stream was first found missing (zero: it was not).
 	missingSince time.Time
+	// The last sequence read at the last check, and since when it has been the last.
+	progressSeq uint64
+	progressAt  time.Time
 
 	poke, stop, watched chan struct{}
 	// stopped ends the watch goroutine's calls to the server when Close is called.
@@ -240,10 +255,10 @@ type Consumer struct {
 	waiting waiters
 	changes atomic.Int64
 
-	messages, events, reports, gaps, recreated, restored atomic.Int64
-	unknownMedium                                        atomic.Int64
-	lastSeq                                              atomic.Uint64
-	rejected                                             [len(rejectReasons)]atomic.Int64
+	messages, events, reports, gaps, recreated, restored, restarts atomic.Int64
+	unknownMedium                                                  atomic.Int64
+	lastSeq                                                        atomic.Uint64
+	rejected                                                       [len(rejectReasons)]atomic.Int64
 }
 
 // NewConsumer creates the stream if needed (or updates its retention), then starts consuming
@@ -263,6 +278,9 @@ func NewConsumer(ctx context.Context, nc *nats.Conn, sink Sink, cfg ConsumerConf
 	}
 	if cfg.CheckInterval <= 0 {
 		cfg.CheckInterval = time.Second
+	}
+	if cfg.ReadStall <= 0 {
+		cfg.ReadStall = DefaultReadStall
 	}
 	c := &Consumer{cfg: cfg, nc: nc, sink: sink, log: cfg.Logger, origin: strconv.FormatUint(rand.Uint64(), 36),
 		poke: make(chan struct{}, 1), stop: make(chan struct{}), watched: make(chan struct{})}
@@ -395,7 +413,8 @@ func (c *Consumer) watch() {
 // check looks at the stream and repairs what it can; the error is what it could not.
 func (c *Consumer) check(ctx context.Context) error {
 	if !c.nc.IsConnected() {
-		return nil // Health says so; the consumer resumes on reconnection
+		c.progressAt = time.Now() // not a stall: the consumer resumes on reconnection
+		return nil                // Health says so
 	}
 	name := c.cfg.Stream
 	s, err := c.js.Stream(ctx, name)
@@ -438,6 +457,40 @@ func (c *Consumer) check(ctx context.Context) error {
 	}
 	c.knownLast = info.State.LastSeq
 	c.firstSeq.Store(info.State.FirstSeq)
+	return c.unstall(ctx, info.State.LastSeq)
+}
+
+// unstall starts a new consumer from the sequence after the last one read when the current one
+// has read nothing for ReadStall while the stream's last sequence is past it.
+func (c *Consumer) unstall(ctx context.Context, streamLast uint64) error {
+	read, now := c.lastSeq.Load(), time.Now()
+	if read >= streamLast || read != c.progressSeq || c.progressAt.IsZero() {
+		c.progressSeq, c.progressAt = read, now
+		return nil
+	}
+	stalled := now.Sub(c.progressAt)
+	if stalled < c.cfg.ReadStall {
+		return nil
+	}
+	c.progressAt = now // at most one restart per ReadStall
+	c.log.Warn("event stream: the consumer read nothing while the stream holds later events; starting a new one after the last sequence read",
+		"stream", c.cfg.Stream, "last_read", read, "stream_last_seq", streamLast, "stalled_for", stalled.Round(time.Second))
+	c.mu.Lock() // a message being handled is handled; those the old consumer hands over next are ignored
+	c.gen++
+	gen, from := c.gen, c.lastSeq.Load()+1
+	c.mu.Unlock()
+	if old := c.cc; old != nil {
+		c.cc = nil
+		// Stopping an ordered consumer that is retrying waits for its next attempt.
+		c.stopping.Go(old.Stop)
+	}
+	cc, err := c.consume(ctx, gen, from)
+	if err != nil {
+		return fmt.Errorf("stream %s: the consumer read nothing for %v with sequences %d to %d unread, and starting a new one failed: %w",
+			c.cfg.Stream, stalled.Round(time.Second), from, streamLast, err)
+	}
+	c.cc = cc
+	c.restarts.Add(1)
 	return nil
 }
 
@@ -660,7 +713,7 @@ func (c *Consumer) Stats() Stats {
 	st := Stats{
 		Messages: c.messages.Load(), Events: c.events.Load(), Reports: c.reports.Load(),
 		LastSeq: c.lastSeq.Load(), Gaps: c.gaps.Load(), Connected: c.Health() == nil,
-		Recreated: c.recreated.Load(), Restored: c.restored.Load(), UnknownMedium: c.unknownMedium.Load(),
+		Recreated: c.recreated.Load(), Restored: c.restored.Load(), Restarts: c.restarts.Load(), UnknownMedium: c.unknownMedium.Load(),
 		Changes:  c.changes.Load(),
 		Rejected: make(map[string]int64, len(rejectReasons)),
 	}

@@ -39,8 +39,9 @@ type Stream struct {
 	log  *slog.Logger  // for the connections Dial opens
 }
 
-// ErrUnreachable is StartStream's error when none of an external server's URLs answered.
-var ErrUnreachable = errors.New("no NATS server answered")
+// ErrUnreachable is StartStream's error when it could connect to none of an external server's
+// URLs: none answered, or each refused the client (credentials, TLS), as the wrapped error says.
+var ErrUnreachable = errors.New("could not connect to NATS")
 
 // StartStream connects to cfg.URL, or starts the embedded server, and consumes the events into
 // sink. On error everything it started is stopped.

@@ -23,6 +23,7 @@ var layer = map[string]int{
 	"internal/layers":   1,
 	"internal/lograte":  1,
 	"internal/memstat":  1,
+	"internal/natstest": 1,
 	"internal/panics":   1,
 	"internal/peer":     1,
 	"internal/prefetch": 1,
