@@ -14,8 +14,8 @@
 // routed prompt is stored by the worker rank the router chose, so that later routes find it.
 //
 // Every Interval the soak reads the daemon's VmRSS from /proc/PID/status and go_goroutines from
-// /metrics, and prints them with the heap in use, the bookings held and the index's
-// residencies. After the run it compares the median of the last third of the samples taken
+// /metrics, and prints them with the heap in use, the heap goal (twice the live heap), the
+// bookings held and the index's residencies. After the run it compares the median of the last third of the samples taken
 // after warm-up with the median of the first third (verdict.go), checks the goroutines against
 // an absolute bound, and exits 1 if either grew past its tolerance or more than 1% of the
 // calls failed. docs/performance.md ("Soak") gives the reasons for the tolerances and a 30-minute

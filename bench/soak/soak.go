@@ -192,7 +192,7 @@ func run(ctx context.Context, cfg Config) (res Result, err error) {
 
 	start := time.Now()
 	logf("%d s of load (%d s warm-up), a sample every %v:", int(cfg.Duration.Seconds()), int(cfg.Warmup.Seconds()), cfg.Interval)
-	logf("%8s %10s %10s %10s %8s %11s", "t(s)", "rss(MiB)", "heap(MiB)", "goroutines", "active", "residencies")
+	logf("%8s %9s %10s %10s %10s %8s %11s", "t(s)", "rss(MiB)", "heap(MiB)", "goal(MiB)", "goroutines", "active", "residencies")
 	tick := time.NewTicker(cfg.Interval)
 	defer tick.Stop()
 	for done := false; !done; {
@@ -225,8 +225,8 @@ func run(ctx context.Context, cfg Config) (res Result, err error) {
 		if at < cfg.Warmup {
 			mark = " warm-up"
 		}
-		logf("%8.0f %10.1f %10.1f %10d %8d %11d%s", s.At, float64(s.RSS)/(1<<20), float64(s.HeapInuse)/(1<<20),
-			s.Goroutines, s.Active, s.Residencies, mark)
+		logf("%8.0f %9.1f %10.1f %10.1f %10d %8d %11d%s", s.At, float64(s.RSS)/(1<<20), float64(s.HeapInuse)/(1<<20),
+			float64(s.HeapGoal)/(1<<20), s.Goroutines, s.Active, s.Residencies, mark)
 		done = at >= cfg.Duration
 	}
 	stopLoad()
@@ -384,6 +384,8 @@ func (d *daemon) sample(at time.Duration) (Sample, error) {
 			s.Goroutines, found = int(v), true
 		case name == "go_memstats_heap_inuse_bytes":
 			s.HeapInuse = int64(v)
+		case name == "go_memstats_next_gc_bytes":
+			s.HeapGoal = int64(v)
 		case name == "kvrouterd_active_requests":
 			s.Active = int(v)
 		case strings.HasPrefix(name, "kvrouterd_index_residencies{"):

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math"
+	"os"
 	"runtime"
 	"strings"
 	"testing"
@@ -75,9 +76,15 @@ func TestJudge(t *testing.T) {
 }
 
 // TestSoak runs the daemon binary under the soak's load for 30 s (10 s of warm-up) and wants
-// neither its RSS nor its goroutines to grow. At this length it catches a gross leak only: one
-// that costs a few kilobytes per request (most of a MiB a second at this load) or a goroutine
-// every few seconds; `make soak SOAK=30m` is the real test.
+// neither its RSS nor its goroutines to grow. At this length it catches a gross leak only; `make
+// soak SOAK=30m` is the real test. A young daemon's RSS climbs for its first minutes before it
+// levels (docs/performance.md, "Soak": from 41 MiB at 5 s to 66 MiB at 60 s and about 75 MiB
+// after five minutes), and at this load the garbage collector runs every 5 to 10 s, so a third
+// of 20 judged seconds holds one or two of its cycles and its median is no steadier than they
+// are: 30-second runs measured the last third's median up to 11 MiB above the first's. So
+// this test allows RSS 24 MiB, about 1.8 MiB a second between the thirds' centres, or some
+// 10 KB per route at this load; the goroutines keep the full soak's tolerance, which a
+// goroutine leaked every few seconds exceeds.
 //
 // Skipped with -short, and under the race detector: the daemon it measures is a separate
 // binary built without -race either way, so a race build of this test would only slow the load
@@ -95,7 +102,10 @@ func TestSoak(t *testing.T) {
 		t.Skip("reads the daemon's RSS from /proc")
 	}
 	var log strings.Builder
-	res, err := run(context.Background(), Config{Duration: 30 * time.Second, Log: &log})
+	tol := DefaultTolerance
+	tol.RSSBytes = 24 << 20
+	// SOAK_BIN soaks a binary built elsewhere (another revision, another build's flags).
+	res, err := run(context.Background(), Config{Bin: os.Getenv("SOAK_BIN"), Duration: 30 * time.Second, Tolerance: tol, Log: &log})
 	t.Log("\n" + log.String())
 	if err != nil {
 		t.Fatal(err)

@@ -8,12 +8,16 @@ import (
 
 // Sample is one reading of the daemon, taken every Config.Interval.
 type Sample struct {
-	At          float64 // seconds since the load started
-	RSS         int64   // VmRSS of /proc/PID/status, bytes
-	Goroutines  int     // go_goroutines of /metrics
-	HeapInuse   int64   // go_memstats_heap_inuse_bytes, for the reader: not judged
-	Active      int     // kvrouterd_active_requests: bookings held
-	Residencies int     // kvrouterd_index_residencies over every model
+	At         float64 // seconds since the load started
+	RSS        int64   // VmRSS of /proc/PID/status, bytes
+	Goroutines int     // go_goroutines of /metrics
+	HeapInuse  int64   // go_memstats_heap_inuse_bytes, for the reader: not judged
+	// HeapGoal is go_memstats_next_gc_bytes, the heap size at which the next collection
+	// starts: twice the heap live after the last one (GOGC 100), so a smooth reading of the
+	// live heap, for the reader: not judged.
+	HeapGoal    int64
+	Active      int // kvrouterd_active_requests: bookings held
+	Residencies int // kvrouterd_index_residencies over every model
 }
 
 // Tolerance is what the verdict lets the daemon grow between the first and the last third of
