@@ -83,6 +83,10 @@ func report(w io.Writer, res Result) bool {
 		float64(res.Idle.RSS)/(1<<20), res.Idle.Goroutines)
 	fmt.Fprintf(w, "judged: %d samples after %v of warm-up; thirds of %d samples (min / median / max)\n",
 		after, res.Config.Warmup, after/3)
+	if res.Config.Warmup < settle {
+		fmt.Fprintf(w, "warm-up shorter than %v, before a daemon's RSS settles: RSS may grow by %d MiB (at least %v of warm-up: %d MiB)\n",
+			settle, res.Config.Tolerance.RSSBytes>>20, settle, DefaultTolerance.RSSBytes>>20)
+	}
 	fmt.Fprintf(w, "RSS         first third %s, last third %s, limit on the last median %.1f MiB\n",
 		mib(v.RSS.First), mib(v.RSS.Last), v.RSS.Limit/(1<<20))
 	fmt.Fprintf(w, "goroutines  first third %s, last third %s, limit on the last median %.0f, never above %d\n",

@@ -50,6 +50,7 @@ type Config struct {
 	// 15 s), StreamAge its --nats-max-age (the stream's retention; at most a minute).
 	Expiry, Snapshots, StreamAge time.Duration
 
+	// Tolerance is DefaultTolerance's, with youngRSSBytes when Warmup is shorter than settle.
 	Tolerance Tolerance
 	Log       io.Writer // progress and samples
 }
@@ -94,6 +95,9 @@ func (c Config) withDefaults() Config {
 	def(&c.Questions, 16)
 	if c.Tolerance == (Tolerance{}) {
 		c.Tolerance = DefaultTolerance
+		if c.Warmup < settle {
+			c.Tolerance.RSSBytes = youngRSSBytes
+		}
 	}
 	if c.Log == nil {
 		c.Log = io.Discard
