@@ -95,9 +95,9 @@ func (l *lifecycle) run(ctx context.Context, c *client.Client, n *counters) {
 	}
 }
 
-// router sends routes at cfg.Routes / cfg.Conns per second from one goroutine: binary routes,
-// JSON routes and matches; it hands each routed prompt to the fleet, whose chosen worker then
-// stores it, and queues the request's lifecycle.
+// routeLoop sends cfg.Routes / cfg.Conns calls a second from one goroutine: binary routes, JSON
+// routes, matches and malformed routes; it hands each routed prompt to the fleet, whose chosen
+// worker then stores it, and queues the request's lifecycle.
 type routeLoop struct {
 	cfg   Config
 	c     *client.Client
@@ -129,8 +129,8 @@ func (r *routeLoop) run(ctx context.Context) {
 		k := r.seq.Add(1)
 		id := fmt.Sprintf("soak-%d", k)
 		req = wire.RouteRequest{RequestID: id, Model: modelName(p.model), Tokens: toks}
-		// Three requests in ten belong to a conversation of five: session affinity binds each
-		// conversation, and forgets it after its time to live.
+		// Three requests in ten belong to a conversation, of fifteen requests (those of 50 in a
+		// row): session affinity binds each, and forgets it after its time to live.
 		if k%10 < 3 {
 			req.SessionID = fmt.Sprintf("conv-%d", k/50)
 		}
