@@ -87,13 +87,18 @@ func TestJudge(t *testing.T) {
 // binary built without -race either way, so a race build of this test would only slow the load
 // generator down and add another 30 s to `make test`; building the daemon with -race instead
 // would measure the detector's shadow memory, which grows with the goroutines and allocations
-// the daemon has ever had and is no evidence of a leak in it.
+// the daemon has ever had and is no evidence of a leak in it. Skipped with the invariants tag
+// for the first reason: the daemon is built without it, and `make test` would run the same
+// soak twice.
 func TestSoak(t *testing.T) {
 	if testing.Short() {
 		t.Skip("30 s: runs the daemon binary under load")
 	}
 	if raceEnabled {
 		t.Skip("the race detector adds nothing to a soak of a separate process (see the comment)")
+	}
+	if invariantsEnabled {
+		t.Skip("the daemon is built without the invariants tag: the plain run soaks it already")
 	}
 	if runtime.GOOS != "linux" {
 		t.Skip("reads the daemon's RSS from /proc")
