@@ -26,8 +26,8 @@ import (
 	"github.com/valyala/fasthttp"
 )
 
-// Config is one soak: its load, its length and how it samples. Zero fields take defaults
-// (withDefaults).
+// Config, a plain value, is one soak: its load, its length and how it samples. Zero fields
+// take defaults (withDefaults).
 type Config struct {
 	Bin      string        // the kvrouterd binary; empty: built into a temporary directory
 	Duration time.Duration // load time, warm-up included
@@ -105,7 +105,7 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-// Result is what a soak measured.
+// Result, a plain value, is what a soak measured.
 type Result struct {
 	Config  Config
 	Idle    Sample   // the daemon with its workers registered, before the load

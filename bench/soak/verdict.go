@@ -7,7 +7,7 @@ import (
 	"time"
 )
 
-// Sample is one reading of the daemon, taken every Config.Interval.
+// Sample, a plain value, is one reading of the daemon, taken every Config.Interval.
 type Sample struct {
 	At         float64 // seconds since the load started
 	RSS        int64   // VmRSS of /proc/PID/status, bytes
@@ -21,8 +21,8 @@ type Sample struct {
 	Residencies int // kvrouterd_index_residencies over every model
 }
 
-// Tolerance is what the verdict lets the daemon grow between the first and the last third of
-// the samples taken after warm-up, and the absolute bound on its goroutines.
+// Tolerance, a plain value, is what the verdict lets the daemon grow between the first and the
+// last third of the samples taken after warm-up, and the absolute bound on its goroutines.
 type Tolerance struct {
 	// RSS may grow by the larger of RSSFrac of the first third's median and RSSBytes.
 	RSSFrac  float64
@@ -53,7 +53,7 @@ const (
 	youngRSSBytes = 24 << 20
 )
 
-// Stats are the minimum, median and maximum of a run of samples.
+// Stats, a plain value, are the minimum, median and maximum of a run of samples.
 type Stats struct{ Min, Median, Max float64 }
 
 func stats(v []float64) Stats {
@@ -67,13 +67,13 @@ func stats(v []float64) Stats {
 	return Stats{s[0], m, s[n-1]}
 }
 
-// Growth compares one quantity's first and last thirds after warm-up.
+// Growth, a plain value, compares one quantity's first and last thirds after warm-up.
 type Growth struct {
 	First, Last Stats
 	Limit       float64 // the largest Last.Median that passes
 }
 
-// Verdict is the judgment of a soak's samples.
+// Verdict, a plain value, is the judgment of a soak's samples.
 type Verdict struct {
 	RSS, Goroutines Growth
 	MaxGoroutines   int // the absolute bound
