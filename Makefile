@@ -7,7 +7,7 @@ BENCHCOUNT ?= 6
 BENCHSTAT  := golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9c6c9d4da
 OUT        := bench/out
 
-.PHONY: build run test test-cluster vet image bench bench-quick demo micro micro-ab frontdoor-overhead load load-1cpu fuzz clean traces
+.PHONY: build run test test-cluster vet image bench bench-quick demo micro micro-ab frontdoor-overhead load load-1cpu soak fuzz clean traces
 
 build:
 	$(GO) build ./...
@@ -120,6 +120,15 @@ load-1cpu:
 	mkdir -p $(OUT)
 	$(GO) build -o $(OUT)/kvrload ./bench/kvrload
 	GOMAXPROCS=1 taskset -c $$(($$(nproc) - 1)) $(OUT)/kvrload --suite | tee $(OUT)/load-1cpu.txt
+
+# kvrouterd (the binary, its own process) under a paced mixed load for SOAK: routes, lifecycles,
+# KV events over NATS and /v1/events, workers leaving and coming back. Fails if its RSS or
+# goroutines grow after warm-up (docs/performance.md, "Soak"); the samples go to standard output.
+SOAK ?= 3m
+soak:
+	mkdir -p $(OUT)
+	$(GO) build -o $(OUT)/kvrouterd-soak ./cmd/kvrouterd
+	$(GO) run ./bench/soak --bin $(OUT)/kvrouterd-soak --duration $(SOAK)
 
 # Each fuzz target of the module for FUZZTIME, found with go test -list (go test fuzzes one
 # target per run); FUZZ narrows them by a regular expression, e.g. make fuzz FUZZ=ZMTP.

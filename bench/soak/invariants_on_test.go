@@ -1,0 +1,6 @@
+//go:build invariants
+
+package main
+
+// invariantsEnabled: see TestSoak.
+const invariantsEnabled = true

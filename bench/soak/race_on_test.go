@@ -1,0 +1,6 @@
+//go:build race
+
+package main
+
+// raceEnabled: see TestSoak.
+const raceEnabled = true
