@@ -86,7 +86,11 @@ func openPersist(c Config, reg *prometheus.Registry, log *slog.Logger, readOnly 
 	p.lastBytes = gauge("last_bytes", "Compressed size of the last snapshot.")
 	p.lastSeq = gauge("last_stream_seq", "Event-stream sequence the last snapshot covers.")
 	p.restoreSeconds = gauge("restore_seconds", "How long the restore at start took (0: nothing restored).")
-	reg.MustRegister(p.writes, p.failures, p.skipped, p.gapClears, p.lastSeconds, p.lastBytes, p.lastSeq, p.restoreSeconds)
+	// When the newest snapshot was taken, for its age (time() − this): 0 before any.
+	taken := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "kvrouterd", Subsystem: "snapshot", Name: "last_timestamp_seconds",
+		Help: "When the newest snapshot written or restored was taken, in Unix seconds (0: none yet); its age is time() minus this."},
+		func() float64 { return float64(p.newest.Load()) / 1e9 })
+	reg.MustRegister(p.writes, p.failures, p.skipped, p.gapClears, p.lastSeconds, p.lastBytes, p.lastSeq, p.restoreSeconds, taken)
 	reg.MustRegister(formerNames(append(all, named{p.gapClears, "stream_gap_clears_total"})...))
 	return p, nil
 }

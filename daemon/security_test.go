@@ -201,3 +201,43 @@ func TestSecurityFlags(t *testing.T) {
 		t.Errorf("a bad certificate: %v, want the flag named", err)
 	}
 }
+
+// TestSnapshotTimestampMetric: kvrouterd_snapshot_last_timestamp_seconds is 0 before any
+// snapshot and, once one is written, when it was taken, so that time() minus it is its age.
+func TestSnapshotTimestampMetric(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts an embedded NATS server")
+	}
+	c := testConfig(t)
+	c.SnapshotInterval = 50 * time.Millisecond
+	start := time.Now()
+	d, err := Start(context.Background(), c, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Wait(canceled())
+	value := func() float64 {
+		resp, err := http.Get("http://" + d.Addr().String() + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		for l := range strings.Lines(string(b)) {
+			if v, ok := strings.CutPrefix(l, "kvrouterd_snapshot_last_timestamp_seconds "); ok {
+				var f float64
+				if _, err := fmt.Sscan(v, &f); err != nil {
+					t.Fatalf("%q: %v", l, err)
+				}
+				return f
+			}
+		}
+		t.Fatalf("no kvrouterd_snapshot_last_timestamp_seconds in /metrics")
+		return 0
+	}
+	var got float64
+	eventually(t, "a snapshot's time in the metric", func() bool { got = value(); return got > 0 })
+	if at := time.Unix(0, int64(got*1e9)); at.Before(start.Add(-time.Second)) || at.After(time.Now().Add(time.Second)) {
+		t.Fatalf("snapshot taken at %v, want between the start %v and now", at, start)
+	}
+}
