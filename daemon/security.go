@@ -141,7 +141,7 @@ func (cr credentials) adminHandler() http.Handler {
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if cr.tokens.Check([]byte(r.Header.Get("Authorization"))) < bearer.Write {
-			w.Header().Set("WWW-Authenticate", `Bearer realm="kvrouterd"`)
+			w.Header().Set("WWW-Authenticate", bearer.Challenge)
 			http.Error(w, "a write token of --auth-token-file is required", http.StatusUnauthorized)
 			return
 		}

@@ -106,14 +106,11 @@ func (d *Door) Handle(ctx *fasthttp.RequestCtx) {
 		if path == "/v1/models" {
 			need = bearer.Read
 		}
-		switch got := d.cfg.Tokens.Check(ctx.Request.Header.Peek("Authorization")); {
-		case got == bearer.None:
-			ctx.Response.Header.Set("WWW-Authenticate", `Bearer realm="kvrouterd"`)
-			d.fail(ctx, "other", fasthttp.StatusUnauthorized, "invalid_request_error", "",
-				"a bearer token is required: send the header Authorization: Bearer TOKEN with a token of kvrouterd's --auth-token-file")
-			return
-		case got < need:
-			d.fail(ctx, "other", fasthttp.StatusForbidden, "invalid_request_error", "", "this token may only read; "+path+" needs a write token")
+		if status, msg := d.cfg.Tokens.Refusal(ctx.Request.Header.Peek("Authorization"), need); status != 0 {
+			if status == fasthttp.StatusUnauthorized {
+				ctx.Response.Header.Set("WWW-Authenticate", bearer.Challenge)
+			}
+			d.fail(ctx, "other", status, "invalid_request_error", "", msg)
 			return
 		}
 	}

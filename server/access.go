@@ -67,21 +67,16 @@ func (s *Server) apiRefusal(ctx *fasthttp.RequestCtx, status int, reason, msg st
 // an unknown token) or 403 (a read token where a write one is needed) and returns false when
 // the request may not go on. REQUIRES: s.cfg.Tokens != nil.
 func (s *Server) authorized(ctx *fasthttp.RequestCtx, need bearer.Class, refuse answerFunc) bool {
-	if need == bearer.None {
+	status, msg := s.cfg.Tokens.Refusal(ctx.Request.Header.Peek("Authorization"), need)
+	switch status {
+	case 0:
 		return true
+	case fasthttp.StatusUnauthorized:
+		ctx.Response.Header.Set("WWW-Authenticate", bearer.Challenge)
+		refuse(ctx, status, "unauthorized", msg)
+	default:
+		refuse(ctx, status, "forbidden", msg)
 	}
-	got := s.cfg.Tokens.Check(ctx.Request.Header.Peek("Authorization"))
-	if got >= need {
-		return true
-	}
-	if got == bearer.None {
-		ctx.Response.Header.Set("WWW-Authenticate", `Bearer realm="kvrouterd"`)
-		refuse(ctx, fasthttp.StatusUnauthorized, "unauthorized",
-			"a bearer token is required: send the header Authorization: Bearer TOKEN with a token of --auth-token-file")
-		return false
-	}
-	refuse(ctx, fasthttp.StatusForbidden, "forbidden",
-		"this token may only read: "+string(ctx.Method())+" "+string(ctx.Path())+" needs a write token of --auth-token-file")
 	return false
 }
 

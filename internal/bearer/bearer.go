@@ -16,6 +16,7 @@ import (
 	"crypto/subtle"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"strings"
 	"sync"
@@ -190,4 +191,24 @@ func Token(authorization []byte) ([]byte, bool) {
 		}
 	}
 	return bytes.TrimLeft(a[len(scheme):], " "), true
+}
+
+// Challenge is the WWW-Authenticate header's value of a 401.
+const Challenge = `Bearer realm="kvrouterd"`
+
+// Refusal is what a request whose Authorization header's value is authorization gets when its
+// endpoint needs class need: status 0 and no message when it may go on, 401 when it has no
+// known token (send Challenge with it), 403 for a read token where a write one is needed. The
+// messages name the header and the flag, for any API's error shape.
+func (t *Tokens) Refusal(authorization []byte, need Class) (status int, msg string) {
+	if need == None {
+		return 0, ""
+	}
+	switch got := t.Check(authorization); {
+	case got >= need:
+		return 0, ""
+	case got == None:
+		return http.StatusUnauthorized, "a bearer token is required: send the header Authorization: Bearer TOKEN with a token of kvrouterd's --auth-token-file"
+	}
+	return http.StatusForbidden, "this token may only read: the request needs a write token of kvrouterd's --auth-token-file"
 }

@@ -135,3 +135,25 @@ func BenchmarkTokensCheck(b *testing.B) {
 		tk.Check(h)
 	}
 }
+
+func TestRefusal(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "tokens")
+	write(t, path, tokW+"\nread "+tokR+"\n")
+	tk, err := Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := func(header string, need Class, want int) {
+		t.Helper()
+		status, msg := tk.Refusal([]byte(header), need)
+		if status != want || (status != 0) != strings.Contains(msg, "--auth-token-file") {
+			t.Errorf("Refusal(%q, %v) = %d %q, want %d", header, need, status, msg, want)
+		}
+	}
+	f("", None, 0)
+	f("", Read, 401)
+	f("Bearer nope-0123456789abcdef", Read, 401)
+	f("Bearer "+tokR, Read, 0)
+	f("Bearer "+tokR, Write, 403)
+	f("Bearer "+tokW, Write, 0)
+}
