@@ -20,13 +20,14 @@ import (
 	"time"
 
 	"github.com/kvrouterd/kvrouterd/ingest"
+	"github.com/kvrouterd/kvrouterd/internal/freeport"
 	"github.com/kvrouterd/kvrouterd/snapshot"
 )
 
 // testConfig is a daemon on free loopback ports with its data in a new directory, quiet.
 func testConfig(t *testing.T) Config {
 	c := Defaults()
-	c.HTTPAddr, c.NATSListen, c.DataDir = freeAddr(t), freeAddr(t), t.TempDir()
+	c.HTTPAddr, c.NATSListen, c.DataDir = freeport.TB(t), freeport.TB(t), t.TempDir()
 	c.Shards, c.LogLevel, c.ShutdownTimeout = 2, "error", 5*time.Second
 	return c
 }
@@ -65,7 +66,7 @@ func TestStartFailsAndUndoes(t *testing.T) {
 		{"selection port taken", "--selection-addr", func(c *Config) { c.SelectionAddr = taken.Addr().String() }, nil},
 		{"admin port taken", "--admin-addr", func(c *Config) { c.Security.AdminAddr = taken.Addr().String() }, nil},
 		{"token file missing", "--auth-token-file", func(c *Config) {
-			c.Security.AdminAddr, c.Security.AuthTokenFile = freeAddr(t), filepath.Join(file, "tokens")
+			c.Security.AdminAddr, c.Security.AuthTokenFile = freeport.TB(t), filepath.Join(file, "tokens")
 		}, nil},
 		{"certificate missing", "--tls-cert-file", func(c *Config) { c.Security.TLSCertFile, c.Security.TLSKeyFile = file, file }, nil},
 		{"data dir a file", "--data-dir", func(c *Config) { c.DataDir = filepath.Join(file, "data") }, nil},
@@ -113,7 +114,7 @@ func TestStartAndStopUndoes(t *testing.T) {
 		t.Skip("starts an embedded NATS server")
 	}
 	c := testConfig(t)
-	c.SnapshotInterval, c.SelectionAddr = 0, freeAddr(t)
+	c.SnapshotInterval, c.SelectionAddr = 0, freeport.TB(t)
 	before := snapshotProcess(t)
 	var log bytes.Buffer
 	c.LogLevel = "info"
@@ -273,15 +274,5 @@ func canceled() context.Context {
 	return ctx
 }
 
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
 // closedAddr is a loopback address nothing listens on: connections to it are refused.
-func closedAddr(t *testing.T) string { return freeAddr(t) }
+func closedAddr(t *testing.T) string { return freeport.TB(t) }

@@ -18,6 +18,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kvrouterd/kvrouterd/internal/freeport"
 )
 
 // TestPrometheusScrape runs a real Prometheus (Debian's prometheus package; the test skips
@@ -50,7 +52,7 @@ func TestPrometheusScrape(t *testing.T) {
 	})
 	api := "http://" + d.Addr().String()
 
-	promAddr := freeAddr(t)
+	promAddr := freeport.TB(t)
 	promURL := startPrometheus(t, prom, promAddr, d.Addr().String())
 
 	// Prometheus scrapes the daemon before anything happened in it.

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvrouterd/kvrouterd/internal/freeport"
 	"github.com/kvrouterd/kvrouterd/internal/tlscert"
 )
 
@@ -59,7 +60,7 @@ func TestSecurity(t *testing.T) {
 	writeFile(t, tokens, oldToken+"\nread "+readToken+"\n", now)
 	pool := writePair(t, certFile, keyFile, now)
 	c := testConfig(t)
-	c.FrontendAddr, c.Security.AdminAddr = freeAddr(t), freeAddr(t)
+	c.FrontendAddr, c.Security.AdminAddr = freeport.TB(t), freeport.TB(t)
 	c.Security.AuthTokenFile, c.Security.TLSCertFile, c.Security.TLSKeyFile = tokens, certFile, keyFile
 	c.Security.ReloadInterval = 20 * time.Millisecond
 	d, err := Start(context.Background(), c, io.Discard)

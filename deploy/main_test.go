@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -18,6 +17,7 @@ import (
 	"time"
 
 	"github.com/kvrouterd/kvrouterd/daemon"
+	"github.com/kvrouterd/kvrouterd/internal/freeport"
 )
 
 // root is the repository's root, where the Dockerfile's build context starts.
@@ -122,7 +122,7 @@ func startDaemon(t *testing.T, set ...func(*daemon.Config)) string {
 		t.Skip("starts a daemon with its embedded NATS server")
 	}
 	c := daemon.Defaults()
-	c.HTTPAddr, c.NATSListen, c.DataDir = freeAddr(t), freeAddr(t), t.TempDir()
+	c.HTTPAddr, c.NATSListen, c.DataDir = freeport.TB(t), freeport.TB(t), t.TempDir()
 	c.Shards, c.LogLevel, c.ShutdownTimeout = 2, "error", 5*time.Second
 	for _, f := range set {
 		f(&c)
@@ -187,14 +187,4 @@ func postStatus(t *testing.T, addr, path, body string) (int, string) {
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(b)
-}
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
 }

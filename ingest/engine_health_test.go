@@ -2,13 +2,13 @@ package ingest
 
 import (
 	"context"
-	"net"
 	"testing"
 	"time"
 
 	"github.com/go-zeromq/zmq4"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvrouterd/kvrouterd/internal/freeport"
 	"github.com/kvrouterd/kvrouterd/router"
 	"github.com/kvrouterd/kvrouterd/wire"
 )
@@ -43,12 +43,7 @@ func TestRankHealthState(t *testing.T) {
 // engine goes away, active again with a later last batch when it comes back on the same port,
 // and not found once the subscription is removed. The metrics say the same.
 func TestEnginesRankState(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close() // the engine is not up yet
+	addr := freeport.TB(t) // the engine is not up yet
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	e := NewEngines(ctx, nopSink{}, EngineConfig{Logger: zmqTestLog(), StaleAfter: 300 * time.Millisecond, RedialMax: 100 * time.Millisecond})

@@ -7,10 +7,12 @@ import (
 	"net"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/kvrouterd/kvrouterd/internal/freeport"
 	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/router"
 	"github.com/kvrouterd/kvrouterd/shard"
@@ -59,12 +61,8 @@ func externalNATS(t *testing.T) *natsServer {
 	if err != nil {
 		t.Skip("nats-server is not installed (Debian: apt-get install nats-server); .ci/run installs it")
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := ln.Addr().(*net.TCPAddr).Port
-	ln.Close()
+	_, p, _ := net.SplitHostPort(freeport.TB(t))
+	port, _ := strconv.Atoi(p)
 	s := &natsServer{t: t, bin: bin, dir: filepath.Join(t.TempDir(), "js"), port: port}
 	s.start()
 	t.Cleanup(s.stop)

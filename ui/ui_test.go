@@ -5,13 +5,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/kvrouterd/kvrouterd/daemon"
+	"github.com/kvrouterd/kvrouterd/internal/freeport"
 	"github.com/kvrouterd/kvrouterd/ui"
 )
 
@@ -20,7 +20,7 @@ import (
 func startDaemon(t *testing.T, set func(*daemon.Config)) string {
 	t.Helper()
 	c := daemon.Defaults()
-	c.HTTPAddr, c.NATSListen, c.DataDir = freeAddr(t), freeAddr(t), t.TempDir()
+	c.HTTPAddr, c.NATSListen, c.DataDir = freeport.TB(t), freeport.TB(t), t.TempDir()
 	c.Shards, c.LogLevel, c.ShutdownTimeout = 2, "error", 5*time.Second
 	if set != nil {
 		set(&c)
@@ -48,16 +48,6 @@ func startDaemon(t *testing.T, set func(*daemon.Config)) string {
 		}
 	})
 	return "http://" + d.Addr().String()
-}
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
 }
 
 // call sends a request and returns the answer's status, headers and body; a transport error

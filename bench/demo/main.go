@@ -20,7 +20,6 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -33,6 +32,7 @@ import (
 	"github.com/kvrouterd/kvrouterd/bench/fleet"
 	"github.com/kvrouterd/kvrouterd/bench/sim"
 	"github.com/kvrouterd/kvrouterd/bench/trace"
+	"github.com/kvrouterd/kvrouterd/internal/freeport"
 	"github.com/kvrouterd/kvrouterd/scoring"
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
@@ -136,7 +136,7 @@ func runMode(c config, bin, mode string, reqs []trace.Request) (*stats, error) {
 		return nil, err
 	}
 	defer os.RemoveAll(dir)
-	api, front := freeAddr(), freeAddr()
+	api, front := mustFreeAddr(), mustFreeAddr()
 	var procs []*exec.Cmd
 	defer func() {
 		for _, p := range procs {
@@ -163,9 +163,9 @@ func runMode(c config, bin, mode string, reqs []trace.Request) (*stats, error) {
 		return nil, fmt.Errorf("kvrouterd never ready: %w", err)
 	}
 	for w := 1; w <= c.workers; w++ {
-		if err := start("kvr-mocker", "--http-addr", freeAddr(), "--model", "demo", "--worker-id", strconv.Itoa(w),
+		if err := start("kvr-mocker", "--http-addr", mustFreeAddr(), "--model", "demo", "--worker-id", strconv.Itoa(w),
 			"--block-size", strconv.Itoa(c.blockSize), "--blocks", strconv.Itoa(c.blocks), "--speedup", fmt.Sprint(c.speedup),
-			"--kv-events-addr", "tcp://"+freeAddr(), "--replay-addr", "tcp://"+freeAddr(),
+			"--kv-events-addr", "tcp://"+mustFreeAddr(), "--replay-addr", "tcp://"+mustFreeAddr(),
 			"--register", "http://"+api, "--log-level", "warn"); err != nil {
 			return nil, err
 		}
@@ -369,15 +369,6 @@ func ms(d time.Duration) string { return fmt.Sprintf("%.0f ms", msf(d)) }
 
 func msf(d time.Duration) float64 { return float64(d) / 1e6 }
 
-func freeAddr() string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		panic(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
 func get(url string) int {
 	resp, err := http.Get(url)
 	if err != nil {
@@ -418,4 +409,12 @@ func waitFor(ok func() bool) error {
 		time.Sleep(50 * time.Millisecond)
 	}
 	return nil
+}
+
+func mustFreeAddr() string {
+	addr, err := freeport.Addr()
+	if err != nil {
+		panic(err)
+	}
+	return addr
 }

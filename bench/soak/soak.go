@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -22,6 +21,7 @@ import (
 
 	"github.com/kvrouterd/kvrouterd/client"
 	"github.com/kvrouterd/kvrouterd/ingest"
+	"github.com/kvrouterd/kvrouterd/internal/freeport"
 	"github.com/nats-io/nats.go"
 	"github.com/valyala/fasthttp"
 )
@@ -300,11 +300,11 @@ type daemon struct {
 // predict-on-route and session affinity are on, with short lives, so that their maps fill and
 // empty all the time.
 func startDaemon(cfg Config, dir string) (*daemon, error) {
-	addr, err := freeAddr()
+	addr, err := freeport.Addr()
 	if err != nil {
 		return nil, err
 	}
-	natsAddr, err := freeAddr()
+	natsAddr, err := freeport.Addr()
 	if err != nil {
 		return nil, err
 	}
@@ -418,15 +418,6 @@ func rss(pid int) (int64, error) {
 		}
 	}
 	return 0, errors.New("soak: no VmRSS in /proc status")
-}
-
-func freeAddr() (string, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	defer ln.Close()
-	return ln.Addr().String(), nil
 }
 
 // tail keeps the last max bytes written to it; safe for concurrent use.

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os/exec"
 	"path/filepath"
@@ -15,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kvrouterd/kvrouterd/internal/freeport"
 )
 
 // proc is a process of a binary built for the test, its stderr kept.
@@ -67,16 +68,6 @@ func build(t *testing.T, out, dir string) string {
 		t.Fatalf("go build %s: %v\n%s", dir, err, b)
 	}
 	return bin
-}
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
 }
 
 // call sends body (none when empty) and decodes a JSON answer into v (when not nil).
@@ -153,7 +144,7 @@ func TestWithKvrouterd(t *testing.T) {
 	}
 	dir := t.TempDir()
 	kvr, mock := build(t, dir, "../kvrouterd"), build(t, dir, ".")
-	kaddr, front := freeAddr(t), freeAddr(t)
+	kaddr, front := freeport.TB(t), freeport.TB(t)
 	d := run(t, kvr, "--http-addr", kaddr, "--shards", "2", "--nats-listen", "127.0.0.1:0",
 		"--data-dir", filepath.Join(dir, "data"), "--frontend-addr", front)
 	until(t, "kvrouterd ready", nil, func() bool {
@@ -168,7 +159,7 @@ func TestWithKvrouterd(t *testing.T) {
 	mockers := map[uint64]*proc{}
 	addrs := map[uint64]string{}
 	for _, id := range []uint64{1, 2} {
-		addrs[id] = freeAddr(t)
+		addrs[id] = freeport.TB(t)
 		mockers[id] = run(t, mock, "--http-addr", addrs[id], "--worker-id", fmt.Sprint(id), "--model", "m",
 			"--kv-events-addr", "tcp://127.0.0.1:0", "--replay-addr", "tcp://127.0.0.1:0",
 			"--register", "http://"+kaddr, "--speedup", "100", "--blocks", "2048")
@@ -261,7 +252,7 @@ func TestWithKvrouterd(t *testing.T) {
 
 	// Disaggregated: mocker 3 prefills, mocker 4 decodes, model pd.
 	for id, role := range map[uint64]string{3: "prefill", 4: "decode"} {
-		addrs[id] = freeAddr(t)
+		addrs[id] = freeport.TB(t)
 		mockers[id] = run(t, mock, "--http-addr", addrs[id], "--worker-id", fmt.Sprint(id), "--model", "pd",
 			"--kv-events-addr", "tcp://127.0.0.1:0", "--register", "http://"+kaddr, "--speedup", "100", "--role", role)
 	}

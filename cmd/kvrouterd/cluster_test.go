@@ -18,6 +18,7 @@ import (
 
 	"github.com/kvrouterd/kvrouterd/client"
 	"github.com/kvrouterd/kvrouterd/ingest"
+	"github.com/kvrouterd/kvrouterd/internal/freeport"
 	"github.com/kvrouterd/kvrouterd/internal/natstest"
 	"github.com/kvrouterd/kvrouterd/router"
 	"github.com/kvrouterd/kvrouterd/wire"
@@ -58,8 +59,8 @@ func TestDaemonNATSCluster(t *testing.T) {
 		return []string{"--nats-url", cl.URLs(), "--nats-replicas", "3", "--data-dir", dir,
 			"--snapshot-interval", "200ms", "--replica-id", id}
 	}
-	a := &clusterReplica{t: t, bin: bin, addr: freeAddr(t), args: replicaArgs("a", t.TempDir())}
-	b := &clusterReplica{t: t, bin: bin, addr: freeAddr(t), args: replicaArgs("b", t.TempDir())}
+	a := &clusterReplica{t: t, bin: bin, addr: freeport.TB(t), args: replicaArgs("a", t.TempDir())}
+	b := &clusterReplica{t: t, bin: bin, addr: freeport.TB(t), args: replicaArgs("b", t.TempDir())}
 	for _, r := range []*clusterReplica{a, b} {
 		r.start()
 		t.Cleanup(r.kill)

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvrouterd/kvrouterd/internal/freeport"
 	"github.com/kvrouterd/kvrouterd/server"
 )
 
@@ -51,7 +52,7 @@ func TestDaemonConnectionFlood(t *testing.T) {
 		t.Fatal(err)
 	}
 	start := func(t *testing.T, args ...string) *floodClient {
-		d := startDaemon(t, wrapper, append([]string{"--data-dir", t.TempDir(), "--nats-listen", freeAddr(t),
+		d := startDaemon(t, wrapper, append([]string{"--data-dir", t.TempDir(), "--nats-listen", freeport.TB(t),
 			"--shutdown-timeout", "20s"}, args...)...)
 		_, port, _ := net.SplitHostPort(d.addr)
 		f := &floodClient{t: t, d: d, port: port, probe: &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{

@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kvrouterd/kvrouterd/internal/freeport"
 )
 
 // fillDisk writes zeros into a file in dir until its filesystem has no byte left.
@@ -114,7 +116,7 @@ func TestDiskFull(t *testing.T) {
 	})
 
 	t.Run("embedded-nats", func(t *testing.T) {
-		d := launchDaemon(t, bin, "--data-dir", dir, "--nats-listen", freeAddr(t))
+		d := launchDaemon(t, bin, "--data-dir", dir, "--nats-listen", freeport.TB(t))
 		err := exited(t, d)
 		if err == nil {
 			t.Fatalf("exit status 0 on a full disk:\n%s", d.log())

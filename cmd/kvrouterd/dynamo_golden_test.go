@@ -13,6 +13,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kvrouterd/kvrouterd/internal/freeport"
 	"github.com/kvrouterd/kvrouterd/radix"
 )
 
@@ -51,7 +52,7 @@ func TestDynamoGolden(t *testing.T) {
 		w.Write(dump)
 	}))
 	defer peer.Close()
-	selAddr := freeAddr(t)
+	selAddr := freeport.TB(t)
 	d := startDaemon(t, buildDaemon(t), "--data-dir", t.TempDir(), "--nats-listen", "127.0.0.1:0", "--keep-block-tree", "--peers", peer.URL,
 		"--selection-addr", selAddr)
 	defer d.cmd.Process.Kill()

@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvrouterd/kvrouterd/client"
 	"github.com/kvrouterd/kvrouterd/internal/enginetest"
+	"github.com/kvrouterd/kvrouterd/internal/freeport"
 	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/wire"
 )
@@ -24,7 +25,7 @@ func TestDaemonEngineEvents(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the binary")
 	}
-	d := startDaemon(t, buildDaemon(t), "--nats-listen", freeAddr(t), "--data-dir", t.TempDir())
+	d := startDaemon(t, buildDaemon(t), "--nats-listen", freeport.TB(t), "--data-dir", t.TempDir())
 	defer func() { d.cmd.Process.Kill() }()
 	register := func(r *enginetest.Rank, worker uint64, model string, bs int) {
 		t.Helper()

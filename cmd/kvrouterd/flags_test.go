@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/kvrouterd/kvrouterd/daemon"
+	"github.com/kvrouterd/kvrouterd/internal/freeport"
 )
 
 // TestBadFlagOneLine: a mistyped flag is one line naming it and the flag probably meant, with
@@ -56,7 +57,7 @@ func TestStartFailsFast(t *testing.T) {
 		t.Skip("builds and runs the binary")
 	}
 	bin := buildDaemon(t)
-	natsAddr, dir := freeAddr(t), t.TempDir()
+	natsAddr, dir := freeport.TB(t), t.TempDir()
 	d := startDaemon(t, bin, "--nats-listen", natsAddr, "--data-dir", dir)
 	file := filepath.Join(t.TempDir(), "file")
 	if err := os.WriteFile(file, nil, 0o644); err != nil {
@@ -66,9 +67,9 @@ func TestStartFailsFast(t *testing.T) {
 		args []string
 		flag string
 	}{
-		{[]string{"--http-addr", d.addr, "--nats-listen", freeAddr(t), "--data-dir", t.TempDir()}, "--http-addr " + d.addr + ": "},
-		{[]string{"--http-addr", freeAddr(t), "--nats-listen", natsAddr, "--data-dir", t.TempDir()}, "--nats-listen " + natsAddr + ": "},
-		{[]string{"--http-addr", freeAddr(t), "--nats-listen", freeAddr(t), "--data-dir", file}, "--data-dir " + file + ": "},
+		{[]string{"--http-addr", d.addr, "--nats-listen", freeport.TB(t), "--data-dir", t.TempDir()}, "--http-addr " + d.addr + ": "},
+		{[]string{"--http-addr", freeport.TB(t), "--nats-listen", natsAddr, "--data-dir", t.TempDir()}, "--nats-listen " + natsAddr + ": "},
+		{[]string{"--http-addr", freeport.TB(t), "--nats-listen", freeport.TB(t), "--data-dir", file}, "--data-dir " + file + ": "},
 	} {
 		cmd := exec.Command(bin, c.args...)
 		var out bytes.Buffer

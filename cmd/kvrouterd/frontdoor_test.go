@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/kvrouterd/kvrouterd/internal/freeport"
 )
 
 // TestDaemonFrontDoor: with --frontend-addr the daemon serves OpenAI's API, forwarding each
@@ -45,7 +47,7 @@ func TestDaemonFrontDoor(t *testing.T) {
 	}}
 	go engine.Serve(ln)
 
-	front := freeAddr(t)
+	front := freeport.TB(t)
 	d := startDaemon(t, buildDaemon(t), "--data-dir", t.TempDir(), "--nats-listen", "127.0.0.1:0", "--frontend-addr", front)
 	defer d.cmd.Process.Kill()
 	daemonCall(t, d.addr, "POST", "/v1/workers",

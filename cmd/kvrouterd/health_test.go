@@ -12,6 +12,7 @@ import (
 
 	"github.com/go-zeromq/zmq4"
 
+	"github.com/kvrouterd/kvrouterd/internal/freeport"
 	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/wire"
 )
@@ -79,9 +80,9 @@ func TestDaemonSubscriptionHealth(t *testing.T) {
 		t.Skip("builds and runs the binary")
 	}
 	bin := buildDaemon(t)
-	d := startDaemon(t, bin, "--nats-listen", freeAddr(t), "--data-dir", t.TempDir(), "--zmq-stale-after", "500ms")
+	d := startDaemon(t, bin, "--nats-listen", freeport.TB(t), "--data-dir", t.TempDir(), "--zmq-stale-after", "500ms")
 	defer func() { d.cmd.Process.Kill() }()
-	zaddr := freeAddr(t) // the engine is not up yet
+	zaddr := freeport.TB(t) // the engine is not up yet
 	post := func(path, body string) {
 		t.Helper()
 		hr, err := http.Post("http://"+d.addr+path, "application/json", strings.NewReader(body))

@@ -20,6 +20,7 @@ import (
 	"github.com/go-zeromq/zmq4"
 	"github.com/kvrouterd/kvrouterd/client"
 	"github.com/kvrouterd/kvrouterd/ingest"
+	"github.com/kvrouterd/kvrouterd/internal/freeport"
 	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/router"
 	"github.com/kvrouterd/kvrouterd/server"
@@ -106,7 +107,7 @@ func TestDaemonOverTCP(t *testing.T) {
 		t.Skip("builds and runs the binary")
 	}
 	bin := buildDaemon(t)
-	addr, natsAddr, dataDir := freeAddr(t), freeAddr(t), t.TempDir()
+	addr, natsAddr, dataDir := freeport.TB(t), freeport.TB(t), t.TempDir()
 	var logs bytes.Buffer
 	cmd := exec.Command(bin, "--http-addr", addr, "--nats-listen", natsAddr, "--data-dir", dataDir, "--shards", "2", "--log-level", "debug")
 	cmd.Stderr = &logs
@@ -189,7 +190,7 @@ func TestDaemonOverTCP(t *testing.T) {
 	// is subscribed to: a fake engine's PUB socket reaches the index.
 	engine := zmq4.NewPub(context.Background())
 	defer engine.Close()
-	zaddr := freeAddr(t)
+	zaddr := freeport.TB(t)
 	if err := engine.Listen("tcp://" + zaddr); err != nil {
 		t.Fatal(err)
 	}
@@ -215,7 +216,7 @@ func TestDaemonOverTCP(t *testing.T) {
 	// stream into the index (worker 5).
 	engine2 := zmq4.NewPub(context.Background())
 	defer engine2.Close()
-	zaddr2 := freeAddr(t)
+	zaddr2 := freeport.TB(t)
 	if err := engine2.Listen("tcp://" + zaddr2); err != nil {
 		t.Fatal(err)
 	}
@@ -254,17 +255,6 @@ func TestDaemonOverTCP(t *testing.T) {
 			t.Fatalf("log lacks %q:\n%s", want, logs.String())
 		}
 	}
-}
-
-// freeAddr returns a loopback address with a port free a moment ago.
-func freeAddr(t testing.TB) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
 }
 
 // buildDaemon builds the binary once per test process, into a directory removed by TestMain:
@@ -317,7 +307,7 @@ func TestDaemonExternalNATS(t *testing.T) {
 	if err != nil {
 		t.Skip("nats-server is not installed (Debian: apt-get install nats-server); .ci/run installs it")
 	}
-	natsAddr, store := freeAddr(t), t.TempDir()
+	natsAddr, store := freeport.TB(t), t.TempDir()
 	host, port, _ := net.SplitHostPort(natsAddr)
 	startNATS := func() *exec.Cmd {
 		c := exec.Command(natsBin, "-a", host, "-p", port, "-js", "-sd", store)
@@ -341,7 +331,7 @@ func TestDaemonExternalNATS(t *testing.T) {
 	}
 
 	bin := buildDaemon(t)
-	addr := freeAddr(t)
+	addr := freeport.TB(t)
 	var logs bytes.Buffer
 	cmd := exec.Command(bin, "--http-addr", addr, "--nats-url", "nats://"+natsAddr, "--data-dir", t.TempDir(), "--shards", "2")
 	cmd.Stderr = &logs
@@ -432,7 +422,7 @@ func TestDaemonStreamRepair(t *testing.T) {
 		t.Skip("builds and runs the binary")
 	}
 	bin := buildDaemon(t)
-	natsAddr, dir := freeAddr(t), t.TempDir()
+	natsAddr, dir := freeport.TB(t), t.TempDir()
 	d := startDaemon(t, bin, "--nats-listen", natsAddr, "--data-dir", dir, "--no-snapshots")
 	defer d.cmd.Process.Kill()
 	// until waits for cond, which reads the daemon over HTTP.

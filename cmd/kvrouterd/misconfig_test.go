@@ -15,6 +15,7 @@ import (
 	"github.com/go-zeromq/zmq4"
 	"github.com/kvrouterd/kvrouterd/client"
 	"github.com/kvrouterd/kvrouterd/internal/enginetest"
+	"github.com/kvrouterd/kvrouterd/internal/freeport"
 	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/wire"
 )
@@ -27,7 +28,7 @@ func TestDaemonWrongBlockSize(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the binary")
 	}
-	d := startDaemon(t, buildDaemon(t), "--nats-listen", freeAddr(t), "--data-dir", t.TempDir(), "--block-size", "16")
+	d := startDaemon(t, buildDaemon(t), "--nats-listen", freeport.TB(t), "--data-dir", t.TempDir(), "--block-size", "16")
 	defer func() { d.cmd.Process.Kill() }()
 	for _, c := range []struct {
 		worker  uint64
@@ -42,7 +43,7 @@ func TestDaemonWrongBlockSize(t *testing.T) {
 	} {
 		pub := zmq4.NewPub(context.Background())
 		defer pub.Close()
-		addr := freeAddr(t)
+		addr := freeport.TB(t)
 		if err := pub.Listen("tcp://" + addr); err != nil {
 			t.Fatal(err)
 		}
@@ -132,7 +133,7 @@ func TestDaemonZeroHits(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the binary")
 	}
-	d := startDaemon(t, buildDaemon(t), "--nats-listen", freeAddr(t), "--data-dir", t.TempDir(), "--block-size", "16")
+	d := startDaemon(t, buildDaemon(t), "--nats-listen", freeport.TB(t), "--data-dir", t.TempDir(), "--block-size", "16")
 	defer func() { d.cmd.Process.Kill() }()
 	eng := enginetest.Start(t, enginetest.Options{Ranks: 1})
 	other := enginetest.Start(t, enginetest.Options{Ranks: 1})

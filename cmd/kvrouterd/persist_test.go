@@ -21,6 +21,7 @@ import (
 
 	"github.com/kvrouterd/kvrouterd/client"
 	"github.com/kvrouterd/kvrouterd/ingest"
+	"github.com/kvrouterd/kvrouterd/internal/freeport"
 	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/router"
 	"github.com/kvrouterd/kvrouterd/server"
@@ -161,7 +162,7 @@ func startDaemon(t *testing.T, bin string, args ...string) *proc {
 // launchDaemon starts the binary and returns at once.
 func launchDaemon(t *testing.T, bin string, args ...string) *proc {
 	t.Helper()
-	d := &proc{addr: freeAddr(t), logs: new(bytes.Buffer), mu: new(sync.Mutex)}
+	d := &proc{addr: freeport.TB(t), logs: new(bytes.Buffer), mu: new(sync.Mutex)}
 	d.cmd = exec.Command(bin, append([]string{"--http-addr", d.addr, "--shards", "2"}, args...)...)
 	d.cmd.Stderr = lockedWriter{d.mu, d.logs}
 	if err := d.cmd.Start(); err != nil {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvrouterd/kvrouterd/client"
 	"github.com/kvrouterd/kvrouterd/internal/enginetest"
+	"github.com/kvrouterd/kvrouterd/internal/freeport"
 	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/wire"
 )
@@ -57,7 +58,7 @@ type rankCase struct {
 func startRankFleet(t *testing.T, replays ...bool) (*proc, []*rankCase) {
 	t.Helper()
 	bin := buildDaemon(t)
-	args := []string{"--nats-listen", freeAddr(t), "--data-dir", t.TempDir(), "--no-snapshots", "--block-size", strconv.Itoa(rankBlock)}
+	args := []string{"--nats-listen", freeport.TB(t), "--data-dir", t.TempDir(), "--no-snapshots", "--block-size", strconv.Itoa(rankBlock)}
 	var cases []*rankCase
 	for _, replay := range replays {
 		for _, f := range enginetest.Forms() {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/go-zeromq/zmq4"
 	"github.com/kvrouterd/kvrouterd/client"
+	"github.com/kvrouterd/kvrouterd/internal/freeport"
 	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/wire"
 )
@@ -26,7 +27,7 @@ func TestDaemonRankEndpoints(t *testing.T) {
 		t.Skip("builds and runs the binary")
 	}
 	bin, dir := buildDaemon(t), t.TempDir()
-	args := []string{"--nats-listen", freeAddr(t), "--data-dir", dir}
+	args := []string{"--nats-listen", freeport.TB(t), "--data-dir", dir}
 	d := startDaemon(t, bin, args...)
 	defer func() { d.cmd.Process.Kill() }()
 
@@ -40,7 +41,7 @@ func TestDaemonRankEndpoints(t *testing.T) {
 	for i := range ranks {
 		pub := zmq4.NewPub(context.Background())
 		t.Cleanup(func() { pub.Close() })
-		addr := freeAddr(t)
+		addr := freeport.TB(t)
 		if err := pub.Listen("tcp://" + addr); err != nil {
 			t.Fatal(err)
 		}
@@ -142,7 +143,7 @@ func TestDaemonRankEndpoints(t *testing.T) {
 	publish(d.addr, 2000)
 
 	// So does a replica bootstrapped from it.
-	b := startDaemon(t, bin, "--nats-listen", freeAddr(t), "--data-dir", t.TempDir(), "--bootstrap-from", "http://"+d.addr)
+	b := startDaemon(t, bin, "--nats-listen", freeport.TB(t), "--data-dir", t.TempDir(), "--bootstrap-from", "http://"+d.addr)
 	defer func() { b.cmd.Process.Kill() }()
 	checkWorkers(b.addr)
 	publish(b.addr, 3000)

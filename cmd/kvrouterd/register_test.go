@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/kvrouterd/kvrouterd/ingest"
+	"github.com/kvrouterd/kvrouterd/internal/freeport"
 	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/wire"
 )
@@ -26,7 +27,7 @@ func TestDaemonRegistrationLimits(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the binary")
 	}
-	bin, dir, natsAddr := buildDaemon(t), t.TempDir(), freeAddr(t)
+	bin, dir, natsAddr := buildDaemon(t), t.TempDir(), freeport.TB(t)
 	args := func() []string { return []string{"--nats-listen", natsAddr, "--data-dir", dir} }
 	d := startDaemon(t, bin, args()...)
 	defer d.cmd.Process.Kill()

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvrouterd/kvrouterd/internal/freeport"
 	"github.com/kvrouterd/kvrouterd/router"
 	"github.com/kvrouterd/kvrouterd/snapshot"
 	"github.com/kvrouterd/kvrouterd/wire"
@@ -85,7 +86,7 @@ func BenchmarkRestart(b *testing.B) {
 	for range b.N {
 		var logs bytes.Buffer
 		var mu sync.Mutex
-		addr := freeAddr(b)
+		addr := freeport.TB(b)
 		cmd := exec.Command(bin, "--http-addr", addr, "--nats-listen", "127.0.0.1:0", "--data-dir", dir,
 			"--snapshot-interval", "0", "--shards", "2")
 		cmd.Stderr = lockedWriter{&mu, &logs}

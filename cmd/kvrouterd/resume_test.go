@@ -9,6 +9,7 @@ import (
 
 	"github.com/kvrouterd/kvrouterd/client"
 	"github.com/kvrouterd/kvrouterd/internal/enginetest"
+	"github.com/kvrouterd/kvrouterd/internal/freeport"
 	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/wire"
 )
@@ -25,7 +26,7 @@ func TestDaemonResumeAfterKill(t *testing.T) {
 	}
 	bin, dir := buildDaemon(t), t.TempDir()
 	// Snapshots at shutdown only, so that the test knows what the snapshot holds.
-	args := []string{"--nats-listen", freeAddr(t), "--data-dir", dir, "--snapshot-interval", "0", "--block-size", strconv.Itoa(rankBlock)}
+	args := []string{"--nats-listen", freeport.TB(t), "--data-dir", dir, "--snapshot-interval", "0", "--block-size", strconv.Itoa(rankBlock)}
 	var cases []*rankCase
 	for _, replay := range []bool{true, false} {
 		for _, f := range enginetest.Forms() {

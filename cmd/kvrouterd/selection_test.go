@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvrouterd/kvrouterd/client"
 	"github.com/kvrouterd/kvrouterd/internal/enginetest"
+	"github.com/kvrouterd/kvrouterd/internal/freeport"
 	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/wire"
 )
@@ -48,8 +49,8 @@ func TestDaemonSelection(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the binary")
 	}
-	sel := freeAddr(t)
-	d := startDaemon(t, buildDaemon(t), "--nats-listen", freeAddr(t), "--data-dir", t.TempDir(), "--selection-addr", sel)
+	sel := freeport.TB(t)
+	d := startDaemon(t, buildDaemon(t), "--nats-listen", freeport.TB(t), "--data-dir", t.TempDir(), "--selection-addr", sel)
 	defer func() { d.cmd.Process.Kill() }()
 	call := func(method, path, body string, code int) string {
 		t.Helper()
