@@ -19,6 +19,7 @@ import (
 var layer = map[string]int{
 	"internal/bearer":   1,
 	"internal/freelist": 1,
+	"internal/freeport": 1,
 	"internal/hostile":  1,
 	"internal/layers":   1,
 	"internal/lograte":  1,
