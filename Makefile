@@ -7,7 +7,7 @@ BENCHCOUNT ?= 6
 BENCHSTAT  := golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9c6c9d4da
 OUT        := bench/out
 
-.PHONY: build run test test-cluster vet image bench bench-quick demo micro micro-ab frontdoor-overhead load load-1cpu soak fuzz clean traces
+.PHONY: build run test test-cluster vet image bench bench-quick demo micro micro-ab frontdoor-overhead load load-1cpu soak fuzz clean traces stream
 
 build:
 	$(GO) build ./...
@@ -63,6 +63,15 @@ bench:
 
 bench-quick:
 	$(GO) run ./bench/report --quick --out $(OUT) $(ARGS)
+
+# A long generated trace (REQUESTS requests in Mooncake's form, $(OUT)/gen.jsonl, about 210
+# bytes a request) replayed streamed in kv mode: the table, and the replay's peak RSS, which
+# stays bounded whatever the trace's length (about 10 minutes for the default 10 M on 2 cores).
+REQUESTS ?= 10000000
+stream:
+	@mkdir -p $(OUT)
+	$(GO) run ./bench/tracegen --requests $(REQUESTS) > $(OUT)/gen.jsonl
+	$(GO) run ./bench/fleetsim --stream --trace $(OUT)/gen.jsonl --modes kv $(ARGS)
 
 # The public traces the report replays, from their published sources, checked against pinned
 # SHA-256 sums, into TRACES (the report finds ./traces by itself; needs curl or wget and the

@@ -18,6 +18,10 @@
 // worker storing a block and the router hearing of it (Config.EventDelay), against which the
 // router's predict-on-route (Config.PredictedTTL) is meant to help.
 //
+// Run takes the whole workload and returns every request's figures; RunSource reads a
+// trace.Source as requests come due and keeps only those in flight, so a workload of any length
+// replays in bounded memory, its figures summarised in histograms.
+//
 // For comparison, the fleet can instead be routed by the default policies of the routers users
 // would otherwise run (Config.Peer: llm-d's inference scheduler, SGLang's router, the Gateway
 // API inference extension's endpoint picker; peer.go), each knowing only what it would in
@@ -243,6 +247,13 @@ type Result struct {
 	// Booked is the requests Run's own router still counted active at the end (Stats'
 	// ActiveRequests): 0 when every admitted request was completed and none leaked a booking.
 	Booked int64
+
+	// TTFTHist, E2EHist and ITLHist summarise the served requests' TTFT, E2E and mean
+	// inter-token latency (the positive values of TTFT, E2E and ITL): all RunSource keeps.
+	TTFTHist, E2EHist, ITLHist Hist
+	// MaxInFlight is the most requests the run held at once: arrived and not over, or read
+	// and waiting for their session's previous turn to end.
+	MaxInFlight int
 }
 
 // LoadSample is the fleet's load at one simulated instant.
@@ -314,13 +325,31 @@ func (h stepHeap) peek() *worker { return h[0] }
 
 const model = "sim"
 
-// Run replays reqs (sorted by arrival) on cfg.Workers simulated workers.
+// Run replays reqs (sorted by arrival) on cfg.Workers simulated workers. The Result holds every
+// request's TTFT, E2E, arrival and queue wait, in reqs' order.
 func Run(cfg Config, reqs []trace.Request) (*Result, error) {
-	if cfg.Workers < 1 {
-		return nil, fmt.Errorf("fleet: %d workers", cfg.Workers)
-	}
 	if !slices.IsSortedFunc(reqs, func(a, b trace.Request) int { return int(a.At - b.At) }) {
 		return nil, fmt.Errorf("fleet: requests not sorted by arrival")
+	}
+	return run(cfg, trace.SliceSource(reqs), len(reqs))
+}
+
+// RunSource replays src's requests as Run does, reading each when it is due and holding only
+// the requests in flight (closed loop: also one entry per session, and the later turns read
+// before their session let them come), so a workload of any length replays in bounded memory.
+// The Result keeps no per-request slices (TTFT, E2E, Arrival, QueueWait and RouteLatency are
+// nil); TTFTHist, E2EHist and ITLHist summarise them. A request earlier than the one before it,
+// or the source's error, ends the run with an error.
+func RunSource(cfg Config, src trace.Source) (*Result, error) {
+	return run(cfg, src, -1)
+}
+
+// run is Run (n ≥ 0: src yields n requests, whose per-request results are kept) and RunSource
+// (n < 0).
+func run(cfg Config, src trace.Source, n int) (*Result, error) {
+	keep := n >= 0
+	if cfg.Workers < 1 {
+		return nil, fmt.Errorf("fleet: %d workers", cfg.Workers)
 	}
 	if cfg.PrefillWorkers < 0 || cfg.PrefillWorkers > 0 && cfg.PrefillWorkers >= cfg.Workers {
 		return nil, fmt.Errorf("fleet: %d prefill workers of %d: a disaggregated fleet needs decode workers too", cfg.PrefillWorkers, cfg.Workers)
@@ -411,12 +440,16 @@ func Run(cfg Config, reqs []trace.Request) (*Result, error) {
 	if peer != nil {
 		peer.ws = ws
 	}
-	res := &Result{Requests: len(reqs), TTFT: make([]time.Duration, len(reqs)), E2E: make([]time.Duration, len(reqs)),
-		PerWorker: make([]int, cfg.Workers)}
+	res := &Result{PerWorker: make([]int, cfg.Workers)}
+	if keep {
+		res.TTFT, res.E2E, res.Arrival = make([]time.Duration, n), make([]time.Duration, n), make([]time.Duration, n)
+	}
 	// A router of the caller's gets the simulation's settings with every request.
 	req0 := wire.RouteRequest{Model: model, Disagg: cfg.PrefillWorkers > 0}
 	if cfg.Router != nil {
-		res.RouteLatency = make([]time.Duration, len(reqs))
+		if keep {
+			res.RouteLatency = make([]time.Duration, n)
+		}
 		req0.Mode = wire.Mode(cfg.Mode)
 		if cfg.Mode == scoring.Default {
 			req0.Mode = wire.ModeKV
@@ -427,18 +460,20 @@ func Run(cfg Config, reqs []trace.Request) (*Result, error) {
 		}
 		req0.HasTemperature, req0.Temperature = true, cfg.Temperature
 	}
-	arrival := make([]int64, len(reqs))
-	stages := make([]stage, len(reqs))
+	// The requests in flight, by their index in the workload: arrived and not over.
+	fls := map[int]*flight{}
 	// Closed loop: each later turn's request, released when its session's previous turn ends.
 	var loop *sessions
 	if cfg.ClosedLoop {
-		loop = newSessions(reqs)
-		res.LaterTurns = loop.later
+		loop = newSessions()
 	}
-	// ended is called once per request when it is over: it releases the session's next turn.
+	// ended is called once per request when it is over: it forgets the request and releases its
+	// session's next turn.
 	ended := func(i int) {
-		if loop != nil {
-			loop.ended(i, now)
+		fl := fls[i]
+		delete(fls, i)
+		if loop != nil && fl.req.Session != 0 {
+			loop.ended(fl.req.Session, now)
 		}
 	}
 	xfer := cfg.Transfer.withDefaults()
@@ -453,18 +488,15 @@ func Run(cfg Config, reqs []trace.Request) (*Result, error) {
 		heap.Push(&h, w)
 	}
 	var batch wire.EventBatch
-	ids := make([]string, len(reqs))
-	// The router queue: the requests waiting (their tickets), their deadlines, and the ones a
-	// router call admitted or refused, to be placed once that call has returned.
+	// The router queue: the waiting requests' deadlines, and the requests a router call admitted
+	// or refused, to be placed once that call has returned.
 	var (
-		tickets   []*router.Ticket
 		deadlines deadlineHeap
 		admitted  []admission
 		depth     int
 	)
-	if qr != nil {
-		tickets = make([]*router.Ticket, len(reqs))
-		res.QueueWait = make([]time.Duration, len(reqs))
+	if qr != nil && keep {
+		res.QueueWait = make([]time.Duration, n)
 	}
 	routeFailed := func(i int, err error) {
 		if res.RouteFailures == 0 {
@@ -484,7 +516,8 @@ func Run(cfg Config, reqs []trace.Request) (*Result, error) {
 			routeFailed(i, fmt.Errorf("fleet: routed to workers %d and %d, not simulated ones", resp.PrefillWorker, resp.Worker))
 			return
 		}
-		q := &reqs[i]
+		fl := fls[i]
+		q := &fl.req
 		w := ws[worker-1]
 		res.PerWorker[worker-1]++
 		res.PromptTokens += int64(len(q.Tokens))
@@ -492,14 +525,14 @@ func Run(cfg Config, reqs []trace.Request) (*Result, error) {
 		sr := sim.Request{ID: uint64(i), Tokens: q.Tokens, Output: max(q.Output, 1)}
 		if resp.Prefill {
 			// The prefill stage: one token, the blocks held until the decode worker has them.
-			stages[i] = stage{decode: resp.Worker, prefill: true}
+			fl.stage = stage{decode: resp.Worker, prefill: true}
 			sr.Output, sr.Hold = 1, true
 			res.Split++
 		}
 		if err := w.w.Submit(&sr, now); err != nil {
 			// Larger than the worker's whole cache: no engine could serve it.
 			res.Refused++
-			if rt.Complete(ids[i]) != nil {
+			if rt.Complete(fl.id) != nil {
 				res.CallErrors++
 			}
 			ended(i)
@@ -512,13 +545,16 @@ func Run(cfg Config, reqs []trace.Request) (*Result, error) {
 	placeAdmitted := func() {
 		for k := 0; k < len(admitted); k++ {
 			a := admitted[k]
-			tickets[a.i] = nil
+			fl := fls[a.i]
+			fl.ticket = nil
 			depth--
 			if a.err != nil {
 				routeFailed(a.i, a.err)
 				continue
 			}
-			res.QueueWait[a.i] = time.Duration(now - arrival[a.i])
+			if keep {
+				res.QueueWait[a.i] = time.Duration(now - fl.arrival)
+			}
 			place(a.i, a.resp)
 		}
 		admitted = admitted[:0]
@@ -544,7 +580,8 @@ func Run(cfg Config, reqs []trace.Request) (*Result, error) {
 			}
 		}
 		for _, d := range w.out.PrefillDone {
-			st := &stages[d.ID]
+			fl := fls[int(d.ID)]
+			st := &fl.stage
 			if st.prefill {
 				// The prefill stage's one token: the prompt's cache hit is the prefill
 				// worker's; the client's first token comes from the decode worker.
@@ -552,31 +589,43 @@ func Run(cfg Config, reqs []trace.Request) (*Result, error) {
 				res.HostTokens += int64(d.Host)
 				continue
 			}
-			res.TTFT[d.ID] = time.Duration(d.At - arrival[d.ID])
+			fl.ttft = d.At - fl.arrival
+			res.TTFTHist.Add(time.Duration(fl.ttft))
+			if keep {
+				res.TTFT[d.ID] = time.Duration(fl.ttft)
+			}
 			if st.decode != 0 {
 				continue // a decode stage: its prefill was the prefill worker's
 			}
 			res.CachedTokens += int64(d.Cached)
 			res.HostTokens += int64(d.Host)
-			if rt.PrefillDone(ids[d.ID]) != nil {
+			if rt.PrefillDone(fl.id) != nil {
 				res.CallErrors++
 			}
 		}
 		for _, d := range w.out.Completed {
-			st := &stages[d.ID]
+			fl := fls[int(d.ID)]
+			st := &fl.stage
 			if st.prefill {
 				// The prefill stage is over; its KV moves to the decode worker.
 				st.prefill = false
-				if rt.PrefillDone(ids[d.ID]) != nil {
+				if rt.PrefillDone(fl.id) != nil {
 					res.CallErrors++
 				}
-				tt := xfer.Time(len(reqs[d.ID].Tokens))
+				tt := xfer.Time(len(fl.req.Tokens))
 				res.TransferTime += tt
 				timers.push(timer{at: now + int64(tt), worker: w.id, handoff: true, i: int(d.ID)})
 				continue
 			}
-			res.E2E[d.ID] = time.Duration(d.At - arrival[d.ID])
-			if rt.Complete(ids[d.ID]) != nil {
+			e2e := d.At - fl.arrival
+			res.E2EHist.Add(time.Duration(e2e))
+			if k := max(fl.req.Output, 1) - 1; k > 0 && e2e > 0 && fl.ttft > 0 {
+				res.ITLHist.Add(time.Duration((e2e - fl.ttft) / int64(k)))
+			}
+			if keep {
+				res.E2E[d.ID] = time.Duration(e2e)
+			}
+			if rt.Complete(fl.id) != nil {
 				res.CallErrors++
 			}
 			res.Makespan = max(res.Makespan, time.Duration(d.At))
@@ -590,12 +639,13 @@ func Run(cfg Config, reqs []trace.Request) (*Result, error) {
 		p := ws[pw-1]
 		p.w.Release(uint64(i))
 		start(p, now)
-		q := &reqs[i]
-		d := ws[stages[i].decode-1]
+		fl := fls[i]
+		q := &fl.req
+		d := ws[fl.stage.decode-1]
 		res.PerWorker[d.id-1]++
 		if err := d.w.Submit(&sim.Request{ID: uint64(i), Tokens: q.Tokens, Output: max(q.Output, 1), Remote: true}, now); err != nil {
 			res.Refused++
-			if rt.Complete(ids[i]) != nil {
+			if rt.Complete(fl.id) != nil {
 				res.CallErrors++
 			}
 			ended(i)
@@ -606,33 +656,67 @@ func Run(cfg Config, reqs []trace.Request) (*Result, error) {
 	var (
 		req     wire.RouteRequest
 		resp    wire.RouteResponse
-		next    = 0
 		sampleT int64
 		pace    = pacer{pace: cfg.Pace}
+		// head is the next request read from src that arrives on its own (a first turn, or
+		// one without a session), headI its index; read counts the requests read.
+		head    trace.Request
+		headI   int
+		hasHead bool
+		srcDone bool
+		read    int
+		first   time.Duration // the workload's first arrival
 	)
-	if len(reqs) > 0 {
-		pace.origin, pace.start = int64(reqs[0].At), time.Now()
+	// fill reads src up to the next request that arrives on its own, handing the later turns
+	// on the way to the closed loop.
+	fill := func() error {
+		for !hasHead && !srcDone {
+			r, ok := src.Next()
+			if !ok {
+				srcDone = true
+				if err := src.Err(); err != nil {
+					return fmt.Errorf("fleet: after request %d: %w", read, err)
+				}
+				break
+			}
+			i := read
+			if read++; i == 0 {
+				first = r.At
+				pace.origin, pace.start = int64(r.At), time.Now()
+			} else if r.At < head.At {
+				return fmt.Errorf("fleet: request %d arrives at %v, before request %d (%v): requests not sorted by arrival", i, r.At, headI, head.At)
+			}
+			if keep && i >= n {
+				return fmt.Errorf("fleet: the source yields more than %d requests", n)
+			}
+			head, headI = r, i
+			if loop != nil && r.Session != 0 && loop.add(i, r) {
+				continue // a later turn: it arrives when released
+			}
+			hasHead = true
+		}
+		return nil
 	}
 	const never = math.MaxInt64
 	// nextArrival is the next request to arrive and when: the next of the trace's order that
 	// arrives on its own, or a released later turn, whichever is first (the trace's on a tie).
-	nextArrival := func() (int, int64) {
-		for loop != nil && next < len(reqs) && loop.isLater(next) {
-			next++ // a later turn: it arrives when released
-		}
-		i, at := -1, int64(never)
-		if next < len(reqs) {
-			i, at = next, int64(reqs[next].At)
+	nextArrival := func() (int, int64, bool) {
+		i, at, fromHead := -1, int64(never), false
+		if hasHead {
+			i, at, fromHead = headI, int64(head.At), true
 		}
 		if loop != nil {
 			if j, t, ok := loop.peek(); ok && t < at {
-				i, at = j, t
+				i, at, fromHead = j, t, false
 			}
 		}
-		return i, at
+		return i, at, fromHead
 	}
 	for {
-		ni, tArr := nextArrival()
+		if err := fill(); err != nil {
+			return nil, err
+		}
+		ni, tArr, fromHead := nextArrival()
 		if ni < 0 && h.Len() == 0 && deadlines.Len() == 0 && timers.Len() == 0 {
 			break
 		}
@@ -676,15 +760,15 @@ func Run(cfg Config, reqs []trace.Request) (*Result, error) {
 			continue
 		case tDead <= tArr:
 			d := heap.Pop(&deadlines).(deadline)
-			t := tickets[d.i]
-			if t == nil {
+			fl := fls[d.i]
+			if fl == nil || fl.ticket == nil {
 				continue // admitted before its deadline
 			}
 			pace.wait(d.at)
 			now = d.at
 			clock.Store(now)
-			if qr.Cancel(t) {
-				tickets[d.i] = nil
+			if qr.Cancel(fl.ticket) {
+				fl.ticket = nil
 				depth--
 				res.QueueTimedOut++
 				ended(d.i)
@@ -693,7 +777,12 @@ func Run(cfg Config, reqs []trace.Request) (*Result, error) {
 			}
 			continue
 		}
-		q := &reqs[ni]
+		var q trace.Request
+		if fromHead {
+			q, hasHead = head, false
+		} else {
+			q = loop.pop()
+		}
 		pace.wait(tArr)
 		now = tArr
 		clock.Store(now)
@@ -706,20 +795,19 @@ func Run(cfg Config, reqs []trace.Request) (*Result, error) {
 			sampleT += int64(cfg.Sample)
 		}
 		i := ni
-		if ni == next {
-			next++
-		} else {
-			loop.pop()
+		fl := &flight{req: q, id: strconv.Itoa(i), arrival: now}
+		fls[i] = fl
+		res.MaxInFlight = max(res.MaxInFlight, len(fls)+loop.pending())
+		if keep {
+			res.Arrival[i] = time.Duration(now)
 		}
-		arrival[i] = now
-		ids[i] = strconv.Itoa(i)
 		rq, rs := &req, &resp
 		if qr != nil {
 			// A request that waits keeps its own: the router holds them until admission.
 			rq, rs = new(wire.RouteRequest), new(wire.RouteResponse)
 		}
 		*rq = req0
-		rq.RequestID, rq.Tokens = ids[i], q.Tokens
+		rq.RequestID, rq.Tokens = fl.id, q.Tokens
 		if cfg.Priority != nil {
 			rq.PriorityJump = cfg.Priority(i)
 		}
@@ -731,7 +819,7 @@ func Run(cfg Config, reqs []trace.Request) (*Result, error) {
 			var t *router.Ticket
 			t, err = qr.Enqueue(rq, rs, func(t *router.Ticket) { admitted = append(admitted, admission{i, rs, t.Err}) })
 			if t != nil {
-				tickets[i] = t
+				fl.ticket = t
 				depth++
 				res.Queued++
 				res.MaxQueued = max(res.MaxQueued, depth)
@@ -752,12 +840,12 @@ func Run(cfg Config, reqs []trace.Request) (*Result, error) {
 		place(i, rs)
 		placeAdmitted() // a refused placement completes at once, which may admit others
 	}
-	if len(reqs) > 0 {
-		res.Makespan -= reqs[0].At
+	res.Requests = read
+	if read > 0 {
+		res.Makespan -= first
 	}
-	res.Arrival = make([]time.Duration, len(reqs))
-	for i, a := range arrival {
-		res.Arrival[i] = time.Duration(a)
+	if loop != nil {
+		res.LaterTurns = loop.later
 	}
 	if own != nil {
 		res.Booked = own.Stats().ActiveRequests
@@ -771,6 +859,16 @@ func Run(cfg Config, reqs []trace.Request) (*Result, error) {
 		res.DecodeBusy += time.Duration(st.DecodeNs)
 	}
 	return res, nil
+}
+
+// flight is a request in flight: arrived and not over.
+type flight struct {
+	req     trace.Request
+	id      string // its request id at the router
+	arrival int64
+	ttft    int64 // time to its first token; 0 until then
+	stage   stage
+	ticket  *router.Ticket // waiting in the router queue
 }
 
 // stage is where a request of a disaggregated fleet is: prefill while its prefill stage runs,

@@ -31,6 +31,14 @@
 //
 //	go run ./bench/fleetsim --trace ../shared/traces/mooncake/conversation_trace.jsonl --modes kv --time-scale 0.15 --host-blocks 65536 --host-cache-hit-weight 0.75
 //	go run ./bench/fleetsim --burst --modes kv --event-delay 50ms --router-predicted-ttl-secs 5
+//
+// --stream replays without holding the workload: the trace file is read as requests come due
+// (its rows must be in time order), or the built-in workload generated so (--requests sets its
+// length), and only the requests in flight are kept; the table's figures then come from
+// histograms (quantiles within 0.8 %), the infinite-cache bound is not counted, sessions are
+// replayed closed-loop, and the process's peak RSS is printed at the end.
+//
+//	go run ./bench/fleetsim --stream --requests 10000000 --modes kv
 package main
 
 import (
@@ -80,6 +88,8 @@ func main() {
 		predTTL   = flag.Float64("router-predicted-ttl-secs", 0, "predict-on-route's TTL in seconds (0: off)")
 		replay    = flag.String("replay", "auto", "open (every request at its trace time), closed (a session's next turn after its previous answer ends, plus the trace's gap) or auto (closed when the trace has sessions)")
 		burst     = flag.Bool("burst", false, "the generated burst workload (groups of siblings over a shared prefix) instead of --trace")
+		streamed  = flag.Bool("stream", false, "read the workload as requests come due and keep only those in flight: any length in bounded memory (in process only)")
+		nReqs     = flag.Int("requests", 0, "length of the built-in workload, in requests on average (0: its ten minutes, about 2,400)")
 	)
 	flag.Parse()
 	e2eMode := *inProc || *addr != ""
@@ -101,6 +111,44 @@ func main() {
 		fmt.Fprintln(os.Stderr, "fleetsim: a daemon applies events as they arrive: give --pace (simulated seconds per wall second)")
 		os.Exit(2)
 	}
+	wc := sim.DefaultWorkerConfig()
+	wc.BlockSize, wc.Blocks, wc.HostBlocks = *blockSize, *blocks, *hostN
+	syn := trace.DefaultSynthetic()
+	if *nReqs > 0 {
+		syn.Duration = time.Duration(float64(*nReqs) / syn.Rate * float64(time.Second))
+	}
+	var dc *router.DisaggConfig
+	if *dPolicy != "none" {
+		p, err := router.ParseDisaggPolicy(*dPolicy)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "fleetsim: --disagg-policy:", err)
+			os.Exit(2)
+		}
+		dc = &router.DisaggConfig{Policy: p}
+	}
+	var credit *scoring.TierCredit
+	if *hostW >= 0 {
+		c := scoring.DefaultTierCredit()
+		c.Host = *hostW
+		credit = &c
+	}
+	if *streamed {
+		if e2eMode || *burst || *limit != 0 || *replay != "auto" {
+			fmt.Fprintln(os.Stderr, "fleetsim: --stream runs in process, over --trace or the built-in workload, whole, with sessions closed-loop: drop --e2e, --addr, --burst, --limit and --replay")
+			os.Exit(2)
+		}
+		streamRun(syn, *path, *traceBS, *timeUnit, *timeScale, *modes, func(name string) fleet.Config {
+			fc, err := modeConfig(name, fleet.Config{Workers: *workers, Worker: wc, Seed: *seed, OverlapWeight: *weight, Temperature: *temp,
+				Queue: queue, PrefillWorkers: *prefillN, Disagg: dc, TierCredit: credit, EventDelay: *evDelay,
+				PredictedTTL: time.Duration(*predTTL * float64(time.Second)), ClosedLoop: true})
+			if err != nil {
+				fmt.Fprintln(os.Stderr, "fleetsim:", err)
+				os.Exit(2)
+			}
+			return fc
+		})
+		return
+	}
 	t0 := time.Now()
 	var reqs []trace.Request
 	var err error
@@ -112,7 +160,7 @@ func main() {
 			reqs, err = trace.LoadMooncake(*path, opt)
 		}
 	} else {
-		reqs = trace.Scale(trace.Synthetic(trace.DefaultSynthetic()), *timeScale)
+		reqs = trace.Scale(trace.Synthetic(syn), *timeScale)
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "fleetsim:", err)
@@ -149,36 +197,16 @@ func main() {
 	}
 	fmt.Println(head)
 	fmt.Println(rule)
-	wc := sim.DefaultWorkerConfig()
-	wc.BlockSize, wc.Blocks, wc.HostBlocks = *blockSize, *blocks, *hostN
-	var dc *router.DisaggConfig
-	if *dPolicy != "none" {
-		p, err := router.ParseDisaggPolicy(*dPolicy)
-		if err != nil {
-			fmt.Fprintln(os.Stderr, "fleetsim: --disagg-policy:", err)
-			os.Exit(2)
-		}
-		dc = &router.DisaggConfig{Policy: p}
-	}
-	var credit *scoring.TierCredit
-	if *hostW >= 0 {
-		c := scoring.DefaultTierCredit()
-		c.Host = *hostW
-		credit = &c
-	}
 	for _, name := range strings.Split(*modes, ",") {
 		t1 := time.Now()
 		fc := fleet.Config{Workers: *workers, Worker: wc, Seed: *seed, Pace: *pace, OverlapWeight: *weight, Temperature: *temp,
 			Queue: queue, PrefillWorkers: *prefillN, Disagg: dc, TierCredit: credit, EventDelay: *evDelay,
 			PredictedTTL: time.Duration(*predTTL * float64(time.Second)), ClosedLoop: closed}
-		if p, ok := fleet.ParsePeer(name); ok {
-			if e2eMode {
-				fmt.Fprintf(os.Stderr, "fleetsim: %s: a simulated peer routes in process only\n", name)
-				os.Exit(2)
-			}
-			// A peer's policy has none of kvrouterd's features; the fleet's own settings stay.
-			fc.Peer, fc.Queue, fc.PrefillWorkers, fc.Disagg, fc.TierCredit, fc.PredictedTTL = p, nil, 0, nil, nil, 0
-		} else if fc.Mode, err = scoring.ParseMode(name); err != nil {
+		if _, ok := fleet.ParsePeer(name); ok && e2eMode {
+			fmt.Fprintf(os.Stderr, "fleetsim: %s: a simulated peer routes in process only\n", name)
+			os.Exit(2)
+		}
+		if fc, err = modeConfig(name, fc); err != nil {
 			fmt.Fprintln(os.Stderr, "fleetsim:", err)
 			os.Exit(2)
 		}
@@ -232,6 +260,79 @@ func main() {
 			fmt.Fprintf(os.Stderr, "fleetsim: %s: %d event batches not stored; the first: %s\n", name, er.Published.Errors, er.Published.FirstErr)
 		}
 	}
+}
+
+// modeConfig is fc routed by mode name: kvrouterd's mode, or a simulated peer's policy, which
+// has none of kvrouterd's features (the fleet's own settings stay).
+func modeConfig(name string, fc fleet.Config) (fleet.Config, error) {
+	if p, ok := fleet.ParsePeer(name); ok {
+		fc.Peer, fc.Queue, fc.PrefillWorkers, fc.Disagg, fc.TierCredit, fc.PredictedTTL = p, nil, 0, nil, nil, 0
+		return fc, nil
+	}
+	var err error
+	fc.Mode, err = scoring.ParseMode(name)
+	return fc, err
+}
+
+// streamRun is --stream: each mode replays a source of its own, the trace at path or the
+// built-in workload syn, and the table's figures come from the results' histograms.
+func streamRun(syn trace.SyntheticConfig, path string, traceBS int, unit string, scale float64, modes string, config func(string) fleet.Config) {
+	tu, err := trace.ParseTimeUnit(unit)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "fleetsim:", err)
+		os.Exit(2)
+	}
+	open := func() (trace.Source, func()) {
+		if path == "" {
+			return trace.ScaleSource(trace.SyntheticSource(syn), scale), func() {}
+		}
+		f, err := os.Open(path)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "fleetsim:", err)
+			os.Exit(1)
+		}
+		return trace.MooncakeSource(f, trace.MooncakeOptions{TimeScale: scale, BlockSize: traceBS, TimeUnit: tu}), func() { f.Close() }
+	}
+	fmt.Println("# streamed: requests read as they come due, only those in flight held; figures from histograms (quantiles within 0.8 %); sessions closed-loop")
+	fmt.Println("| mode | requests | TTFT mean / p50 / p99 ms | ITL mean ms | e2e mean / p99 s | hit rate device + host | output tok/s | imbalance | refused | most held at once | sim time |")
+	fmt.Println("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+	for _, name := range strings.Split(modes, ",") {
+		fc := config(name)
+		src, done := open()
+		t1 := time.Now()
+		res, err := fleet.RunSource(fc, src)
+		done()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "fleetsim:", err)
+			os.Exit(1)
+		}
+		fmt.Printf("| %s | %d | %.0f / %.0f / %.0f | %.1f | %.1f / %.1f | %.1f + %.1f %% | %.0f | %.2f | %d | %d | %v |\n",
+			name, res.Requests, ms(res.TTFTHist.Mean()), ms(res.TTFTHist.Quantile(0.5)), ms(res.TTFTHist.Quantile(0.99)),
+			ms(res.ITLHist.Mean()), res.E2EHist.Mean().Seconds(), res.E2EHist.Quantile(0.99).Seconds(),
+			100*res.HitRate(), 100*res.HostHitRate(), float64(res.OutputTokens)/res.Makespan.Seconds(),
+			res.Imbalance(), res.Refused, res.MaxInFlight, time.Since(t1).Round(time.Millisecond))
+	}
+	if hwm, err := peakRSS(); err == nil {
+		fmt.Printf("# peak RSS %.0f MiB\n", float64(hwm)/(1<<20))
+	}
+}
+
+// peakRSS is the process's peak resident set (VmHWM), in bytes; Linux only.
+func peakRSS() (int64, error) {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			var kb int64
+			if _, err := fmt.Sscan(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), &kb); err != nil {
+				return 0, err
+			}
+			return kb << 10, nil
+		}
+	}
+	return 0, fmt.Errorf("no VmHWM in /proc/self/status")
 }
 
 func us(d time.Duration) float64 { return float64(d) / 1e3 }

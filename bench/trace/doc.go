@@ -43,9 +43,15 @@
 // Requests slice into, so the garbage collector never scans them. Mooncake prompts do not share
 // tokens: reusing an earlier prompt's array for a prompt that is its prefix, or appending to it
 // in place, would save 0.7 % of the conversation trace and 5 % of the synthetic one, because
-// equal blocks mostly sit in prompts that diverge later. A caller that cannot hold the tokens
-// reads rows with ReadMooncakeRows and makes each prompt on demand with AppendTokens. Synthetic
-// sessions do share: every turn of a session is a prefix of one growing array.
+// equal blocks mostly sit in prompts that diverge later. Synthetic sessions do share: every turn
+// of a session is a prefix of one growing array.
+//
+// A workload too long to hold is read as a Source, one request at a time: MooncakeSource streams
+// a trace file (its rows in time order), making each prompt's tokens as its row is read, and
+// SyntheticSource generates the synthetic workload so, holding only its open sessions and
+// current document; bench/fleet's RunSource replays a Source keeping only the requests in
+// flight. ReadMooncakeRows gives the rows without tokens, for a caller that makes prompts on
+// demand with AppendTokens.
 //
 // Every returned slice is capped at its length, so appending to a Request's Tokens copies rather
 // than overwrites a neighbour's. Requests are plain data: after a function returns, any number of

@@ -102,17 +102,25 @@ type session struct {
 // Synthetic generates a shared-prefix workload without any trace file (see SyntheticConfig),
 // sorted by At. It is deterministic for cfg: equal configs give equal workloads.
 func Synthetic(cfg SyntheticConfig) []Request {
-	if !(cfg.Rate > 0) || cfg.Duration <= 0 {
-		return nil
-	}
-	if cfg.DocShare == 0 {
-		cfg.DocShare = 0.2
-	}
-	g := &synth{
+	return Collect(SyntheticSource(cfg))
+}
+
+// SyntheticSource generates the workload Synthetic returns one request at a time, holding only
+// the open sessions, the system prompts and the current document: a workload of any length in
+// bounded memory (Duration sets its length; Rate × Duration requests on average).
+func SyntheticSource(cfg SyntheticConfig) Source {
+	g := &synthSource{synth: synth{
 		cfg:   cfg,
 		rng:   rand.New(rand.NewPCG(cfg.Seed, 0x73796e7468)),
 		vocab: DefaultVocab,
 		key:   mix64(cfg.Seed ^ 0x73796e7468657469),
+	}}
+	if !(cfg.Rate > 0) || cfg.Duration <= 0 {
+		g.done = true
+		return g
+	}
+	if g.cfg.DocShare == 0 {
+		g.cfg.DocShare = 0.2
 	}
 	if cfg.Vocab != 0 {
 		g.vocab = uint64(cfg.Vocab)
@@ -120,58 +128,74 @@ func Synthetic(cfg SyntheticConfig) []Request {
 	for range cfg.SystemPrompts {
 		g.sys = append(g.sys, g.fresh(nil, cfg.SystemTokens))
 	}
-	turns := max(cfg.TurnsPerSession, 1)
-	nextID := uint64(1)
-	newSession := func() *session {
-		s := &session{id: nextID}
-		nextID++
-		s.buf = append(s.buf, g.system()...)
-		return s
+	g.turns = max(cfg.TurnsPerSession, 1)
+	g.nextID = 1
+	g.open = make([]*session, cfg.Sessions)
+	for i := range g.open {
+		g.open[i] = g.newSession()
 	}
-	open := make([]*session, cfg.Sessions)
-	for i := range open {
-		open[i] = newSession()
-	}
-	var doc []uint32 // system prompt and the current document
-	docLeft := 0
+	return g
+}
 
-	var reqs []Request
-	at := time.Duration(0)
-	for {
-		at += time.Duration(g.rng.ExpFloat64() / cfg.Rate * float64(time.Second))
-		if at >= cfg.Duration {
-			break
-		}
-		out := g.around(cfg.Output)
-		switch {
-		case cfg.FanOut > 0 && (cfg.Sessions == 0 || g.rng.Float64() < cfg.DocShare):
-			if docLeft == 0 {
-				doc = g.fresh(append([]uint32(nil), g.system()...), cfg.DocTokens)
-				docLeft = cfg.FanOut
-			}
-			docLeft--
-			toks := make([]uint32, len(doc), len(doc)+cfg.TurnTokens*3/2+1)
-			copy(toks, doc)
-			toks = g.fresh(toks, g.around(cfg.TurnTokens))
-			reqs = append(reqs, Request{At: at, Tokens: toks[:len(toks):len(toks)], Output: out})
-		case cfg.Sessions > 0:
-			i := g.rng.IntN(len(open))
-			s := open[i]
-			s.buf = g.fresh(s.buf, s.answer)
-			s.buf = g.fresh(s.buf, g.around(cfg.TurnTokens))
-			s.answer = out
-			s.turns++
-			n := len(s.buf)
-			reqs = append(reqs, Request{At: at, Tokens: s.buf[:n:n], Output: out, Session: s.id})
-			if s.turns == turns {
-				open[i] = newSession()
-			}
-		default:
-			toks := g.fresh(append([]uint32(nil), g.system()...), g.around(cfg.TurnTokens))
-			reqs = append(reqs, Request{At: at, Tokens: toks, Output: out})
-		}
+// synthSource is SyntheticSource's state between requests.
+type synthSource struct {
+	synth
+	turns   int
+	nextID  uint64
+	open    []*session
+	doc     []uint32 // system prompt and the current document
+	docLeft int
+	at      time.Duration
+	done    bool
+}
+
+func (g *synthSource) newSession() *session {
+	s := &session{id: g.nextID}
+	g.nextID++
+	s.buf = append(s.buf, g.system()...)
+	return s
+}
+
+func (g *synthSource) Err() error { return nil }
+
+func (g *synthSource) Next() (Request, bool) {
+	if g.done {
+		return Request{}, false
 	}
-	return reqs
+	cfg := &g.cfg
+	g.at += time.Duration(g.rng.ExpFloat64() / cfg.Rate * float64(time.Second))
+	if g.at >= cfg.Duration {
+		g.done = true
+		return Request{}, false
+	}
+	out := g.around(cfg.Output)
+	switch {
+	case cfg.FanOut > 0 && (cfg.Sessions == 0 || g.rng.Float64() < cfg.DocShare):
+		if g.docLeft == 0 {
+			g.doc = g.fresh(append([]uint32(nil), g.system()...), cfg.DocTokens)
+			g.docLeft = cfg.FanOut
+		}
+		g.docLeft--
+		toks := make([]uint32, len(g.doc), len(g.doc)+cfg.TurnTokens*3/2+1)
+		copy(toks, g.doc)
+		toks = g.fresh(toks, g.around(cfg.TurnTokens))
+		return Request{At: g.at, Tokens: toks[:len(toks):len(toks)], Output: out}, true
+	case cfg.Sessions > 0:
+		i := g.rng.IntN(len(g.open))
+		s := g.open[i]
+		s.buf = g.fresh(s.buf, s.answer)
+		s.buf = g.fresh(s.buf, g.around(cfg.TurnTokens))
+		s.answer = out
+		s.turns++
+		n := len(s.buf)
+		if s.turns == g.turns {
+			g.open[i] = g.newSession()
+		}
+		return Request{At: g.at, Tokens: s.buf[:n:n], Output: out, Session: s.id}, true
+	default:
+		toks := g.fresh(append([]uint32(nil), g.system()...), g.around(cfg.TurnTokens))
+		return Request{At: g.at, Tokens: toks, Output: out}, true
+	}
 }
 
 // BurstConfig describes a burst workload: groups of sibling requests that share a long prefix

@@ -209,18 +209,11 @@ type rowsReader struct {
 //   - a session: "session_id", "conversation_id", or "chat_id" with "parent_chat_id" (each turn
 //     takes its first turn's id), numbers or strings.
 func ReadMooncakeRows(r io.Reader, opt MooncakeOptions) ([]MooncakeRow, error) {
-	rr := rowsReader{opt: opt, scale: opt.TimeScale, blockSize: opt.blockSize(), unit: opt.TimeUnit}
-	if rr.scale == 0 {
-		rr.scale = 1
+	rr, err := newRowsReader(opt)
+	if err != nil {
+		return nil, err
 	}
-	if !(rr.scale > 0) || math.IsInf(rr.scale, 0) {
-		return nil, fmt.Errorf("trace: TimeScale %v: want a positive finite number", opt.TimeScale)
-	}
-	if rr.unit != 0 && rr.unit != time.Millisecond && rr.unit != time.Second {
-		return nil, fmt.Errorf("trace: TimeUnit %v: want 1ms or 1s", opt.TimeUnit)
-	}
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 0, 64<<10), 64<<20)
+	sc := newLineScanner(r)
 	var rows []MooncakeRow
 	line := 0
 	for sc.Scan() {
@@ -232,12 +225,13 @@ func ReadMooncakeRows(r io.Reader, opt MooncakeOptions) ([]MooncakeRow, error) {
 		if opt.Limit > 0 && len(rows) == opt.Limit {
 			break
 		}
-		row, ok, err := rr.parse(b, line)
+		row, raw, ok, err := rr.parse(b, line)
 		if err != nil {
 			return nil, err
 		}
 		if ok {
 			rows = append(rows, row)
+			rr.raw = append(rr.raw, raw)
 		}
 	}
 	if err := sc.Err(); err != nil {
@@ -252,6 +246,28 @@ func ReadMooncakeRows(r io.Reader, opt MooncakeOptions) ([]MooncakeRow, error) {
 	return rows, nil
 }
 
+// newRowsReader checks opt.
+func newRowsReader(opt MooncakeOptions) (*rowsReader, error) {
+	rr := &rowsReader{opt: opt, scale: opt.TimeScale, blockSize: opt.blockSize(), unit: opt.TimeUnit}
+	if rr.scale == 0 {
+		rr.scale = 1
+	}
+	if !(rr.scale > 0) || math.IsInf(rr.scale, 0) {
+		return nil, fmt.Errorf("trace: TimeScale %v: want a positive finite number", opt.TimeScale)
+	}
+	if rr.unit != 0 && rr.unit != time.Millisecond && rr.unit != time.Second {
+		return nil, fmt.Errorf("trace: TimeUnit %v: want 1ms or 1s", opt.TimeUnit)
+	}
+	return rr, nil
+}
+
+// newLineScanner reads a trace's lines, of up to 64 MiB each.
+func newLineScanner(r io.Reader) *bufio.Scanner {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 0, 64<<10), 64<<20)
+	return sc
+}
+
 func cmpRowAt(a, b MooncakeRow) int {
 	switch {
 	case a.At < b.At:
@@ -264,7 +280,7 @@ func cmpRowAt(a, b MooncakeRow) int {
 
 // parse reads one line: a row (true), or a header line that sets the block size or the time
 // unit (false).
-func (rr *rowsReader) parse(b []byte, line int) (MooncakeRow, bool, error) {
+func (rr *rowsReader) parse(b []byte, line int) (row MooncakeRow, raw float64, ok bool, err error) {
 	bad := func(field, format string, args ...any) error {
 		return &RowError{Line: line, Field: field, Err: fmt.Errorf(format, args...)}
 	}
@@ -274,16 +290,16 @@ func (rr *rowsReader) parse(b []byte, line int) (MooncakeRow, bool, error) {
 		var typ *json.UnmarshalTypeError
 		switch {
 		case errors.As(err, &syn):
-			return MooncakeRow{}, false, bad("", "byte %d: %v", syn.Offset, err)
+			return MooncakeRow{}, 0, false, bad("", "byte %d: %v", syn.Offset, err)
 		case errors.As(err, &typ):
 			field := typ.Field
 			if field == "" {
-				return MooncakeRow{}, false, bad("", "%s is not a JSON object", typ.Value)
+				return MooncakeRow{}, 0, false, bad("", "%s is not a JSON object", typ.Value)
 			}
 			// Field is "hash_ids" for an element of the array too.
-			return MooncakeRow{}, false, bad(strings.SplitN(field, ".", 2)[0], "%s does not fit %v", typ.Value, typ.Type)
+			return MooncakeRow{}, 0, false, bad(strings.SplitN(field, ".", 2)[0], "%s does not fit %v", typ.Value, typ.Type)
 		}
-		return MooncakeRow{}, false, bad("", "%v", err)
+		return MooncakeRow{}, 0, false, bad("", "%v", err)
 	}
 	stampField, stamp := "timestamp", j.Timestamp
 	if stamp == nil && j.Time != nil {
@@ -299,13 +315,13 @@ func (rr *rowsReader) parse(b []byte, line int) (MooncakeRow, bool, error) {
 		case "s":
 			rr.unit = time.Second
 		default:
-			return MooncakeRow{}, false, bad("time_unit", "%q: want \"ms\" or \"s\"", *j.TimeUnit)
+			return MooncakeRow{}, 0, false, bad("time_unit", "%q: want \"ms\" or \"s\"", *j.TimeUnit)
 		}
 	}
 	bs := rr.blockSize
 	if j.BlockSize != nil {
 		if *j.BlockSize < 1 || *j.BlockSize > 1<<20 {
-			return MooncakeRow{}, false, bad("block_size", "%d: want 1 to 1048576", *j.BlockSize)
+			return MooncakeRow{}, 0, false, bad("block_size", "%d: want 1 to 1048576", *j.BlockSize)
 		}
 		if rr.opt.BlockSize == 0 {
 			bs = *j.BlockSize
@@ -321,28 +337,27 @@ func (rr *rowsReader) parse(b []byte, line int) (MooncakeRow, bool, error) {
 	if stamp == nil && j.InputLength == nil && j.HashIDs == nil && toks == nil {
 		if j.BlockSize != nil || j.TimeUnit != nil {
 			rr.blockSize = bs // a header line
-			return MooncakeRow{}, false, nil
+			return MooncakeRow{}, 0, false, nil
 		}
-		return MooncakeRow{}, false, bad("timestamp", "missing")
+		return MooncakeRow{}, 0, false, bad("timestamp", "missing")
 	}
 	switch {
 	case stamp == nil:
-		return MooncakeRow{}, false, bad("timestamp", "missing")
+		return MooncakeRow{}, 0, false, bad("timestamp", "missing")
 	case j.InputLength == nil && toks == nil:
-		return MooncakeRow{}, false, bad("input_length", "missing")
+		return MooncakeRow{}, 0, false, bad("input_length", "missing")
 	case j.OutputLength == nil:
-		return MooncakeRow{}, false, bad("output_length", "missing")
+		return MooncakeRow{}, 0, false, bad("output_length", "missing")
 	case j.HashIDs == nil && toks == nil:
-		return MooncakeRow{}, false, bad("hash_ids", "missing (or token_ids)")
+		return MooncakeRow{}, 0, false, bad("hash_ids", "missing (or token_ids)")
 	}
 	v, err := rr.stamp(stamp)
 	if err != nil {
-		return MooncakeRow{}, false, bad(stampField, "%v", err)
+		return MooncakeRow{}, 0, false, bad(stampField, "%v", err)
 	}
-	rr.raw = append(rr.raw, v)
-	row := MooncakeRow{Line: line, OutputLength: *j.OutputLength, BlockSize: bs}
+	row = MooncakeRow{Line: line, OutputLength: *j.OutputLength, BlockSize: bs}
 	if row.OutputLength < 0 {
-		return MooncakeRow{}, false, bad("output_length", "%d is negative", row.OutputLength)
+		return MooncakeRow{}, 0, false, bad("output_length", "%d is negative", row.OutputLength)
 	}
 	if toks != nil {
 		row.Tokens, row.InputLength = *toks, len(*toks)
@@ -350,22 +365,22 @@ func (rr *rowsReader) parse(b []byte, line int) (MooncakeRow, bool, error) {
 			row.Tokens = []uint32{}
 		}
 		if j.InputLength != nil && *j.InputLength != row.InputLength {
-			return MooncakeRow{}, false, bad("input_length", "%d, but the row gives %d token ids", *j.InputLength, row.InputLength)
+			return MooncakeRow{}, 0, false, bad("input_length", "%d, but the row gives %d token ids", *j.InputLength, row.InputLength)
 		}
 	} else {
 		in, ids := *j.InputLength, *j.HashIDs
 		if in < 0 {
-			return MooncakeRow{}, false, bad("input_length", "%d is negative", in)
+			return MooncakeRow{}, 0, false, bad("input_length", "%d is negative", in)
 		}
 		if want := (in + bs - 1) / bs; len(ids) != want {
-			return MooncakeRow{}, false, bad("hash_ids", "%d ids for input_length %d, want %d (one per %d tokens; --block-size or the trace's block_size sets it)", len(ids), in, want, bs)
+			return MooncakeRow{}, 0, false, bad("hash_ids", "%d ids for input_length %d, want %d (one per %d tokens; --block-size or the trace's block_size sets it)", len(ids), in, want, bs)
 		}
 		row.InputLength, row.HashIDs = in, ids
 	}
 	if row.Session, err = rr.session(&j); err != nil {
-		return MooncakeRow{}, false, bad("session_id", "%v", err)
+		return MooncakeRow{}, 0, false, bad("session_id", "%v", err)
 	}
-	return row, true, nil
+	return row, v, true, nil
 }
 
 // stamp reads a timestamp: a number (in the trace's unit, known only at the end) or an
@@ -451,31 +466,49 @@ func (rr *rowsReader) times(rows []MooncakeRow) error {
 	if len(rows) == 0 {
 		return nil
 	}
-	unit := float64(rr.unit)
-	if unit == 0 {
-		unit = float64(time.Millisecond)
-	}
-	if rr.stamps == stampString {
-		unit = 1 // ns already
-	}
-	first := slices.Min(rr.raw)
-	base := 0.0
-	if rr.stamps == stampString || first*unit > float64(24*time.Hour) {
-		base = first
-	}
+	base := rr.base(slices.Min(rr.raw))
 	for i := range rows {
-		v := rr.raw[i]
-		ts := (v - base) * unit * rr.scale
-		if !(ts >= 0) || ts >= math.MaxInt64 {
-			u := "ms"
-			if unit == float64(time.Second) {
-				u = "s"
-			}
-			return &RowError{Line: rows[i].Line, Field: "timestamp", Err: fmt.Errorf("%v %s: want 0 ≤ t < %v after scaling", v, u, time.Duration(math.MaxInt64))}
+		at, err := rr.arrival(rr.raw[i], base, rows[i].Line)
+		if err != nil {
+			return err
 		}
-		rows[i].At = time.Duration(ts)
+		rows[i].At = at
 	}
 	return nil
+}
+
+// unitNs is the length of the raw timestamps' unit in ns.
+func (rr *rowsReader) unitNs() float64 {
+	switch {
+	case rr.stamps == stampString:
+		return 1 // ns already
+	case rr.unit == 0:
+		return float64(time.Millisecond)
+	}
+	return float64(rr.unit)
+}
+
+// base is the raw time that becomes 0, given the trace's first: itself for ISO-8601 strings
+// and epoch times (over a day from 0), else 0.
+func (rr *rowsReader) base(first float64) float64 {
+	if rr.stamps == stampString || first*rr.unitNs() > float64(24*time.Hour) {
+		return first
+	}
+	return 0
+}
+
+// arrival is the arrival of the row on line whose raw timestamp is v.
+func (rr *rowsReader) arrival(v, base float64, line int) (time.Duration, error) {
+	unit := rr.unitNs()
+	ts := (v - base) * unit * rr.scale
+	if !(ts >= 0) || ts >= math.MaxInt64 {
+		u := "ms"
+		if unit == float64(time.Second) {
+			u = "s"
+		}
+		return 0, &RowError{Line: line, Field: "timestamp", Err: fmt.Errorf("%v %s: want 0 ≤ t < %v after scaling", v, u, time.Duration(math.MaxInt64))}
+	}
+	return time.Duration(ts), nil
 }
 
 // AppendTokens appends the first n tokens of the prompt that hashIDs stand for to dst and returns

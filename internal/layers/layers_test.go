@@ -67,6 +67,7 @@ var layer = map[string]int{
 	"bench/report":     7,
 	"bench/sim":        7,
 	"bench/soak":       7,
+	"bench/tracegen":   7,
 	"bench/trace":      7,
 	"bench/tracecsv":   7,
 	"cmd/kvr-mocker":   7, // the mock engine's command: a bench tool, out of the daemon's tree
