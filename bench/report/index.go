@@ -19,8 +19,8 @@ import (
 // indexWorkers are the fleet sizes the index is measured at.
 var indexWorkers = []int{8, 1000, 10000}
 
-// index records the conversation trace's KV events on 8 simulated workers and replays them
-// into the index at each fleet size (package bench/replay).
+// index records the conversation trace's KV events, and each --trace's, on 8 simulated workers
+// and replays them into the index at each fleet size (package bench/replay).
 func (r *report) index() error {
 	r.mdf("\n## Index\n\n")
 	path := filepath.Join(r.cfg.Traces, "mooncake", "conversation_trace.jsonl")
@@ -29,26 +29,47 @@ func (r *report) index() error {
 		r.mdf("*Not measured: %v.*\n", err)
 		r.logf("index: %v (skipped)", err)
 		r.missing("index", "the index on the conversation trace's events", err)
-		return nil
+	} else if err := r.indexTrace("", "Mooncake conversation trace", reqs, false); err != nil {
+		return err
+	}
+	for _, t := range r.cfg.Extra {
+		w, err := r.extra(t)
+		if err != nil {
+			return err
+		}
+		r.mdf("\n### Index: %s\n\n", t.Name)
+		if err := r.indexTrace(t.Name, w.about, w.reqs, w.closedLoop); err != nil {
+			return fmt.Errorf("--trace %s: %w", t.Name, err)
+		}
+	}
+	return nil
+}
+
+// indexTrace is the index section for one trace, its rows named index.NAME.wN.… (name empty:
+// the conversation trace's, index.wN.…, with the headlines and the size plot).
+func (r *report) indexTrace(name, about string, reqs []trace.Request, closed bool) error {
+	prefix := "index."
+	if name != "" {
+		prefix += name + "."
 	}
 	wc := sim.DefaultWorkerConfig()
 	wc.BlockSize, wc.Blocks = blockSize, kvBlocks
 	t0 := time.Now()
-	s, err := replay.Record(reqs, fleet.Config{Workers: fleetWorkers, Mode: scoring.KV, Worker: wc, Seed: r.cfg.Seed})
+	s, err := replay.Record(reqs, fleet.Config{Workers: fleetWorkers, Mode: scoring.KV, Worker: wc, Seed: r.cfg.Seed, ClosedLoop: closed})
 	if err != nil {
 		return err
 	}
 	ss := s.Stats()
 	r.logf("index: recorded %d batches, %d stored and %d removed blocks in %v", ss.Batches, ss.Stored, ss.Removed,
 		time.Since(t0).Round(10*time.Millisecond))
-	r.mdf("The KV events the %d simulated workers published while serving the whole Mooncake conversation trace (kv routing, "+
+	r.mdf("The KV events the %d simulated workers published while serving the whole %s (kv routing, "+
 		"%d blocks of %d tokens per worker: %d batches, %d blocks stored, %d removed) are replayed into the index through the "+
 		"shards, as the daemon applies them, by N/8 groups of workers each replaying the same stream (package `bench/replay`; "+
 		"the groups start at staggered points so consecutive writes touch different blocks). Work is capped at 10^7 stored "+
 		"blocks, so large fleets replay a prefix of the stream (*prefix*). *Apply* is blocks stored and removed per second until "+
 		"every queue is drained; *match under writes* is Index.Match of the trace's own prompts while a writer churns blocks "+
 		"at the fleet's own event rate × the groups; bytes are heap per (block, worker) residency.\n\n",
-		fleetWorkers, kvBlocks, blockSize, ss.Batches, ss.Stored, ss.Removed)
+		fleetWorkers, about, kvBlocks, blockSize, ss.Batches, ss.Stored, ss.Removed)
 	r.mdf("| workers | prefix | residencies | distinct blocks | apply, M blocks/s | bytes per residency | holders of a query's first block | match under writes p50 / p99 / p99.9 µs | writer, blocks/s |\n")
 	r.mdf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	var results []*replay.Result
@@ -64,15 +85,18 @@ func (r *report) index() error {
 		results = append(results, res)
 		r.mdf("| %d | %.1f %% | %d | %d | %.2f | %.1f | %.0f | %.1f / %.1f / %.1f | %.0f |\n", n, 100*res.Prefix, res.Residencies,
 			res.Entries, res.ApplyRate/1e6, res.BytesPerResidency, res.Holders, us(res.P50), us(res.P99), us(res.P999), res.WriteRate)
-		cond := fmt.Sprintf("Mooncake conversation trace's KV events (8 simulated workers, %d blocks of %d tokens) replayed by %d groups to %d workers, %.1f %% of the stream; %d residencies; %d shards; %s",
-			kvBlocks, blockSize, res.Groups, n, 100*res.Prefix, res.Residencies, res.Shards, machine())
-		key := fmt.Sprintf("index.w%d.", n)
+		cond := fmt.Sprintf("%s's KV events (8 simulated workers, %d blocks of %d tokens) replayed by %d groups to %d workers, %.1f %% of the stream; %d residencies; %d shards; %s",
+			about, kvBlocks, blockSize, res.Groups, n, 100*res.Prefix, res.Residencies, res.Shards, machine())
+		key := fmt.Sprintf("%sw%d.", prefix, n)
 		r.add(key+"apply_rate", res.ApplyRate, "blocks/s", cond)
 		r.add(key+"bytes_per_residency", res.BytesPerResidency, "B", cond)
 		r.add(key+"match_p50", us(res.P50), "µs", cond+fmt.Sprintf("; writer %.0f blocks/s", res.WriteRate))
 		r.add(key+"match_p99", us(res.P99), "µs", cond+fmt.Sprintf("; writer %.0f blocks/s", res.WriteRate))
 		r.add(key+"match_p999", us(res.P999), "µs", cond+fmt.Sprintf("; writer %.0f blocks/s", res.WriteRate))
 		r.add(key+"residencies", float64(res.Residencies), "residencies", cond)
+	}
+	if name != "" {
+		return nil
 	}
 	last := results[len(results)-1]
 	r.headline(mdPrinter.Sprintf("index on the conversation trace's events at %d workers: match p99 under writes (%.0f blocks/s)", last.Workers, last.WriteRate),

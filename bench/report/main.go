@@ -50,8 +50,9 @@ type config struct {
 	Traces string // directory holding mooncake/*.jsonl; sections that need a missing file say so
 	Skip   []string
 	Seed   uint64
-	// Extra are the traces of --trace NAME=PATH, replayed in the quality section beside the
-	// Mooncake traces (rows quality.NAME.…), read with TraceOptions (--block-size, --time-unit).
+	// Extra are the traces of --trace NAME=PATH, replayed in every section that replays a trace
+	// beside the Mooncake ones (rows quality.NAME.…, e2e.NAME.… and index.NAME.wN.…), read with
+	// TraceOptions (--block-size, --time-unit).
 	Extra        []namedTrace
 	TraceOptions trace.MooncakeOptions
 }
@@ -105,7 +106,7 @@ func main() {
 	flag.StringVar(&c.Traces, "traces", c.Traces, "directory with mooncake/conversation_trace.jsonl and mooncake/synthetic_trace.jsonl (env KVROUTERD_TRACES)")
 	flag.StringVar(&skip, "skip", "", "sections to leave out, comma-separated: "+strings.Join(sections, ","))
 	flag.Uint64Var(&c.Seed, "seed", c.Seed, "seed of the routers' tie-breaks and the load generators")
-	flag.Var(traceList{&c.Extra}, "trace", "NAME=PATH: replay this JSON-lines trace too (Mooncake's form or a relative; see bench/trace), its rows named quality.NAME.…; repeatable")
+	flag.Var(traceList{&c.Extra}, "trace", "NAME=PATH: replay this JSON-lines trace too (Mooncake's form or a relative; see bench/trace), its rows named quality.NAME.…, e2e.NAME.… and index.NAME.…; repeatable")
 	flag.IntVar(&c.TraceOptions.BlockSize, "block-size", 0, "tokens per hash id of the --trace files (0: each trace's block_size, else Mooncake's 512)")
 	timeUnit := flag.String("time-unit", "", "unit of the --trace files' numeric timestamps: ms or s (empty: each trace's time_unit, else ms)")
 	flag.Parse()

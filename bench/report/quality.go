@@ -82,16 +82,9 @@ func (r *report) workloads() ([]workload, error) {
 		ws = append(ws, workload{name: f.name, about: f.about, reqs: reqs})
 	}
 	for _, t := range r.cfg.Extra {
-		opt := r.cfg.TraceOptions
-		opt.Limit = limit
-		reqs, err := trace.LoadMooncake(t.Path, opt)
+		w, err := r.extra(t)
 		if err != nil {
-			return nil, fmt.Errorf("--trace %s=%s: %w", t.Name, t.Path, err)
-		}
-		w := workload{name: t.Name, about: "trace " + filepath.Base(t.Path), reqs: reqs}
-		if slices.ContainsFunc(reqs, func(q trace.Request) bool { return q.Session != 0 }) {
-			w.closedLoop = true
-			w.about += ", its sessions replayed closed-loop (a turn after the previous answer and the trace's gap)"
+			return nil, err
 		}
 		ws = append(ws, w)
 	}
@@ -101,6 +94,25 @@ func (r *report) workloads() ([]workload, error) {
 	}
 	ws = append(ws, workload{name: "generated", about: fmt.Sprintf("built-in generator (%v: system prompts, multi-turn sessions, document fan-out)", g.Duration), reqs: trace.Synthetic(g)})
 	return ws, nil
+}
+
+// extra loads a --trace (its first 2,500 requests in the quick report) as every section
+// replays it: closed-loop when it has sessions.
+func (r *report) extra(t namedTrace) (workload, error) {
+	opt := r.cfg.TraceOptions
+	if r.cfg.Quick {
+		opt.Limit = 2500
+	}
+	reqs, err := trace.LoadMooncake(t.Path, opt)
+	if err != nil {
+		return workload{}, fmt.Errorf("--trace %s=%s: %w", t.Name, t.Path, err)
+	}
+	w := workload{name: t.Name, about: "trace " + filepath.Base(t.Path), reqs: reqs}
+	if slices.ContainsFunc(reqs, func(q trace.Request) bool { return q.Session != 0 }) {
+		w.closedLoop = true
+		w.about += ", its sessions replayed closed-loop (a turn after the previous answer and the trace's gap)"
+	}
+	return w, nil
 }
 
 // qualityRun is one simulation and its summary.

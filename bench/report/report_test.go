@@ -265,6 +265,53 @@ func TestExtraTrace(t *testing.T) {
 	}
 }
 
+// TestExtraTraceSections: a --trace goes through the end-to-end and index sections too, its
+// rows named e2e.NAME.… and index.NAME.wN.…, while the missing Mooncake trace is reported as a
+// gap, not an error.
+func TestExtraTraceSections(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a daemon in process")
+	}
+	dir := t.TempDir()
+	g := trace.DefaultSynthetic()
+	g.Duration = 20 * time.Second
+	var b strings.Builder
+	for _, q := range trace.Synthetic(g) {
+		row, err := json.Marshal(map[string]any{"timestamp": q.At.Seconds() * 1000, "token_ids": q.Tokens, "output_length": q.Output, "session_id": q.Session})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.Write(append(row, '\n'))
+	}
+	path := filepath.Join(dir, "mine.jsonl")
+	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r := &report{cfg: config{Quick: true, Out: dir, Traces: filepath.Join(dir, "none"), Seed: 1, Extra: []namedTrace{{"mine", path}}},
+		start: time.Now(), progress: io.Discard}
+	if err := r.e2e(); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.index(); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, m := range r.ms {
+		got[m.Name] = m.Value
+	}
+	for _, name := range []string{"e2e.mine.route_p50", "e2e.mine.hit_rate", "e2e.mine.in_process_hit_rate", "index.mine.w8.apply_rate", "index.mine.w1000.residencies"} {
+		if _, ok := got[name]; !ok {
+			t.Errorf("no %s", name)
+		}
+	}
+	if got["e2e.mine.in_process_hit_rate"] <= 0 || got["index.mine.w8.residencies"] <= 0 {
+		t.Errorf("in-process hit rate %v %%, %v residencies: the trace was not replayed", got["e2e.mine.in_process_hit_rate"], got["index.mine.w8.residencies"])
+	}
+	if _, ok := got["e2e.route_p50"]; ok || len(r.gaps) != 2 {
+		t.Errorf("the missing conversation trace: rows %v, gaps %v", ok, r.gaps)
+	}
+}
+
 func TestTraceFlag(t *testing.T) {
 	var l []namedTrace
 	f := traceList{&l}
