@@ -141,7 +141,7 @@ func (p *persist) restore(newRouter func() *router.Router) (*router.Router, uint
 			return nil, 0, fmt.Errorf("snapshots: %w", err)
 		}
 		r := newRouter()
-		st, err := r.Restore(sn.Meta.Chunks, sn.Chunk)
+		st, tm, err := r.RestoreTimed(sn.Meta.Chunks, sn.Chunk)
 		m := sn.Meta
 		_ = sn.Close()
 		if err != nil {
@@ -155,7 +155,7 @@ func (p *persist) restore(newRouter func() *router.Router) (*router.Router, uint
 		p.restoreSeconds.Set(took.Seconds())
 		p.newest.Store(m.Created.UnixNano())
 		p.log.Info("restored snapshot", "id", m.ID, "created", m.Created, "stream_seq", m.StreamSeq, "workers", st.Workers,
-			"residencies", st.Residencies, "bytes", m.StoredBytes, "took", took)
+			"residencies", st.Residencies, "bytes", m.StoredBytes, "read", tm.Read, "decode", tm.Decode, "build", tm.Build, "took", took)
 		return r, m.StreamSeq, nil
 	}
 }

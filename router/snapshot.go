@@ -4,12 +4,16 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"maps"
 	"runtime"
 	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
+	"github.com/kvrouterd/kvrouterd/kvevent"
+	"github.com/kvrouterd/kvrouterd/radix"
 	"github.com/kvrouterd/kvrouterd/shard"
 	"github.com/kvrouterd/kvrouterd/wire"
 )
@@ -25,13 +29,25 @@ type SnapshotStats struct {
 	Skipped int
 }
 
+// RestoreTiming is where a restore's time went: reading chunks (the store's checks and
+// decompression), decoding messages, and building the state (registering workers, importing
+// their engine maps, loading the index), each summed over the goroutines that restore in
+// parallel. Plain data.
+type RestoreTiming struct {
+	Read, Decode, Build time.Duration
+}
+
 // DefaultChunkSize is the size Snapshot cuts chunks at, at worker boundaries.
 const DefaultChunkSize = 4 << 20
 
 // Snapshot writes the state of every registered worker — registration, event cursors and
 // blocks — as wire.SnapshotWorker messages into chunks of about chunkSize bytes (0:
 // DefaultChunkSize), each a run of whole messages, handed to emit (which must not keep the
-// slice). A worker's state is read on its shard between two batches of its events (shard.Set.Do),
+// slice). The first chunk opens with a wire.SnapshotHeader; after the workers, in chunks of their
+// own, comes the index by block (wire.SnapshotIndex: each block once, with all its holders),
+// built from the same copies of the workers' state, so that the two agree exactly, and which
+// Restore loads in bulk. Building it holds every block's (sequence hash, holder) pair, 16 bytes
+// a residency, for the length of the write. A worker's state is read on its shard between two batches of its events (shard.Set.Do),
 // so reads and event application pause only for that copy; workers are read one after the other,
 // so the snapshot as a whole is fuzzy: replaying the event stream from any sequence whose events
 // had all been handed to the router (Ingest) before Snapshot was called brings every worker up
@@ -65,7 +81,9 @@ func (r *Router) Snapshot(chunkSize int, emit func(chunk []byte) error) (Snapsho
 		ranks    []wire.SnapshotRank
 		pairs    []pair
 		exported = make(map[uint32]struct{})
+		byBlock  = map[indexKey]*blockPairs{}
 	)
+	buf = wire.AppendSnapshotHeader(buf, wire.SnapshotHeader{Version: wire.SnapshotVersion, IndexSection: true})
 	flush := func() error {
 		if len(buf) == 0 {
 			return nil
@@ -126,13 +144,96 @@ func (r *Router) Snapshot(chunkSize int, emit func(chunk []byte) error) (Snapsho
 		st.Residencies += residencies
 		buf = wire.AppendSnapshotWorker(buf, w)
 		st.Workers++
+		for j := range w.Ranks {
+			rs := &w.Ranks[j]
+			slot := wire.SnapshotSlot{ID: w.ID, Rank: rs.Rank}
+			collect(byBlock, indexKey{w.Model, kvevent.Device}, slot, rs.Seqs)
+			for k := range rs.Lower {
+				collect(byBlock, indexKey{w.Model, rs.Lower[k].Tier}, slot, rs.Lower[k].Seqs)
+			}
+		}
 		if len(buf) >= chunkSize {
 			if err := flush(); err != nil {
 				return st, err
 			}
 		}
 	}
+	if err := flush(); err != nil {
+		return st, err
+	}
+	keys := slices.SortedFunc(maps.Keys(byBlock), func(a, b indexKey) int {
+		return cmp.Or(strings.Compare(a.model, b.model), cmp.Compare(a.tier, b.tier))
+	})
+	var x wire.SnapshotIndex
+	for _, k := range keys {
+		bp := byBlock[k]
+		delete(byBlock, k) // its pairs can go once written
+		slices.SortFunc(bp.pairs, func(a, b blockPair) int { return cmp.Or(cmp.Compare(a.seq, b.seq), cmp.Compare(a.slot, b.slot)) })
+		x = wire.SnapshotIndex{Model: k.model, Tier: k.tier, Slots: bp.slots, Keys: x.Keys[:0], Counts: x.Counts[:0], Holders: x.Holders[:0]}
+		for i, p := range bp.pairs {
+			if i == 0 || p.seq != bp.pairs[i-1].seq {
+				x.Keys, x.Counts = append(x.Keys, p.seq), append(x.Counts, 0)
+			}
+			x.Counts[len(x.Counts)-1]++
+			x.Holders = append(x.Holders, p.slot)
+			// A message ends at a block's end once it is about a chunk long.
+			if end := i+1 == len(bp.pairs) || bp.pairs[i+1].seq != p.seq; end && (12*len(x.Keys)+4*len(x.Holders) >= chunkSize || i+1 == len(bp.pairs)) {
+				if err := x.Validate(); err != nil {
+					return st, fmt.Errorf("router: snapshot index of model %q: %w", k.model, err)
+				}
+				buf = wire.AppendSnapshotIndex(buf, &x)
+				x.Keys, x.Counts, x.Holders = x.Keys[:0], x.Counts[:0], x.Holders[:0]
+				if len(buf) >= chunkSize {
+					if err := flush(); err != nil {
+						return st, err
+					}
+				}
+			}
+		}
+	}
 	return st, flush()
+}
+
+// indexKey names one index: a model's, in one storage tier.
+type indexKey struct {
+	model string
+	tier  kvevent.Tier
+}
+
+// blockPairs collects one index's (block, holder) pairs for the snapshot's index section.
+type blockPairs struct {
+	slots  []wire.SnapshotSlot
+	pairs  []blockPair
+	placed map[wire.SnapshotSlot]uint32
+}
+
+type blockPair struct {
+	seq  uint64
+	slot uint32 // a place in blockPairs.slots
+}
+
+// collect adds the blocks seqs (sorted, as sortPairs leaves them) of slot to the pairs of index
+// k, each once.
+func collect(byBlock map[indexKey]*blockPairs, k indexKey, slot wire.SnapshotSlot, seqs []uint64) {
+	if len(seqs) == 0 {
+		return
+	}
+	bp := byBlock[k]
+	if bp == nil {
+		bp = &blockPairs{placed: map[wire.SnapshotSlot]uint32{}}
+		byBlock[k] = bp
+	}
+	at, ok := bp.placed[slot]
+	if !ok {
+		at = uint32(len(bp.slots))
+		bp.slots = append(bp.slots, slot)
+		bp.placed[slot] = at
+	}
+	for i, seq := range seqs {
+		if i == 0 || seq != seqs[i-1] {
+			bp.pairs = append(bp.pairs, blockPair{seq, at})
+		}
+	}
 }
 
 // pair is a block of a snapshot rank, for sorting its arrays together.
@@ -178,31 +279,59 @@ func sortBlocks(seqs, engines, locals, parents []uint64, scratch []pair) []pair 
 var ErrNotEmpty = errors.New("router: restore into a router that has workers")
 
 // Restore registers the workers of a snapshot's chunks and gives them their state (as
-// Snapshot wrote it), before any event or registration reaches the router: it refuses a router
-// that has workers. chunk(i, dst) returns chunk i of n, decoded into dst if it fits; chunks are
-// read and applied in parallel, so chunk must be safe for concurrent use. Workers whose model
-// conflicts with an earlier one's block size are refused and reported in the error, the rest
-// restored. Workers that sent load reports are subject to Config.WorkerTimeout again from now.
+// Snapshot wrote it, or a snapshot of the first format, without header or index section),
+// before any event or registration reaches the router: it refuses a router that has workers.
+// chunk(i, dst) returns chunk i of n, decoded into dst if it fits; chunks are read and applied
+// in parallel, so chunk must be safe for concurrent use. Workers whose model conflicts with an
+// earlier one's block size are refused and reported in the error, the rest restored. Workers
+// that sent load reports are subject to Config.WorkerTimeout again from now.
+//
+// With an index section, the workers' records give them their slots, engine maps and cursors
+// first, and each index is then loaded by block (radix.Index.Load); the index section must
+// account for exactly the residencies the records do, or Restore fails.
 func (r *Router) Restore(n int, chunk func(i int, dst []byte) ([]byte, error)) (SnapshotStats, error) {
+	st, _, err := r.RestoreTimed(n, chunk)
+	return st, err
+}
+
+// RestoreTimed is Restore, also telling where its time went.
+func (r *Router) RestoreTimed(n int, chunk func(i int, dst []byte) ([]byte, error)) (SnapshotStats, RestoreTiming, error) {
+	var tm RestoreTiming
 	r.mu.Lock()
 	empty := len(r.workers) == 0
 	r.mu.Unlock()
 	if !empty {
-		return SnapshotStats{}, ErrNotEmpty
+		return SnapshotStats{}, tm, ErrNotEmpty
 	}
 	var (
-		next     atomic.Int64
-		mu       sync.Mutex
-		st       SnapshotStats
-		errs     []error
-		restored []*model // models to publish once at the end
-		wg       sync.WaitGroup
+		st   SnapshotStats
+		rs   = restoreState{r: r}
+		hd   wire.SnapshotHeader
+		head []byte // chunk 0, read first for the header
 	)
-	fail := func(err error) {
-		mu.Lock()
-		errs = append(errs, err)
-		mu.Unlock()
+	if n > 0 {
+		b, err := chunk(0, nil)
+		if err != nil {
+			return st, tm, fmt.Errorf("router: snapshot chunk 0: %w", err)
+		}
+		head = b
+		if typ, _, err := wire.ParseHeader(b); err == nil && typ == wire.TypeSnapshotHeader {
+			_, body, _ := wire.ParseHeader(b)
+			if len(b) < wire.HeaderSize+body {
+				return st, tm, fmt.Errorf("router: snapshot chunk 0: the header is truncated")
+			}
+			if err := wire.DecodeSnapshotHeader(b[:wire.HeaderSize+body], &hd); err != nil {
+				return st, tm, fmt.Errorf("router: snapshot: %w", err)
+			}
+		}
 	}
+	rs.bulk = hd.IndexSection
+	var (
+		next     atomic.Int64
+		wg       sync.WaitGroup
+		indexes  = make([][]byte, n) // the index section's chunks, loaded once every worker is in
+		restored []*model            // models to publish once at the end
+	)
 	for range min(n, max(runtime.GOMAXPROCS(0), 2)) {
 		wg.Add(1)
 		go func() {
@@ -211,74 +340,271 @@ func (r *Router) Restore(n int, chunk func(i int, dst []byte) ([]byte, error)) (
 				buf []byte
 				w   wire.SnapshotWorker
 				my  SnapshotStats
+				mt  RestoreTiming
 			)
 			for {
 				i := int(next.Add(1) - 1)
 				if i >= n {
 					break
 				}
-				b, err := chunk(i, buf[:0])
-				if err != nil {
-					fail(fmt.Errorf("router: snapshot chunk %d: %w", i, err))
+				var b []byte
+				var err error
+				t0 := time.Now()
+				if i == 0 {
+					b = head
+				} else if b, err = chunk(i, buf[:0]); err != nil {
+					rs.fail(fmt.Errorf("router: snapshot chunk %d: %w", i, err))
 					continue
 				}
-				buf = b
+				mt.Read += time.Since(t0)
 				my.Chunks++
 				my.Bytes += int64(len(b))
+				if typ, _, err := wire.ParseHeader(b); err == nil && typ == wire.TypeSnapshotIndex {
+					if !rs.bulk {
+						rs.fail(fmt.Errorf("router: snapshot chunk %d: an index section without the header that announces it", i))
+						continue
+					}
+					indexes[i] = b // kept: the next chunk goes into a buffer of its own
+					buf = nil
+					continue
+				}
+				if i != 0 {
+					buf = b
+				}
 				for off := 0; off < len(b); {
-					_, body, err := wire.ParseHeader(b[off:])
+					typ, body, err := wire.ParseHeader(b[off:])
 					if err == nil && len(b)-off-wire.HeaderSize < body {
 						err = fmt.Errorf("message at offset %d: truncated", off)
 					}
+					if err == nil && typ == wire.TypeSnapshotHeader && i == 0 && off == 0 {
+						off += wire.HeaderSize + body
+						continue
+					}
+					t1 := time.Now()
 					if err == nil {
 						err = wire.DecodeSnapshotWorker(b[off:off+wire.HeaderSize+body], &w)
 					}
 					if err != nil {
 						// The rest of the chunk cannot be framed; its other workers are lost
 						// with it, which the error says.
-						fail(fmt.Errorf("router: snapshot chunk %d at offset %d: %w", i, off, err))
+						rs.fail(fmt.Errorf("router: snapshot chunk %d at offset %d: %w", i, off, err))
 						break
 					}
 					off += wire.HeaderSize + body
-					m, err := r.restoreWorker(&w)
+					t2 := time.Now()
+					mt.Decode += t2.Sub(t1)
+					m, err := rs.worker(&w)
+					mt.Build += time.Since(t2)
 					if err != nil {
-						fail(err)
+						rs.fail(err)
 						continue
 					}
 					my.Workers++
-					for _, rs := range w.Ranks {
-						my.Residencies += int64(len(rs.Seqs))
-						for _, l := range rs.Lower {
+					for _, rk := range w.Ranks {
+						my.Residencies += int64(len(rk.Seqs))
+						for _, l := range rk.Lower {
 							my.Residencies += int64(len(l.Seqs))
 						}
 					}
-					mu.Lock()
+					rs.mu.Lock()
 					if !slices.Contains(restored, m) {
 						restored = append(restored, m)
 					}
-					mu.Unlock()
+					rs.mu.Unlock()
 				}
 			}
-			mu.Lock()
+			rs.mu.Lock()
 			st.Workers += my.Workers
 			st.Residencies += my.Residencies
 			st.Bytes += my.Bytes
 			st.Chunks += my.Chunks
-			mu.Unlock()
+			tm.Read += mt.Read
+			tm.Decode += mt.Decode
+			tm.Build += mt.Build
+			rs.mu.Unlock()
 		}()
 	}
 	wg.Wait()
+	if rs.bulk {
+		// Also after errors: a worker over the residency budget is restored in part, and the
+		// index section's count check catches what is missing for any other reason.
+		decode, build := rs.load(indexes)
+		tm.Decode += decode
+		tm.Build += build
+	}
 	r.mu.Lock()
 	for _, m := range restored {
 		r.publishLocked(m)
 	}
 	r.mu.Unlock()
-	return st, errors.Join(errs...)
+	return st, tm, errors.Join(rs.errs...)
+}
+
+// restoreState is one Restore's shared state.
+type restoreState struct {
+	r    *Router
+	bulk bool // the snapshot has an index section: workers are imported without their blocks' residencies
+	mu   sync.Mutex
+	errs []error
+	// added is the residencies the workers' records gave (ImportBulk), which the index section
+	// must give again; skipped the (index, slot, block)s left out over the residency budget.
+	added   int64
+	skipped map[skippedKey]struct{}
+}
+
+type skippedKey struct {
+	ix   *radix.Index
+	slot radix.Slot
+	seq  uint64
+}
+
+func (rs *restoreState) fail(err error) {
+	rs.mu.Lock()
+	rs.errs = append(rs.errs, err)
+	rs.mu.Unlock()
+}
+
+// load builds the indexes from the index section's chunks: per model and tier, every message's
+// blocks gathered, then loaded at once. It returns the time spent decoding and gathering, and
+// the loads' time × the goroutines each used.
+func (rs *restoreState) load(chunks [][]byte) (decode, build time.Duration) {
+	t0 := time.Now()
+	defer func() {
+		if build == 0 {
+			decode = time.Since(t0)
+		}
+	}()
+	type gathered struct {
+		ix    *radix.Index
+		parts []radix.Blocks
+	}
+	byIndex := map[indexKey]*gathered{}
+	var (
+		slots  []radix.Slot
+		loaded int64
+	)
+	models := *rs.r.models.Load()
+	for i, b := range chunks {
+		for off := 0; off < len(b); {
+			_, body, err := wire.ParseHeader(b[off:])
+			if err == nil && len(b)-off-wire.HeaderSize < body {
+				err = fmt.Errorf("message at offset %d: truncated", off)
+			}
+			// A message of its own each time: its keys and counts become a part of the load.
+			var x wire.SnapshotIndex
+			if err == nil {
+				err = wire.DecodeSnapshotIndex(b[off:off+wire.HeaderSize+body], &x)
+			}
+			if err != nil {
+				rs.fail(fmt.Errorf("router: snapshot chunk %d at offset %d: %w", i, off, err))
+				return 0, 0
+			}
+			off += wire.HeaderSize + body
+			k := indexKey{x.Model, x.Tier}
+			g := byIndex[k]
+			if g == nil {
+				m := models[x.Model]
+				if m == nil {
+					rs.fail(fmt.Errorf("router: snapshot index of model %q, which no worker of the snapshot serves", x.Model))
+					return 0, 0
+				}
+				g = &gathered{ix: m.ix.EnsureTier(x.Tier)}
+				k.model = strings.Clone(k.model) // the message aliases the chunk
+				byIndex[k] = g
+			}
+			slots = slots[:0]
+			for _, s := range x.Slots {
+				slot, ok := g.ix.Lookup(radix.WorkerKey{ID: s.ID, Rank: s.Rank})
+				if !ok {
+					rs.fail(fmt.Errorf("router: snapshot index of model %q holds worker %d rank %d, which its records do not", x.Model, s.ID, s.Rank))
+					return 0, 0
+				}
+				slots = append(slots, slot)
+			}
+			part := radix.Blocks{Keys: x.Keys, Counts: x.Counts, Holders: make([]radix.Slot, len(x.Holders))}
+			for j, p := range x.Holders {
+				part.Holders[j] = slots[p]
+			}
+			if rs.skipped != nil {
+				part = rs.keep(g.ix, part)
+			}
+			if !slices.IsSorted(slots) {
+				// Places ascend within a block, but these slots do not: sort each run.
+				h := 0
+				for _, c := range part.Counts {
+					if c > 1 {
+						slices.Sort(part.Holders[h : h+int(c)])
+					}
+					h += int(c)
+				}
+			}
+			loaded += int64(len(part.Holders))
+			g.parts = append(g.parts, part)
+		}
+	}
+	if loaded != rs.added {
+		rs.fail(fmt.Errorf("router: the snapshot's index section holds %d residencies, its workers' records %d: not restored", loaded, rs.added))
+		return 0, 0
+	}
+	decode = time.Since(t0)
+	t1 := time.Now()
+	for k, g := range byIndex {
+		if err := g.ix.Load(g.parts...); err != nil {
+			rs.fail(fmt.Errorf("router: snapshot index of model %q tier %v: %w", k.model, k.tier, err))
+		}
+	}
+	return decode, time.Since(t1) * time.Duration(min(runtime.GOMAXPROCS(0), 256))
+}
+
+// keep returns the blocks of part without the holders the residency budget left out of ix.
+func (rs *restoreState) keep(ix *radix.Index, part radix.Blocks) radix.Blocks {
+	var out radix.Blocks
+	h := 0
+	for i, key := range part.Keys {
+		c := int(part.Counts[i])
+		kept := 0
+		for _, slot := range part.Holders[h : h+c] {
+			if _, left := rs.skipped[skippedKey{ix, slot, key}]; !left {
+				out.Holders = append(out.Holders, slot)
+				kept++
+			}
+		}
+		h += c
+		if kept > 0 {
+			out.Keys, out.Counts = append(out.Keys, key), append(out.Counts, uint32(kept))
+		}
+	}
+	return out
+}
+
+// worker restores one snapshot worker: registered and its state imported (without its
+// residencies in the index, in bulk).
+func (rs *restoreState) worker(w *wire.SnapshotWorker) (*model, error) {
+	if !rs.bulk {
+		m, _, err := rs.r.restoreWorker(w, nil)
+		return m, err
+	}
+	var m *model
+	skip := func(t shard.Tier, slot radix.Slot, seq uint64) {
+		rs.mu.Lock()
+		if rs.skipped == nil {
+			rs.skipped = map[skippedKey]struct{}{}
+		}
+		rs.skipped[skippedKey{m.ix.EnsureTier(t), slot, seq}] = struct{}{}
+		rs.mu.Unlock()
+	}
+	m, added, err := rs.r.restoreWorker(w, func(mm *model) shard.Skipped { m = mm; return skip })
+	rs.mu.Lock()
+	rs.added += int64(added)
+	rs.mu.Unlock()
+	return m, err
 }
 
 // restoreWorker registers one snapshot worker (without publishing its model's worker list)
-// and imports its state on its shard.
-func (r *Router) restoreWorker(w *wire.SnapshotWorker) (*model, error) {
+// and imports its state on its shard; with bulk, without its residencies in the index
+// (shard.Applier.ImportBulk, told of what it leaves out by bulk's function for the worker's
+// model). It returns the residencies imported.
+func (r *Router) restoreWorker(w *wire.SnapshotWorker, bulk func(*model) shard.Skipped) (*model, int, error) {
 	// The decoded strings alias the chunk's buffer, which the next chunk reuses.
 	g := Registration{ID: w.ID, Model: strings.Clone(w.Model), BlockSize: w.BlockSize, Capacity: w.Capacity,
 		MaxTokens: w.MaxTokens, Endpoint: strings.Clone(w.Endpoint), Replay: strings.Clone(w.Replay),
@@ -288,7 +614,7 @@ func (r *Router) restoreWorker(w *wire.SnapshotWorker) (*model, error) {
 	}
 	ranks, err := g.check()
 	if err != nil {
-		return nil, fmt.Errorf("router: restore worker %d: %w", w.ID, err)
+		return nil, 0, fmt.Errorf("router: restore worker %d: %w", w.ID, err)
 	}
 	g.Ranks = ranks
 	// Each rank's own endpoints; a snapshot from before they were kept has the first rank's.
@@ -315,21 +641,30 @@ func (r *Router) restoreWorker(w *wire.SnapshotWorker) (*model, error) {
 	}
 	r.mu.Unlock()
 	if err != nil {
-		return nil, fmt.Errorf("router: restore worker %d: %w", w.ID, err)
+		return nil, 0, fmt.Errorf("router: restore worker %d: %w", w.ID, err)
 	}
 	if len(eps) > 0 && r.cfg.Endpoints != nil {
 		if err := r.cfg.Endpoints.Registered(g.ID, g.Model, eps); err != nil {
 			r.log.Warn("restored worker's event endpoints refused", "worker", w.ID, "err", err)
 		}
 	}
-	var ierr error
-	if err := r.set.Do(w.ID, func(a *shard.Applier) { _, ierr = a.Import(m.ix, w.ID, w.Ranks) }); err != nil {
-		return m, err
+	var (
+		ierr  error
+		added int
+	)
+	if err := r.set.Do(w.ID, func(a *shard.Applier) {
+		if bulk == nil {
+			added, ierr = a.Import(m.ix, w.ID, w.Ranks)
+		} else {
+			added, ierr = a.ImportBulk(m.ix, w.ID, w.Ranks, bulk(m))
+		}
+	}); err != nil {
+		return m, added, err
 	}
 	if ierr != nil {
-		return m, fmt.Errorf("router: restore worker %d: %w", w.ID, ierr)
+		return m, added, fmt.Errorf("router: restore worker %d: %w", w.ID, ierr)
 	}
-	return m, nil
+	return m, added, nil
 }
 
 // ClearAll drops every worker's blocks, keeping registrations and event cursors, after the

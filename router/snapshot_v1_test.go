@@ -10,6 +10,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/kvrouterd/kvrouterd/radix"
 	"github.com/kvrouterd/kvrouterd/wire"
 )
 
@@ -96,5 +97,49 @@ func TestRestoreV1Snapshot(t *testing.T) {
 		if !reflect.DeepEqual(ra.Candidates, rb.Candidates) || !slices.Equal(ra.Tiers, rb.Tiers) {
 			t.Fatalf("match %v: %v %v, restored %v %v", q.Tokens, ra.Candidates, ra.Tiers, rb.Candidates, rb.Tiers)
 		}
+	}
+}
+
+// TestRestoreOverBudget: restored into a router with room for part of a snapshot, the index by
+// block leaves out exactly the blocks the workers' records leave out: every residency the index
+// holds is one a worker's state vouches for, so that removals later take it away, and the rest
+// is counted as skipped, with an error that says so.
+func TestRestoreOverBudget(t *testing.T) {
+	live, _ := v1Live(t)
+	var chunks [][]byte
+	st, err := live.Snapshot(900, func(c []byte) error { chunks = append(chunks, append([]byte(nil), c...)); return nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if typ, _, _ := wire.ParseHeader(chunks[0]); typ != wire.TypeSnapshotHeader {
+		t.Fatalf("a new snapshot starts with %v, not its header", typ)
+	}
+	budget := st.Residencies / 3
+	r := New(Config{Shards: 1, ClearOnGap: true, MaxBlocks: budget, Logger: quiet()})
+	t.Cleanup(r.Close)
+	_, err = r.Restore(len(chunks), func(i int, dst []byte) ([]byte, error) { return append(dst, chunks[i]...), nil })
+	if err == nil {
+		t.Fatal("a snapshot over the budget restored without a word")
+	}
+	ss := r.set.Stats()
+	if ss.Residencies == 0 || ss.Residencies > budget || ss.SkippedBlocks == 0 {
+		t.Fatalf("budget %d: %d residencies, %d skipped", budget, ss.Residencies, ss.SkippedBlocks)
+	}
+	// Every worker's blocks are in the index, and nothing else: removing each worker's blocks
+	// by their engine hashes empties it.
+	m := (*r.models.Load())["m"]
+	var held int64
+	for _, w := range r.Workers() {
+		slot, ok := m.ix.Lookup(radix.WorkerKey{ID: w.ID, Rank: w.Rank})
+		if !ok {
+			continue
+		}
+		held += m.ix.Blocks(slot)
+		if m.ix.Blocks(slot) != int64(w.CachedBlocks) {
+			t.Errorf("worker %d rank %d: %d blocks in the index, %d in its state", w.ID, w.Rank, m.ix.Blocks(slot), w.CachedBlocks)
+		}
+	}
+	if held == 0 {
+		t.Fatal("nothing restored in the device index")
 	}
 }

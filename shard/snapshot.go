@@ -99,6 +99,28 @@ var ErrExists = errors.New("shard: worker already has state")
 // left out and counted in SkippedBlocks, and the error says so; a rank twice is an error. It
 // returns the residencies added.
 func (a *Applier) Import(ix *radix.Index, id uint64, ranks []RankState) (int, error) {
+	return a.importRanks(ix, id, ranks, nil)
+}
+
+// Skipped is told of each block Bulk import left out over the residency budget: the caller must
+// leave the (block, slot) pair out of the index too.
+type Skipped func(tier Tier, slot radix.Slot, seq uint64)
+
+// ImportBulk is Import for a restore that adds the index's residencies itself, in bulk
+// (radix.Index.Load, each block once with all its holders): it gives the worker its slots,
+// engine maps, trees, cursors and counts, and leaves the index alone. Each tier's blocks must
+// be sorted by sequence hash, as snapshots write them; what the budget leaves out is counted as
+// Import counts it and told to skipped. The residencies it returns, per rank and tier, are the
+// distinct sequence hashes the caller's Load must give the rank's slot.
+func (a *Applier) ImportBulk(ix *radix.Index, id uint64, ranks []RankState, skipped Skipped) (int, error) {
+	if skipped == nil {
+		skipped = func(Tier, radix.Slot, uint64) {}
+	}
+	return a.importRanks(ix, id, ranks, skipped)
+}
+
+// importRanks is Import (bulk nil) and ImportBulk.
+func (a *Applier) importRanks(ix *radix.Index, id uint64, ranks []RankState, bulk Skipped) (int, error) {
 	if a.workers[id] != nil {
 		return 0, ErrExists
 	}
@@ -123,7 +145,10 @@ func (a *Applier) Import(ix *radix.Index, id uint64, ranks []RankState) (int, er
 		r := a.newRank(rs.Rank, slot)
 		r.last, r.batch = rs.Cursor, rs.Batch
 		w.ranks = append(w.ranks, r)
-		n, sk := a.importTier(ix, r, &r.tierState, rs.Seqs, rs.Engines, rs.Locals, rs.Parents)
+		n, sk, err := a.importTier(ix, r, Device, &r.tierState, rs.Seqs, rs.Engines, rs.Locals, rs.Parents, bulk)
+		if err != nil {
+			return added, fmt.Errorf("shard: worker %d rank %d: %w", id, rs.Rank, err)
+		}
 		added, skipped = added+n, skipped+sk
 		var seen [kvevent.NumTiers]bool
 		for j := range rs.Lower {
@@ -140,7 +165,10 @@ func (a *Applier) Import(ix *radix.Index, id uint64, ranks []RankState) (int, er
 			if len(tb.Seqs) == 0 {
 				continue
 			}
-			n, sk := a.importTier(ix.EnsureTier(tb.Tier), r, a.tier(r, tb.Tier, true), tb.Seqs, tb.Engines, tb.Locals, tb.Parents)
+			n, sk, err := a.importTier(ix.EnsureTier(tb.Tier), r, tb.Tier, a.tier(r, tb.Tier, true), tb.Seqs, tb.Engines, tb.Locals, tb.Parents, bulk)
+			if err != nil {
+				return added, fmt.Errorf("shard: worker %d rank %d tier %v: %w", id, rs.Rank, tb.Tier, err)
+			}
 			a.c.tierResidencies[tb.Tier].Add(int64(n))
 			added, skipped = added+n, skipped+sk
 		}
@@ -156,10 +184,51 @@ func (a *Applier) Import(ix *radix.Index, id uint64, ranks []RankState) (int, er
 	return added, nil
 }
 
-// importTier adds the blocks of one tier of rank r (its state ts, its index ix) and returns the
-// residencies added and the blocks left out over the budget.
-func (a *Applier) importTier(ix *radix.Index, r *rankState, ts *tierState, seqs, engines, locals, parents []uint64) (added, skipped int) {
+// importTier adds the blocks of one tier t of rank r (its state ts, its index ix) and returns the
+// residencies added and the blocks left out over the budget. In bulk (bulk not nil) it leaves
+// the index to the caller: a block is new unless it is the block before it (seqs sorted).
+func (a *Applier) importTier(ix *radix.Index, r *rankState, t Tier, ts *tierState, seqs, engines, locals, parents []uint64, bulk Skipped) (added, skipped int, err error) {
 	ts.engine.Grow(len(engines))
+	if bulk != nil {
+		if !slices.IsSorted(seqs) {
+			return 0, 0, errors.New("blocks not sorted by sequence hash: not a snapshot's")
+		}
+		var (
+			last    uint64 // the sequence hash of the block before
+			lastIn  bool   // it was taken in
+			started bool
+		)
+		for j, eh := range engines {
+			seq := seqs[j]
+			if !started || seq != last {
+				if !a.reserve() {
+					if _, dup := ts.engine.Get(eh); !dup {
+						last, started, lastIn = seq, true, false
+						skipped++
+						bulk(t, r.slot, seq)
+					}
+					continue
+				}
+				if !ts.engine.PutNew(eh, seq) {
+					a.allow++ // an engine hash twice: the first one stands
+					continue
+				}
+				last, started, lastIn = seq, true, true
+				added++
+			} else if !lastIn || !ts.engine.PutNew(eh, seq) {
+				continue
+			} else {
+				ts.addDup(seq) // a second engine hash of the block
+			}
+			if ts.tree != nil && len(locals) != 0 {
+				ts.tree.local.Put(seq, locals[j])
+				if p := parents[j]; p != seq {
+					ts.tree.parent.Put(seq, p)
+				}
+			}
+		}
+		return added, skipped, nil
+	}
 	const ahead = 16
 	for j, eh := range engines {
 		if j%ahead == 0 {
@@ -193,7 +262,7 @@ func (a *Applier) importTier(ix *radix.Index, r *rankState, ts *tierState, seqs,
 			}
 		}
 	}
-	return added, skipped
+	return added, skipped, nil
 }
 
 // TreeBlock is one block of a worker as DumpTree lists it: the engine's hash, the local and

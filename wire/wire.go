@@ -34,6 +34,10 @@ const (
 	TypeEventBatch    Type = 3
 	// TypeSnapshotWorker is one worker's state in a snapshot (SnapshotWorker).
 	TypeSnapshotWorker Type = 4
+	// TypeSnapshotHeader opens a snapshot of the second format (SnapshotHeader).
+	TypeSnapshotHeader Type = 5
+	// TypeSnapshotIndex is part of a model's index by block in a snapshot (SnapshotIndex).
+	TypeSnapshotIndex Type = 6
 )
 
 func (t Type) String() string {
@@ -46,6 +50,10 @@ func (t Type) String() string {
 		return "event batch"
 	case TypeSnapshotWorker:
 		return "snapshot worker"
+	case TypeSnapshotHeader:
+		return "snapshot header"
+	case TypeSnapshotIndex:
+		return "snapshot index"
 	}
 	return fmt.Sprintf("type(%d)", uint16(t))
 }
@@ -99,8 +107,8 @@ func ParseHeader(b []byte) (Type, int, error) {
 		return 0, 0, err
 	}
 	t := Type(le.Uint16(b[6:]))
-	if t < TypeRouteRequest || t > TypeSnapshotWorker {
-		return 0, 0, d.errAt("type", 6, ErrType, "got %d, want 1 to 4", uint16(t))
+	if t < TypeRouteRequest || t > TypeSnapshotIndex {
+		return 0, 0, d.errAt("type", 6, ErrType, "got %d, want 1 to 6", uint16(t))
 	}
 	n := le.Uint32(b[8:])
 	if uint64(n) > math.MaxInt {

@@ -19,10 +19,42 @@ import (
 )
 
 // snapshotDir writes into dir/snapshots one snapshot of workers workers holding perWorker blocks
-// each (a residency per block): 60 % of a worker's blocks from a pool of prefixes that many
-// workers share, the rest its own, as after a day of serving prompts with common system
-// prompts. It returns the residencies.
+// each (a residency per block), in the current format, by Router.Snapshot: the state of
+// snapshotDirV1's, restored into a router. It returns the residencies.
 func snapshotDir(tb testing.TB, dir string, workers, perWorker int) int64 {
+	tb.Helper()
+	src := tb.TempDir()
+	n := snapshotDirV1(tb, src, workers, perWorker)
+	from := openStore(tb, src)
+	sn, _, err := from.Latest()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	r := router.New(router.Config{Shards: 2, Logger: quiet()})
+	defer r.Close()
+	if _, err := r.Restore(sn.Meta.Chunks, sn.Chunk); err != nil {
+		tb.Fatal(err)
+	}
+	sn.Close()
+	from.Close()
+	st := openStore(tb, dir)
+	defer st.Close()
+	// Stream sequence 0: the daemon then reads its (empty) stream from the start.
+	if _, err := st.Write(0, nil, func(emit func([]byte) error) error {
+		_, err := r.Snapshot(0, emit)
+		return err
+	}); err != nil {
+		tb.Fatal(err)
+	}
+	return n
+}
+
+// snapshotDirV1 writes into dir/snapshots one snapshot in the first format (worker messages
+// only, no index section): workers workers holding perWorker blocks each (a residency per
+// block), 60 % of a worker's blocks from a pool of prefixes that many workers share, the rest
+// its own, as after a day of serving prompts with common system prompts. It returns the
+// residencies.
+func snapshotDirV1(tb testing.TB, dir string, workers, perWorker int) int64 {
 	tb.Helper()
 	st := openStore(tb, dir)
 	defer st.Close()
@@ -68,20 +100,23 @@ func snapshotDir(tb testing.TB, dir string, workers, perWorker int) int64 {
 }
 
 var (
-	sinceStart  = regexp.MustCompile(`since_start=([0-9.]+[µm]?s)`)
-	restoreTook = regexp.MustCompile(`msg="restored snapshot".* took=([0-9.]+[µm]?s)`)
+	readyAt     = regexp.MustCompile(`msg="kvrouterd ready".* since_start=([0-9.]+[µm]?s)`)
+	caughtUp    = regexp.MustCompile(`msg="caught up with the event stream".* since_start=([0-9.]+[µm]?s)`)
+	restoreTook = regexp.MustCompile(`msg="restored snapshot".* read=([0-9.]+[µm]?s) decode=([0-9.]+[µm]?s) build=([0-9.]+[µm]?s) took=([0-9.]+[µm]?s)`)
 )
 
 // BenchmarkRestart measures the built binary from process start to ready (/readyz 200) on a data
 // directory holding a snapshot of 10^7 residencies (1,000 workers × 10^4 blocks; -short: 10^6),
-// with its embedded NATS server; it reports the daemon's own restore time and time to ready
-// from its log, and the restore rate.
+// with its embedded NATS server; it reports from the daemon's log its time to ready, its restore
+// (and the restore's read, decode and build times, each summed over the goroutines that restore
+// in parallel), the catch-up with the event stream after it, and the restore rate.
 func BenchmarkRestart(b *testing.B) {
 	workers, per := benchSize()
 	bin := buildDaemon(b)
 	dir := b.TempDir()
 	res := snapshotDir(b, dir, workers, per)
-	var ready, restore []time.Duration
+	var ready, restore, catchup []time.Duration
+	var parts [3][]time.Duration
 	b.ResetTimer()
 	for range b.N {
 		var logs bytes.Buffer
@@ -113,19 +148,27 @@ func BenchmarkRestart(b *testing.B) {
 		mu.Lock()
 		log := logs.String()
 		mu.Unlock()
-		m, m2 := sinceStart.FindStringSubmatch(log), restoreTook.FindStringSubmatch(log)
-		if m == nil || m2 == nil {
+		m, m2, m3 := readyAt.FindStringSubmatch(log), restoreTook.FindStringSubmatch(log), caughtUp.FindStringSubmatch(log)
+		if m == nil || m2 == nil || m3 == nil {
 			b.Fatalf("no timings in the log:\n%s", log)
 		}
 		d, _ := time.ParseDuration(m[1])
-		rd, _ := time.ParseDuration(m2[1])
-		ready, restore = append(ready, d), append(restore, rd)
+		rd, _ := time.ParseDuration(m2[4])
+		cu, _ := time.ParseDuration(m3[1])
+		ready, restore, catchup = append(ready, d), append(restore, rd), append(catchup, cu)
+		for k := range parts {
+			p, _ := time.ParseDuration(m2[1+k])
+			parts[k] = append(parts[k], p)
+		}
 		b.ReportMetric(float64(wall)/1e6, "wall-ms")
 	}
-	slices.Sort(ready)
-	slices.Sort(restore)
-	b.ReportMetric(float64(ready[len(ready)/2])/1e6, "ready-ms")
-	b.ReportMetric(float64(restore[len(restore)/2])/1e6, "restore-ms")
+	med := func(d []time.Duration) float64 { slices.Sort(d); return float64(d[len(d)/2]) / 1e6 }
+	b.ReportMetric(med(ready), "ready-ms")
+	b.ReportMetric(med(restore), "restore-ms")
+	b.ReportMetric(med(parts[0]), "read-ms")
+	b.ReportMetric(med(parts[1]), "decode-ms")
+	b.ReportMetric(med(parts[2]), "build-ms")
+	b.ReportMetric(med(catchup), "catchup-ms")
 	b.ReportMetric(float64(res)/restore[len(restore)/2].Seconds(), "residencies/s")
 	b.ReportMetric(float64(res), "residencies")
 }
@@ -168,30 +211,45 @@ func BenchmarkSnapshotWrite(b *testing.B) {
 }
 
 // BenchmarkRestore is the restore alone, in process: verify, decompress, decode and import a
-// snapshot of 10^7 residencies (-short: 10^6) into a new router with 2 shards.
+// snapshot of 10^7 residencies (-short: 10^6) into a new router with 2 shards, in the current
+// format (the index loaded by block) and in the first (every residency added on its own).
 func BenchmarkRestore(b *testing.B) {
-	workers, per := benchSize()
-	dir := b.TempDir()
-	res := snapshotDir(b, dir, workers, per)
-	st := openStore(b, dir)
-	defer st.Close()
-	b.ResetTimer()
-	start := time.Now()
-	for range b.N {
-		sn, _, err := st.Latest()
-		if err != nil {
-			b.Fatal(err)
-		}
-		r := router.New(router.Config{Shards: 2, Logger: quiet()})
-		if _, err := r.Restore(sn.Meta.Chunks, sn.Chunk); err != nil {
-			b.Fatal(err)
-		}
-		b.StopTimer()
-		sn.Close()
-		r.Close()
-		b.StartTimer()
+	for _, c := range []struct {
+		name  string
+		write func(testing.TB, string, int, int) int64
+	}{{"format=2", snapshotDir}, {"format=1", snapshotDirV1}} {
+		b.Run(c.name, func(b *testing.B) {
+			workers, per := benchSize()
+			dir := b.TempDir()
+			res := c.write(b, dir, workers, per)
+			st := openStore(b, dir)
+			defer st.Close()
+			var total router.RestoreTiming
+			b.ResetTimer()
+			start := time.Now()
+			for range b.N {
+				sn, _, err := st.Latest()
+				if err != nil {
+					b.Fatal(err)
+				}
+				r := router.New(router.Config{Shards: 2, Logger: quiet()})
+				_, s, err := r.RestoreTimed(sn.Meta.Chunks, sn.Chunk)
+				if err != nil {
+					b.Fatal(err)
+				}
+				total.Read, total.Decode, total.Build = total.Read+s.Read, total.Decode+s.Decode, total.Build+s.Build
+				b.StopTimer()
+				sn.Close()
+				r.Close()
+				b.StartTimer()
+			}
+			b.ReportMetric(float64(res)*float64(b.N)/time.Since(start).Seconds(), "residencies/s")
+			n := float64(b.N) * 1e6
+			b.ReportMetric(float64(total.Read)/n, "read-ms")
+			b.ReportMetric(float64(total.Decode)/n, "decode-ms")
+			b.ReportMetric(float64(total.Build)/n, "build-ms")
+		})
 	}
-	b.ReportMetric(float64(res)*float64(b.N)/time.Since(start).Seconds(), "residencies/s")
 }
 
 // benchSize is the snapshot the benchmarks use: 1,000 workers × 10^4 blocks (-short: 100 workers).

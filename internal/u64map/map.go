@@ -118,6 +118,64 @@ func (m *Map) Put(k, v uint64) {
 	m.n++
 }
 
+// PutNew sets k to v if k is absent and reports whether it did: Get and Put in one probe.
+func (m *Map) PutNew(k, v uint64) bool {
+	if k == 0 {
+		if m.hasZero {
+			return false
+		}
+		m.hasZero, m.zeroVal = true, v
+		return true
+	}
+	if m.n >= m.maxN {
+		m.resize(max(len(m.slots)*emGrowNum/emGrowDen, emMin))
+	}
+	for i, d := m.home(k), 0; ; d++ {
+		s := &m.slots[i]
+		if s.k == k {
+			return false
+		}
+		if s.k == 0 {
+			s.k, s.v = k, v
+			m.n++
+			return true
+		}
+		if sd := m.dist(s.k, i); sd < d {
+			// k would have displaced this key: it is absent, and goes here.
+			s.k, k = k, s.k
+			s.v, v = v, s.v
+			if i++; i == len(m.slots) {
+				i = 0
+			}
+			m.insertFrom(k, v, i, sd+1)
+			m.n++
+			return true
+		}
+		if i++; i == len(m.slots) {
+			i = 0
+		}
+	}
+}
+
+// insertFrom goes on placing k, displaced from the slot before i at distance d-1 from its home.
+func (m *Map) insertFrom(k, v uint64, i, d int) {
+	for ; ; d++ {
+		s := &m.slots[i]
+		if s.k == 0 {
+			s.k, s.v = k, v
+			return
+		}
+		if sd := m.dist(s.k, i); sd < d {
+			s.k, k = k, s.k
+			s.v, v = v, s.v
+			d = sd
+		}
+		if i++; i == len(m.slots) {
+			i = 0
+		}
+	}
+}
+
 // insert places a key known to be absent, displacing keys nearer their home.
 func (m *Map) insert(k, v uint64) {
 	for i, d := m.home(k), 0; ; d++ {
