@@ -42,6 +42,7 @@ type scratch struct {
 	bpos   []int32
 	rows   []busyRow
 	tab    []cost
+	wtab   []wireCost // tab as records carry it
 	heap   []ranked
 	bounds []float64
 	pool   []ranked

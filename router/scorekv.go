@@ -23,7 +23,8 @@ import (
 //     possible block shared could reach the answer.
 //   - The tree sizes that break ties are read for the tied and the answered workers only.
 //   - An answer with every worker is written in one pass, straight into the encoded message
-//     (AppendRoute) or into resp.Candidates.
+//     (AppendRoute) or into resp.Candidates; the same pass finds the idle workers that tie for
+//     the choice, and the chosen worker goes into the message's head after it.
 //
 // Under concurrent bookings a busy worker's load is read at one moment and its shared blocks at
 // another, as on the general path; the bound that skips the lookup uses the load read first.
@@ -64,6 +65,13 @@ const maxCostTable = 4096
 // cost is scoring.Params.Cost's answer for one worker.
 type cost struct {
 	prefill, decode int64
+	logit           float64
+}
+
+// wireCost is an idle worker's cost as its record carries it: wireCandidate's conversions of
+// cost, made once per depth rather than once per worker.
+type wireCost struct {
+	prefill, active uint32
 	logit           float64
 }
 
@@ -123,23 +131,24 @@ func (s *scratch) scoreKV(r *Router, ix *radix.Index, list *workerList, p *scori
 	// An idle worker's cost by its depth, to the deepest depth any worker has.
 	nt := min(int(deepest)+1, maxCostTable)
 	tab := slices.Grow(s.tab[:0], nt)[:nt]
+	wtab := slices.Grow(s.wtab[:0], nt)[:nt]
 	for d := range tab {
-		tab[d] = idleCost(p, int32(d))
+		c := idleCost(p, int32(d))
+		tab[d], wtab[d] = c, wireCost{clampU32(c.prefill), clampU32(c.decode), c.logit}
 	}
-	s.tab = tab
+	s.tab, s.wtab = tab, wtab
+
+	if all {
+		return s.answerAll(r, ix, list, p, req, resp, book, enc)
+	}
 
 	// The limit cheapest idle workers, by (logit, position), in a max-heap. On the way, the idle
 	// workers at the lowest logit so far, in position order: they tie for the choice.
-	keep := limit
-	if all {
-		keep = 0
-	}
-	h, ties, lowest := cheapestIdle(depth, tab, p, keep, s.heap[:0], s.ties[:0])
+	h, ties, lowest := cheapestIdle(depth, tab, p, limit, s.heap[:0], s.ties[:0])
 	s.heap, s.ties = h, ties
 
 	// bound is the limit-th lowest logit if no busy worker shared a block: no worker above it can
-	// be chosen or answered. An answer with every worker has no bound: every busy worker's shared
-	// blocks are looked up.
+	// be chosen or answered.
 	bounds := s.bounds[:0]
 	for _, e := range h {
 		bounds = append(bounds, e.logit)
@@ -158,62 +167,32 @@ func (s *scratch) scoreKV(r *Router, ix *radix.Index, list *workerList, p *scori
 	slices.Sort(bounds)
 	s.bounds = bounds
 	bound := math.Inf(1)
-	if !all && len(bounds) >= limit {
+	if len(bounds) >= limit {
 		bound = bounds[limit-1]
 	}
 	pool := append(s.pool[:0], h...)
 	for i := range rows {
-		row := &rows[i]
-		c := &row.c
-		most := int32(min(int64(p.Blocks), max(row.booked, 0)))
-		if s.noReuse {
-			most = 0 // nothing booked is shared: the bound is exact
+		if l, ok := s.exactBusy(r, list, p, &rows[i], bound); ok {
+			pool = append(pool, ranked{l, rows[i].pos})
 		}
-		var lb float64
-		if v1 {
-			_, _, lb = p.CostV1(c.Cached, most, c.ActiveBlocks, c.ActivePrefill)
-		} else {
-			_, _, lb = p.Cost(c.Cached, most, c.ActiveBlocks, c.ActivePrefill, c.ActiveRequests)
-		}
-		if lb > bound {
-			continue
-		}
-		if !s.noReuse {
-			c.Shared = int32(r.tracker.Shared(list.loads[row.pos], s.seqs))
-		}
-		c.PrefillTokens, c.DecodeBlocks, c.Logit = p.Cost(c.Cached, c.Shared, c.ActiveBlocks, c.ActivePrefill, c.ActiveRequests)
-		row.exact = true
-		pool = append(pool, ranked{c.Logit, row.pos})
 	}
 	slices.SortFunc(pool, ranked.compare)
 	s.pool = pool
 
 	chosen := int32(-1)
 	if book {
-		// The lowest logit: the pool's first, which holds the cheapest idle worker unless the
-		// answer is every worker.
+		// The lowest logit: the pool's first, which holds the cheapest idle worker.
 		low := lowest
 		if len(pool) > 0 {
 			low = min(low, pool[0].logit)
 		}
-		chosen = s.tied(ix, list, low, lowest, r.cfg.Rand)
+		chosen = s.tied(ix, list, low, lowest, nil, r.cfg.Rand)
 	}
 	fillHeader(resp, req, p, book)
 	if book {
 		resp.Worker, resp.Rank = list.keys[chosen].ID, list.keys[chosen].Rank
 	}
-	switch {
-	case all && enc != nil:
-		var recs []byte
-		*enc, recs = wire.AppendRouteResponseRecords(*enc, resp, len(list.keys))
-		s.fillAll(nil, recs, ix, list, p)
-		encoded = true
-	case all:
-		resp.Candidates = slices.Grow(resp.Candidates, len(list.keys))[:len(list.keys)]
-		s.fillAll(resp.Candidates, nil, ix, list, p)
-	default:
-		s.fillCapped(resp, ix, list, p, chosen, limit)
-	}
+	s.fillCapped(resp, ix, list, p, chosen, limit)
 	if chosen < 0 {
 		return -1, 0, encoded
 	}
@@ -221,6 +200,70 @@ func (s *scratch) scoreKV(r *Router, ix *radix.Index, list *workerList, p *scori
 		return chosen, ^d, encoded
 	}
 	return chosen, depth[chosen], encoded
+}
+
+// exactBusy prices the busy worker row with its shared blocks looked up, unless even with every
+// block it may share its logit would stay above bound; it returns the logit and whether it did.
+func (s *scratch) exactBusy(r *Router, list *workerList, p *scoring.Params, row *busyRow, bound float64) (float64, bool) {
+	c := &row.c
+	most := int32(min(int64(p.Blocks), max(row.booked, 0)))
+	if s.noReuse {
+		most = 0 // nothing booked is shared: the bound is exact
+	}
+	var lb float64
+	if p.Formula == scoring.CostV1 { // CostV1 inlines; Cost does not
+		_, _, lb = p.CostV1(c.Cached, most, c.ActiveBlocks, c.ActivePrefill)
+	} else {
+		_, _, lb = p.Cost(c.Cached, most, c.ActiveBlocks, c.ActivePrefill, c.ActiveRequests)
+	}
+	if lb > bound {
+		return 0, false
+	}
+	if !s.noReuse {
+		c.Shared = int32(r.tracker.Shared(list.loads[row.pos], s.seqs))
+	}
+	c.PrefillTokens, c.DecodeBlocks, c.Logit = p.Cost(c.Cached, c.Shared, c.ActiveBlocks, c.ActivePrefill, c.ActiveRequests)
+	row.exact = true
+	return c.Logit, true
+}
+
+// answerAll is scoreKV's answer with every worker: each busy worker priced exactly, then one pass
+// that writes every candidate and, on the way, finds the idle workers at the lowest logit, which
+// tie for the choice. The choice is made after that pass, so an encoded answer gets its chosen
+// worker written into its head last.
+func (s *scratch) answerAll(r *Router, ix *radix.Index, list *workerList, p *scoring.Params, req *wire.RouteRequest, resp *wire.RouteResponse,
+	book bool, enc *[]byte) (pos, cached int32, encoded bool) {
+	busyLow := math.Inf(1)
+	for i := range s.rows {
+		if l, _ := s.exactBusy(r, list, p, &s.rows[i], math.Inf(1)); l < busyLow {
+			busyLow = l
+		}
+	}
+	n := len(list.keys)
+	fillHeader(resp, req, p, book)
+	start := 0
+	var lowest float64
+	if enc != nil {
+		start = len(*enc)
+		var recs []byte
+		*enc, recs = wire.AppendRouteResponseRecords(*enc, resp, n)
+		lowest = s.fillAll(nil, recs, ix, list, p)
+	} else {
+		resp.Candidates = slices.Grow(resp.Candidates, n)[:n]
+		lowest = s.fillAll(resp.Candidates, nil, ix, list, p)
+	}
+	if !book {
+		return -1, 0, enc != nil
+	}
+	chosen := s.tied(ix, list, min(lowest, busyLow), lowest, s.tree, r.cfg.Rand)
+	resp.Worker, resp.Rank = list.keys[chosen].ID, list.keys[chosen].Rank
+	if enc != nil {
+		wire.PutRouteResponseWorker((*enc)[start:], resp.Worker, resp.Rank)
+	}
+	if d := s.depth[chosen]; d < 0 {
+		return chosen, ^d, enc != nil
+	}
+	return chosen, s.depth[chosen], enc != nil
 }
 
 // cheapestIdle returns, among the idle workers of depth (busy ones are negative), the keep
@@ -300,12 +343,16 @@ func spread(depth []int32, slots []radix.Slot, depths []int32, bySlot []int32) i
 }
 
 // fillAll writes every worker's candidate, in list order, into out or, when out is nil, encoded
-// into recs: one record per worker, which is how a large answer stays one pass over memory.
-func (s *scratch) fillAll(out []wire.Candidate, recs []byte, ix *radix.Index, list *workerList, p *scoring.Params) {
+// into recs: one record per worker, which is how a large answer stays one pass over memory. On
+// the way it puts the idle workers at the lowest logit of any idle worker into s.ties, in
+// position order, and returns that logit (+Inf if no worker is idle). It leaves every worker's
+// tree size in s.tree, by position.
+func (s *scratch) fillAll(out []wire.Candidate, recs []byte, ix *radix.Index, list *workerList, p *scoring.Params) float64 {
 	n := len(list.keys)
 	s.tree = slices.Grow(s.tree[:0], n)[:n]
 	ix.FillBlocks(list.slots, s.tree)
 	rows, next := s.rows, 0
+	ties, lowest := s.ties[:0], math.Inf(1)
 	for pos, d := range s.depth {
 		if d < 0 {
 			c := &rows[next].c
@@ -321,22 +368,32 @@ func (s *scratch) fillAll(out []wire.Candidate, recs []byte, ix *radix.Index, li
 		}
 		// An idle worker's fields go from registers to the answer, without a Candidate in
 		// between: a 7-field struct is built on the stack and copied, which stalls. The
-		// conversions are wireCandidate's (the differential test holds them to it).
-		var c cost
-		if int(d) < len(s.tab) {
-			c = s.tab[d]
+		// conversions are wireCandidate's (the differential test holds them to it), made once
+		// per depth in s.wtab.
+		var c wireCost
+		if int(d) < len(s.wtab) {
+			c = s.wtab[d]
 		} else {
-			c = idleCost(p, d)
+			ic := idleCost(p, d)
+			c = wireCost{clampU32(ic.prefill), clampU32(ic.decode), ic.logit}
 		}
 		k := &list.keys[pos]
-		prefill, active, tree := clampU32(c.prefill), clampU32(c.decode), uint64(max(s.tree[pos], 0))
+		tree := uint64(max(s.tree[pos], 0))
 		if out != nil {
 			o := &out[pos]
-			o.Worker, o.Rank, o.CachedBlocks, o.PrefillTokens, o.ActiveBlocks, o.TreeBlocks, o.Logit = k.ID, k.Rank, uint32(d), prefill, active, tree, c.logit
+			o.Worker, o.Rank, o.CachedBlocks, o.PrefillTokens, o.ActiveBlocks, o.TreeBlocks, o.Logit = k.ID, k.Rank, uint32(d), c.prefill, c.active, tree, c.logit
 		} else {
-			wire.PutCandidate(recs[pos*wire.CandidateSize:], k.ID, k.Rank, uint32(d), prefill, active, tree, c.logit)
+			wire.PutCandidate(recs[pos*wire.CandidateSize:], k.ID, k.Rank, uint32(d), c.prefill, c.active, tree, c.logit)
+		}
+		if l := c.logit; l <= lowest {
+			if l < lowest {
+				lowest, ties = l, ties[:0]
+			}
+			ties = append(ties, tie{pos: int32(pos)})
 		}
 	}
+	s.ties = ties
+	return lowest
 }
 
 // fillCapped writes the chosen worker's candidate (if any) and then the cheapest others', limit
@@ -357,8 +414,9 @@ func (s *scratch) fillCapped(resp *wire.RouteResponse, ix *radix.Index, list *wo
 
 // tied returns the position of the worker Select would choose among those whose logit is
 // lowest, by scoring.TieBreak over them in position order.
-// s.ties holds the idle workers whose logit is idleLowest, the lowest of any idle worker.
-func (s *scratch) tied(ix *radix.Index, list *workerList, lowest, idleLowest float64, rng *rand.Rand) int32 {
+// s.ties holds the idle workers whose logit is idleLowest, the lowest of any idle worker. trees,
+// if not nil, holds every worker's tree size by position, read already; else they are read here.
+func (s *scratch) tied(ix *radix.Index, list *workerList, lowest, idleLowest float64, trees []int64, rng *rand.Rand) int32 {
 	ties := s.ties
 	if idleLowest != lowest {
 		ties = ties[:0]
@@ -376,7 +434,12 @@ func (s *scratch) tied(ix *radix.Index, list *workerList, lowest, idleLowest flo
 	s.ties = ties
 	var tb scoring.TieBreak
 	for i := range ties {
-		t := ix.Blocks(list.slots[ties[i].pos])
+		var t int64
+		if trees != nil {
+			t = trees[ties[i].pos]
+		} else {
+			t = ix.Blocks(list.slots[ties[i].pos])
+		}
 		ties[i].tree = t
 		tb.Add(i, t)
 	}

@@ -165,6 +165,16 @@ func AppendRouteResponseRecords(dst []byte, r *RouteResponse, n int) (msg, recor
 	return appendPrefill(dst, r), records
 }
 
+// PutRouteResponseWorker writes worker and rank as the chosen worker of msg, a route response
+// message as AppendRouteResponse or AppendRouteResponseRecords wrote it (msg starts at its
+// header), for an encoder that chooses the worker while it writes the records. msg must have
+// been written with Chosen set.
+func PutRouteResponseWorker(msg []byte, worker uint64, rank uint32) {
+	b := msg[HeaderSize+8 : HeaderSize+20]
+	le.PutUint64(b, worker)
+	le.PutUint32(b[8:], rank)
+}
+
 // CandidateSize is the bytes of one candidate record.
 const CandidateSize = candidateSize
 

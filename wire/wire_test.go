@@ -170,6 +170,17 @@ func TestGolden(t *testing.T) {
 			if string(enc[:2]) != "xy" || !bytes.Equal(enc[2:], b) {
 				t.Fatalf("%s: encoded by records\n%x\nwant\n%x", file, enc[2:], b)
 			}
+			// And with the chosen worker written last, as an encoder that chooses while it
+			// writes the records does.
+			if want.Chosen {
+				head.Worker, head.Rank = 0, 0
+				late, recs := wire.AppendRouteResponseRecords([]byte("xy"), &head, len(want.Candidates))
+				copy(recs, enc[len(enc)-len(recs):])
+				wire.PutRouteResponseWorker(late[2:], want.Worker, want.Rank)
+				if !bytes.Equal(late, enc) {
+					t.Fatalf("%s: encoded with the worker put last\n%x\nwant\n%x", file, late[2:], b)
+				}
+			}
 		}
 		resp("route_response.hex", &goldenResponse)
 		resp("route_response_match.hex", &goldenResponseMatch)
