@@ -12,8 +12,8 @@ import (
 // ErrLoad is wrapped by every error of Load about its input.
 var ErrLoad = errors.New("radix: bad bulk load")
 
-// Blocks is a run of blocks for Load: block Keys[i] is held by Counts[i] slots, which Holders
-// lists run after run in the order of Keys, each run strictly ascending. Plain data.
+// Blocks is a run of blocks for Load: block Keys[i] is held by Counts[i] distinct slots, which
+// Holders lists run after run in the order of Keys, each run in any order. Plain data.
 type Blocks struct {
 	Keys    []uint64
 	Counts  []uint32
@@ -99,6 +99,7 @@ func (ix *Index) Load(parts ...Blocks) error {
 		go func() {
 			defer wg.Done()
 			blocks := make([]int64, high)
+			seen := make([]uint64, (int(high)+63)/64)
 			for {
 				s := int(next.Add(1) - 1)
 				if s >= numSegs {
@@ -108,7 +109,7 @@ func (ix *Index) Load(parts ...Blocks) error {
 				if lo == hi {
 					continue
 				}
-				if err := ix.segs[s].load(ix, sk[lo:hi], sc[lo:hi], sh[hstart[s]:hstart[s+1]], blocks); err != nil {
+				if err := ix.segs[s].load(ix, sk[lo:hi], sc[lo:hi], sh[hstart[s]:hstart[s+1]], blocks, seen); err != nil {
 					mu.Lock()
 					if first == nil {
 						first = err
@@ -128,8 +129,11 @@ func (ix *Index) Load(parts ...Blocks) error {
 }
 
 // load inserts one segment's share of a Load into a new table holding its live entries and
-// them, then publishes it; blocks counts the residencies added per slot.
-func (g *segment) load(ix *Index, keys []uint64, counts []uint32, holders []Slot, blocks []int64) error {
+// them, then publishes it; blocks counts the residencies added per slot, seen is a zeroed
+// bitset over the slots, left zeroed. Into an empty segment the keys are laid down in the order
+// of their home buckets, each at its home or just after the one before: the table a linear probe
+// would build, written front to back.
+func (g *segment) load(ix *Index, keys []uint64, counts []uint32, holders []Slot, blocks []int64, seen []uint64) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	live := int(g.live.Load())
@@ -147,36 +151,107 @@ func (g *segment) load(ix *Index, keys []uint64, counts []uint32, holders []Slot
 			}
 		}
 	}
-	h := 0
+	// Each key's holders start at off[i]; its home bucket orders the keys.
+	c := len(nt.slots)
+	nb := c / bucketSlots
+	off := make([]int32, len(keys)+1)
+	start := make([]int32, nb+1)
+	home := make([]int32, len(keys))
 	for i, key := range keys {
-		members := holders[h : h+int(counts[i])]
-		h += int(counts[i])
-		for j := 1; j < len(members); j++ {
-			if members[j] <= members[j-1] {
-				return fmt.Errorf("%w: the holders of block %#x are not strictly ascending", ErrLoad, key)
+		off[i+1] = off[i] + int32(counts[i])
+		b := int32(nt.home(ix.mix(key)) / bucketSlots)
+		home[i] = b
+		start[b+1]++
+	}
+	for b := range nb {
+		start[b+1] += start[b]
+	}
+	order := make([]int32, len(keys))
+	for i, b := range home {
+		order[start[b]] = int32(i)
+		start[b]++
+	}
+	var wrapped []int32
+	next := 0
+	for _, i := range order {
+		key := keys[i]
+		members := holders[off[i]:off[i+1]]
+		word, err := g.holderWord(ix, key, members, seen)
+		if err != nil {
+			return err
+		}
+		for _, x := range members {
+			blocks[x]++
+		}
+		var j int
+		if live > 0 {
+			var found bool
+			if j, found, _ = nt.probe(key, ix.mix(key)); found {
+				return fmt.Errorf("%w: block %#x twice, or already in the index", ErrLoad, key)
 			}
-		}
-		m := ix.mix(key)
-		j, found, _ := nt.probe(key, m)
-		if found {
-			return fmt.Errorf("%w: block %#x twice, or already in the index", ErrLoad, key)
-		}
-		var word uint64
-		if len(members) <= inlineMax {
-			word = inlineWord(members)
 		} else {
-			last := len(members) - 1
-			word = occupied | overflow | uint64(g.putSet(ix.overflowSet(key, members[:last], members[last])))
+			if j = max(int(home[i])*bucketSlots, next); j >= c {
+				wrapped = append(wrapped, i)
+				continue
+			}
+			next = j + 1
+			if nt.slots[j].key.Load() == key {
+				return fmt.Errorf("%w: block %#x twice", ErrLoad, key)
+			}
+			// A key twice has one home: the other sits in the run laid down just before.
+			for p := j - 1; p >= int(home[i])*bucketSlots; p-- {
+				if nt.slots[p].key.Load() == key {
+					return fmt.Errorf("%w: block %#x twice", ErrLoad, key)
+				}
+			}
 		}
 		// nt is not published yet: plain stores, as in rebuild.
 		*(*uint64)(unsafe.Pointer(&nt.slots[j].key)) = key
 		*(*uint64)(unsafe.Pointer(&nt.slots[j].h)) = word
-		for _, x := range members {
-			blocks[x]++
+	}
+	for _, i := range wrapped { // past the end: the probe goes on from slot 0
+		key := keys[i]
+		j, found, _ := nt.probe(key, ix.mix(key))
+		if found {
+			return fmt.Errorf("%w: block %#x twice", ErrLoad, key)
 		}
+		word, err := g.holderWord(ix, key, holders[off[i]:off[i+1]], seen)
+		if err != nil {
+			return err
+		}
+		*(*uint64)(unsafe.Pointer(&nt.slots[j].key)) = key
+		*(*uint64)(unsafe.Pointer(&nt.slots[j].h)) = word
 	}
 	g.used = live + len(keys)
 	g.live.Store(int64(live + len(keys)))
 	g.tab.Store(nt)
 	return nil
+}
+
+// holderWord is the holder word of key held by members (distinct, in any order), its set put
+// into the segment when they are more than inlineMax. seen is a zeroed bitset over the slots,
+// left zeroed.
+func (g *segment) holderWord(ix *Index, key uint64, members []Slot, seen []uint64) (uint64, error) {
+	if len(members) <= inlineMax {
+		for i := 1; i < len(members); i++ {
+			if members[i] == members[0] || i == 2 && members[2] == members[1] {
+				return 0, fmt.Errorf("%w: a holder of block %#x twice", ErrLoad, key)
+			}
+		}
+		return inlineWord(members), nil
+	}
+	dup := false
+	for _, x := range members {
+		w, b := x>>6, uint64(1)<<(x&63)
+		dup = dup || seen[w]&b != 0
+		seen[w] |= b
+	}
+	for _, x := range members {
+		seen[x>>6] = 0
+	}
+	if dup {
+		return 0, fmt.Errorf("%w: a holder of block %#x twice", ErrLoad, key)
+	}
+	last := len(members) - 1
+	return occupied | overflow | uint64(g.putSet(ix.overflowSet(key, members[:last], members[last]))), nil
 }

@@ -329,10 +329,11 @@ func (r *Router) RestoreTimed(n int, chunk func(i int, dst []byte) ([]byte, erro
 	var (
 		next     atomic.Int64
 		wg       sync.WaitGroup
-		indexes  = make([][]byte, n) // the index section's chunks, loaded once every worker is in
-		restored []*model            // models to publish once at the end
+		restored []*model // models to publish once at the end
 	)
-	for range min(n, max(runtime.GOMAXPROCS(0), 2)) {
+	// Twice as many readers as CPUs: each waits while its worker's shard imports it, and the
+	// shards should never wait for a reader.
+	for range min(n, max(2*runtime.GOMAXPROCS(0), 2)) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -364,8 +365,9 @@ func (r *Router) RestoreTimed(n int, chunk func(i int, dst []byte) ([]byte, erro
 						rs.fail(fmt.Errorf("router: snapshot chunk %d: an index section without the header that announces it", i))
 						continue
 					}
-					indexes[i] = b // kept: the next chunk goes into a buffer of its own
-					buf = nil
+					t1 := time.Now()
+					rs.decodeIndex(i, b)
+					mt.Decode += time.Since(t1)
 					continue
 				}
 				if i != 0 {
@@ -428,7 +430,7 @@ func (r *Router) RestoreTimed(n int, chunk func(i int, dst []byte) ([]byte, erro
 	if rs.bulk {
 		// Also after errors: a worker over the residency budget is restored in part, and the
 		// index section's count check catches what is missing for any other reason.
-		decode, build := rs.load(indexes)
+		decode, build := rs.load()
 		tm.Decode += decode
 		tm.Build += build
 	}
@@ -450,6 +452,42 @@ type restoreState struct {
 	// must give again; skipped the (index, slot, block)s left out over the residency budget.
 	added   int64
 	skipped map[skippedKey]struct{}
+	// parts are the index section's messages, decoded as their chunks come, loaded once every
+	// worker is in.
+	parts []indexPart
+}
+
+// indexPart is one SnapshotIndex message, decoded: its holders still places in its slots.
+type indexPart struct {
+	key    indexKey
+	slots  []wire.SnapshotSlot
+	blocks radix.Blocks // Holders still to be filled from places
+	places []uint32
+}
+
+// decodeIndex decodes the SnapshotIndex messages of chunk i, b, into rs.parts.
+func (rs *restoreState) decodeIndex(i int, b []byte) {
+	for off := 0; off < len(b); {
+		_, body, err := wire.ParseHeader(b[off:])
+		if err == nil && len(b)-off-wire.HeaderSize < body {
+			err = fmt.Errorf("message at offset %d: truncated", off)
+		}
+		// A message of its own each time: its slices become a part of the load.
+		var x wire.SnapshotIndex
+		if err == nil {
+			err = wire.DecodeSnapshotIndex(b[off:off+wire.HeaderSize+body], &x)
+		}
+		if err != nil {
+			rs.fail(fmt.Errorf("router: snapshot chunk %d at offset %d: %w", i, off, err))
+			return
+		}
+		off += wire.HeaderSize + body
+		p := indexPart{key: indexKey{strings.Clone(x.Model), x.Tier}, slots: x.Slots, places: x.Holders,
+			blocks: radix.Blocks{Keys: x.Keys, Counts: x.Counts}}
+		rs.mu.Lock()
+		rs.parts = append(rs.parts, p)
+		rs.mu.Unlock()
+	}
 }
 
 type skippedKey struct {
@@ -464,95 +502,81 @@ func (rs *restoreState) fail(err error) {
 	rs.mu.Unlock()
 }
 
-// load builds the indexes from the index section's chunks: per model and tier, every message's
-// blocks gathered, then loaded at once. It returns the time spent decoding and gathering, and
-// the loads' time × the goroutines each used.
-func (rs *restoreState) load(chunks [][]byte) (decode, build time.Duration) {
+// load builds the indexes from the index section's decoded parts: each part's holders mapped
+// from places to the slots the workers were given (parts in parallel), then each index loaded
+// at once. It returns the time spent mapping, and the loads' time × the goroutines each used.
+func (rs *restoreState) load() (decode, build time.Duration) {
 	t0 := time.Now()
-	defer func() {
-		if build == 0 {
-			decode = time.Since(t0)
-		}
-	}()
-	type gathered struct {
-		ix    *radix.Index
-		parts []radix.Blocks
-	}
-	byIndex := map[indexKey]*gathered{}
-	var (
-		slots  []radix.Slot
-		loaded int64
-	)
 	models := *rs.r.models.Load()
-	for i, b := range chunks {
-		for off := 0; off < len(b); {
-			_, body, err := wire.ParseHeader(b[off:])
-			if err == nil && len(b)-off-wire.HeaderSize < body {
-				err = fmt.Errorf("message at offset %d: truncated", off)
-			}
-			// A message of its own each time: its keys and counts become a part of the load.
-			var x wire.SnapshotIndex
-			if err == nil {
-				err = wire.DecodeSnapshotIndex(b[off:off+wire.HeaderSize+body], &x)
-			}
-			if err != nil {
-				rs.fail(fmt.Errorf("router: snapshot chunk %d at offset %d: %w", i, off, err))
-				return 0, 0
-			}
-			off += wire.HeaderSize + body
-			k := indexKey{x.Model, x.Tier}
-			g := byIndex[k]
-			if g == nil {
-				m := models[x.Model]
-				if m == nil {
-					rs.fail(fmt.Errorf("router: snapshot index of model %q, which no worker of the snapshot serves", x.Model))
-					return 0, 0
-				}
-				g = &gathered{ix: m.ix.EnsureTier(x.Tier)}
-				k.model = strings.Clone(k.model) // the message aliases the chunk
-				byIndex[k] = g
-			}
-			slots = slots[:0]
-			for _, s := range x.Slots {
-				slot, ok := g.ix.Lookup(radix.WorkerKey{ID: s.ID, Rank: s.Rank})
-				if !ok {
-					rs.fail(fmt.Errorf("router: snapshot index of model %q holds worker %d rank %d, which its records do not", x.Model, s.ID, s.Rank))
-					return 0, 0
-				}
-				slots = append(slots, slot)
-			}
-			part := radix.Blocks{Keys: x.Keys, Counts: x.Counts, Holders: make([]radix.Slot, len(x.Holders))}
-			for j, p := range x.Holders {
-				part.Holders[j] = slots[p]
-			}
-			if rs.skipped != nil {
-				part = rs.keep(g.ix, part)
-			}
-			if !slices.IsSorted(slots) {
-				// Places ascend within a block, but these slots do not: sort each run.
-				h := 0
-				for _, c := range part.Counts {
-					if c > 1 {
-						slices.Sort(part.Holders[h : h+int(c)])
-					}
-					h += int(c)
-				}
-			}
-			loaded += int64(len(part.Holders))
-			g.parts = append(g.parts, part)
+	ixs := make([]*radix.Index, len(rs.parts))
+	for i := range rs.parts {
+		p := &rs.parts[i]
+		m := models[p.key.model]
+		if m == nil {
+			rs.fail(fmt.Errorf("router: snapshot index of model %q, which no worker of the snapshot serves", p.key.model))
+			return time.Since(t0), 0
 		}
+		ixs[i] = m.ix.EnsureTier(p.key.tier)
+	}
+	var (
+		next atomic.Int64
+		wg   sync.WaitGroup
+		bad  atomic.Bool
+	)
+	for range min(len(rs.parts), runtime.GOMAXPROCS(0)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var slots []radix.Slot
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= len(rs.parts) {
+					return
+				}
+				p, ix := &rs.parts[i], ixs[i]
+				slots = slots[:0]
+				for _, s := range p.slots {
+					slot, ok := ix.Lookup(radix.WorkerKey{ID: s.ID, Rank: s.Rank})
+					if !ok {
+						rs.fail(fmt.Errorf("router: snapshot index of model %q holds worker %d rank %d, which its records do not", p.key.model, s.ID, s.Rank))
+						bad.Store(true)
+						return
+					}
+					slots = append(slots, slot)
+				}
+				hs := make([]radix.Slot, len(p.places))
+				for j, place := range p.places {
+					hs[j] = slots[place]
+				}
+				p.blocks.Holders, p.places = hs, nil
+				if rs.skipped != nil {
+					p.blocks = rs.keep(ix, p.blocks)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if bad.Load() {
+		return time.Since(t0), 0
+	}
+	byIndex := map[*radix.Index][]radix.Blocks{}
+	var loaded int64
+	for i := range rs.parts {
+		byIndex[ixs[i]] = append(byIndex[ixs[i]], rs.parts[i].blocks)
+		loaded += int64(len(rs.parts[i].blocks.Holders))
 	}
 	if loaded != rs.added {
 		rs.fail(fmt.Errorf("router: the snapshot's index section holds %d residencies, its workers' records %d: not restored", loaded, rs.added))
-		return 0, 0
+		return time.Since(t0), 0
 	}
-	decode = time.Since(t0)
+	decode = time.Since(t0) * time.Duration(min(len(rs.parts), runtime.GOMAXPROCS(0)))
 	t1 := time.Now()
-	for k, g := range byIndex {
-		if err := g.ix.Load(g.parts...); err != nil {
-			rs.fail(fmt.Errorf("router: snapshot index of model %q tier %v: %w", k.model, k.tier, err))
+	for ix, parts := range byIndex {
+		if err := ix.Load(parts...); err != nil {
+			rs.fail(fmt.Errorf("router: snapshot index of tier %v: %w", ix.Tier(), err))
 		}
 	}
+	rs.parts = nil
 	return decode, time.Since(t1) * time.Duration(min(runtime.GOMAXPROCS(0), 256))
 }
 

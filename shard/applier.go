@@ -34,6 +34,12 @@ type Applier struct {
 	loraName string
 	saltName string
 	loraSeed uint64
+
+	// bulk is ImportBulk's scratch: a tier's engine and sequence hashes, and Build's ordering.
+	bulk struct {
+		engines, seqs []uint64
+		order         []int32
+	}
 }
 
 type worker struct {

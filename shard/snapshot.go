@@ -108,9 +108,10 @@ type Skipped func(tier Tier, slot radix.Slot, seq uint64)
 
 // ImportBulk is Import for a restore that adds the index's residencies itself, in bulk
 // (radix.Index.Load, each block once with all its holders): it gives the worker its slots,
-// engine maps, trees, cursors and counts, and leaves the index alone. Each tier's blocks must
-// be sorted by sequence hash, as snapshots write them; what the budget leaves out is counted as
-// Import counts it and told to skipped. The residencies it returns, per rank and tier, are the
+// engine maps (each built in one pass), trees, cursors and counts, and leaves the index alone.
+// Each tier's blocks must be sorted by sequence hash and its engine hashes distinct, as
+// snapshots write them; what the budget leaves out is counted as Import counts it and told to
+// skipped. The residencies it returns, per rank and tier, are the
 // distinct sequence hashes the caller's Load must give the rank's slot.
 func (a *Applier) ImportBulk(ix *radix.Index, id uint64, ranks []RankState, skipped Skipped) (int, error) {
 	if skipped == nil {
@@ -193,39 +194,40 @@ func (a *Applier) importTier(ix *radix.Index, r *rankState, t Tier, ts *tierStat
 		if !slices.IsSorted(seqs) {
 			return 0, 0, errors.New("blocks not sorted by sequence hash: not a snapshot's")
 		}
+		// Which blocks are taken in (the budget's say), then the engine map built in one pass.
 		var (
 			last    uint64 // the sequence hash of the block before
 			lastIn  bool   // it was taken in
 			started bool
 		)
+		ehs, sqs := a.bulk.engines[:0], a.bulk.seqs[:0]
 		for j, eh := range engines {
 			seq := seqs[j]
 			if !started || seq != last {
-				if !a.reserve() {
-					if _, dup := ts.engine.Get(eh); !dup {
-						last, started, lastIn = seq, true, false
-						skipped++
-						bulk(t, r.slot, seq)
-					}
+				last, started = seq, true
+				if lastIn = a.reserve(); !lastIn {
+					skipped++
+					bulk(t, r.slot, seq)
 					continue
 				}
-				if !ts.engine.PutNew(eh, seq) {
-					a.allow++ // an engine hash twice: the first one stands
-					continue
-				}
-				last, started, lastIn = seq, true, true
 				added++
-			} else if !lastIn || !ts.engine.PutNew(eh, seq) {
+			} else if !lastIn {
 				continue
 			} else {
 				ts.addDup(seq) // a second engine hash of the block
 			}
+			ehs, sqs = append(ehs, eh), append(sqs, seq)
 			if ts.tree != nil && len(locals) != 0 {
 				ts.tree.local.Put(seq, locals[j])
 				if p := parents[j]; p != seq {
 					ts.tree.parent.Put(seq, p)
 				}
 			}
+		}
+		a.bulk.engines, a.bulk.seqs = ehs, sqs
+		var ok bool
+		if a.bulk.order, ok = ts.engine.Build(ehs, sqs, a.bulk.order); !ok {
+			return added, skipped, errors.New("an engine hash twice in a tier: not a snapshot's")
 		}
 		return added, skipped, nil
 	}

@@ -157,6 +157,85 @@ func (m *Map) PutNew(k, v uint64) bool {
 	}
 }
 
+// Build fills an empty map with keys[i] → vals[i], at the capacity Grow(len(keys)) gives, in
+// one pass: the keys are ordered by their home slot and laid down in that order, which is the
+// layout Robin Hood insertion reaches, without its displacements. It reports false, leaving the
+// map empty, if a key repeats or the map is not empty. scratch, if large enough, is used for
+// the ordering (it needs len(keys) + capacity + 1 ints) and returned for reuse.
+func (m *Map) Build(keys, vals []uint64, scratch []int32) ([]int32, bool) {
+	if m.Len() != 0 || len(vals) != len(keys) {
+		return scratch, false
+	}
+	m.Grow(len(keys))
+	c := len(m.slots)
+	if c == 0 {
+		return scratch, true
+	}
+	need := len(keys) + c + 1
+	if cap(scratch) < need {
+		scratch = make([]int32, need)
+	}
+	scratch = scratch[:need]
+	order, start := scratch[:len(keys)], scratch[len(keys):]
+	clear(start)
+	for _, k := range keys {
+		if k != 0 {
+			start[m.home(k)+1]++
+		}
+	}
+	for i := range c {
+		start[i+1] += start[i]
+	}
+	for i, k := range keys {
+		if k != 0 {
+			h := m.home(k)
+			order[start[h]] = int32(i)
+			start[h]++
+		}
+	}
+	placed := int(start[c-1]) // keys other than 0, all ordered
+	var wrapped []int32
+	next := 0          // the first free slot at or after the current home
+	group, gh := 0, -1 // where in order the keys of home gh begin
+	for o, i := range order[:placed] {
+		k := keys[i]
+		h := m.home(k)
+		if h != gh {
+			group, gh = o, h
+		}
+		// An equal key has the same home: it is among the group's keys before it.
+		for _, j := range order[group:o] {
+			if keys[j] == k {
+				m.Reset()
+				return scratch, false
+			}
+		}
+		pos := max(h, next)
+		if pos >= c {
+			wrapped = append(wrapped, i)
+			next = pos + 1
+			continue
+		}
+		m.slots[pos] = emSlot{k, vals[i]}
+		next = pos + 1
+	}
+	m.n = placed - len(wrapped)
+	for _, i := range wrapped { // past the end: Robin Hood insertion from slot 0 on
+		m.insert(keys[i], vals[i])
+		m.n++
+	}
+	for i, k := range keys {
+		if k == 0 {
+			if m.hasZero {
+				m.Reset()
+				return scratch, false
+			}
+			m.hasZero, m.zeroVal = true, vals[i]
+		}
+	}
+	return scratch, true
+}
+
 // insertFrom goes on placing k, displaced from the slot before i at distance d-1 from its home.
 func (m *Map) insertFrom(k, v uint64, i, d int) {
 	for ; ; d++ {

@@ -172,3 +172,64 @@ func TestGrow(t *testing.T) {
 		}
 	}
 }
+
+// TestBuild: a map built in one pass holds what Puts give, with the Robin Hood layout (checkMap),
+// at Grow's capacity, also when keys wrap past the table's end and with the zero key; a repeated
+// key leaves it empty.
+func TestBuild(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 3))
+	var scratch []int32
+	for _, n := range []int{0, 1, 7, 100, 10000, 33333} {
+		keys, vals := make([]uint64, n), make([]uint64, n)
+		want := map[uint64]uint64{}
+		for i := range keys {
+			k := r.Uint64()
+			if i == 3 {
+				k = 0
+			}
+			for _, dup := want[k]; dup; _, dup = want[k] {
+				k = r.Uint64()
+			}
+			keys[i], vals[i] = k, uint64(i)
+			want[k] = uint64(i)
+		}
+		var m, g Map
+		var ok bool
+		if scratch, ok = m.Build(keys, vals, scratch); !ok {
+			t.Fatalf("%d keys: refused", n)
+		}
+		checkMap(t, &m, want)
+		g.Grow(n)
+		if len(m.slots) != len(g.slots) {
+			t.Fatalf("%d keys: %d slots, Grow gives %d", n, len(m.slots), len(g.slots))
+		}
+		// It goes on as any map.
+		m.Put(12345, 1)
+		want[12345] = 1
+		checkMap(t, &m, want)
+		if n > 1 {
+			keys[n-1] = keys[0]
+			var d Map
+			if _, ok := d.Build(keys, vals, nil); ok || d.Len() != 0 {
+				t.Fatalf("%d keys with a repeat: built %v, %d keys", n, ok, d.Len())
+			}
+		}
+	}
+	// Keys whose homes are the last slots wrap to the start.
+	var m Map
+	m.Grow(64)
+	c := len(m.slots)
+	var keys, vals []uint64
+	want := map[uint64]uint64{}
+	for k := uint64(1); len(keys) < 40; k++ {
+		if m.home(k) >= c-4 {
+			keys, vals = append(keys, k), append(vals, k)
+			want[k] = k
+		}
+	}
+	var w Map
+	if _, ok := w.Build(keys, vals, nil); !ok {
+		t.Fatal("wrapping keys refused")
+	}
+	checkMap(t, &w, want)
+}
