@@ -75,6 +75,7 @@ type Config struct {
 	OverloadStatus                   int
 
 	MaxBlocks         int64
+	MaxIndexBytes     int64
 	QueueLen          int
 	MaxBodyBytes      int
 	HTTPReadBuffer    int
@@ -241,6 +242,7 @@ func (c *Config) Flags(fs *flag.FlagSet) {
 	fs.IntVar(&c.MaxCandidates, "max-candidates", c.MaxCandidates, "candidates in a route or match answer when the request does not say: the chosen worker, then the lowest costs; 0 = every worker")
 	c.busyFlags(fs)
 	fs.Int64Var(&c.MaxBlocks, "max-blocks", c.MaxBlocks, "bound on (block, worker) residencies over all models and storage tiers; 0 = none")
+	fs.Int64Var(&c.MaxIndexBytes, "max-index-bytes", c.MaxIndexBytes, "bound on the index's memory in bytes (64 per residency, its most): at the bound the least recently matched blocks of the worker holding the most are evicted; 0 = none")
 	fs.IntVar(&c.QueueLen, "queue-len", c.QueueLen, "event batches each shard queue holds before producers wait")
 	fs.IntVar(&c.MaxBodyBytes, "max-body-bytes", c.MaxBodyBytes, "largest HTTP request body accepted")
 	fs.IntVar(&c.HTTPReadBuffer, "http-read-buffer", c.HTTPReadBuffer, "bytes of read buffer per open HTTP connection; bounds request headers, and a request that fits is read in one system call")
@@ -317,6 +319,8 @@ func (c *Config) Check() error {
 		return fmt.Errorf("--request-expiry %v: want a positive duration", c.RequestExpiry)
 	case c.MaxBlocks < 0 || c.QueueLen < 1 || c.MaxBodyBytes < 1024:
 		return fmt.Errorf("--max-blocks, --queue-len, --max-body-bytes: out of range")
+	case c.MaxIndexBytes != 0 && c.MaxIndexBytes < 1<<20:
+		return fmt.Errorf("--max-index-bytes %d: want 0 (none) or at least 1 MiB", c.MaxIndexBytes)
 	case c.HTTPReadBuffer < 4096 || c.HTTPWriteBuffer < 4096 || c.HTTPReadBuffer > 64<<20 || c.HTTPWriteBuffer > 64<<20:
 		return fmt.Errorf("--http-read-buffer %d, --http-write-buffer %d: want 4096 to 64 MiB", c.HTTPReadBuffer, c.HTTPWriteBuffer)
 	case c.HTTPMaxConns < 1 || c.HTTPMaxConns > 1<<24 || c.HTTPMaxConnsPerIP < 0:

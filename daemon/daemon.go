@@ -169,6 +169,7 @@ func Start(ctx context.Context, c Config, stderr io.Writer) (_ *Daemon, err erro
 			Shards:            c.Shards,
 			QueueLen:          c.QueueLen,
 			MaxBlocks:         c.MaxBlocks,
+			MaxIndexBytes:     c.MaxIndexBytes,
 			WorkerTimeout:     c.WorkerTimeout,
 			ClearOnGap:        c.ClearOnGap,
 			KeepTree:          c.KeepBlockTree,

@@ -13,12 +13,16 @@ import (
 //	occupied | f2 f1 f0     up to three holders inline: three 20-bit fields, each slot+1 or 0
 //	occupied | overflow | i more holders: i is the index of a holderSet in the segment's set table
 //
-// plus the reused bit on a slot whose key was replaced once already (see table.go). A holder word
+// plus the reused bit on a slot whose key was replaced once already (see table.go), and the
+// referenced bit (refBit) on an entry a match walked since an eviction sweep cleared it, when the
+// index tracks matches. A holder word
 // is replaced with one atomic store, so a reader always sees a whole state.
 const (
-	occupied  = uint64(1) << 63
-	overflow  = uint64(1) << 62
-	reused    = uint64(1) << 61
+	occupied = uint64(1) << 63
+	overflow = uint64(1) << 62
+	reused   = uint64(1) << 61
+	// refBit marks an entry matched since the eviction sweep last passed it (Index.TrackMatches).
+	refBit    = uint64(1) << 60
 	fieldBits = 20
 	fieldMask = uint64(1)<<fieldBits - 1
 	inlineMax = 3
@@ -111,7 +115,7 @@ func sortSmall(s []Slot) {
 }
 
 // dead reports whether an occupied slot's entry has no holders.
-func dead(h uint64) bool { return h&^reused == occupied }
+func dead(h uint64) bool { return h&^(reused|refBit) == occupied }
 
 func inlineHas(h uint64, x Slot) bool {
 	f := uint64(x) + 1

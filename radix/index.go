@@ -36,6 +36,7 @@ type Index struct {
 	// index owns it), so that one Slot names the same worker in each.
 	slots *slotTable
 	tier  kvevent.Tier
+	track bool // matches mark the blocks they walk (TrackMatches)
 	// lower holds the indexes of the lower tiers once any exists (device index only):
 	// lower[t-1] for tier t, nil until its first block. Replaced whole, copy-on-write.
 	lower atomic.Pointer[lowerTiers]

@@ -116,7 +116,7 @@ func (ix *Index) match(seqs []uint64, m *Match) {
 		if s != nil {
 			prev, prevWord = fingerprinted, s.fp.Load()
 		} else {
-			prev, prevWord = inlined, h&^reused
+			prev, prevWord = inlined, h&^(reused|refBit)
 		}
 	}
 	for i < len(seqs) && len(act) > 0 {
@@ -126,7 +126,7 @@ func (ix *Index) match(seqs []uint64, m *Match) {
 		base := la.base
 		for _, h := range la.hs[i-base : la.end-base] {
 			if h&overflow == 0 {
-				if h &^= reused; prev == inlined && h == prevWord {
+				if h &^= reused | refBit; prev == inlined && h == prevWord {
 					i++
 					continue
 				}
@@ -450,5 +450,49 @@ func (ix *Index) resolve(keys []uint64, buckets []*bucket, hs []uint64, ss []*ho
 			}
 		}
 		hs[j] = h
+		if ix.track && h != 0 && h&refBit == 0 {
+			ix.touch(k)
+		}
 	}
+}
+
+// touch marks block k's entry as matched (refBit), if it is in its home bucket (nearly every
+// entry at the tables' load): what the eviction sweep spares once. Lock-free; a writer storing
+// a new holder word at the same moment may clear the mark, which costs the block its reprieve
+// only.
+func (ix *Index) touch(k uint64) {
+	m := ix.mix(k)
+	b := ix.segment(m).tab.Load().bucketAt(m)
+	for i := range b {
+		if e := &b[i]; e.key.Load() == k {
+			if h := e.h.Load(); h != 0 && h&refBit == 0 {
+				e.h.Or(refBit)
+			}
+			return
+		}
+	}
+}
+
+// TrackMatches makes matches mark the blocks they walk (see Unref), for an index whose owner
+// evicts the least recently matched blocks. Call it before the index is shared; the device
+// index's setting holds for its lower tiers too.
+func (ix *Index) TrackMatches() { ix.track = true }
+
+// Unref reports whether a match marked block seq since the last Unref, and clears the mark:
+// the sweep of a CLOCK eviction, which spares a marked block once. Takes the segment's lock.
+func (ix *Index) Unref(seq uint64) bool {
+	m := ix.mix(seq)
+	g := ix.segment(m)
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	t := g.tab.Load()
+	i, found, _ := t.probe(seq, m)
+	if !found {
+		return false
+	}
+	if e := &t.slots[i]; e.h.Load()&refBit != 0 {
+		e.h.And(^refBit)
+		return true
+	}
+	return false
 }

@@ -149,7 +149,7 @@ func (t *table) probe(key, m uint64) (i int, found, reuse bool) {
 		if e.key.Load() == key {
 			return i, true, false
 		}
-		if take < 0 && h == occupied {
+		if take < 0 && h&^refBit == occupied {
 			take = i
 		}
 		if i++; i == len(s) {

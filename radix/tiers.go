@@ -62,6 +62,7 @@ func (ix *Index) EnsureTier(t kvevent.Tier) *Index {
 		return x
 	}
 	nx := newIndex(ix.blockSize, ix.slots, t)
+	nx.track = ix.track
 	for {
 		old := ix.lower.Load()
 		var lt lowerTiers

@@ -83,6 +83,11 @@ type Config struct {
 	Shards    int
 	QueueLen  int
 	MaxBlocks int64
+	// MaxIndexBytes, if > 0, bounds the index's memory: the residency budget becomes at most
+	// MaxIndexBytes / ResidencyBytes (or MaxBlocks, if lower), and at the budget each store
+	// makes room by evicting, per shard from the (worker, rank) holding the most blocks, its
+	// least recently matched ones (shard.Config.Evict) instead of being skipped.
+	MaxIndexBytes int64
 	// ClearOnGap drops a (worker, rank)'s blocks when its events skip ids, before applying the
 	// event after the gap: the events missed may have removed blocks (see shard.Applier).
 	ClearOnGap bool
@@ -321,6 +326,26 @@ type registration struct {
 	heartbeat atomic.Bool  // it sends load reports: subject to Config.WorkerTimeout
 }
 
+// ResidencyBytes is the memory Config.MaxIndexBytes counts per residency: the most one costs,
+// every structure counted (its share of the index's table and holder sets, its engine-map
+// entry, their growth slack), by the memory benchmarks of docs/performance.md: 45 to 57 bytes
+// at 10^6 to 10^7 residencies, with or without lower tiers.
+const ResidencyBytes = 64
+
+// MaxIndexBytes is the index's memory bound (Config.MaxIndexBytes), 0 for none.
+func (r *Router) MaxIndexBytes() int64 { return r.cfg.MaxIndexBytes }
+
+// residencyBudget is the residency bound of MaxBlocks and MaxIndexBytes together.
+func (c *Config) residencyBudget() int64 {
+	b := c.MaxBlocks
+	if c.MaxIndexBytes > 0 {
+		if n := max(1, c.MaxIndexBytes/ResidencyBytes); b == 0 || n < b {
+			b = n
+		}
+	}
+	return b
+}
+
 // New starts a Router: its shard goroutines and the request expiry loop. Close stops them.
 // It panics on a Config.Approximate that approx.New refuses, on one given with
 // Config.PredictedTTL, and on a Config.Disagg that DisaggConfig.Check refuses.
@@ -331,7 +356,7 @@ func New(cfg Config) *Router {
 	}
 	r := &Router{
 		cfg:     cfg,
-		set:     shard.New(shard.Config{Shards: cfg.Shards, QueueLen: cfg.QueueLen, MaxBlocks: cfg.MaxBlocks, Observer: cfg.Observer, ClearOnGap: cfg.ClearOnGap, KeepTree: cfg.KeepTree}),
+		set:     shard.New(shard.Config{Shards: cfg.Shards, QueueLen: cfg.QueueLen, MaxBlocks: cfg.residencyBudget(), Evict: cfg.MaxIndexBytes > 0, Observer: cfg.Observer, ClearOnGap: cfg.ClearOnGap, KeepTree: cfg.KeepTree}),
 		tracker: scoring.NewTracker(),
 		scratch: freelist.New[scratch](4 * runtime.GOMAXPROCS(0)),
 		log:     cfg.Logger,
@@ -699,6 +724,9 @@ func (r *Router) registerLocked(g Registration, eps []RankEndpoint, publish bool
 		ix, err := radix.New(radix.Config{BlockSize: bs})
 		if err != nil {
 			return nil, fieldErr(ErrInvalid, "block_size", "%v", err)
+		}
+		if r.cfg.MaxIndexBytes > 0 {
+			ix.TrackMatches() // eviction spares what matches use
 		}
 		m = &model{name: g.Model, ix: ix, blockSize: bs, regs: make(map[uint64]*registration), pred: r.newPredicted(bs)}
 		if r.cfg.Queue != nil {

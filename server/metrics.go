@@ -117,6 +117,8 @@ var (
 	descRaised    = prometheus.NewDesc("kvrouterd_predict_raised_total", "Predict-on-route: matches in which a prediction raised some worker's cached depth over what its KV events had told.", nil, nil)
 	descEntries   = prometheus.NewDesc("kvrouterd_index_blocks", "Distinct blocks in a model's index.", []string{"model"}, nil)
 	descResidency = prometheus.NewDesc("kvrouterd_index_residencies", "(block, worker) pairs in a model's index.", []string{"model"}, nil)
+	descEvicted   = prometheus.NewDesc("kvrouterd_index_evicted_blocks_total", "Residencies evicted to keep the index within --max-index-bytes, the least recently matched blocks of the worker holding the most.", nil, nil)
+	descMaxBytes  = prometheus.NewDesc("kvrouterd_index_max_bytes", "The index's memory bound (--max-index-bytes), 0 for none.", nil, nil)
 	descTierRes   = prometheus.NewDesc("kvrouterd_index_tier_residencies", "(block, worker) pairs in a model's index of each storage tier (device, host, disk, external); kvrouterd_index_residencies is the device's.", []string{"model", "tier"}, nil)
 	descMembers   = prometheus.NewDesc("kvrouterd_workers_changes_total", "Workers registered from their own events or reports (discovered), removed after falling silent (timed_out), and left out of a snapshot whose format cannot hold them (snapshot_skipped).", []string{"kind"}, nil)
 	descWorker    = prometheus.NewDesc("kvrouterd_worker_load", "Deprecated, mixes units: the same as kvrouterd_worker_cached_blocks, kvrouterd_worker_active_blocks, kvrouterd_worker_active_prefill_tokens and kvrouterd_worker_active_requests, by kind.", []string{"model", "worker", "dp_rank", "kind"}, nil)
@@ -137,7 +139,7 @@ var (
 )
 
 func (c *routerCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descEvents, descEventsBy, descBlocks, descGaps, descQueue, descWaits, descRequests, descActive, descPredicted, descRaised, descEntries, descResidency, descTierRes, descMembers, descWorker, descMisconfig, descRefused, descUnmatched,
+	for _, d := range []*prometheus.Desc{descEvents, descEventsBy, descBlocks, descGaps, descQueue, descWaits, descRequests, descActive, descPredicted, descRaised, descEntries, descResidency, descEvicted, descMaxBytes, descTierRes, descMembers, descWorker, descMisconfig, descRefused, descUnmatched,
 		descWorkerCached, descWorkerBlocks, descWorkerPrefill, descWorkerReqs, descPromptTokens, descCachedTokens} {
 		ch <- d
 	}
@@ -154,6 +156,8 @@ func (c *routerCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descBlocks, prometheus.CounterValue, float64(st.Events.StoredBlocks), "stored")
 	ch <- prometheus.MustNewConstMetric(descBlocks, prometheus.CounterValue, float64(st.Events.RemovedBlocks), "removed")
 	ch <- prometheus.MustNewConstMetric(descBlocks, prometheus.CounterValue, float64(st.Events.SkippedBlocks), "skipped")
+	ch <- prometheus.MustNewConstMetric(descEvicted, prometheus.CounterValue, float64(st.Events.Evicted))
+	ch <- prometheus.MustNewConstMetric(descMaxBytes, prometheus.GaugeValue, float64(c.r.MaxIndexBytes()))
 	ch <- prometheus.MustNewConstMetric(descGaps, prometheus.CounterValue, float64(st.Events.Gaps), "gaps")
 	ch <- prometheus.MustNewConstMetric(descGaps, prometheus.CounterValue, float64(st.Events.MissedIDs), "missed_ids")
 	ch <- prometheus.MustNewConstMetric(descGaps, prometheus.CounterValue, float64(st.Events.GapClears), "ranks_cleared")

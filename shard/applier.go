@@ -27,6 +27,7 @@ type Applier struct {
 	// in Dynamo's form. It costs two map entries per block. Set it before the first Apply.
 	KeepTree  bool
 	unflushed int64 // residencies removed by the current call, counted once at its end
+	evict     bool  // Config.Evict
 
 	h        radix.Hasher
 	seqs     []uint64 // an event's sequence hashes
@@ -75,6 +76,7 @@ type tierState struct {
 	// sequence hash (none for the root of a chain). A block restored without them has no
 	// local entry, and DumpTree leaves it out.
 	tree *blockTree
+	hand int // the eviction sweep's position in engine's slots
 }
 
 type blockTree struct{ local, parent u64map.Map }
@@ -287,7 +289,7 @@ func (a *Applier) stored(w *worker, r *rankState, ev *Event, o *Outcome) {
 			// The engine reuses this hash for other content: the old block is gone.
 			a.drop(ix, r.slot, ts, old)
 		}
-		if !a.reserve() {
+		if !a.reserve() && !(a.evict && a.makeRoom() && a.reserve()) {
 			if ix.Has(seq, r.slot) {
 				// Same content under another engine hash: no new residency, no budget needed.
 				ts.engine.Put(eh, seq)
@@ -654,4 +656,56 @@ func (a *Applier) EachBlock(id uint64, f func(rank uint32, engine, seq uint64)) 
 	for _, r := range w.ranks {
 		r.engine.Each(func(k, v uint64) { f(r.rank, k, v) })
 	}
+}
+
+// evictBatch is the most residencies makeRoom frees at a time (the victim's choice is paid once
+// for them), and at most a sixteenth of the victim's blocks, so that the sweep's hand moves
+// slowly against the matches that mark blocks behind it.
+const evictBatch = 64
+
+// makeRoom frees up to evictBatch residencies of this shard's (Config.Evict) and reports whether
+// it freed any: from the (rank, tier) holding the most blocks, its least recently matched ones,
+// by a CLOCK sweep over its engine map from where the last sweep stopped. A block a match marked
+// since (radix.Index.Unref) is spared once; the sweep stops after two turns.
+func (a *Applier) makeRoom() bool {
+	var (
+		vix  *radix.Index
+		vr   *rankState
+		vts  *tierState
+		most int
+	)
+	for _, w := range a.workers {
+		for _, r := range w.ranks {
+			r.tiers(func(t Tier, ts *tierState) {
+				if n := ts.engine.Len(); n > most {
+					most, vr, vts, vix = n, r, ts, w.ix.TierIndex(t)
+				}
+			})
+		}
+	}
+	if vts == nil {
+		return false
+	}
+	freed, want := 0, min(evictBatch, max(1, most/16))
+	c := vts.engine.Cap()
+	for steps := 0; steps < 2*c && freed < want && vts.engine.Len() > 0; steps++ {
+		if vts.hand >= c {
+			vts.hand = 0
+		}
+		eh, seq, ok := vts.engine.At(vts.hand)
+		if !ok || vix.Unref(seq) {
+			vts.hand++
+			continue
+		}
+		// Deleting shifts the slots after it back by one: the hand stays to look at the next.
+		vts.engine.Del(eh)
+		if a.drop(vix, vr.slot, vts, seq) {
+			freed++
+		}
+	}
+	if freed == 0 {
+		return false
+	}
+	a.c.evicted.Add(int64(freed))
+	return true
 }

@@ -112,6 +112,9 @@ type Stats struct {
 	Residencies    int64 // (block, worker) pairs held now, over all shards and every tier
 	// TierResidencies splits Residencies by storage tier (kvevent.Tier).
 	TierResidencies [kvevent.NumTiers]int64
+	// Evicted counts the residencies dropped to make room under the budget (Config.Evict),
+	// also counted in RemovedBlocks.
+	Evicted int64
 }
 
 // counters is the atomic form of Stats kept by each shard: written by its goroutine, read by
@@ -122,6 +125,7 @@ type counters struct {
 	byKind                                                 [NumKinds][numStatus]atomic.Int64
 	skipped, workersRemoved, enqueueWaits, residencies     atomic.Int64
 	tierResidencies                                        [kvevent.NumTiers]atomic.Int64 // lower tiers only
+	evicted                                                atomic.Int64
 }
 
 func (c *counters) addTo(s *Stats) {
@@ -141,6 +145,7 @@ func (c *counters) addTo(s *Stats) {
 		}
 	}
 	s.SkippedBlocks += c.skipped.Load()
+	s.Evicted += c.evicted.Load()
 	s.WorkersRemoved += c.workersRemoved.Load()
 	s.EnqueueWaits += c.enqueueWaits.Load()
 	res := c.residencies.Load()

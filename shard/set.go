@@ -27,6 +27,13 @@ type Config struct {
 	// lower bounds: a skipped block ends its worker's chain there, and later blocks chained onto
 	// it are refused as UnknownParent.
 	MaxBlocks int64
+	// Evict, with MaxBlocks, makes room at the limit instead of skipping: a shard whose store
+	// finds the budget spent drops residencies of its own, from the rank (and storage tier) that
+	// holds the most, its least recently matched blocks first (a CLOCK sweep over the rank's
+	// blocks that spares each block a match marked since the sweep last passed it; the model's
+	// index must track matches, radix.Index.TrackMatches). A shard with nothing of its own to
+	// drop skips as without Evict.
+	Evict bool
 	// Observer, if set, receives every anomalous outcome.
 	Observer Observer
 	// ClearOnGap sets Applier.ClearOnGap on every shard.
@@ -93,6 +100,7 @@ func New(cfg Config) *Set {
 		sh.a = newApplier(s.budget, cfg.Observer, &sh.c)
 		sh.a.ClearOnGap = cfg.ClearOnGap
 		sh.a.KeepTree = cfg.KeepTree
+		sh.a.evict = cfg.Evict && cfg.MaxBlocks > 0
 		s.shards = append(s.shards, sh)
 	}
 	s.wg.Add(n)

@@ -55,6 +55,16 @@ func (m *Map) dist(k uint64, i int) int {
 	return d
 }
 
+// Cap is the number of slots: At's range.
+func (m *Map) Cap() int { return len(m.slots) }
+
+// At returns the key and value in slot i (0 ≤ i < Cap), ok false for an empty slot. The zero
+// key, kept aside, is in no slot. For a sweep over the map that resumes where it stopped.
+func (m *Map) At(i int) (k, v uint64, ok bool) {
+	s := m.slots[i]
+	return s.k, s.v, s.k != 0
+}
+
 // prefetch starts loading the home slots of keys, which the caller is about to look up.
 func (m *Map) Prefetch(keys []uint64) {
 	if len(m.slots) == 0 {
