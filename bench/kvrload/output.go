@@ -25,7 +25,7 @@ func printResult(w io.Writer, r *loadgen.Result, asJSON bool) {
 	}
 	fmt.Fprintf(w, "target=%-9s workers=%-4d candidates=%-4s blocks=%d conns=%d rate=%-6s req/s=%-8.0f p50=%.1fµs p90=%.1fµs p99=%.1fµs p99.9=%.1fµs max=%.1fµs errors=%d cpu/req=%.1fµs others=%.0f%%\n",
 		r.Target, r.Workers, cands, r.Blocks, r.Conns, rate, r.RPS, r.P50, r.P90, r.P99, r.P999, r.Max, r.Errors, r.CPUPerReq, r.Others)
-	if r.EventRate > 0 {
+	if r.EventRate > 0 || r.Residencies > 0 {
 		fmt.Fprintf(w, "  events=%.0f blocks/s (asked %.0f) residencies=%d skipped batches=%d\n", r.EventsApplied, r.EventRate, r.Residencies, r.EventsSkipped)
 	}
 	if r.FirstErr != "" {

@@ -108,7 +108,7 @@ func TestFillerTokens(t *testing.T) {
 // there, and nothing failed. Timing is never asserted.
 func TestRunAdded(t *testing.T) {
 	if testing.Short() {
-		t.Skip("twenty-two short load runs take about 6 s")
+		t.Skip("twenty-seven short load runs take about 7 s")
 	}
 	c := Defaults()
 	c.AddedWorkers, c.AddedRuns = []int{8, 50}, 2
@@ -157,6 +157,12 @@ func TestRunAdded(t *testing.T) {
 	}
 	if want := slices.Concat(per, per); !slices.Equal(got, want) || runs[0].Rate != 0 || runs[3].Rate == 0 {
 		t.Fatalf("progress saw %v, want %v", got, want)
+	}
+	// Without a stream the runs still report the index's size, and apply nothing.
+	c.AddedWorkers, c.AddedPercents, c.AddedRuns, c.EventRate = []int{8}, []int{10}, 1, 0
+	rows, err = RunAdded(t.Context(), c, nil, nil)
+	if err != nil || len(rows) != 1 || rows[0].Route[0].Residencies < int64(c.Residencies) || rows[0].Route[0].EventsApplied != 0 || rows[0].Route[0].EventRate != 0 {
+		t.Fatalf("without a stream: %+v, %v", rows, err)
 	}
 	if !strings.Contains(log.String(), "residencies") {
 		t.Fatalf("log: %s", log.String())

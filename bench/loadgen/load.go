@@ -64,7 +64,8 @@ type Result struct {
 	// second; EventsApplied is what the target's shards applied during the measured window, per
 	// second, removed and stored blocks alike (the stream's, and nothing else); EventsSkipped
 	// counts the stream's batches given up because it fell behind; Residencies is the index's
-	// (block, worker) pairs when the window began. All 0 without an in-process kvrouterd.
+	// (block, worker) pairs when the window began. The last three are an in-process kvrouterd's
+	// only, the first two a stream's.
 	EventRate     float64 `json:"event_rate,omitempty"`
 	EventsApplied float64 `json:"events_applied,omitempty"`
 	EventsSkipped int64   `json:"events_skipped,omitempty"`
@@ -125,27 +126,31 @@ func run(ctx context.Context, c Config, log io.Writer) (Result, error) {
 // stream's or c.LatencyLog's.
 func measure(ctx context.Context, t *target, w *workload, c *Config) (Result, error) {
 	cl := client.New(client.Config{Addr: t.addr, Timeout: c.Timeout, MaxConns: c.Conns})
-	if c.EventRate <= 0 || t.filler == nil {
-		res, err := load(ctx, cl, w, c, nil)
-		if err != nil {
-			return res, fmt.Errorf("writing the latency log: %w", err)
-		}
-		return res, nil
-	}
 	stop := make(chan struct{})
 	streamed := make(chan error, 1)
 	var st streamStats
-	go func() { streamed <- t.filler.stream(t.router, c.EventRate, stop, &st) }()
+	stream := c.EventRate > 0 && t.filler != nil
+	if stream {
+		go func() { streamed <- t.filler.stream(t.router, c.EventRate, stop, &st) }()
+	} else {
+		streamed <- nil
+	}
 	var at [2]router.Stats
 	edges := 0
-	res, logErr := load(ctx, cl, w, c, func() {
-		at[edges] = t.router.Stats()
-		edges++
-	})
+	var edge func()
+	if t.router != nil {
+		edge = func() {
+			at[edges] = t.router.Stats()
+			edges++
+		}
+	}
+	res, logErr := load(ctx, cl, w, c, edge)
 	close(stop)
 	err := <-streamed
-	res.EventRate = c.EventRate
-	res.EventsSkipped = st.skipped.Load()
+	if stream {
+		res.EventRate = c.EventRate
+		res.EventsSkipped = st.skipped.Load()
+	}
 	if edges == 2 {
 		a, b := at[0].Events, at[1].Events
 		res.EventsApplied = float64(b.StoredBlocks+b.RemovedBlocks-a.StoredBlocks-a.RemovedBlocks) / c.Duration.Seconds()
