@@ -122,13 +122,17 @@ load:
 	mkdir -p $(OUT)
 	$(GO) run ./bench/kvrload --suite | tee $(OUT)/load.txt
 
-# The same suite with client and server in one process on one CPU (GOMAXPROCS=1, pinned to the
-# last CPU with taskset): no wake-ups across CPUs, which on a VM whose idle vCPUs halt dominate
-# the tails below saturation (docs/decisions.md). About six minutes.
+# The latency kvrouterd adds to a route over the no-op handler, client and server in one process on
+# one CPU (GOMAXPROCS=1, pinned to the last CPU with taskset: no wake-ups across CPUs, which on a VM
+# whose idle vCPUs halt dominate the tails below saturation, docs/decisions.md): 8 and 1,000
+# workers, at 10 % and 50 % of the no-op's saturation on that CPU, the index holding 10^6
+# residencies and taking 1 M blocks/s of KV events meanwhile; LOADRUNS pairs of runs per case,
+# medians and ranges in bench/out/load-1cpu.txt. About five minutes.
+LOADRUNS ?= 5
 load-1cpu:
 	mkdir -p $(OUT)
 	$(GO) build -o $(OUT)/kvrload ./bench/kvrload
-	GOMAXPROCS=1 taskset -c $$(($$(nproc) - 1)) $(OUT)/kvrload --suite | tee $(OUT)/load-1cpu.txt
+	GOMAXPROCS=1 taskset -c $$(($$(nproc) - 1)) $(OUT)/kvrload --added --added-runs $(LOADRUNS) | tee $(OUT)/load-1cpu.txt
 
 # kvrouterd (the binary, its own process) under a paced mixed load for SOAK: routes, lifecycles,
 # KV events over NATS and /v1/events, workers leaving and coming back. Fails if its RSS or

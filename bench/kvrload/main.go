@@ -9,11 +9,16 @@
 // other processes used meanwhile (on a shared machine, a run with a high share measured them
 // too); --json adds the result as one JSON object per line. --suite runs the reported matrix
 // (loadgen.RunSuite), printing each run's line as it comes and then a markdown table; its runs
-// are loadgen.SuiteDuration long unless --duration or --warmup is given. Progress goes to
-// standard error. The command exits with status 2 for bad flags, and 1 if a run could not be
-// done or more than 0.1% of a run's requests failed. Run kvrload --help for the flags.
+// are loadgen.SuiteDuration long unless --duration or --warmup is given. --added measures the
+// latency kvrouterd adds over the no-op handler (loadgen.RunAdded), its index padded to
+// --residencies and fed --event-rate blocks per second of events (loadgen.AddedResidencies and
+// AddedEventRate unless given), printing each run's line and then a markdown table of medians
+// over the runs with their ranges. Progress goes to standard error. The command exits with
+// status 2 for bad flags, and 1 if a run could not be done or more than 0.1% of a run's requests
+// failed. Run kvrload --help for the flags.
 //
-//	go run ./bench/kvrload --suite            # the reported matrix, about 70 s
+//	go run ./bench/kvrload --suite            # the reported matrix, about three minutes
+//	go run ./bench/kvrload --added            # the added latency, about five minutes (make load-1cpu)
 //	go run ./bench/kvrload --workers 1000     # one run against an in-process kvrouterd
 //	go run ./bench/kvrload --addr host:8090   # against a running kvrouterd
 package main
@@ -40,6 +45,7 @@ type config struct {
 	loadgen.Config
 	JSON       bool
 	Suite      bool
+	Added      bool
 	CPUProfile string
 	LatencyLog string
 }
@@ -97,6 +103,13 @@ func parseConfig(args []string, out io.Writer) (config, error) {
 	fs.IntVar(&c.MaxCandidates, "max-candidates", c.MaxCandidates, "candidates per route answer (the request's max_candidates); 0 = every worker")
 	fs.IntVar(&c.NoopCandidates, "noop-candidates", c.NoopCandidates, "candidates in the noop target's route answer; 0 = its usual two (--suite also runs it with as many as kvrouterd answers)")
 	fs.Var(intList{&c.SuiteCandidates, 0}, "suite-candidates", "--max-candidates values of the --suite matrix, comma-separated; caps not below the worker count are skipped")
+	fs.IntVar(&c.Residencies, "residencies", c.Residencies, fmt.Sprintf("pad the in-process kvrouterd's index with filler prompts to this many (block, worker) pairs; 0: none (%d under --added unless given)", loadgen.AddedResidencies))
+	fs.Float64Var(&c.EventRate, "event-rate", c.EventRate, fmt.Sprintf("KV events applied to the in-process kvrouterd while it is loaded, in blocks per second, removed and stored alike; 0: none (%.0f under --added unless given)", loadgen.AddedEventRate))
+	fs.BoolVar(&c.Added, "added", c.Added, "measure the latency kvrouterd adds over the noop target (per --added-workers: the noop's saturation, then --added-runs pairs of runs at each --added-percents of it) and print a markdown table")
+	fs.Var(intList{&c.AddedWorkers, 1}, "added-workers", "worker counts of --added, comma-separated")
+	fs.Var(intList{&c.AddedPercents, 1}, "added-percents", "offered rates of --added in percent of the noop target's saturated rate, comma-separated")
+	fs.IntVar(&c.AddedRuns, "added-runs", c.AddedRuns, "pairs of runs of each --added case, whose medians are reported")
+	fs.IntVar(&c.AddedCandidates, "added-candidates", c.AddedCandidates, "candidates in every answer under --added, kvrouterd's and the noop's; 0 = every worker")
 	fs.StringVar(&c.CPUProfile, "cpuprofile", c.CPUProfile, "write a CPU profile of the whole process (client and in-process target) to this file")
 	fs.StringVar(&c.LatencyLog, "latency-log", c.LatencyLog, "write each measured route to this file as a line: µs from the measured window's start to when it was timed from, its latency in µs, its connection (not with --suite)")
 	fs.Usage = func() {
@@ -112,9 +125,9 @@ func parseConfig(args []string, out io.Writer) (config, error) {
 	if fs.NArg() > 0 {
 		return c, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
-	if c.Suite {
-		set := map[string]bool{}
-		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if c.Suite || c.Added {
 		if !set["duration"] {
 			c.Duration = loadgen.SuiteDuration
 		}
@@ -122,8 +135,19 @@ func parseConfig(args []string, out io.Writer) (config, error) {
 			c.Warmup = loadgen.SuiteWarmup
 		}
 	}
-	if c.Suite && c.LatencyLog != "" {
-		return c, errors.New("--latency-log is for one run, not with --suite")
+	if c.Added {
+		if !set["residencies"] {
+			c.Residencies = loadgen.AddedResidencies
+		}
+		if !set["event-rate"] {
+			c.EventRate = loadgen.AddedEventRate
+		}
+	}
+	switch {
+	case c.Suite && c.Added:
+		return c, errors.New("--suite and --added are two measurements: give one")
+	case (c.Suite || c.Added) && c.LatencyLog != "":
+		return c, errors.New("--latency-log is for one run, not with --suite or --added")
 	}
 	return c, c.check()
 }
@@ -132,10 +156,25 @@ func parseConfig(args []string, out io.Writer) (config, error) {
 // --addr for its kvrouterd runs only, so --addr goes with --target noop there.
 func (c *config) check() error {
 	lc := c.Config
-	if c.Suite && lc.Target == "noop" {
+	if (c.Suite || c.Added) && lc.Target == "noop" {
 		lc.Addr = ""
 	}
-	return lc.Check(func(field string) string { return "--" + flagOf[field] })
+	if c.Added {
+		// Its runs are of both targets, kvrouterd's with the index and the stream.
+		lc.Target = "kvrouterd"
+	}
+	name := func(field string) string {
+		if f, ok := flagOf[field]; ok {
+			return "--" + f
+		}
+		return field
+	}
+	if c.Added {
+		if err := lc.CheckAdded(name); err != nil {
+			return err
+		}
+	}
+	return lc.Check(name)
 }
 
 // flagOf is the flag of each loadgen.Config field that loadgen.Config.Check names.
@@ -143,6 +182,8 @@ var flagOf = map[string]string{
 	"Target": "target", "Addr": "addr", "Workers": "workers", "Blocks": "blocks", "BlockSize": "block-size",
 	"Conns": "conns", "Duration": "duration", "Warmup": "warmup", "Rate": "rate", "Prompts": "prompts",
 	"Timeout": "timeout", "MaxCandidates": "max-candidates", "NoopCandidates": "noop-candidates",
+	"Residencies": "residencies", "EventRate": "event-rate", "AddedWorkers": "added-workers",
+	"AddedPercents": "added-percents", "AddedRuns": "added-runs", "AddedCandidates": "added-candidates",
 }
 
 func main() {
@@ -176,6 +217,14 @@ func run(ctx context.Context, c config, out, log io.Writer) error {
 		defer pprof.StopCPUProfile()
 	}
 	fmt.Fprintf(log, "# kvrload %s GOMAXPROCS=%d NumCPU=%d\n", runtime.Version(), runtime.GOMAXPROCS(0), runtime.NumCPU())
+	if c.Added {
+		rows, err := loadgen.RunAdded(ctx, c.Config, func(r loadgen.Result) { printResult(out, &r, c.JSON) }, log)
+		if len(rows) > 0 {
+			fmt.Fprintln(out)
+			writeAdded(out, rows, &c.Config)
+		}
+		return err
+	}
 	if c.Suite {
 		rows, err := loadgen.RunSuite(ctx, c.Config, func(r loadgen.Result) { printResult(out, &r, c.JSON) }, log)
 		if len(rows) > 0 {

@@ -49,6 +49,22 @@ type Config struct {
 	// one of 130-byte answers had every large buffer dropped and allocated one per request (a
 	// collection every 25 ms, millisecond tails) until they recalibrated.
 	SuiteWarmupCalls int
+	// Residencies pads a kvrouterd target's index with filler prompts (filler.go) until it holds
+	// at least this many (block, worker) pairs; 0 adds none. The target must run in-process.
+	Residencies int
+	// EventRate is the KV events applied to a kvrouterd target while it is loaded, in blocks per
+	// second (removed and stored counted alike), through router.Ingest as the daemon applies a
+	// worker's event stream; 0 streams none. The events churn the filler prompts' tails, so the
+	// index keeps its size. The target must run in-process.
+	EventRate float64
+	// AddedWorkers, AddedPercents, AddedRuns and AddedCandidates are RunAdded's matrix: the
+	// worker counts; the offered rates, in percent of the no-op target's saturated rate; the
+	// runs of each case; and the candidates of each answer (kvrouterd's max_candidates, and as
+	// many in the no-op's). Run and RunSuite ignore them.
+	AddedWorkers    []int
+	AddedPercents   []int
+	AddedRuns       int
+	AddedCandidates int
 	// LatencyLog, if not nil, gets one line per measured successful route of a run, in the order
 	// they were timed from: microseconds from the measured window's start to the moment its
 	// latency is timed from (for a request scheduled near the window's end and sent late, that
@@ -65,6 +81,15 @@ type Config struct {
 const (
 	SuiteDuration = 5 * time.Second
 	SuiteWarmup   = time.Second
+)
+
+// AddedResidencies and AddedEventRate are the index size and the event stream of the reported
+// added-latency table (issue 26): a gateway's router holds about a million residencies and takes
+// a fleet's events while it routes. Defaults leaves both off, as the other measurements do not
+// include them; kvrload --added sets them unless given.
+const (
+	AddedResidencies = 1_000_000
+	AddedEventRate   = 1e6
 )
 
 // Defaults is the configuration of a single run against an in-process kvrouterd with 8 workers,
@@ -85,6 +110,11 @@ func Defaults() Config {
 		// Every worker, and the few a gateway needs besides the choice (fallbacks).
 		SuiteCandidates:  []int{0, 8},
 		SuiteWarmupCalls: 45000,
+		AddedWorkers:     []int{8, 1000},
+		AddedPercents:    []int{10, 50},
+		AddedRuns:        5,
+		// The choice and a few fallbacks, what a gateway asks for.
+		AddedCandidates: 8,
 	}
 }
 
@@ -120,6 +150,12 @@ func (c *Config) Check(name func(field string) string) error {
 		return fmt.Errorf("%s %d: want 0 (all) to 65535", name("MaxCandidates"), c.MaxCandidates)
 	case c.NoopCandidates < 0 || c.NoopCandidates > 1<<16-1:
 		return fmt.Errorf("%s %d: want 0 (two) to 65535", name("NoopCandidates"), c.NoopCandidates)
+	case c.Residencies < 0 || c.Residencies > 1<<30:
+		return fmt.Errorf("%s %d: want 0 to %d", name("Residencies"), c.Residencies, 1<<30)
+	case !(c.EventRate >= 0) || c.EventRate > 1e9:
+		return fmt.Errorf("%s %v: want 0 (none) or blocks per second", name("EventRate"), c.EventRate)
+	case (c.Residencies > 0 || c.EventRate > 0) && c.Target == "kvrouterd" && c.Addr != "":
+		return fmt.Errorf("%s names an external kvrouterd; %s and %s need one in-process", name("Addr"), name("Residencies"), name("EventRate"))
 	}
 	return nil
 }

@@ -16,6 +16,16 @@
 // the first half of one. Each request picks a family at random and replaces a random tail of it,
 // so that its cached depth is uniform between 3/4 of the prompt and all of it.
 //
+// Config.Residencies pads that index with filler prompts, each the system prefix and a family's
+// length of its own blocks held by two workers, until it holds that many (block, worker) pairs;
+// requests never match them, but walk an index of that size. Config.EventRate streams KV events
+// into the in-process Router while it is loaded, through Router.Ingest as the daemon applies an
+// engine's event stream: evenly spaced batches, each one worker's removal of a filler prompt's
+// tail and its store again (an eviction and a recompute), so the index keeps its size. The stream
+// waits on the same alarm as the open loop; one more than a couple of milliseconds behind gives
+// up the batches it missed rather than bursting, and each run reports the rate the shards
+// applied in its window.
+//
 // Rate 0 runs a closed loop at saturation: Conns goroutines each send the next request as soon as
 // the previous one is answered. Rate R > 0 runs an open loop at R requests per second in total,
 // each goroutine on a fixed schedule of R/Conns (as wrk2 does); a request that could not be sent
@@ -33,6 +43,12 @@
 // no-op target at saturation answering as many candidates as kvrouterd does (Config.NoopCandidates):
 // an answer listing 1,000 workers is about 40 KB, which the server writes and the client reads
 // and decodes whoever computed it, so that ratio is the router's cost without the answer's size.
+//
+// RunAdded measures the latency kvrouterd adds to a route over the no-op handler, the figure a
+// gateway cares about: per worker count, the no-op handler's saturated rate, then pairs of
+// open-loop runs of both targets at fixed percentages of it (10 and 50 by default), kvrouterd's
+// index padded and fed events, each answer carrying the same few candidates. The added latency of
+// a percentile is the median over the pairs of kvrouterd's minus the no-op's.
 //
 // Each run reports achieved routes per second, route latency percentiles, errors, this process's
 // CPU time per request (client and in-process target), and the share of the machine other

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/kvrouterd/kvrouterd/client"
+	"github.com/kvrouterd/kvrouterd/router"
 	"github.com/kvrouterd/kvrouterd/wire"
 )
 
@@ -57,8 +59,18 @@ type Result struct {
 	// steal) used during the measured window, in percent; -1 when unknown. Above a few percent
 	// the run measured the neighbours too. An external kvrouterd (Addr) on the same machine
 	// counts as another process.
-	Others   float64 `json:"others_cpu_pct"`
-	FirstErr string  `json:"first_error,omitempty"` // of the measured window
+	Others float64 `json:"others_cpu_pct"`
+	// EventRate is the KV event stream asked for meanwhile (Config.EventRate), in blocks per
+	// second; EventsApplied is what the target's shards applied during the measured window, per
+	// second, removed and stored blocks alike (the stream's, and nothing else); EventsSkipped
+	// counts the stream's batches given up because it fell behind; Residencies is the index's
+	// (block, worker) pairs when the window began. The last three are an in-process kvrouterd's
+	// only, the first two a stream's.
+	EventRate     float64 `json:"event_rate,omitempty"`
+	EventsApplied float64 `json:"events_applied,omitempty"`
+	EventsSkipped int64   `json:"events_skipped,omitempty"`
+	Residencies   int64   `json:"residencies,omitempty"`
+	FirstErr      string  `json:"first_error,omitempty"` // of the measured window
 	// WarmupErrors are failures during the warmup, not counted in Errors: reported because a
 	// target that fails while connections open is worth knowing about.
 	WarmupErrors int64  `json:"warmup_errors"`
@@ -102,15 +114,52 @@ func run(ctx context.Context, c Config, log io.Writer) (Result, error) {
 		return Result{}, err
 	}
 	fmt.Fprintf(log, "# %s at %s: %d workers ready in %v\n", c.Target, t.addr, c.Workers, time.Since(t0).Round(time.Millisecond))
+	res, err := measure(ctx, t, w, &c)
+	if stopErr := t.stop(); stopErr != nil {
+		return res, fmt.Errorf("stopping %s: %w", c.Target, stopErr)
+	}
+	return res, err
+}
+
+// measure loads t, a started target of c, for c.Warmup and then c.Duration, streaming events
+// into it meanwhile when c.EventRate is set and t is an in-process kvrouterd; the error is the
+// stream's or c.LatencyLog's.
+func measure(ctx context.Context, t *target, w *workload, c *Config) (Result, error) {
 	cl := client.New(client.Config{Addr: t.addr, Timeout: c.Timeout, MaxConns: c.Conns})
-	res, logErr := load(ctx, cl, w, &c)
-	if err := t.stop(); err != nil {
-		return res, fmt.Errorf("stopping %s: %w", c.Target, err)
+	stop := make(chan struct{})
+	streamed := make(chan error, 1)
+	var st streamStats
+	stream := c.EventRate > 0 && t.filler != nil
+	if stream {
+		go func() { streamed <- t.filler.stream(t.router, c.EventRate, stop, &st) }()
+	} else {
+		streamed <- nil
+	}
+	var at [2]router.Stats
+	edges := 0
+	var edge func()
+	if t.router != nil {
+		edge = func() {
+			at[edges] = t.router.Stats()
+			edges++
+		}
+	}
+	res, logErr := load(ctx, cl, w, c, edge)
+	close(stop)
+	err := <-streamed
+	if stream {
+		res.EventRate = c.EventRate
+		res.EventsSkipped = st.skipped.Load()
+	}
+	if edges == 2 {
+		a, b := at[0].Events, at[1].Events
+		res.EventsApplied = float64(b.StoredBlocks+b.RemovedBlocks-a.StoredBlocks-a.RemovedBlocks) / c.Duration.Seconds()
+		res.Residencies = a.Residencies
 	}
 	if logErr != nil {
-		return res, fmt.Errorf("writing the latency log: %w", logErr)
+		err = errors.Join(err, fmt.Errorf("writing the latency log: %w", logErr))
 	}
-	return res, nil
+	return res, err
 }
 
 // conn is one load goroutine's state; it belongs to that goroutine until load merges it.
@@ -138,8 +187,9 @@ type conn struct {
 }
 
 // load drives c.Conns goroutines against cl for c.Warmup and then c.Duration, and summarizes the
-// measured window; the error is c.LatencyLog's.
-func load(ctx context.Context, cl *client.Client, w *workload, c *Config) (Result, error) {
+// measured window; the error is c.LatencyLog's. edge, if not nil, is called at the window's start
+// and at its end, right after the CPU accounting is sampled there.
+func load(ctx context.Context, cl *client.Client, w *workload, c *Config, edge func()) (Result, error) {
 	// A nonce in the request ids keeps runs against the same external kvrouterd apart.
 	nonce := strconv.FormatInt(time.Now().UnixNano()%(1<<40), 36)
 	conns := make([]*conn, c.Conns)
@@ -176,8 +226,14 @@ func load(ctx context.Context, cl *client.Client, w *workload, c *Config) (Resul
 	// Sample the CPU accounting at the window's edges while the goroutines run.
 	sleepUntil(ctx, ws)
 	cpu0 := sampleCPU()
+	if edge != nil {
+		edge()
+	}
 	sleepUntil(ctx, end)
 	cpu1 := sampleCPU()
+	if edge != nil {
+		edge()
+	}
 	wg.Wait()
 
 	r := Result{Target: c.Target, Workers: c.Workers, MaxCandidates: c.MaxCandidates, NoopCandidates: c.NoopCandidates, Blocks: c.Blocks, BlockSize: c.BlockSize, Conns: c.Conns, Rate: c.Rate}

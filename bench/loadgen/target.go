@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"runtime"
 	"time"
 
 	"github.com/kvrouterd/kvrouterd/client"
@@ -16,10 +17,13 @@ import (
 	"github.com/valyala/fasthttp"
 )
 
-// target is a server under load: its address and how to stop it (a no-op for an external one).
+// target is a server under load: its address and how to stop it (a no-op for an external one);
+// for an in-process kvrouterd also its Router, and the filler its index holds if any.
 type target struct {
-	addr string
-	stop func() error
+	addr   string
+	stop   func() error
+	router *router.Router
+	filler *filler
 }
 
 // startKvrouterd runs a Router and its Server on a loopback port, configured as the daemon is by
@@ -35,7 +39,7 @@ func startKvrouterd() (*target, error) {
 	}
 	served := make(chan error, 1)
 	go func() { served <- s.Serve(ln) }()
-	return &target{addr: ln.Addr().String(), stop: func() error {
+	return &target{addr: ln.Addr().String(), router: r, stop: func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		err := s.Shutdown(ctx)
@@ -94,8 +98,9 @@ func startNoop(body []byte) (*target, error) {
 	}}, nil
 }
 
-// start brings up the target c names and, for kvrouterd, fills its index. The returned stop also
-// unregisters the workers from an external kvrouterd.
+// start brings up the target c names and, for kvrouterd, fills its index, padded to
+// c.Residencies (filler.go) when set. The returned stop also unregisters the workers from an
+// external kvrouterd.
 func start(c *Config, w *workload) (*target, error) {
 	if c.Target == "noop" {
 		return startNoop(noopBody(w, c.NoopCandidates))
@@ -117,6 +122,14 @@ func start(c *Config, w *workload) (*target, error) {
 	}
 	if c.Addr != "" {
 		t.stop = func() error { return w.teardown(sc) }
+	}
+	if c.Residencies > 0 || c.EventRate > 0 {
+		t.filler = newFiller(w, c.Residencies, c.EventRate > 0)
+		if err := t.filler.fill(t.router); err != nil {
+			return nil, errors.Join(fmt.Errorf("filling the index to %d residencies: %w", c.Residencies, err), t.stop())
+		}
+		// The fill's garbage is collected now, not in the first measured window.
+		runtime.GC()
 	}
 	return t, nil
 }
