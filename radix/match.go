@@ -456,19 +456,32 @@ func (ix *Index) resolve(keys []uint64, buckets []*bucket, hs []uint64, ss []*ho
 	}
 }
 
-// touch marks block k's entry as matched (refBit), if it is in its home bucket (nearly every
-// entry at the tables' load): what the eviction sweep spares once. Lock-free; a writer storing
-// a new holder word at the same moment may clear the mark, which costs the block its reprieve
-// only.
+// touch marks block k's entry as matched (refBit), following its probe from the home bucket as
+// find does. Lock-free; a writer storing a new holder word at the same moment may clear the
+// mark, which costs the block its reprieve only.
 func (ix *Index) touch(k uint64) {
 	m := ix.mix(k)
-	b := ix.segment(m).tab.Load().bucketAt(m)
-	for i := range b {
-		if e := &b[i]; e.key.Load() == k {
-			if h := e.h.Load(); h != 0 && h&refBit == 0 {
-				e.h.Or(refBit)
+	t := ix.segment(m).tab.Load()
+	s := t.slots
+	for b := t.home(m); ; {
+		e := s[b : b+bucketSlots : b+bucketSlots]
+		empty := false
+		for i := range e {
+			x := &e[i]
+			h := x.h.Load()
+			if h != 0 && x.key.Load() == k {
+				if h&refBit == 0 {
+					x.h.Or(refBit)
+				}
+				return
 			}
+			empty = empty || h == 0
+		}
+		if empty {
 			return
+		}
+		if b += bucketSlots; b == len(s) {
+			b = 0
 		}
 	}
 }
@@ -478,8 +491,14 @@ func (ix *Index) touch(k uint64) {
 // index's setting holds for its lower tiers too.
 func (ix *Index) TrackMatches() { ix.track = true }
 
-// Unref reports whether a match marked block seq since the last Unref, and clears the mark:
-// the sweep of a CLOCK eviction, which spares a marked block once. Takes the segment's lock.
+// Referenced reports whether a match marked block seq since the last Unref. Lock-free.
+func (ix *Index) Referenced(seq uint64) bool {
+	m := ix.mix(seq)
+	return ix.segment(m).tab.Load().find(seq, m)&refBit != 0
+}
+
+// Unref reports whether a match marked block seq since the last Unref, and clears the mark, as
+// an eviction does that ages blocks every one of which was used. Takes the segment's lock.
 func (ix *Index) Unref(seq uint64) bool {
 	m := ix.mix(seq)
 	g := ix.segment(m)

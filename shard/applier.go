@@ -1,6 +1,7 @@
 package shard
 
 import (
+	"math/bits"
 	"slices"
 	"sync/atomic"
 
@@ -26,8 +27,9 @@ type Applier struct {
 	// which the sequence hash alone does not give back: what DumpTree needs to write the index
 	// in Dynamo's form. It costs two map entries per block. Set it before the first Apply.
 	KeepTree  bool
-	unflushed int64 // residencies removed by the current call, counted once at its end
-	evict     bool  // Config.Evict
+	unflushed int64  // residencies removed by the current call, counted once at its end
+	evict     bool   // Config.Evict
+	rng       uint64 // makeRoom's random stream
 
 	h        radix.Hasher
 	seqs     []uint64 // an event's sequence hashes
@@ -76,7 +78,6 @@ type tierState struct {
 	// sequence hash (none for the root of a chain). A block restored without them has no
 	// local entry, and DumpTree leaves it out.
 	tree *blockTree
-	hand int // the eviction sweep's position in engine's slots
 }
 
 type blockTree struct{ local, parent u64map.Map }
@@ -659,14 +660,16 @@ func (a *Applier) EachBlock(id uint64, f func(rank uint32, engine, seq uint64)) 
 }
 
 // evictBatch is the most residencies makeRoom frees at a time (the victim's choice is paid once
-// for them), and at most a sixteenth of the victim's blocks, so that the sweep's hand moves
-// slowly against the matches that mark blocks behind it.
+// for them), and at most a sixteenth of the victim's blocks.
 const evictBatch = 64
 
 // makeRoom frees up to evictBatch residencies of this shard's (Config.Evict) and reports whether
-// it freed any: from the (rank, tier) holding the most blocks, its least recently matched ones,
-// by a CLOCK sweep over its engine map from where the last sweep stopped. A block a match marked
-// since (radix.Index.Unref) is spared once; the sweep stops after two turns.
+// it freed any: from the (rank, tier) holding the most blocks, each time the first block no
+// match marked since the marks were last cleared (radix.Index.Referenced), looking from a
+// random slot of its engine map on. If a whole turn finds every block marked, the marks of all
+// are cleared (they age) and the block at the start goes. Random starts, not a sweeping hand:
+// deletions in one place of an open-addressing map with insertions everywhere pack the slots
+// ahead of the hand into one long run.
 func (a *Applier) makeRoom() bool {
 	var (
 		vix  *radix.Index
@@ -688,17 +691,37 @@ func (a *Applier) makeRoom() bool {
 	}
 	freed, want := 0, min(evictBatch, max(1, most/16))
 	c := vts.engine.Cap()
-	for steps := 0; steps < 2*c && freed < want && vts.engine.Len() > 0; steps++ {
-		if vts.hand >= c {
-			vts.hand = 0
+	for tries := 0; tries < 4*want && freed < want && vts.engine.Len() > 0; tries++ {
+		var (
+			first, victim uint64 // engine hashes
+			firstSeq, seq uint64
+			seen, found   bool
+		)
+		start := a.rand(c)
+		for i, steps := start, 0; steps < c; i, steps = i+1, steps+1 {
+			if i == c {
+				i = 0
+			}
+			eh, s, ok := vts.engine.At(i)
+			if !ok {
+				continue
+			}
+			if !seen {
+				first, firstSeq, seen = eh, s, true
+			}
+			if !vix.Referenced(s) {
+				victim, seq, found = eh, s, true
+				break
+			}
 		}
-		eh, seq, ok := vts.engine.At(vts.hand)
-		if !ok || vix.Unref(seq) {
-			vts.hand++
-			continue
+		if !seen {
+			break
 		}
-		// Deleting shifts the slots after it back by one: the hand stays to look at the next.
-		vts.engine.Del(eh)
+		if !found { // every block marked: they age, and the first from the start goes
+			vts.engine.Each(func(_, s uint64) { vix.Unref(s) })
+			victim, seq = first, firstSeq
+		}
+		vts.engine.Del(victim)
 		if a.drop(vix, vr.slot, vts, seq) {
 			freed++
 		}
@@ -708,4 +731,16 @@ func (a *Applier) makeRoom() bool {
 	}
 	a.c.evicted.Add(int64(freed))
 	return true
+}
+
+// rand returns a pseudo-random int in [0, n) (xorshift64*, the Applier's own stream).
+func (a *Applier) rand(n int) int {
+	if a.rng == 0 {
+		a.rng = 0x9e3779b97f4a7c15
+	}
+	a.rng ^= a.rng >> 12
+	a.rng ^= a.rng << 25
+	a.rng ^= a.rng >> 27
+	hi, _ := bits.Mul64(a.rng*0x2545f4914f6cdd1d, uint64(n))
+	return int(hi)
 }
