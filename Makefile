@@ -141,7 +141,7 @@ SOAK ?= 3m
 soak:
 	mkdir -p $(OUT)
 	$(GO) build -o $(OUT)/kvrouterd-soak ./cmd/kvrouterd
-	$(GO) run ./bench/soak --bin $(OUT)/kvrouterd-soak --duration $(SOAK)
+	$(GO) run ./bench/soak --bin $(OUT)/kvrouterd-soak --duration $(SOAK) $(ARGS)
 
 # Each fuzz target of the module for FUZZTIME, found with go test -list (go test fuzzes one
 # target per run); FUZZ narrows them by a regular expression, e.g. make fuzz FUZZ=ZMTP.

@@ -50,6 +50,8 @@ func main() {
 	fs.IntVar(&cfg.Workers, "workers", 8, "workers per model")
 	fs.IntVar(&cfg.Models, "models", 2, "models")
 	fs.DurationVar(&cfg.Churn, "churn", 2*time.Second, "a worker leaves or comes back this often")
+	fs.IntVar(&cfg.Capacity, "capacity", 0, "blocks each worker rank holds before its engine evicts (default 256)")
+	fs.Int64Var(&cfg.MaxIndexBytes, "max-index-bytes", 0, "the daemon's --max-index-bytes (0: none); below capacity × workers × models × 64 B the soak runs at the bound")
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		if err == flag.ErrHelp {
 			os.Exit(0)

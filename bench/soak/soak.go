@@ -34,15 +34,18 @@ type Config struct {
 	Warmup   time.Duration // not judged: a third of Duration, at most 5 minutes
 	Interval time.Duration // between samples: Duration / 360, from 1 s to 5 s
 
-	Routes    float64       // routes (and matches) per second, over Conns goroutines
-	Conns     int           // route goroutines, each with its own pace
-	Batches   float64       // event batches per second
-	Churn     time.Duration // a worker leaves or comes back this often
-	Models    int
-	Workers   int // per model
-	Capacity  int // blocks each worker rank holds before its engine evicts
-	Docs      int // documents per model
-	Questions int // questions per document
+	Routes   float64       // routes (and matches) per second, over Conns goroutines
+	Conns    int           // route goroutines, each with its own pace
+	Batches  float64       // event batches per second
+	Churn    time.Duration // a worker leaves or comes back this often
+	Models   int
+	Workers  int // per model
+	Capacity int // blocks each worker rank holds before its engine evicts
+	// MaxIndexBytes, if > 0, is the daemon's --max-index-bytes: with Capacity × Workers ×
+	// Models above it (at 64 B a residency), the soak runs at the bound, evicting all along.
+	MaxIndexBytes int64
+	Docs          int // documents per model
+	Questions     int // questions per document
 
 	// The daemon's state that time bounds turns over within half the warm-up, so that it is
 	// steady before the judged time: Expiry is its --request-expiry (the bookings never
@@ -196,7 +199,7 @@ func run(ctx context.Context, cfg Config) (res Result, err error) {
 
 	start := time.Now()
 	logf("%d s of load (%d s warm-up), a sample every %v:", int(cfg.Duration.Seconds()), int(cfg.Warmup.Seconds()), cfg.Interval)
-	logf("%8s %9s %10s %10s %10s %8s %11s", "t(s)", "rss(MiB)", "heap(MiB)", "goal(MiB)", "goroutines", "active", "residencies")
+	logf("%8s %9s %10s %10s %10s %8s %11s %9s", "t(s)", "rss(MiB)", "heap(MiB)", "goal(MiB)", "goroutines", "active", "residencies", "evicted")
 	tick := time.NewTicker(cfg.Interval)
 	defer tick.Stop()
 	for done := false; !done; {
@@ -229,8 +232,8 @@ func run(ctx context.Context, cfg Config) (res Result, err error) {
 		if at < cfg.Warmup {
 			mark = " warm-up"
 		}
-		logf("%8.0f %9.1f %10.1f %10.1f %10d %8d %11d%s", s.At, float64(s.RSS)/(1<<20), float64(s.HeapInuse)/(1<<20),
-			float64(s.HeapGoal)/(1<<20), s.Goroutines, s.Active, s.Residencies, mark)
+		logf("%8.0f %9.1f %10.1f %10.1f %10d %8d %11d %9d%s", s.At, float64(s.RSS)/(1<<20), float64(s.HeapInuse)/(1<<20),
+			float64(s.HeapGoal)/(1<<20), s.Goroutines, s.Active, s.Residencies, s.Evicted, mark)
 		done = at >= cfg.Duration
 	}
 	stopLoad()
@@ -311,7 +314,8 @@ func startDaemon(cfg Config, dir string) (*daemon, error) {
 	d := &daemon{addr: addr, nats: natsAddr, logs: &tail{max: 64 << 10}, exited: make(chan struct{})}
 	d.cmd = exec.Command(cfg.Bin, "--http-addr", addr, "--nats-listen", natsAddr, "--data-dir", filepath.Join(dir, "data"),
 		"--shards", "2", "--log-level", "warn", "--snapshot-interval", cfg.Snapshots.String(),
-		"--nats-max-age", cfg.StreamAge.String(), "--request-expiry", cfg.Expiry.String(), "--router-predicted-ttl", "2s", "--router-session-affinity-ttl", "5s")
+		"--nats-max-age", cfg.StreamAge.String(), "--request-expiry", cfg.Expiry.String(), "--router-predicted-ttl", "2s", "--router-session-affinity-ttl", "5s",
+		"--max-index-bytes", strconv.FormatInt(cfg.MaxIndexBytes, 10))
 	d.cmd.Stdout, d.cmd.Stderr = d.logs, d.logs
 	d.cmd.SysProcAttr = daemonAttr()
 	if err := d.cmd.Start(); err != nil {
@@ -394,6 +398,8 @@ func (d *daemon) sample(at time.Duration) (Sample, error) {
 			s.Active = int(v)
 		case strings.HasPrefix(name, "kvrouterd_index_residencies{"):
 			s.Residencies += int(v)
+		case name == "kvrouterd_index_evicted_blocks_total":
+			s.Evicted = int(v)
 		}
 	}
 	if !found {

@@ -19,6 +19,7 @@ type Sample struct {
 	HeapGoal    int64
 	Active      int // kvrouterd_active_requests: bookings held
 	Residencies int // kvrouterd_index_residencies over every model
+	Evicted     int // kvrouterd_index_evicted_blocks_total (with MaxIndexBytes)
 }
 
 // Tolerance, a plain value, is what the verdict lets the daemon grow between the first and the
