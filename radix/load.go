@@ -9,6 +9,9 @@ import (
 	"unsafe"
 )
 
+// loadFillNum/loadFillDen is the most a Load fills a table to.
+const loadFillNum, loadFillDen = 3, 4
+
 // ErrLoad is wrapped by every error of Load about its input.
 var ErrLoad = errors.New("radix: bad bulk load")
 
@@ -137,7 +140,9 @@ func (g *segment) load(ix *Index, keys []uint64, counts []uint32, holders []Slot
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	live := int(g.live.Load())
-	nt := newTable(g.base, live+len(keys))
+	// Fuller than a rebuild leaves a table (3/4, not 8/15): a restore's tables are the bulk of
+	// its new memory, and the index grows from there like any other.
+	nt := newTableAt(g.base, live+len(keys), loadFillNum, loadFillDen)
 	if live > 0 {
 		// The live entries first, as a rebuild copies them (dead ones are left behind).
 		old := g.tab.Load()

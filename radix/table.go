@@ -187,8 +187,13 @@ type setTable struct {
 // reach their growth points at different total sizes and the index as a whole sits near the
 // average load instead of all segments doubling at once, which would swing memory by 1.5×.
 func newTable(base, need int) *table {
+	return newTableAt(base, need, lowLoadNum, lowLoadDen)
+}
+
+// newTableAt is newTable filled to at most num/den (below maxLoad).
+func newTableAt(base, need, num, den int) *table {
 	c := base
-	for c*lowLoadNum < need*lowLoadDen {
+	for c*num < need*den {
 		c = c * 3 / 2
 	}
 	c = (c + bucketSlots - 1) &^ (bucketSlots - 1)

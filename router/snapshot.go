@@ -11,6 +11,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/radix"
@@ -544,7 +545,9 @@ func (rs *restoreState) load() (decode, build time.Duration) {
 					}
 					slots = append(slots, slot)
 				}
-				hs := make([]radix.Slot, len(p.places))
+				// In place: a radix.Slot is a uint32, and each place becomes its slot (the
+				// restore's largest array, written once instead of copied).
+				hs := unsafe.Slice((*radix.Slot)(unsafe.SliceData(p.places)), len(p.places))
 				for j, place := range p.places {
 					hs[j] = slots[place]
 				}
