@@ -225,16 +225,9 @@ func runAdded(ctx context.Context, c *Config, n int, progress func(Result), log 
 	one := func(t *target, rc Config) (Result, bool) {
 		res, err := measure(ctx, t, w, &rc)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("%w: %w", errStop, err))
-			return res, false
+			err = fmt.Errorf("%w: %w", errStop, err)
 		}
-		if progress != nil {
-			progress(res)
-		}
-		if err := res.Err(); err != nil {
-			errs = append(errs, err)
-		}
-		return res, ctx.Err() == nil
+		return res, settle(ctx, res, err, &errs, progress)
 	}
 	var sats []float64
 	for range addedSatRuns {

@@ -84,17 +84,7 @@ func RunSuite(ctx context.Context, c Config, progress func(Result), log io.Write
 	var errs []error
 	one := func(target string, workers, cands int, rate float64) (Result, bool) {
 		res, err := run(ctx, c.suiteRun(target, workers, cands, rate), log)
-		if err != nil {
-			errs = append(errs, err)
-			return res, false
-		}
-		if progress != nil {
-			progress(res)
-		}
-		if err := res.Err(); err != nil {
-			errs = append(errs, err)
-		}
-		return res, ctx.Err() == nil
+		return res, settle(ctx, res, err, &errs, progress)
 	}
 suite:
 	for _, n := range c.SuiteWorkers {
@@ -137,4 +127,20 @@ suite:
 		errs = append(errs, err)
 	}
 	return rows, errors.Join(errs...)
+}
+
+// settle takes one run of a suite: its failure err, or else its result's errors, into errs, and
+// the result to progress. It reports whether the suite goes on.
+func settle(ctx context.Context, res Result, err error, errs *[]error, progress func(Result)) bool {
+	if err != nil {
+		*errs = append(*errs, err)
+		return false
+	}
+	if progress != nil {
+		progress(res)
+	}
+	if err := res.Err(); err != nil {
+		*errs = append(*errs, err)
+	}
+	return ctx.Err() == nil
 }

@@ -220,20 +220,11 @@ func TestExtraTrace(t *testing.T) {
 	g := trace.DefaultSynthetic()
 	g.Duration = time.Minute
 	reqs := trace.Synthetic(g)
-	var b strings.Builder
 	start := time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
-	for _, q := range reqs {
-		row, err := json.Marshal(map[string]any{"timestamp": start.Add(q.At).Format(time.RFC3339Nano), "token_ids": q.Tokens,
-			"output_length": q.Output, "session_id": fmt.Sprint("s", q.Session)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		b.Write(append(row, '\n'))
-	}
-	path := filepath.Join(dir, "mine.jsonl")
-	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	path := writeTrace(t, dir, reqs, func(q trace.Request) map[string]any {
+		return map[string]any{"timestamp": start.Add(q.At).Format(time.RFC3339Nano), "token_ids": q.Tokens,
+			"output_length": q.Output, "session_id": fmt.Sprint("s", q.Session)}
+	})
 	r := &report{cfg: config{Quick: true, Out: dir, Traces: filepath.Join(dir, "none"), Seed: 1, Extra: []namedTrace{{"mine", path}}},
 		start: time.Now(), progress: io.Discard}
 	ws, err := r.workloads()
@@ -275,18 +266,9 @@ func TestExtraTraceSections(t *testing.T) {
 	dir := t.TempDir()
 	g := trace.DefaultSynthetic()
 	g.Duration = 20 * time.Second
-	var b strings.Builder
-	for _, q := range trace.Synthetic(g) {
-		row, err := json.Marshal(map[string]any{"timestamp": q.At.Seconds() * 1000, "token_ids": q.Tokens, "output_length": q.Output, "session_id": q.Session})
-		if err != nil {
-			t.Fatal(err)
-		}
-		b.Write(append(row, '\n'))
-	}
-	path := filepath.Join(dir, "mine.jsonl")
-	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	path := writeTrace(t, dir, trace.Synthetic(g), func(q trace.Request) map[string]any {
+		return map[string]any{"timestamp": q.At.Seconds() * 1000, "token_ids": q.Tokens, "output_length": q.Output, "session_id": q.Session}
+	})
 	r := &report{cfg: config{Quick: true, Out: dir, Traces: filepath.Join(dir, "none"), Seed: 1, Extra: []namedTrace{{"mine", path}}},
 		start: time.Now(), progress: io.Discard}
 	if err := r.e2e(); err != nil {
@@ -310,6 +292,24 @@ func TestExtraTraceSections(t *testing.T) {
 	if _, ok := got["e2e.route_p50"]; ok || len(r.gaps) != 2 {
 		t.Errorf("the missing conversation trace: rows %v, gaps %v", ok, r.gaps)
 	}
+}
+
+// writeTrace writes reqs as JSON lines, each row(q), into dir/mine.jsonl and returns its path.
+func writeTrace(t *testing.T, dir string, reqs []trace.Request, row func(trace.Request) map[string]any) string {
+	t.Helper()
+	var b strings.Builder
+	for _, q := range reqs {
+		line, err := json.Marshal(row(q))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.Write(append(line, '\n'))
+	}
+	path := filepath.Join(dir, "mine.jsonl")
+	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
 }
 
 func TestTraceFlag(t *testing.T) {

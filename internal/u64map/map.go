@@ -246,7 +246,8 @@ func (m *Map) Build(keys, vals []uint64, scratch []int32) ([]int32, bool) {
 	return scratch, true
 }
 
-// insertFrom goes on placing k, displaced from the slot before i at distance d-1 from its home.
+// insertFrom places k, absent, from slot i on, at distance d from its home there, displacing
+// keys nearer their home (insert starts at the home, PutNew where a displacement began).
 func (m *Map) insertFrom(k, v uint64, i, d int) {
 	for ; ; d++ {
 		s := &m.slots[i]
@@ -266,23 +267,7 @@ func (m *Map) insertFrom(k, v uint64, i, d int) {
 }
 
 // insert places a key known to be absent, displacing keys nearer their home.
-func (m *Map) insert(k, v uint64) {
-	for i, d := m.home(k), 0; ; d++ {
-		s := &m.slots[i]
-		if s.k == 0 {
-			s.k, s.v = k, v
-			return
-		}
-		if sd := m.dist(s.k, i); sd < d {
-			s.k, k = k, s.k
-			s.v, v = v, s.v
-			d = sd
-		}
-		if i++; i == len(m.slots) {
-			i = 0
-		}
-	}
-}
+func (m *Map) insert(k, v uint64) { m.insertFrom(k, v, m.home(k), 0) }
 
 // Del removes k and returns its value.
 func (m *Map) Del(k uint64) (uint64, bool) {
