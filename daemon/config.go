@@ -242,7 +242,7 @@ func (c *Config) Flags(fs *flag.FlagSet) {
 	fs.IntVar(&c.MaxCandidates, "max-candidates", c.MaxCandidates, "candidates in a route or match answer when the request does not say: the chosen worker, then the lowest costs; 0 = every worker")
 	c.busyFlags(fs)
 	fs.Int64Var(&c.MaxBlocks, "max-blocks", c.MaxBlocks, "bound on (block, worker) residencies over all models and storage tiers; 0 = none")
-	fs.Int64Var(&c.MaxIndexBytes, "max-index-bytes", c.MaxIndexBytes, "bound on the index's memory in bytes (64 per residency, its most): at the bound the least recently matched blocks of the worker holding the most are evicted; 0 = none")
+	fs.Int64Var(&c.MaxIndexBytes, "max-index-bytes", c.MaxIndexBytes, "bound on the index's memory for blocks, in bytes (64 per residency, its most; each worker rank's fixed cost, about 2 KiB, comes on top): at the bound the least recently matched blocks of the worker holding the most are evicted; 0 = none")
 	fs.IntVar(&c.QueueLen, "queue-len", c.QueueLen, "event batches each shard queue holds before producers wait")
 	fs.IntVar(&c.MaxBodyBytes, "max-body-bytes", c.MaxBodyBytes, "largest HTTP request body accepted")
 	fs.IntVar(&c.HTTPReadBuffer, "http-read-buffer", c.HTTPReadBuffer, "bytes of read buffer per open HTTP connection; bounds request headers, and a request that fits is read in one system call")

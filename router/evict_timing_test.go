@@ -11,7 +11,7 @@ import (
 )
 
 // BenchmarkMaxIndexBytes measures how well --max-index-bytes bounds memory: a router bounded to
-// 64 MiB (1,048,576 residencies at ResidencyBytes) takes six times that in stores, chains of
+// 64 MiB (1,048,576 residencies at ResidencyBytes; -short: 4 MiB) takes six times that in stores, chains of
 // 16 blocks whose first 8 come from prefixes the workers share, while matches mark a tenth of
 // the chains; the heap is measured when the bound is first reached, after three times the bound
 // in stores, and at the end (all of it evicting since the bound). It reports the heap against
@@ -20,7 +20,10 @@ import (
 func BenchmarkMaxIndexBytes(b *testing.B) {
 	for _, workers := range []int{8, 1000} {
 		b.Run(fmt.Sprintf("workers=%d", workers), func(b *testing.B) {
-			const bound = 64 << 20
+			bound := int64(64 << 20)
+			if testing.Short() {
+				bound = 4 << 20 // the suite's smoke run
+			}
 			for range b.N {
 				before := memstat.HeapInUse()
 				r := New(Config{Shards: 2, MaxIndexBytes: bound, Logger: quiet()})
@@ -77,7 +80,7 @@ func BenchmarkMaxIndexBytes(b *testing.B) {
 				after := memstat.HeapInUse() - before
 				st := r.set.Stats()
 				b.ReportMetric(float64(after)/(1<<20), "heap-MiB")
-				b.ReportMetric(float64(after)/bound, "heap/bound")
+				b.ReportMetric(float64(after)/float64(bound), "heap/bound")
 				b.ReportMetric(float64(after)/float64(st.Residencies), "B/residency")
 				b.ReportMetric(float64(at3)/float64(atBound), "heap-3x/heap-at-bound")
 				b.ReportMetric(float64(after)/float64(at3), "heap-6x/heap-3x")
