@@ -75,20 +75,32 @@ func (ix *Index) Load(parts ...Blocks) error {
 		start[s+1] += start[s]
 		hstart[s+1] += hstart[s]
 	}
-	sk, sc, sh := make([]uint64, nk), make([]uint32, nk), make([]Slot, nh)
-	pos, hpos := start, hstart
-	i = 0
-	for p := range parts {
-		b := &parts[p]
-		h := 0
-		for j, k := range b.Keys {
-			s, c := seg[i], int(b.Counts[j])
-			sk[pos[s]], sc[pos[s]] = k, b.Counts[j]
-			pos[s]++
-			copy(sh[hpos[s]:hpos[s]+c], b.Holders[h:h+c])
-			hpos[s] += c
-			h += c
-			i++
+	// Keys already grouped by segment (a snapshot written under this index's salt) are read
+	// where they lie, each segment's run gathered into a buffer of its goroutine; others are
+	// scattered into copies first.
+	grouped := true
+	for i := 1; i < nk && grouped; i++ {
+		grouped = seg[i] >= seg[i-1]
+	}
+	var sk []uint64
+	var sc []uint32
+	var sh []Slot
+	if !grouped {
+		sk, sc, sh = make([]uint64, nk), make([]uint32, nk), make([]Slot, nh)
+		pos, hpos := start, hstart
+		i = 0
+		for p := range parts {
+			b := &parts[p]
+			h := 0
+			for j, k := range b.Keys {
+				s, c := seg[i], int(b.Counts[j])
+				sk[pos[s]], sc[pos[s]] = k, b.Counts[j]
+				pos[s]++
+				copy(sh[hpos[s]:hpos[s]+c], b.Holders[h:h+c])
+				hpos[s] += c
+				h += c
+				i++
+			}
 		}
 	}
 	var (
@@ -103,6 +115,9 @@ func (ix *Index) Load(parts ...Blocks) error {
 			defer wg.Done()
 			blocks := make([]int64, high)
 			seen := make([]uint64, (int(high)+63)/64)
+			var gk []uint64
+			var gc []uint32
+			var gh []Slot
 			for {
 				s := int(next.Add(1) - 1)
 				if s >= numSegs {
@@ -112,7 +127,16 @@ func (ix *Index) Load(parts ...Blocks) error {
 				if lo == hi {
 					continue
 				}
-				if err := ix.segs[s].load(ix, sk[lo:hi], sc[lo:hi], sh[hstart[s]:hstart[s+1]], blocks, seen); err != nil {
+				var keys []uint64
+				var counts []uint32
+				var holders []Slot
+				if grouped {
+					gk, gc, gh = gather(parts, lo, hi, hstart[s], hstart[s+1], gk[:0], gc[:0], gh[:0])
+					keys, counts, holders = gk, gc, gh
+				} else {
+					keys, counts, holders = sk[lo:hi], sc[lo:hi], sh[hstart[s]:hstart[s+1]]
+				}
+				if err := ix.segs[s].load(ix, keys, counts, holders, blocks, seen); err != nil {
 					mu.Lock()
 					if first == nil {
 						first = err
@@ -129,6 +153,52 @@ func (ix *Index) Load(parts ...Blocks) error {
 	}
 	wg.Wait()
 	return first
+}
+
+// ErrSalt is returned by SetSalt on an index that has held blocks.
+var ErrSalt = errors.New("radix: the salt of an index that has held blocks")
+
+// Salt is the index's placement salt (see SetSalt). Lock-free.
+func (ix *Index) Salt() uint64 { return ix.salt }
+
+// SetSalt gives an index that has never held a block the placement salt of another, so that a
+// snapshot of that one, its blocks listed by Segment, loads without being sorted again (Load).
+// The salt only spreads keys over the table; a secret one keeps crafted prompts from piling
+// into one probe chain, and a snapshot's is as secret as the snapshot. Call it before the index
+// is shared: it is not safe alongside readers or writers.
+func (ix *Index) SetSalt(salt uint64) error {
+	for i := range ix.segs {
+		if g := &ix.segs[i]; g.used != 0 || g.live.Load() != 0 {
+			return ErrSalt
+		}
+	}
+	ix.salt = salt
+	return nil
+}
+
+// Segment is the segment key falls in, 0 to 255: Load reads blocks listed in order of Segment
+// where they lie, without copying them into that order first. Lock-free.
+func (ix *Index) Segment(key uint64) int { return int(ix.mix(key) >> (64 - segBits)) }
+
+// gather appends the blocks [lo, hi) of parts taken end to end, and their holders [hlo, hhi),
+// to the buffers k, c and h.
+func gather(parts []Blocks, lo, hi, hlo, hhi int, k []uint64, c []uint32, h []Slot) ([]uint64, []uint32, []Slot) {
+	for p := range parts {
+		b := &parts[p]
+		n, nh := len(b.Keys), len(b.Holders)
+		if lo < n && hi > 0 {
+			k = append(k, b.Keys[max(lo, 0):min(hi, n)]...)
+			c = append(c, b.Counts[max(lo, 0):min(hi, n)]...)
+		}
+		if hlo < nh && hhi > 0 {
+			h = append(h, b.Holders[max(hlo, 0):min(hhi, nh)]...)
+		}
+		lo, hi, hlo, hhi = lo-n, hi-n, hlo-nh, hhi-nh
+		if hi <= 0 && hhi <= 0 {
+			break
+		}
+	}
+	return k, c, h
 }
 
 // load inserts one segment's share of a Load into a new table holding its live entries and

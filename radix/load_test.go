@@ -16,7 +16,8 @@ import (
 func TestLoadEqualsAdds(t *testing.T) {
 	r := rand.New(rand.NewPCG(4, 5))
 	const workers = 300
-	for _, prefilled := range []bool{false, true} {
+	for _, c := range []struct{ prefilled, grouped bool }{{false, false}, {true, false}, {false, true}, {true, true}} {
+		prefilled, grouped := c.prefilled, c.grouped
 		added, loaded := newIndex(t, 4), newIndex(t, 4)
 		var slots []radix.Slot
 		for id := range uint64(workers) {
@@ -61,6 +62,16 @@ func TestLoadEqualsAdds(t *testing.T) {
 			flat = append(flat, hs...)
 			for _, x := range hs {
 				added.Add(k, x)
+			}
+		}
+		if grouped {
+			// Listed by segment, as a snapshot written under this salt lists them: loaded where
+			// they lie.
+			slices.SortStableFunc(keys, func(a, b uint64) int { return loaded.Segment(a) - loaded.Segment(b) })
+			counts, flat = counts[:0], flat[:0]
+			for _, k := range keys {
+				counts = append(counts, uint32(len(holders[k])))
+				flat = append(flat, holders[k]...)
 			}
 		}
 		if err := loaded.Load(radix.Blocks{Keys: keys[:len(keys)/2], Counts: counts[:len(keys)/2], Holders: flat[:holdersOf(counts[:len(keys)/2])]}, radix.Blocks{Keys: keys[len(keys)/2:], Counts: counts[len(keys)/2:], Holders: flat[holdersOf(counts[:len(keys)/2]):]}); err != nil {
@@ -120,7 +131,13 @@ func TestLoadEqualsAdds(t *testing.T) {
 			t.Errorf("%s: %v, want ErrLoad", name, err)
 		}
 	}
+	if err := ix.SetSalt(42); err != nil || ix.Salt() != 42 {
+		t.Fatalf("SetSalt on an empty index: %v, salt %d", err, ix.Salt())
+	}
 	ix.Add(k[0], x)
+	if err := ix.SetSalt(7); !errors.Is(err, radix.ErrSalt) {
+		t.Errorf("SetSalt on an index holding a block: %v", err)
+	}
 	if err := ix.Load(radix.Blocks{Keys: k[:1], Counts: []uint32{1}, Holders: []radix.Slot{y}}); !errors.Is(err, radix.ErrLoad) {
 		t.Errorf("a block already in the index: %v", err)
 	}

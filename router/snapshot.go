@@ -169,8 +169,21 @@ func (r *Router) Snapshot(chunkSize int, emit func(chunk []byte) error) (Snapsho
 	for _, k := range keys {
 		bp := byBlock[k]
 		delete(byBlock, k) // its pairs can go once written
-		slices.SortFunc(bp.pairs, func(a, b blockPair) int { return cmp.Or(cmp.Compare(a.seq, b.seq), cmp.Compare(a.slot, b.slot)) })
-		x = wire.SnapshotIndex{Model: k.model, Tier: k.tier, Slots: bp.slots, Keys: x.Keys[:0], Counts: x.Counts[:0], Holders: x.Holders[:0]}
+		// By the live index's segments, then by block: a restore that takes the salt loads
+		// each segment's blocks where they lie.
+		var salt uint64
+		if m := (*r.models.Load())[k.model]; m != nil {
+			if ix := m.ix.TierIndex(k.tier); ix != nil {
+				salt = ix.Salt()
+				for i := range bp.pairs {
+					bp.pairs[i].seg = uint8(ix.Segment(bp.pairs[i].seq))
+				}
+			}
+		}
+		slices.SortFunc(bp.pairs, func(a, b blockPair) int {
+			return cmp.Or(cmp.Compare(a.seg, b.seg), cmp.Compare(a.seq, b.seq), cmp.Compare(a.slot, b.slot))
+		})
+		x = wire.SnapshotIndex{Model: k.model, Tier: k.tier, Salt: salt, Slots: bp.slots, Keys: x.Keys[:0], Counts: x.Counts[:0], Holders: x.Holders[:0]}
 		for i, p := range bp.pairs {
 			if i == 0 || p.seq != bp.pairs[i-1].seq {
 				x.Keys, x.Counts = append(x.Keys, p.seq), append(x.Counts, 0)
@@ -211,6 +224,7 @@ type blockPairs struct {
 type blockPair struct {
 	seq  uint64
 	slot uint32 // a place in blockPairs.slots
+	seg  uint8  // its segment in the live index
 }
 
 // collect adds the blocks seqs (sorted, as sortPairs leaves them) of slot to the pairs of index
@@ -232,7 +246,7 @@ func collect(byBlock map[indexKey]*blockPairs, k indexKey, slot wire.SnapshotSlo
 	}
 	for i, seq := range seqs {
 		if i == 0 || seq != seqs[i-1] {
-			bp.pairs = append(bp.pairs, blockPair{seq, at})
+			bp.pairs = append(bp.pairs, blockPair{seq: seq, slot: at})
 		}
 	}
 }
@@ -461,6 +475,8 @@ type restoreState struct {
 // indexPart is one SnapshotIndex message, decoded: its holders still places in its slots.
 type indexPart struct {
 	key    indexKey
+	salt   uint64
+	at     [2]int // chunk, message: the section's order
 	slots  []wire.SnapshotSlot
 	blocks radix.Blocks // Holders still to be filled from places
 	places []uint32
@@ -483,8 +499,8 @@ func (rs *restoreState) decodeIndex(i int, b []byte) {
 			return
 		}
 		off += wire.HeaderSize + body
-		p := indexPart{key: indexKey{strings.Clone(x.Model), x.Tier}, slots: x.Slots, places: x.Holders,
-			blocks: radix.Blocks{Keys: x.Keys, Counts: x.Counts}}
+		p := indexPart{key: indexKey{strings.Clone(x.Model), x.Tier}, salt: x.Salt, at: [2]int{i, off}, slots: x.Slots,
+			places: x.Holders, blocks: radix.Blocks{Keys: x.Keys, Counts: x.Counts}}
 		rs.mu.Lock()
 		rs.parts = append(rs.parts, p)
 		rs.mu.Unlock()
@@ -507,6 +523,10 @@ func (rs *restoreState) fail(err error) {
 // from places to the slots the workers were given (parts in parallel), then each index loaded
 // at once. It returns the time spent mapping, and the loads' time × the goroutines each used.
 func (rs *restoreState) load() (decode, build time.Duration) {
+	// The section's order, which the chunks' parallel decoding lost.
+	slices.SortFunc(rs.parts, func(a, b indexPart) int {
+		return cmp.Or(cmp.Compare(a.at[0], b.at[0]), cmp.Compare(a.at[1], b.at[1]))
+	})
 	t0 := time.Now()
 	models := *rs.r.models.Load()
 	ixs := make([]*radix.Index, len(rs.parts))
@@ -563,9 +583,11 @@ func (rs *restoreState) load() (decode, build time.Duration) {
 		return time.Since(t0), 0
 	}
 	byIndex := map[*radix.Index][]radix.Blocks{}
+	salts := map[*radix.Index]uint64{}
 	var loaded int64
 	for i := range rs.parts {
 		byIndex[ixs[i]] = append(byIndex[ixs[i]], rs.parts[i].blocks)
+		salts[ixs[i]] = rs.parts[i].salt
 		loaded += int64(len(rs.parts[i].blocks.Holders))
 	}
 	if loaded != rs.added {
@@ -575,6 +597,9 @@ func (rs *restoreState) load() (decode, build time.Duration) {
 	decode = time.Since(t0) * time.Duration(min(len(rs.parts), runtime.GOMAXPROCS(0)))
 	t1 := time.Now()
 	for ix, parts := range byIndex {
+		// An index that has held nothing takes the salt it was written under, and with it
+		// the order its blocks were listed in.
+		_ = ix.SetSalt(salts[ix])
 		if err := ix.Load(parts...); err != nil {
 			rs.fail(fmt.Errorf("router: snapshot index of tier %v: %w", ix.Tier(), err))
 		}

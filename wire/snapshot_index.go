@@ -71,6 +71,9 @@ type SnapshotSlot struct {
 type SnapshotIndex struct {
 	Model string
 	Tier  kvevent.Tier
+	// Salt is the placement salt of the index written (radix.Index.Salt), under which Keys are
+	// listed by segment: a restore that takes it loads them where they lie.
+	Salt  uint64
 	Slots []SnapshotSlot
 	// Keys are the blocks' sequence hashes, each once; Counts[i] is how many holders Keys[i]
 	// has, listed in Holders run after run, each run strictly ascending, each a place in Slots.
@@ -101,7 +104,7 @@ func (x *SnapshotIndex) Validate() error {
 }
 
 func (x *SnapshotIndex) size() int {
-	return strSize(x.Model) + 4 + 4 + 12*len(x.Slots) + 4 + 12*len(x.Keys) + 4 + 4*len(x.Holders)
+	return strSize(x.Model) + 4 + 8 + 4 + 12*len(x.Slots) + 4 + 12*len(x.Keys) + 4 + 4*len(x.Holders)
 }
 
 // AppendSnapshotIndex appends x as one message. Call Validate first.
@@ -111,6 +114,7 @@ func AppendSnapshotIndex(dst []byte, x *SnapshotIndex) []byte {
 	dst = appendHeader(dst, TypeSnapshotIndex, body)
 	dst = appendStr(dst, x.Model)
 	dst = le.AppendUint32(dst, uint32(x.Tier))
+	dst = le.AppendUint64(dst, x.Salt)
 	dst = appendCount(dst, len(x.Slots))
 	for _, s := range x.Slots {
 		dst = le.AppendUint64(dst, s.ID)
@@ -145,11 +149,15 @@ func DecodeSnapshotIndex(b []byte, x *SnapshotIndex) error {
 	if tier >= uint32(kvevent.NumTiers) {
 		return d.errAt("tier", d.off-4, ErrInvalid, "%d, want 0 to %d", tier, kvevent.NumTiers-1)
 	}
+	salt, err := d.u64("salt")
+	if err != nil {
+		return err
+	}
 	ns, err := d.count("n_slots", "slots", 12)
 	if err != nil {
 		return err
 	}
-	x.Model, x.Tier, x.Slots = model, kvevent.Tier(tier), x.Slots[:0]
+	x.Model, x.Tier, x.Salt, x.Slots = model, kvevent.Tier(tier), salt, x.Slots[:0]
 	for range ns {
 		p := d.take(12)
 		x.Slots = append(x.Slots, SnapshotSlot{ID: le.Uint64(p), Rank: le.Uint32(p[8:])})

@@ -11,7 +11,7 @@ import (
 )
 
 var goldenIndex = wire.SnapshotIndex{
-	Model: "m", Tier: kvevent.Host,
+	Model: "m", Tier: kvevent.Host, Salt: 0x5a17,
 	Slots:   []wire.SnapshotSlot{{ID: 7, Rank: 0}, {ID: 7, Rank: 1}, {ID: 9, Rank: 0}},
 	Keys:    []uint64{0x1111, 0x2222, 0x3333},
 	Counts:  []uint32{1, 3, 2},
@@ -27,8 +27,8 @@ func TestSnapshotIndexRoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 	b := wire.AppendSnapshotIndex(nil, &x)
-	// Header 12, model 2+1, tier 4, n_slots 4 + 3×12, n_blocks 4 + 3×12, n_holders 4 + 6×4.
-	if want := 12 + 3 + 4 + 4 + 36 + 4 + 36 + 4 + 24; len(b) != want {
+	// Header 12, model 2+1, tier 4, salt 8, n_slots 4 + 3×12, n_blocks 4 + 3×12, n_holders 4 + 6×4.
+	if want := 12 + 3 + 4 + 8 + 4 + 36 + 4 + 36 + 4 + 24; len(b) != want {
 		t.Fatalf("%d bytes, want %d", len(b), want)
 	}
 	var got wire.SnapshotIndex
