@@ -118,6 +118,7 @@ func (ix *Index) Load(parts ...Blocks) error {
 			var gk []uint64
 			var gc []uint32
 			var gh []Slot
+			var scr loadScratch
 			for {
 				s := int(next.Add(1) - 1)
 				if s >= numSegs {
@@ -136,7 +137,7 @@ func (ix *Index) Load(parts ...Blocks) error {
 				} else {
 					keys, counts, holders = sk[lo:hi], sc[lo:hi], sh[hstart[s]:hstart[s+1]]
 				}
-				if err := ix.segs[s].load(ix, keys, counts, holders, blocks, seen); err != nil {
+				if err := ix.segs[s].load(ix, keys, counts, holders, blocks, seen, &scr); err != nil {
 					mu.Lock()
 					if first == nil {
 						first = err
@@ -206,7 +207,7 @@ func gather(parts []Blocks, lo, hi, hlo, hhi int, k []uint64, c []uint32, h []Sl
 // bitset over the slots, left zeroed. Into an empty segment the keys are laid down in the order
 // of their home buckets, each at its home or just after the one before: the table a linear probe
 // would build, written front to back.
-func (g *segment) load(ix *Index, keys []uint64, counts []uint32, holders []Slot, blocks []int64, seen []uint64) error {
+func (g *segment) load(ix *Index, keys []uint64, counts []uint32, holders []Slot, blocks []int64, seen []uint64, sc *loadScratch) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	live := int(g.live.Load())
@@ -229,9 +230,11 @@ func (g *segment) load(ix *Index, keys []uint64, counts []uint32, holders []Slot
 	// Each key's holders start at off[i]; its home bucket orders the keys.
 	c := len(nt.slots)
 	nb := c / bucketSlots
-	off := make([]int32, len(keys)+1)
-	start := make([]int32, nb+1)
-	home := make([]int32, len(keys))
+	off := grow(&sc.off, len(keys)+1)
+	off[0] = 0
+	start := grow(&sc.start, nb+1)
+	clear(start)
+	home := grow(&sc.home, len(keys))
 	for i, key := range keys {
 		off[i+1] = off[i] + int32(counts[i])
 		b := int32(nt.home(ix.mix(key)) / bucketSlots)
@@ -241,7 +244,7 @@ func (g *segment) load(ix *Index, keys []uint64, counts []uint32, holders []Slot
 	for b := range nb {
 		start[b+1] += start[b]
 	}
-	order := make([]int32, len(keys))
+	order := grow(&sc.order, len(keys))
 	for i, b := range home {
 		order[start[b]] = int32(i)
 		start[b]++
@@ -329,4 +332,16 @@ func (g *segment) holderWord(ix *Index, key uint64, members []Slot, seen []uint6
 	}
 	last := len(members) - 1
 	return occupied | overflow | uint64(g.putSet(ix.overflowSet(key, members[:last], members[last]))), nil
+}
+
+// loadScratch is a Load goroutine's buffers for the segments it loads one after the other.
+type loadScratch struct{ off, start, home, order []int32 }
+
+// grow returns (*b)[:n], reallocating *b when it is shorter; the contents are the caller's to set.
+func grow(b *[]int32, n int) []int32 {
+	if cap(*b) < n {
+		*b = make([]int32, n)
+	}
+	*b = (*b)[:n]
+	return *b
 }
