@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -14,12 +13,12 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/kvrouterd/kvrouterd/internal/freeport"
+	"github.com/kvrouterd/kvrouterd/internal/syncbuf"
 )
 
 // TestPrometheusScrape runs a real Prometheus (Debian's prometheus package; the test skips
@@ -126,7 +125,7 @@ scrape_configs:
 	}
 	cmd := exec.Command(exe, "--config.file="+cfg, "--storage.tsdb.path="+filepath.Join(dir, "data"),
 		"--web.listen-address="+addr, "--log.level=warn")
-	var out syncBuffer
+	var out syncbuf.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("starting %s: %v", exe, err)
@@ -254,22 +253,4 @@ func tokenList(first, n int) string {
 		b.WriteString(strconv.Itoa(first + i))
 	}
 	return b.String()
-}
-
-// syncBuffer is a bytes.Buffer that a process's output and the test may use concurrently.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

@@ -1,31 +1,19 @@
 package frontdoor
 
 import (
-	"bytes"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 
+	"github.com/kvrouterd/kvrouterd/internal/syncbuf"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/valyala/fasthttp"
 )
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
 // TestRefusalsLogRateLimited: a flood of bad requests logs a bounded number of lines, while
 // kvrouterd_frontdoor_requests_total counts each.
 func TestRefusalsLogRateLimited(t *testing.T) {
-	var out syncBuffer
+	var out syncbuf.Buffer
 	f := newFixture(t, Config{Logger: slog.New(slog.NewTextHandler(&out, nil))})
 	const n = 500
 	for range n {
@@ -41,9 +29,7 @@ func TestRefusalsLogRateLimited(t *testing.T) {
 	if got := testutil.ToFloat64(f.d.m.requests.WithLabelValues("/v1/chat/completions", "400")); got != n {
 		t.Fatalf("counted %v refusals, want %d", got, n)
 	}
-	out.mu.Lock()
-	lines := strings.Count(out.b.String(), "request refused")
-	out.mu.Unlock()
+	lines := strings.Count(out.String(), "request refused")
 	if lines == 0 || lines > 10 {
 		t.Fatalf("%d refusals logged %d lines, want 1 to 10", n, lines)
 	}

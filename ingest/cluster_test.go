@@ -1,37 +1,18 @@
 package ingest
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/kvrouterd/kvrouterd/internal/natstest"
+	"github.com/kvrouterd/kvrouterd/internal/syncbuf"
 	"github.com/kvrouterd/kvrouterd/router"
 	"github.com/kvrouterd/kvrouterd/shard"
 	"github.com/nats-io/nats.go"
 )
-
-// syncBuffer is a bytes.Buffer safe for concurrent use.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // TestConsumerClusterFailover reads a stream replicated on a three-node NATS cluster while
 // batches are published, and kills (SIGKILL) the node the consumer is connected to: the
@@ -51,7 +32,7 @@ func TestConsumerClusterFailover(t *testing.T) {
 	defer r.Close()
 	ref := router.New(router.Config{Shards: 2, Logger: quietLog()})
 	defer ref.Close()
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	nc, err := nats.Connect(cl.URLs(), ConnectOptions(slog.New(slog.NewTextHandler(&logs, nil)))...)
 	if err != nil {
 		t.Fatal(err)

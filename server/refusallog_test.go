@@ -1,42 +1,23 @@
 package server
 
 import (
-	"bytes"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/kvrouterd/kvrouterd/internal/lograte"
+	"github.com/kvrouterd/kvrouterd/internal/syncbuf"
 	"github.com/kvrouterd/kvrouterd/router"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/valyala/fasthttp"
 )
-
-// lockedBuffer is a log destination safe for the server's goroutines.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // TestRefusalsLogRateLimited: a flood of bad requests, on the native and Dynamo's endpoints and
 // the selection service, logs a bounded number of lines (the last saying how many were dropped),
 // while kvrouterd_http_rejected_total counts each; a logger limited already is not limited
 // twice.
 func TestRefusalsLogRateLimited(t *testing.T) {
-	var out lockedBuffer
+	var out syncbuf.Buffer
 	r := router.New(router.Config{BlockSize: 4, Shards: 1, Logger: slog.New(slog.DiscardHandler)})
 	defer r.Close()
 	s := New(r, Config{Logger: slog.New(slog.NewTextHandler(&out, nil))})

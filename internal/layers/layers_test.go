@@ -20,6 +20,7 @@ var layer = map[string]int{
 	"internal/bearer":   1,
 	"internal/freelist": 1,
 	"internal/freeport": 1,
+	"internal/syncbuf":  1,
 	"internal/hostile":  1,
 	"internal/layers":   1,
 	"internal/lograte":  1,
