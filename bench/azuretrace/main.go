@@ -46,7 +46,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"os"
 
 	"github.com/kvrouterd/kvrouterd/bench/tracecsv"
 )
@@ -54,20 +53,5 @@ import (
 func main() {
 	var opt options
 	flag.IntVar(&opt.BlockSize, "block-size", 512, "tokens per hash id in the output (Mooncake's is 512)")
-	in := flag.String("in", "", "the CSV trace (empty: standard input)")
-	out := flag.String("out", "", "the JSON-lines output (empty: standard output)")
-	flag.Usage = func() {
-		fmt.Fprintln(flag.CommandLine.Output(), "usage: azuretrace [--block-size N] [--in FILE.csv] [--out FILE.jsonl]")
-		flag.PrintDefaults()
-	}
-	flag.Parse()
-	if flag.NArg() != 0 || opt.BlockSize < 1 || opt.BlockSize > tracecsv.MaxBlockSize {
-		fmt.Fprintf(os.Stderr, "azuretrace: want no arguments and --block-size from 1 to %d\n", tracecsv.MaxBlockSize)
-		os.Exit(2)
-	}
-	convertFile := func(r io.Reader, w io.Writer) (fmt.Stringer, error) { return convert(r, w, opt) }
-	if err := tracecsv.ConvertFiles(*in, *out, convertFile); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
+	tracecsv.Main("azuretrace", "[--block-size N]", &opt.BlockSize, func(r io.Reader, w io.Writer) (fmt.Stringer, error) { return convert(r, w, opt) })
 }

@@ -49,7 +49,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"os"
 
 	"github.com/kvrouterd/kvrouterd/bench/tracecsv"
 )
@@ -60,20 +59,5 @@ func main() {
 	flag.BoolVar(&opt.KeepFailures, "keep-failures", false, "keep failed requests (Response tokens 0), with output_length 0")
 	flag.StringVar(&opt.Model, "model", "", "keep only rows of this Model (ChatGPT or GPT-4; empty: all)")
 	flag.StringVar(&opt.LogType, "log-type", "", `keep only rows of this Log Type ("Conversation log" or "API log"; empty: all)`)
-	in := flag.String("in", "", "the CSV trace (empty: standard input)")
-	out := flag.String("out", "", "the JSON-lines output (empty: standard output)")
-	flag.Usage = func() {
-		fmt.Fprintln(flag.CommandLine.Output(), "usage: burstgpt [flags] [--in FILE.csv] [--out FILE.jsonl]")
-		flag.PrintDefaults()
-	}
-	flag.Parse()
-	if flag.NArg() != 0 || opt.BlockSize < 1 || opt.BlockSize > tracecsv.MaxBlockSize {
-		fmt.Fprintf(os.Stderr, "burstgpt: want no arguments and --block-size from 1 to %d\n", tracecsv.MaxBlockSize)
-		os.Exit(2)
-	}
-	convertFile := func(r io.Reader, w io.Writer) (fmt.Stringer, error) { return convert(r, w, opt) }
-	if err := tracecsv.ConvertFiles(*in, *out, convertFile); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
+	tracecsv.Main("burstgpt", "[flags]", &opt.BlockSize, func(r io.Reader, w io.Writer) (fmt.Stringer, error) { return convert(r, w, opt) })
 }

@@ -2,6 +2,7 @@ package tracecsv
 
 import (
 	"bufio"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -48,4 +49,27 @@ func ConvertFiles(inPath, outPath string, convert func(io.Reader, io.Writer) (su
 		return fmt.Errorf("%s: %w", inPath, err)
 	}
 	return err
+}
+
+// Main is the rest of a converter command's main once its own flags are defined on
+// flag.CommandLine, blockSize among them: it adds --in and --out, parses, refuses arguments and
+// a block size outside 1 to MaxBlockSize (exit 2), and runs ConvertFiles with convert, which
+// reads the parsed flags (exit 1 on its error). name prefixes messages; flags is the usage line's
+// part before --in.
+func Main(name, flags string, blockSize *int, convert func(io.Reader, io.Writer) (fmt.Stringer, error)) {
+	in := flag.String("in", "", "the CSV trace (empty: standard input)")
+	out := flag.String("out", "", "the JSON-lines output (empty: standard output)")
+	flag.Usage = func() {
+		fmt.Fprintf(flag.CommandLine.Output(), "usage: %s %s [--in FILE.csv] [--out FILE.jsonl]\n", name, flags)
+		flag.PrintDefaults()
+	}
+	flag.Parse()
+	if flag.NArg() != 0 || *blockSize < 1 || *blockSize > MaxBlockSize {
+		fmt.Fprintf(os.Stderr, "%s: want no arguments and --block-size from 1 to %d\n", name, MaxBlockSize)
+		os.Exit(2)
+	}
+	if err := ConvertFiles(*in, *out, convert); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
 }
