@@ -59,7 +59,8 @@ func (m *Map) dist(k uint64, i int) int {
 func (m *Map) Cap() int { return len(m.slots) }
 
 // At returns the key and value in slot i (0 ≤ i < Cap), ok false for an empty slot. The zero
-// key, kept aside, is in no slot. For a sweep over the map that resumes where it stopped.
+// key, kept aside, is in no slot. For looking at the map from any slot on (an eviction's
+// random start).
 func (m *Map) At(i int) (k, v uint64, ok bool) {
 	s := m.slots[i]
 	return s.k, s.v, s.k != 0
@@ -126,45 +127,6 @@ func (m *Map) Put(k, v uint64) {
 	}
 	m.insert(k, v)
 	m.n++
-}
-
-// PutNew sets k to v if k is absent and reports whether it did: Get and Put in one probe.
-func (m *Map) PutNew(k, v uint64) bool {
-	if k == 0 {
-		if m.hasZero {
-			return false
-		}
-		m.hasZero, m.zeroVal = true, v
-		return true
-	}
-	if m.n >= m.maxN {
-		m.resize(max(len(m.slots)*emGrowNum/emGrowDen, emMin))
-	}
-	for i, d := m.home(k), 0; ; d++ {
-		s := &m.slots[i]
-		if s.k == k {
-			return false
-		}
-		if s.k == 0 {
-			s.k, s.v = k, v
-			m.n++
-			return true
-		}
-		if sd := m.dist(s.k, i); sd < d {
-			// k would have displaced this key: it is absent, and goes here.
-			s.k, k = k, s.k
-			s.v, v = v, s.v
-			if i++; i == len(m.slots) {
-				i = 0
-			}
-			m.insertFrom(k, v, i, sd+1)
-			m.n++
-			return true
-		}
-		if i++; i == len(m.slots) {
-			i = 0
-		}
-	}
 }
 
 // Build fills an empty map with keys[i] → vals[i], at the capacity Grow(len(keys)) gives, in
@@ -246,10 +208,9 @@ func (m *Map) Build(keys, vals []uint64, scratch []int32) ([]int32, bool) {
 	return scratch, true
 }
 
-// insertFrom places k, absent, from slot i on, at distance d from its home there, displacing
-// keys nearer their home (insert starts at the home, PutNew where a displacement began).
-func (m *Map) insertFrom(k, v uint64, i, d int) {
-	for ; ; d++ {
+// insert places a key known to be absent, displacing keys nearer their home.
+func (m *Map) insert(k, v uint64) {
+	for i, d := m.home(k), 0; ; d++ {
 		s := &m.slots[i]
 		if s.k == 0 {
 			s.k, s.v = k, v
@@ -265,9 +226,6 @@ func (m *Map) insertFrom(k, v uint64, i, d int) {
 		}
 	}
 }
-
-// insert places a key known to be absent, displacing keys nearer their home.
-func (m *Map) insert(k, v uint64) { m.insertFrom(k, v, m.home(k), 0) }
 
 // Del removes k and returns its value.
 func (m *Map) Del(k uint64) (uint64, bool) {
