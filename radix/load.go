@@ -55,8 +55,8 @@ func (ix *Index) Load(parts ...Blocks) error {
 		}
 		nk, nh = nk+len(b.Keys), nh+total
 	}
-	// Scatter the blocks by segment, keys, counts and holders alike, so that each segment's
-	// load reads its input in order.
+	// Count the blocks and holders of each segment; blocks not already listed by segment are
+	// then copied into that order (below), so that each segment's load reads its input in order.
 	var start [numSegs + 1]int
 	var hstart [numSegs + 1]int
 	seg := make([]uint8, nk)
