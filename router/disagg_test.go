@@ -137,6 +137,32 @@ func TestDisaggTwoPicks(t *testing.T) {
 	}
 }
 
+// TestDisaggDecodeBlocksUnshared: the decode stage books its blocks under hashes of its own
+// (Dynamo books the decode stage with random hashes), so two split requests for the same prompt
+// charge the decode worker twice, where two whole requests for it share their blocks.
+func TestDisaggDecodeBlocksUnshared(t *testing.T) {
+	r := disaggFleet(t, Config{}, RolePrefill, RoleDecode)
+	toks := seq(0, 10*16)
+	var resp wire.RouteResponse
+	for _, id := range []string{"a", "b"} {
+		if err := r.Route(disaggReq(id, toks), &resp); err != nil || resp.PrefillWorker != 1 || resp.Worker != 2 {
+			t.Fatalf("%s: %+v %v", id, resp, err)
+		}
+	}
+	if d := loads(r)[2]; d.blocks != 20 || d.requests != 2 {
+		t.Errorf("decode worker after two split requests: %+v, want 20 blocks (10 each, unshared)", d)
+	}
+	whole := disaggFleet(t, Config{}, RoleDecode)
+	for _, id := range []string{"a", "b"} {
+		if err := whole.Route(&wire.RouteRequest{RequestID: id, Model: "m", Tokens: toks}, &resp); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if d := loads(whole)[1]; d.blocks != 10 || d.requests != 2 {
+		t.Errorf("worker after two whole requests: %+v, want their 10 shared blocks", d)
+	}
+}
+
 // TestDisaggLifecycle: PrefillDone releases the prefill stage whole and the decode stage's
 // prefill; Complete releases both (whether PrefillDone came or not); expiry releases both.
 func TestDisaggLifecycle(t *testing.T) {
