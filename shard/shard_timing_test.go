@@ -408,3 +408,29 @@ func benchMatchUnderLoad(b *testing.B, workers, capacity int) {
 	b.ReportMetric(q(0.999), "p99.9-µs")
 	b.ReportMetric(float64(blocks)/el.Seconds(), "writer-blocks/s")
 }
+
+// TestMemoryPerResidencyTiers holds the budget the tiers came with: with host and disk tiers in
+// use, the index and the Applier's state together take at most 64 B of heap per residency
+// (counted over every tier), for unique and shared prompts. BenchmarkShardMemoryTiers measures
+// the same at 10^6.
+func TestMemoryPerResidencyTiers(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds 2×10^5 residencies")
+	}
+	for _, shared := range []bool{false, true} {
+		before := memstat.HeapInUse()
+		ix, a, n := buildThroughApplier(2e5, 8, shared, false, true)
+		after := memstat.HeapInUse()
+		st := a.Stats()
+		if st.TierResidencies[shard.Host] == 0 || st.TierResidencies[shard.Disk] == 0 {
+			t.Fatalf("no lower tier in use: %+v", st.TierResidencies)
+		}
+		if per := float64(after-before) / float64(n); per > 64 {
+			t.Errorf("shared %v: %.1f B per residency over %d residencies, budget 64", shared, per, n)
+		} else {
+			t.Logf("shared %v: %.1f B per residency over %d residencies", shared, per, n)
+		}
+		runtime.KeepAlive(ix)
+		runtime.KeepAlive(a)
+	}
+}
