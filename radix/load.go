@@ -273,10 +273,9 @@ func (g *segment) load(ix *Index, keys []uint64, counts []uint32, holders []Slot
 				continue
 			}
 			next = j + 1
-			if nt.slots[j].key.Load() == key {
-				return fmt.Errorf("%w: block %#x twice", ErrLoad, key)
-			}
 			// A key twice has one home: the other sits in the run laid down just before.
+			// (Slot j itself is new: reading it first would fault its page in twice, once
+			// to read the zero page and again to write.)
 			for p := j - 1; p >= int(home[i])*bucketSlots; p-- {
 				if nt.slots[p].key.Load() == key {
 					return fmt.Errorf("%w: block %#x twice", ErrLoad, key)
