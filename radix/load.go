@@ -59,7 +59,10 @@ func (ix *Index) Load(parts ...Blocks) error {
 	// then copied into that order (below), so that each segment's load reads its input in order.
 	var start [numSegs + 1]int
 	var hstart [numSegs + 1]int
-	seg := make([]uint8, nk)
+	// Scratch comes from a pool: a restore streams its index section through many Loads.
+	own := loadPool.Get().(*loadScratch)
+	defer loadPool.Put(own)
+	seg := growTo(&own.seg, nk)
 	i := 0
 	for p := range parts {
 		b := &parts[p]
@@ -76,8 +79,8 @@ func (ix *Index) Load(parts ...Blocks) error {
 		hstart[s+1] += hstart[s]
 	}
 	// Keys already grouped by segment (a snapshot written under this index's salt) are read
-	// where they lie, each segment's run gathered into a buffer of its goroutine; others are
-	// scattered into copies first.
+	// where they lie (from several parts, each segment's run gathered into a buffer of its
+	// goroutine first); others are scattered into copies first.
 	grouped := true
 	for i := 1; i < nk && grouped; i++ {
 		grouped = seg[i] >= seg[i-1]
@@ -115,10 +118,10 @@ func (ix *Index) Load(parts ...Blocks) error {
 			defer wg.Done()
 			blocks := make([]int64, high)
 			seen := make([]uint64, (int(high)+63)/64)
-			var gk []uint64
-			var gc []uint32
-			var gh []Slot
-			var scr loadScratch
+			scr := loadPool.Get().(*loadScratch)
+			defer loadPool.Put(scr)
+			gk, gc, gh := scr.keys, scr.counts, scr.holders
+			defer func() { scr.keys, scr.counts, scr.holders = gk, gc, gh }()
 			for {
 				s := int(next.Add(1) - 1)
 				if s >= numSegs {
@@ -131,13 +134,17 @@ func (ix *Index) Load(parts ...Blocks) error {
 				var keys []uint64
 				var counts []uint32
 				var holders []Slot
-				if grouped {
+				switch {
+				case grouped && len(parts) == 1:
+					b := &parts[0]
+					keys, counts, holders = b.Keys[lo:hi], b.Counts[lo:hi], b.Holders[hstart[s]:hstart[s+1]]
+				case grouped:
 					gk, gc, gh = gather(parts, lo, hi, hstart[s], hstart[s+1], gk[:0], gc[:0], gh[:0])
 					keys, counts, holders = gk, gc, gh
-				} else {
+				default:
 					keys, counts, holders = sk[lo:hi], sc[lo:hi], sh[hstart[s]:hstart[s+1]]
 				}
-				if err := ix.segs[s].load(ix, keys, counts, holders, blocks, seen, &scr); err != nil {
+				if err := ix.segs[s].load(ix, keys, counts, holders, blocks, seen, scr); err != nil {
 					mu.Lock()
 					if first == nil {
 						first = err
@@ -230,11 +237,11 @@ func (g *segment) load(ix *Index, keys []uint64, counts []uint32, holders []Slot
 	// Each key's holders start at off[i]; its home bucket orders the keys.
 	c := len(nt.slots)
 	nb := c / bucketSlots
-	off := grow(&sc.off, len(keys)+1)
+	off := growTo(&sc.off, len(keys)+1)
 	off[0] = 0
-	start := grow(&sc.start, nb+1)
+	start := growTo(&sc.start, nb+1)
 	clear(start)
-	home := grow(&sc.home, len(keys))
+	home := growTo(&sc.home, len(keys))
 	for i, key := range keys {
 		off[i+1] = off[i] + int32(counts[i])
 		b := int32(nt.home(ix.mix(key)) / bucketSlots)
@@ -244,7 +251,7 @@ func (g *segment) load(ix *Index, keys []uint64, counts []uint32, holders []Slot
 	for b := range nb {
 		start[b+1] += start[b]
 	}
-	order := grow(&sc.order, len(keys))
+	order := growTo(&sc.order, len(keys))
 	for i, b := range home {
 		order[start[b]] = int32(i)
 		start[b]++
@@ -333,13 +340,24 @@ func (g *segment) holderWord(ix *Index, key uint64, members []Slot, seen []uint6
 	return occupied | overflow | uint64(g.putSet(ix.overflowSet(key, members[:last], members[last]))), nil
 }
 
-// loadScratch is a Load goroutine's buffers for the segments it loads one after the other.
-type loadScratch struct{ off, start, home, order []int32 }
+// loadScratch is a Load goroutine's buffers for the segments it loads one after the other
+// (off, start, home, order; a segment's run gathered from several parts into keys, counts and
+// holders), or a Load's own (seg).
+type loadScratch struct {
+	off, start, home, order []int32
+	seg                     []uint8
+	keys                    []uint64
+	counts                  []uint32
+	holders                 []Slot
+}
 
-// grow returns (*b)[:n], reallocating *b when it is shorter; the contents are the caller's to set.
-func grow(b *[]int32, n int) []int32 {
+var loadPool = sync.Pool{New: func() any { return new(loadScratch) }}
+
+// growTo returns (*b)[:n], reallocating *b when it is shorter; the contents are the caller's
+// to set.
+func growTo[T any](b *[]T, n int) []T {
 	if cap(*b) < n {
-		*b = make([]int32, n)
+		*b = make([]T, n)
 	}
 	*b = (*b)[:n]
 	return *b
