@@ -345,6 +345,7 @@ func (r *Router) RestoreTimed(n int, chunk func(i int, dst []byte) ([]byte, erro
 		next     atomic.Int64
 		wg       sync.WaitGroup
 		restored []*model // models to publish once at the end
+		gate     = newChunkGate(n)
 	)
 	// Twice as many readers as CPUs: each waits while its worker's shard imports it, and the
 	// shards should never wait for a reader.
@@ -355,6 +356,7 @@ func (r *Router) RestoreTimed(n int, chunk func(i int, dst []byte) ([]byte, erro
 			var (
 				buf []byte
 				w   wire.SnapshotWorker
+				x   wire.SnapshotIndex // an index message, its slices reused
 				my  SnapshotStats
 				mt  RestoreTiming
 			)
@@ -363,72 +365,79 @@ func (r *Router) RestoreTimed(n int, chunk func(i int, dst []byte) ([]byte, erro
 				if i >= n {
 					break
 				}
-				var b []byte
-				var err error
-				t0 := time.Now()
-				if i == 0 {
-					b = head
-				} else if b, err = chunk(i, buf[:0]); err != nil {
-					rs.fail(fmt.Errorf("router: snapshot chunk %d: %w", i, err))
-					continue
-				}
-				mt.Read += time.Since(t0)
-				my.Chunks++
-				my.Bytes += int64(len(b))
-				if typ, _, err := wire.ParseHeader(b); err == nil && typ == wire.TypeSnapshotIndex {
-					if !rs.bulk {
-						rs.fail(fmt.Errorf("router: snapshot chunk %d: an index section without the header that announces it", i))
-						continue
+				rs.chunk(i, gate, func() {
+					var b []byte
+					var err error
+					t0 := time.Now()
+					if i == 0 {
+						b = head
+					} else if b, err = chunk(i, buf[:0]); err != nil {
+						rs.fail(fmt.Errorf("router: snapshot chunk %d: %w", i, err))
+						return
 					}
-					t1 := time.Now()
-					rs.decodeIndex(i, b)
-					mt.Decode += time.Since(t1)
-					continue
-				}
-				if i != 0 {
-					buf = b
-				}
-				for off := 0; off < len(b); {
-					typ, body, err := wire.ParseHeader(b[off:])
-					if err == nil && len(b)-off-wire.HeaderSize < body {
-						err = fmt.Errorf("message at offset %d: truncated", off)
+					mt.Read += time.Since(t0)
+					my.Chunks++
+					my.Bytes += int64(len(b))
+					if i != 0 {
+						buf = b
 					}
-					if err == nil && typ == wire.TypeSnapshotHeader && i == 0 && off == 0 {
-						off += wire.HeaderSize + body
-						continue
-					}
-					t1 := time.Now()
-					if err == nil {
-						err = wire.DecodeSnapshotWorker(b[off:off+wire.HeaderSize+body], &w)
-					}
-					if err != nil {
-						// The rest of the chunk cannot be framed; its other workers are lost
-						// with it, which the error says.
-						rs.fail(fmt.Errorf("router: snapshot chunk %d at offset %d: %w", i, off, err))
-						break
-					}
-					off += wire.HeaderSize + body
-					t2 := time.Now()
-					mt.Decode += t2.Sub(t1)
-					m, err := rs.worker(&w)
-					mt.Build += time.Since(t2)
-					if err != nil {
-						rs.fail(err)
-						continue
-					}
-					my.Workers++
-					for _, rk := range w.Ranks {
-						my.Residencies += int64(len(rk.Seqs))
-						for _, l := range rk.Lower {
-							my.Residencies += int64(len(l.Seqs))
+					if typ, _, err := wire.ParseHeader(b); err == nil && typ == wire.TypeSnapshotIndex {
+						if !rs.bulk {
+							rs.fail(fmt.Errorf("router: snapshot chunk %d: an index section without the header that announces it", i))
+							return
 						}
+						// The index section follows every worker's record: once the chunks
+						// before this one are in, every holder has its slot, and this chunk's
+						// blocks go into the index now, from the reader's own buffers.
+						gate.done(i)
+						gate.wait(i)
+						decode, build := rs.loadIndex(i, b, &x)
+						mt.Decode += decode
+						mt.Build += build
+						return
 					}
-					rs.mu.Lock()
-					if !slices.Contains(restored, m) {
-						restored = append(restored, m)
+					for off := 0; off < len(b); {
+						typ, body, err := wire.ParseHeader(b[off:])
+						if err == nil && len(b)-off-wire.HeaderSize < body {
+							err = fmt.Errorf("message at offset %d: truncated", off)
+						}
+						if err == nil && typ == wire.TypeSnapshotHeader && i == 0 && off == 0 {
+							off += wire.HeaderSize + body
+							continue
+						}
+						t1 := time.Now()
+						if err == nil {
+							err = wire.DecodeSnapshotWorker(b[off:off+wire.HeaderSize+body], &w)
+						}
+						if err != nil {
+							// The rest of the chunk cannot be framed; its other workers are lost
+							// with it, which the error says.
+							rs.fail(fmt.Errorf("router: snapshot chunk %d at offset %d: %w", i, off, err))
+							return
+						}
+						off += wire.HeaderSize + body
+						t2 := time.Now()
+						mt.Decode += t2.Sub(t1)
+						m, err := rs.worker(&w)
+						mt.Build += time.Since(t2)
+						if err != nil {
+							rs.fail(err)
+							continue
+						}
+						my.Workers++
+						for _, rk := range w.Ranks {
+							my.Residencies += int64(len(rk.Seqs))
+							for _, l := range rk.Lower {
+								my.Residencies += int64(len(l.Seqs))
+							}
+						}
+						rs.mu.Lock()
+						if !slices.Contains(restored, m) {
+							restored = append(restored, m)
+						}
+						rs.mu.Unlock()
 					}
-					rs.mu.Unlock()
-				}
+				})
 			}
 			rs.mu.Lock()
 			st.Workers += my.Workers
@@ -443,11 +452,13 @@ func (r *Router) RestoreTimed(n int, chunk func(i int, dst []byte) ([]byte, erro
 	}
 	wg.Wait()
 	if rs.bulk {
-		// Also after errors: a worker over the residency budget is restored in part, and the
-		// index section's count check catches what is missing for any other reason.
-		decode, build := rs.load()
-		tm.Decode += decode
-		tm.Build += build
+		tm.Build += rs.loadEdges()
+	}
+	if rs.bulk && rs.loaded != rs.added {
+		// Also after errors: a worker over the residency budget is restored in part (its
+		// blocks left out of the section's too), and this check catches what is missing for
+		// any other reason.
+		rs.fail(fmt.Errorf("router: the snapshot's index section holds %d residencies, its workers' records %d: not restored", rs.loaded, rs.added))
 	}
 	r.mu.Lock()
 	for _, m := range restored {
@@ -464,47 +475,181 @@ type restoreState struct {
 	mu   sync.Mutex
 	errs []error
 	// added is the residencies the workers' records gave (ImportBulk), which the index section
-	// must give again; skipped the (index, slot, block)s left out over the residency budget.
-	added   int64
-	skipped map[skippedKey]struct{}
-	// parts are the index section's messages, decoded as their chunks come, loaded once every
-	// worker is in.
-	parts []indexPart
+	// must give again (loaded); skipped the (index, slot, block)s left out over the residency
+	// budget.
+	added, loaded int64
+	skipped       map[skippedKey]struct{}
+	// salted is each index the section has loaded into, given the salt it was written under
+	// before its first block; edges the blocks of segments that may span messages, loaded
+	// last (splitEdges).
+	salted map[*radix.Index]bool
+	edges  map[*radix.Index][]radix.Blocks
 }
 
-// indexPart is one SnapshotIndex message, decoded: its holders still places in its slots.
-type indexPart struct {
-	key    indexKey
-	salt   uint64
-	at     [2]int // chunk, message: the section's order
-	slots  []wire.SnapshotSlot
-	blocks radix.Blocks // Holders still to be filled from places
-	places []uint32
+// chunk runs one chunk's restore, f, then tells gate the chunk is in, whichever way f returns.
+func (rs *restoreState) chunk(i int, gate *chunkGate, f func()) {
+	defer gate.done(i)
+	f()
 }
 
-// decodeIndex decodes the SnapshotIndex messages of chunk i, b, into rs.parts.
-func (rs *restoreState) decodeIndex(i int, b []byte) {
+// chunkGate holds the index section's chunks until every chunk before them is in.
+type chunkGate struct {
+	mu   sync.Mutex
+	cond sync.Cond
+	in   []bool
+	low  int // chunks [0, low) are in
+}
+
+func newChunkGate(n int) *chunkGate {
+	g := &chunkGate{in: make([]bool, n)}
+	g.cond.L = &g.mu
+	return g
+}
+
+// done says chunk i is in (again is harmless).
+func (g *chunkGate) done(i int) {
+	g.mu.Lock()
+	g.in[i] = true
+	for g.low < len(g.in) && g.in[g.low] {
+		g.low++
+	}
+	g.mu.Unlock()
+	g.cond.Broadcast()
+}
+
+// wait returns once every chunk before i is in.
+func (g *chunkGate) wait(i int) {
+	g.mu.Lock()
+	for g.low < i {
+		g.cond.Wait()
+	}
+	g.mu.Unlock()
+}
+
+// loadIndex loads the SnapshotIndex messages of chunk i, b, into their indexes, each decoded
+// into x (the reader's, reused), its holders mapped in place from places to the slots the
+// workers were given. It returns the time spent decoding and mapping, and loading.
+func (rs *restoreState) loadIndex(i int, b []byte, x *wire.SnapshotIndex) (decode, build time.Duration) {
+	models := *rs.r.models.Load()
+	var slots []radix.Slot
 	for off := 0; off < len(b); {
+		t0 := time.Now()
 		_, body, err := wire.ParseHeader(b[off:])
 		if err == nil && len(b)-off-wire.HeaderSize < body {
 			err = fmt.Errorf("message at offset %d: truncated", off)
 		}
-		// A message of its own each time: its slices become a part of the load.
-		var x wire.SnapshotIndex
 		if err == nil {
-			err = wire.DecodeSnapshotIndex(b[off:off+wire.HeaderSize+body], &x)
+			err = wire.DecodeSnapshotIndex(b[off:off+wire.HeaderSize+body], x)
 		}
 		if err != nil {
 			rs.fail(fmt.Errorf("router: snapshot chunk %d at offset %d: %w", i, off, err))
-			return
+			return decode, build
 		}
 		off += wire.HeaderSize + body
-		p := indexPart{key: indexKey{strings.Clone(x.Model), x.Tier}, salt: x.Salt, at: [2]int{i, off}, slots: x.Slots,
-			places: x.Holders, blocks: radix.Blocks{Keys: x.Keys, Counts: x.Counts}}
+		m := models[x.Model]
+		if m == nil {
+			rs.fail(fmt.Errorf("router: snapshot index of model %q, which no worker of the snapshot serves", x.Model))
+			return decode, build
+		}
+		ix := m.ix.EnsureTier(x.Tier)
+		slots = slots[:0]
+		for _, s := range x.Slots {
+			slot, ok := ix.Lookup(radix.WorkerKey{ID: s.ID, Rank: s.Rank})
+			if !ok {
+				rs.fail(fmt.Errorf("router: snapshot index of model %q holds worker %d rank %d, which its records do not", x.Model, s.ID, s.Rank))
+				return decode, build
+			}
+			slots = append(slots, slot)
+		}
+		// In place: a radix.Slot is a uint32, and each place becomes its slot.
+		hs := unsafe.Slice((*radix.Slot)(unsafe.SliceData(x.Holders)), len(x.Holders))
+		for j, place := range x.Holders {
+			hs[j] = slots[place]
+		}
+		blocks := radix.Blocks{Keys: x.Keys, Counts: x.Counts, Holders: hs}
 		rs.mu.Lock()
-		rs.parts = append(rs.parts, p)
+		if !rs.salted[ix] {
+			// An index that has held nothing takes the salt it was written under, and with
+			// it the order its blocks were listed in: loaded where they lie.
+			if rs.salted == nil {
+				rs.salted = map[*radix.Index]bool{}
+			}
+			_ = ix.SetSalt(x.Salt)
+			rs.salted[ix] = true
+		}
+		if rs.skipped != nil {
+			blocks = rs.keep(ix, blocks)
+		}
+		rs.loaded += int64(len(blocks.Holders))
+		// The first and last segments of a message may go on in the messages beside it:
+		// they are kept aside and loaded once whole (loadEdges), so that no segment's table
+		// is built twice. The segments between are whole here.
+		mid, edges := splitEdges(ix, blocks)
+		if len(edges) > 0 {
+			if rs.edges == nil {
+				rs.edges = map[*radix.Index][]radix.Blocks{}
+			}
+			rs.edges[ix] = append(rs.edges[ix], edges...)
+		}
 		rs.mu.Unlock()
+		t1 := time.Now()
+		decode += t1.Sub(t0)
+		if len(mid.Keys) > 0 {
+			if err := ix.Load(mid); err != nil {
+				rs.fail(fmt.Errorf("router: snapshot index of tier %v: %w", ix.Tier(), err))
+			}
+		}
+		build += time.Since(t1) * time.Duration(min(runtime.GOMAXPROCS(0), 256))
 	}
+	return decode, build
+}
+
+// splitEdges returns the blocks of b between its first and last segment's, in place, and
+// copies of those two segments' (b whole, copied, if it has no segment between them).
+func splitEdges(ix *radix.Index, b radix.Blocks) (mid radix.Blocks, edges []radix.Blocks) {
+	n := len(b.Keys)
+	if n == 0 {
+		return mid, nil
+	}
+	lo, hi := 1, n-1 // the first run is [0, lo), the last [hi, n)
+	for first := ix.Segment(b.Keys[0]); lo < n && ix.Segment(b.Keys[lo]) == first; lo++ {
+	}
+	for last := ix.Segment(b.Keys[n-1]); hi > 0 && ix.Segment(b.Keys[hi-1]) == last; hi-- {
+	}
+	piece := func(i, j int) radix.Blocks {
+		h0, h1 := 0, 0
+		for _, c := range b.Counts[:i] {
+			h0 += int(c)
+		}
+		h1 = h0
+		for _, c := range b.Counts[i:j] {
+			h1 += int(c)
+		}
+		return radix.Blocks{Keys: slices.Clone(b.Keys[i:j]), Counts: slices.Clone(b.Counts[i:j]), Holders: slices.Clone(b.Holders[h0:h1])}
+	}
+	if lo >= hi {
+		return mid, []radix.Blocks{piece(0, n)}
+	}
+	first, last := piece(0, lo), piece(hi, n)
+	hlo := len(first.Holders)
+	mid = radix.Blocks{Keys: b.Keys[lo:hi], Counts: b.Counts[lo:hi], Holders: b.Holders[hlo : len(b.Holders)-len(last.Holders)]}
+	return mid, []radix.Blocks{first, last}
+}
+
+// loadEdges loads the segments splitEdges kept aside, each index's at once, its pieces in the
+// order of their segments. It returns the loads' time × the goroutines each used.
+func (rs *restoreState) loadEdges() time.Duration {
+	t0 := time.Now()
+	for ix, pieces := range rs.edges {
+		slices.SortStableFunc(pieces, func(a, b radix.Blocks) int {
+			return cmp.Compare(ix.Segment(a.Keys[0]), ix.Segment(b.Keys[0]))
+		})
+		if err := ix.Load(pieces...); err != nil {
+			rs.fail(fmt.Errorf("router: snapshot index of tier %v: %w", ix.Tier(), err))
+		}
+	}
+	rs.edges = nil
+	return time.Since(t0) * time.Duration(min(runtime.GOMAXPROCS(0), 256))
 }
 
 type skippedKey struct {
@@ -517,95 +662,6 @@ func (rs *restoreState) fail(err error) {
 	rs.mu.Lock()
 	rs.errs = append(rs.errs, err)
 	rs.mu.Unlock()
-}
-
-// load builds the indexes from the index section's decoded parts: each part's holders mapped
-// from places to the slots the workers were given (parts in parallel), then each index loaded
-// at once. It returns the time spent mapping, and the loads' time × the goroutines each used.
-func (rs *restoreState) load() (decode, build time.Duration) {
-	// The section's order, which the chunks' parallel decoding lost.
-	slices.SortFunc(rs.parts, func(a, b indexPart) int {
-		return cmp.Or(cmp.Compare(a.at[0], b.at[0]), cmp.Compare(a.at[1], b.at[1]))
-	})
-	t0 := time.Now()
-	models := *rs.r.models.Load()
-	ixs := make([]*radix.Index, len(rs.parts))
-	for i := range rs.parts {
-		p := &rs.parts[i]
-		m := models[p.key.model]
-		if m == nil {
-			rs.fail(fmt.Errorf("router: snapshot index of model %q, which no worker of the snapshot serves", p.key.model))
-			return time.Since(t0), 0
-		}
-		ixs[i] = m.ix.EnsureTier(p.key.tier)
-	}
-	var (
-		next atomic.Int64
-		wg   sync.WaitGroup
-		bad  atomic.Bool
-	)
-	for range min(len(rs.parts), runtime.GOMAXPROCS(0)) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			var slots []radix.Slot
-			for {
-				i := int(next.Add(1) - 1)
-				if i >= len(rs.parts) {
-					return
-				}
-				p, ix := &rs.parts[i], ixs[i]
-				slots = slots[:0]
-				for _, s := range p.slots {
-					slot, ok := ix.Lookup(radix.WorkerKey{ID: s.ID, Rank: s.Rank})
-					if !ok {
-						rs.fail(fmt.Errorf("router: snapshot index of model %q holds worker %d rank %d, which its records do not", p.key.model, s.ID, s.Rank))
-						bad.Store(true)
-						return
-					}
-					slots = append(slots, slot)
-				}
-				// In place: a radix.Slot is a uint32, and each place becomes its slot (the
-				// restore's largest array, written once instead of copied).
-				hs := unsafe.Slice((*radix.Slot)(unsafe.SliceData(p.places)), len(p.places))
-				for j, place := range p.places {
-					hs[j] = slots[place]
-				}
-				p.blocks.Holders, p.places = hs, nil
-				if rs.skipped != nil {
-					p.blocks = rs.keep(ix, p.blocks)
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	if bad.Load() {
-		return time.Since(t0), 0
-	}
-	byIndex := map[*radix.Index][]radix.Blocks{}
-	salts := map[*radix.Index]uint64{}
-	var loaded int64
-	for i := range rs.parts {
-		byIndex[ixs[i]] = append(byIndex[ixs[i]], rs.parts[i].blocks)
-		salts[ixs[i]] = rs.parts[i].salt
-		loaded += int64(len(rs.parts[i].blocks.Holders))
-	}
-	if loaded != rs.added {
-		rs.fail(fmt.Errorf("router: the snapshot's index section holds %d residencies, its workers' records %d: not restored", loaded, rs.added))
-		return time.Since(t0), 0
-	}
-	decode = time.Since(t0) * time.Duration(min(len(rs.parts), runtime.GOMAXPROCS(0)))
-	t1 := time.Now()
-	for ix, parts := range byIndex {
-		// An index that has held nothing takes the salt it was written under, and with it
-		// the order its blocks were listed in.
-		_ = ix.SetSalt(salts[ix])
-		if err := ix.Load(parts...); err != nil {
-			rs.fail(fmt.Errorf("router: snapshot index of tier %v: %w", ix.Tier(), err))
-		}
-	}
-	rs.parts = nil
-	return decode, time.Since(t1) * time.Duration(min(runtime.GOMAXPROCS(0), 256))
 }
 
 // keep returns the blocks of part without the holders the residency budget left out of ix.
