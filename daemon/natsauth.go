@@ -3,9 +3,12 @@ package daemon
 import (
 	"flag"
 	"fmt"
+	"os"
 
 	"github.com/kvrouterd/kvrouterd/ingest"
+	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nkeys"
 )
 
 // NATSAuth is how a connection to a NATS server authenticates: an external one, or another
@@ -31,6 +34,11 @@ func (a *NATSAuth) Check() error {
 	}
 	if n := btoi(a.Creds != "") + btoi(a.UserFile != "") + btoi(a.NKey != ""); n > 1 {
 		return fmt.Errorf("--nats-creds, --nats-user-file and --nats-nkey: give one")
+	}
+	if a.Creds != "" {
+		if err := checkCreds(a.Creds); err != nil {
+			return fmt.Errorf("--nats-creds %s: %w", a.Creds, err)
+		}
 	}
 	if a.NKey != "" {
 		if _, err := nats.NkeyOptionFromSeed(a.NKey); err != nil {
@@ -69,6 +77,33 @@ func (a *NATSAuth) Options() []nats.Option {
 		opts = append(opts, nats.ClientCert(a.TLSCert, a.TLSKey))
 	}
 	return opts
+}
+
+// checkCreds reads a creds file as the NATS client does at each connection, so that a wrong
+// file fails the start naming the flag rather than the first connection with the key parser's
+// words: a user's JWT, then the NKey seed of that same user.
+func checkCreds(path string) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	const want = "want a creds file (nsc generate creds): a user's JWT, then its NKey seed, each between ----- lines"
+	token, err := nkeys.ParseDecoratedJWT(b)
+	if err != nil {
+		return fmt.Errorf("%w; %s", err, want)
+	}
+	uc, err := jwt.DecodeUserClaims(token)
+	if err != nil {
+		return fmt.Errorf("no user JWT (%v); %s", err, want)
+	}
+	kp, err := nkeys.ParseDecoratedUserNKey(b)
+	if err != nil {
+		return fmt.Errorf("no user NKey seed (%v); %s", err, want)
+	}
+	if pub, err := kp.PublicKey(); err != nil || pub != uc.Subject {
+		return fmt.Errorf("the seed is not the key of the JWT's user %s", uc.Subject)
+	}
+	return nil
 }
 
 func btoi(b bool) int {

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvrouterd/kvrouterd/internal/extbin"
 	"github.com/kvrouterd/kvrouterd/internal/freeport"
 	"github.com/kvrouterd/kvrouterd/internal/syncbuf"
 )
@@ -30,10 +31,7 @@ func TestPrometheusScrape(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a daemon and Prometheus")
 	}
-	prom, err := exec.LookPath("prometheus")
-	if err != nil {
-		t.Skip("no prometheus (Debian: apt-get install prometheus): the metrics are not scraped by a real Prometheus")
-	}
+	prom := extbin.Find(t, "prometheus", "the metrics are not scraped by a real Prometheus")
 	c := testConfig(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	d, err := Start(ctx, c, io.Discard)

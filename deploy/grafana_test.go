@@ -85,8 +85,8 @@ func TestMetricNames(t *testing.T) {
 // TestDashboard reads grafana/kvrouterd.json and checks that every metric its panels and
 // variables query is one a daemon exports: a daemon started in process (the router queue on,
 // so that its series exist) is given a worker, an event, a route and a bad request, and every
-// name in the dashboard must be on its /metrics page. The topics the dashboard is for must each
-// have a panel.
+// name in the dashboard must be on its /metrics page, with a help that does not call it
+// deprecated. The topics the dashboard is for must each have a panel.
 func TestDashboard(t *testing.T) {
 	raw, err := os.ReadFile("grafana/kvrouterd.json")
 	if err != nil {
@@ -149,14 +149,24 @@ func TestDashboard(t *testing.T) {
 	if code != http.StatusOK {
 		t.Fatalf("/metrics: %d", code)
 	}
-	exported := map[string]bool{}
+	// Each sample's name, and whether its family's help calls it deprecated (a series kept for
+	// a release while dashboards move to its replacement).
+	exported, deprecated := map[string]bool{}, map[string]string{}
+	var help string
 	for line := range strings.SplitSeq(page, "\n") {
+		if h, ok := strings.CutPrefix(line, "# HELP "); ok {
+			_, help, _ = strings.Cut(h, " ")
+			continue
+		}
 		if line == "" || strings.HasPrefix(line, "#") {
 			continue
 		}
 		name, _, _ := strings.Cut(line, " ")
 		name, _, _ = strings.Cut(name, "{")
 		exported[name] = true
+		if strings.HasPrefix(strings.ToLower(help), "deprecated") {
+			deprecated[name] = help
+		}
 	}
 
 	used := map[string]bool{}
@@ -170,6 +180,9 @@ func TestDashboard(t *testing.T) {
 			if !exported[n] {
 				t.Errorf("%s: %q reads %s, which the daemon does not export", q.where, q.expr, n)
 			}
+			if help, ok := deprecated[n]; ok {
+				t.Errorf("%s: %q reads %s, which is deprecated: %s", q.where, q.expr, n, help)
+			}
 		}
 	}
 	for topic, metric := range map[string]string{
@@ -177,7 +190,10 @@ func TestDashboard(t *testing.T) {
 		"route latency":          "kvrouterd_http_request_duration_seconds_bucket",
 		"hit rate":               "dynamo_component_router_kv_hit_rate_sum",
 		"events by type, status": "kvrouterd_events_by_type_total",
-		"per-worker load":        "kvrouterd_worker_load",
+		"cached blocks":          "kvrouterd_worker_cached_blocks",
+		"active blocks":          "kvrouterd_worker_active_blocks",
+		"active prefill tokens":  "kvrouterd_worker_active_prefill_tokens",
+		"active requests":        "kvrouterd_worker_active_requests",
 		"router queue depth":     "kvrouterd_router_queue_pending_requests",
 		"shard queue depth":      "kvrouterd_shard_queue_depth",
 		"snapshot duration":      "kvrouterd_snapshot_last_seconds",

@@ -16,6 +16,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kvrouterd/kvrouterd/daemon"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -152,7 +153,10 @@ var apiVersions = map[string]string{
 // --help, its port is its --http-addr, its --data-dir is its volume, its --nats-url names each
 // NATS node and --nats-replicas their number, and its probe paths answer 200 on a daemon
 // started in process; the NATS image is the nats-server release go.mod holds, and its
-// configuration's ports, routes and store agree with its pods.
+// configuration's ports, routes and store agree with its pods. Each StatefulSet has a
+// NetworkPolicy that lets in only what it serves. The auth component, applied to the base,
+// passes --auth-token-file the Secret it mounts, and a daemon so configured still answers its
+// probes and scrapes without a token.
 func TestManifests(t *testing.T) {
 	objs, kust := loadManifests(t)
 	seen := map[string]bool{}
@@ -271,7 +275,8 @@ func TestManifests(t *testing.T) {
 
 	t.Run("kvrouterd", func(t *testing.T) { checkRouter(t, kvr, nats, kust) })
 	t.Run("nats", func(t *testing.T) { checkNATS(t, nats, byKind["ConfigMap"]) })
-	t.Run("network policy", func(t *testing.T) { checkNetworkPolicy(t, byKind["NetworkPolicy"], kvr, nats) })
+	t.Run("network policy", func(t *testing.T) { checkNetworkPolicies(t, byKind["NetworkPolicy"], kvr, nats) })
+	t.Run("auth", func(t *testing.T) { checkAuth(t, objs) })
 }
 
 // containerPort is the number of the port named (or numbered) p of container c, or "".
@@ -494,14 +499,30 @@ func checkNATS(t *testing.T, nats object, configMaps []object) {
 	}
 }
 
-func checkNetworkPolicy(t *testing.T, policies []object, kvr, nats object) {
-	if len(policies) != 1 {
-		t.Fatalf("%d NetworkPolicies: want the one that keeps the unauthenticated NATS cluster to its clients", len(policies))
+// checkNetworkPolicies: one policy for each StatefulSet, letting in only what it serves.
+func checkNetworkPolicies(t *testing.T, policies []object, kvr, nats object) {
+	var forNATS, forRouter []object
+	for _, p := range policies {
+		sel := labels(p.m, "spec", "podSelector", "matchLabels")
+		switch {
+		case selects(sel, labels(nats.m, "spec", "template", "metadata", "labels")):
+			forNATS = append(forNATS, p)
+		case selects(sel, labels(kvr.m, "spec", "template", "metadata", "labels")):
+			forRouter = append(forRouter, p)
+		default:
+			t.Errorf("%v selects neither the NATS nor the kvrouterd pods", p)
+		}
 	}
-	p := policies[0]
-	if !selects(labels(p.m, "spec", "podSelector", "matchLabels"), labels(nats.m, "spec", "template", "metadata", "labels")) {
-		t.Fatalf("%v does not select the NATS pods", p)
+	if len(forNATS) != 1 || len(forRouter) != 1 {
+		t.Fatalf("NetworkPolicies %v for NATS, %v for kvrouterd: want one each", forNATS, forRouter)
 	}
+	checkNATSPolicy(t, forNATS[0], kvr, nats)
+	checkRouterPolicy(t, forRouter[0], kvr)
+}
+
+// checkNATSPolicy: the unauthenticated NATS cluster's client port is open to its clients
+// only, kvrouterd among them.
+func checkNATSPolicy(t *testing.T, p, kvr, nats object) {
 	client := podPort(nats, "client")
 	routerAllowed := false
 	for _, rule := range list(p.m, "spec", "ingress") {
@@ -522,5 +543,254 @@ func checkNetworkPolicy(t *testing.T, policies []object, kvr, nats object) {
 	}
 	if !routerAllowed {
 		t.Errorf("%v does not let the kvrouterd pods reach NATS on %s", p, client)
+	}
+}
+
+// checkRouterPolicy: the router pods take connections on their HTTP port alone, from their
+// own namespace (the gateways) and from Prometheus wherever it runs, never from everywhere.
+func checkRouterPolicy(t *testing.T, p, kvr object) {
+	if !slices.Contains(list(p.m, "spec", "policyTypes"), any("Ingress")) {
+		t.Errorf("%v: policyTypes %v, want Ingress", p, list(p.m, "spec", "policyTypes"))
+	}
+	httpPort := podPort(kvr, "http")
+	scrapePort := labels(kvr.m, "spec", "template", "metadata", "annotations")["prometheus.io/port"]
+	namespace, prometheus := false, false
+	for _, rule := range list(p.m, "spec", "ingress") {
+		ports := list(rule, "ports")
+		if len(ports) == 0 {
+			t.Errorf("%v: a rule without ports opens every port of the pods", p)
+		}
+		opensHTTP := false
+		for _, port := range ports {
+			n := podPort(kvr, str(port, "port"))
+			if n == "" {
+				t.Errorf("%v opens port %s, which the kvrouterd pods do not have", p, str(port, "port"))
+			}
+			opensHTTP = opensHTTP || n == httpPort
+		}
+		if len(list(rule, "from")) == 0 {
+			t.Errorf("%v opens %v to every source", p, ports)
+		}
+		for _, from := range list(rule, "from") {
+			if !opensHTTP {
+				continue
+			}
+			ps, hasPods := at(from, "podSelector").(map[string]any)
+			namespace = namespace || hasPods && len(ps) == 0 && at(from, "namespaceSelector") == nil
+			prometheus = prometheus || labels(from, "podSelector", "matchLabels")["app.kubernetes.io/name"] == "prometheus"
+		}
+	}
+	if !namespace {
+		t.Errorf("%v does not let the pods of the namespace (the gateways) reach port %s", p, httpPort)
+	}
+	if scrapePort != httpPort || !prometheus {
+		t.Errorf("%v: the scrape port %s (the HTTP port %s) is not open to Prometheus's pods (app.kubernetes.io/name: prometheus)", p, scrapePort, httpPort)
+	}
+}
+
+// applyComponent reads the kustomize Component in dir and returns the base's objects with its
+// patches applied, and its kustomization's text. It knows JSON patches of "add" operations,
+// and fails on anything else in the component rather than test less than it does.
+func applyComponent(t *testing.T, dir string, base []object) ([]object, string) {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join(dir, "kustomization.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var kust map[string]any
+	if err := yaml.Unmarshal(raw, &kust); err != nil {
+		t.Fatalf("%s: %v", dir, err)
+	}
+	if str(kust, "kind") != "Component" || str(kust, "apiVersion") != "kustomize.config.k8s.io/v1alpha1" {
+		t.Fatalf("%s: kind %q, apiVersion %q: want a kustomize Component", dir, str(kust, "kind"), str(kust, "apiVersion"))
+	}
+	for k := range kust {
+		if k != "kind" && k != "apiVersion" && k != "patches" {
+			t.Fatalf("%s: %s: the test applies patches only", dir, k)
+		}
+	}
+	objs := make([]object, len(base))
+	for i, o := range base {
+		objs[i] = object{o.file, deepCopy(o.m).(map[string]any)}
+	}
+	for _, patch := range list(kust, "patches") {
+		file := filepath.Join(dir, str(patch, "path"))
+		raw, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ops []any
+		if err := yaml.Unmarshal(raw, &ops); err != nil {
+			t.Fatalf("%s: %v (want a JSON patch, a list of operations)", file, err)
+		}
+		matched := 0
+		for i, o := range objs {
+			if o.kind() != str(patch, "target", "kind") || o.name() != str(patch, "target", "name") {
+				continue
+			}
+			matched++
+			for _, op := range ops {
+				if str(op, "op") != "add" {
+					t.Fatalf("%s: op %q: the test applies add only", file, str(op, "op"))
+				}
+				pointer, ok := strings.CutPrefix(str(op, "path"), "/")
+				if !ok {
+					t.Fatalf("%s: path %q is no JSON pointer", file, str(op, "path"))
+				}
+				var path []string
+				for _, p := range strings.Split(pointer, "/") {
+					path = append(path, strings.NewReplacer("~1", "/", "~0", "~").Replace(p))
+				}
+				m, err := jsonAdd(objs[i].m, path, at(op, "value"))
+				if err != nil {
+					t.Fatalf("%s: add %s to %v: %v", file, str(op, "path"), o, err)
+				}
+				objs[i].m = m.(map[string]any)
+			}
+		}
+		if matched != 1 {
+			t.Fatalf("%s: its target %v matches %d objects of the base, want 1", dir, at(patch, "target"), matched)
+		}
+	}
+	return objs, string(raw)
+}
+
+// jsonAdd is a JSON patch's add of value at path in v. Unlike the RFC's, an add to a member
+// that is there already fails: in a component it would replace what the base has.
+func jsonAdd(v any, path []string, value any) (any, error) {
+	key := path[0]
+	switch c := v.(type) {
+	case map[string]any:
+		child, ok := c[key]
+		if len(path) == 1 {
+			if ok {
+				return nil, fmt.Errorf("%s is there already: the add would replace it", key)
+			}
+			c[key] = value
+			return c, nil
+		}
+		if !ok {
+			return nil, fmt.Errorf("no member %s", key)
+		}
+		n, err := jsonAdd(child, path[1:], value)
+		c[key] = n
+		return c, err
+	case []any:
+		if len(path) == 1 && key == "-" {
+			return append(c, value), nil
+		}
+		i, err := strconv.Atoi(key)
+		if err != nil || i < 0 || i > len(c) || i == len(c) && len(path) > 1 {
+			return nil, fmt.Errorf("no element %s of a list of %d", key, len(c))
+		}
+		if len(path) == 1 {
+			return slices.Insert(c, i, value), nil
+		}
+		n, err := jsonAdd(c[i], path[1:], value)
+		c[i] = n
+		return c, err
+	}
+	return nil, fmt.Errorf("%s: neither an object nor a list", key)
+}
+
+func deepCopy(v any) any {
+	switch c := v.(type) {
+	case map[string]any:
+		m := make(map[string]any, len(c))
+		for k, v := range c {
+			m[k] = deepCopy(v)
+		}
+		return m
+	case []any:
+		l := make([]any, len(c))
+		for i, v := range c {
+			l[i] = deepCopy(v)
+		}
+		return l
+	}
+	return v
+}
+
+// checkAuth applies the component kubernetes/auth to the base: kvrouterd gets a flag of its
+// --help, --auth-token-file, naming a file of a Secret volume mounted whole (a subPath mount
+// would never see a rotation), and the component's instructions create that Secret with that
+// key. A daemon with a token file answers the probes and the scrape without a token, and
+// refuses the API.
+func checkAuth(t *testing.T, base []object) {
+	objs, text := applyComponent(t, filepath.Join("kubernetes", "auth"), base)
+	var kvr object
+	for _, o := range objs {
+		if o.kind() == "StatefulSet" && o.name() == "kvrouterd" {
+			kvr = o
+		}
+	}
+	c := at(kvr.m, "spec", "template", "spec", "containers", 0)
+	if _, ok := daemonFlags(t)["auth-token-file"]; !ok {
+		t.Fatal("kvrouterd --help lists no --auth-token-file")
+	}
+	var file string
+	for _, a := range list(c, "args") {
+		if v, ok := strings.CutPrefix(fmt.Sprint(a), "--auth-token-file="); ok {
+			file = v
+		}
+	}
+	if !filepath.IsAbs(file) {
+		t.Fatalf("the component passes kvrouterd no --auth-token-file=/absolute/path, args %v", list(c, "args"))
+	}
+	var mount any
+	for _, vm := range list(c, "volumeMounts") {
+		if str(vm, "mountPath") == filepath.Dir(file) {
+			mount = vm
+		}
+	}
+	if mount == nil {
+		t.Fatalf("--auth-token-file %s: no volume is mounted at %s", file, filepath.Dir(file))
+	}
+	if str(mount, "subPath") != "" || at(mount, "readOnly") != true {
+		t.Errorf("the token volume's mount %v: want it read-only and whole (no subPath)", mount)
+	}
+	var volume any
+	for _, v := range list(kvr.m, "spec", "template", "spec", "volumes") {
+		if str(v, "name") == str(mount, "name") {
+			volume = v
+		}
+	}
+	secret, key := str(volume, "secret", "secretName"), filepath.Base(file)
+	if secret == "" {
+		t.Fatalf("the volume %q mounted at %s is no Secret's: %v", str(mount, "name"), filepath.Dir(file), volume)
+	}
+	for _, item := range list(volume, "secret", "items") {
+		if str(item, "path") == key {
+			key = str(item, "key")
+		}
+	}
+	create := regexp.MustCompile(`kubectl create secret generic (\S+) --from-file=([^=\s]+)=`)
+	if m := create.FindStringSubmatch(text); m == nil || m[1] != secret || m[2] != key {
+		t.Errorf("the component's kubectl create secret command %q: want it to create the Secret %s with the key %s, which the pods mount", m, secret, key)
+	}
+	deployment, err := os.ReadFile(filepath.Join(root, "docs", "deployment.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m := create.FindStringSubmatch(string(deployment)); m == nil || m[1] != secret || m[2] != key {
+		t.Errorf("docs/deployment.md's kubectl create secret command %q: want the Secret %s with the key %s", m, secret, key)
+	}
+
+	tokens := filepath.Join(t.TempDir(), key)
+	if err := os.WriteFile(tokens, []byte("0123456789abcdef0123456789abcdef\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	addr := startDaemon(t, func(c *daemon.Config) { c.Security.AuthTokenFile = tokens }) // waits for /readyz
+	paths := []string{labels(kvr.m, "spec", "template", "metadata", "annotations")["prometheus.io/path"]}
+	for _, probe := range []string{"startupProbe", "readinessProbe", "livenessProbe"} {
+		paths = append(paths, str(c, probe, "httpGet", "path"))
+	}
+	for _, path := range paths {
+		if code, body := get(t, addr, path); code != http.StatusOK {
+			t.Errorf("GET %s without a token: %d %q, want 200: the kubelet and Prometheus send none", path, code, body)
+		}
+	}
+	if code, _ := get(t, addr, "/v1/workers"); code != http.StatusUnauthorized {
+		t.Errorf("GET /v1/workers without a token: %d, want 401", code)
 	}
 }

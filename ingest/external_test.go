@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/kvrouterd/kvrouterd/internal/freeport"
+	"github.com/kvrouterd/kvrouterd/internal/natstest"
 	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/router"
 	"github.com/kvrouterd/kvrouterd/shard"
@@ -55,12 +56,10 @@ func (s *natsServer) stop() {
 	s.cmd = nil
 }
 
-// externalNATS runs nats-server from PATH, or skips the test saying how to get it.
+// externalNATS runs nats-server from PATH (natstest.Binary: without it the test skips, or
+// fails under KVR_REQUIRE_EXTERNAL=1).
 func externalNATS(t *testing.T) *natsServer {
-	bin, err := exec.LookPath("nats-server")
-	if err != nil {
-		t.Skip("nats-server is not installed (Debian: apt-get install nats-server); .ci/run installs it")
-	}
+	bin := natstest.Binary(t)
 	_, p, _ := net.SplitHostPort(freeport.TB(t))
 	port, _ := strconv.Atoi(p)
 	s := &natsServer{t: t, bin: bin, dir: filepath.Join(t.TempDir(), "js"), port: port}

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -20,18 +19,14 @@ import (
 	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
 	"github.com/kvrouterd/kvrouterd/daemon"
+	"github.com/kvrouterd/kvrouterd/internal/extbin"
 )
 
-// chromium returns Debian's chromium, or skips the test.
+// chromium returns Debian's chromium; without it the test skips, or fails under
+// KVR_REQUIRE_EXTERNAL=1 (extbin).
 func chromium(t *testing.T) string {
 	t.Helper()
-	for _, name := range []string{"/usr/bin/chromium", "chromium", "chromium-browser"} {
-		if p, err := exec.LookPath(name); err == nil {
-			return p
-		}
-	}
-	t.Skip("no chromium (Debian: apt-get install chromium): the status page is not tested in a browser")
-	return ""
+	return extbin.Find(t, "chromium", "the status page is not tested in a browser", "/usr/bin/chromium", "chromium", "chromium-browser")
 }
 
 // browser starts a headless chromium for the test, with a fresh profile, and returns its

@@ -21,6 +21,7 @@ import (
 	"github.com/kvrouterd/kvrouterd/client"
 	"github.com/kvrouterd/kvrouterd/ingest"
 	"github.com/kvrouterd/kvrouterd/internal/freeport"
+	"github.com/kvrouterd/kvrouterd/internal/natstest"
 	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/router"
 	"github.com/kvrouterd/kvrouterd/server"
@@ -303,10 +304,7 @@ func TestDaemonExternalNATS(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the binary and nats-server")
 	}
-	natsBin, err := exec.LookPath("nats-server")
-	if err != nil {
-		t.Skip("nats-server is not installed (Debian: apt-get install nats-server); .ci/run installs it")
-	}
+	natsBin := natstest.Binary(t)
 	natsAddr, store := freeport.TB(t), t.TempDir()
 	host, port, _ := net.SplitHostPort(natsAddr)
 	startNATS := func() *exec.Cmd {

@@ -22,6 +22,7 @@ import (
 	"github.com/kvrouterd/kvrouterd/internal/natstest"
 	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/wire"
+	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
 )
@@ -69,6 +70,86 @@ func TestDaemonNATSNKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventsFlow(t, d, n.URL(), opt)
+}
+
+// TestDaemonNATSCreds runs the binary against a nats-server process in operator mode (JWTs:
+// an operator, its system account and one account with JetStream, preloaded in a memory
+// resolver) whose users authenticate with a creds file, the user's JWT and NKey seed: with
+// the creds of a user of an account the server does not know, the server refuses the daemon,
+// which exits saying so; a file that is no creds file fails the start, naming the flag; with a
+// user of the account's it reads the stream that a publisher with its own creds fills.
+func TestDaemonNATSCreds(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary and runs nats-server")
+	}
+	n := natstest.NewNode(t, natstest.Binary(t), "creds", false)
+	dir := t.TempDir()
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	key := func(create func() (nkeys.KeyPair, error)) (nkeys.KeyPair, string) {
+		t.Helper()
+		kp, err := create()
+		must(err)
+		pub, err := kp.PublicKey()
+		must(err)
+		return kp, pub
+	}
+	operator, operatorPub := key(nkeys.CreateOperator)
+	operatorJWT, err := jwt.NewOperatorClaims(operatorPub).Encode(operator)
+	must(err)
+	// account is a JWT the operator signed; with JetStream, unlimited, for the stream.
+	account := func(name string, jetStream bool) (kp nkeys.KeyPair, pub, token string) {
+		t.Helper()
+		kp, pub = key(nkeys.CreateAccount)
+		ac := jwt.NewAccountClaims(pub)
+		ac.Name = name
+		if jetStream {
+			ac.Limits.JetStreamLimits = jwt.JetStreamLimits{MemoryStorage: -1, DiskStorage: -1, Streams: -1, Consumer: -1}
+		}
+		token, err := ac.Encode(operator)
+		must(err)
+		return kp, pub, token
+	}
+	// creds writes the creds file of a new user of the account signer.
+	creds := func(file string, signer nkeys.KeyPair) string {
+		t.Helper()
+		user, userPub := key(nkeys.CreateUser)
+		uc := jwt.NewUserClaims(userPub)
+		uc.Name = file
+		token, err := uc.Encode(signer)
+		must(err)
+		seed, err := user.Seed()
+		must(err)
+		b, err := jwt.FormatUserConfig(token, seed)
+		must(err)
+		path := filepath.Join(dir, file)
+		must(os.WriteFile(path, b, 0o600))
+		return path
+	}
+	_, sysPub, sysJWT := account("SYS", false)
+	kvr, kvrPub, kvrJWT := account("KVR", true)
+	stranger, _, _ := account("STRANGER", true) // signed by the operator, unknown to the server
+	n.Extra = fmt.Sprintf("operator: %s\nsystem_account: %s\nresolver: MEMORY\nresolver_preload: {\n  %s: %s\n  %s: %s\n}\n",
+		operatorJWT, sysPub, sysPub, sysJWT, kvrPub, kvrJWT)
+	n.Start()
+	daemonCreds, publisherCreds := creds("kvrouterd.creds", kvr), creds("publisher.creds", kvr)
+	strangerCreds := creds("stranger.creds", stranger)
+	notCreds := filepath.Join(dir, "not.creds")
+	must(os.WriteFile(notCreds, []byte("user: kvrouterd\npassword: secret\n"), 0o600))
+
+	bin := buildDaemon(t)
+	refused(t, bin, n, "Authorization Violation", "--nats-url", n.URL(), "--nats-creds", strangerCreds, "--data-dir", t.TempDir())
+	bad := launchDaemon(t, bin, "--nats-url", n.URL(), "--nats-creds", notCreds, "--data-dir", t.TempDir())
+	if err := bad.cmd.Wait(); bad.cmd.ProcessState.ExitCode() != 2 || !strings.Contains(bad.log(), "kvrouterd: --nats-creds "+notCreds+": no user JWT") {
+		t.Fatalf("a file that is no creds file: exit %v, want status 2 and a line naming --nats-creds and saying it holds no user JWT:\n%s", err, bad.log())
+	}
+	d := startDaemon(t, bin, "--nats-url", n.URL(), "--nats-creds", daemonCreds, "--data-dir", t.TempDir())
+	t.Cleanup(func() { d.cmd.Process.Kill(); d.cmd.Wait() })
+	eventsFlow(t, d, n.URL(), nats.UserCredentials(publisherCreds))
 }
 
 // TestDaemonNATSTLS runs the binary against a nats-server process that takes TLS clients only,

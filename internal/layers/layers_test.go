@@ -18,6 +18,7 @@ import (
 // only packages of lower layers, save the pairs in sameLayer.
 var layer = map[string]int{
 	"internal/bearer":   1,
+	"internal/extbin":   1,
 	"internal/freelist": 1,
 	"internal/freeport": 1,
 	"internal/syncbuf":  1,
@@ -80,6 +81,7 @@ var layer = map[string]int{
 // ending in "/" stands for every package under it.
 var sameLayer = []struct{ from, to, why string }{
 	{"internal/u64map", "internal/prefetch", "helpers may build on helpers"},
+	{"internal/natstest", "internal/extbin", "helpers may build on helpers"},
 	{"approx", "radix", "the approximate index answers in the index's terms"},
 	{"scoring", "radix", "scoring decides on the index's matches"},
 	{"router", "shard", "a request's path books into the applier's index"},

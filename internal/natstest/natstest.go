@@ -19,16 +19,15 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kvrouterd/kvrouterd/internal/extbin"
 )
 
-// Binary is nats-server from PATH, or skips the test saying how to get it.
+// Binary is nats-server from PATH; without it the test skips, or fails under
+// KVR_REQUIRE_EXTERNAL=1 (extbin).
 func Binary(t testing.TB) string {
 	t.Helper()
-	bin, err := exec.LookPath("nats-server")
-	if err != nil {
-		t.Skip("nats-server is not installed (Debian: apt-get install nats-server); .ci/run installs it")
-	}
-	return bin
+	return extbin.Find(t, "nats-server", "the tests against nats-server processes do not run")
 }
 
 // FreeAddr returns a loopback address with a port free a moment ago.
