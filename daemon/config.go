@@ -272,7 +272,7 @@ func (c *Config) Flags(fs *flag.FlagSet) {
 	c.Security.Flags(fs)
 	fs.DurationVar(&c.ZMQStaleAfter, "zmq-stale-after", c.ZMQStaleAfter, "report an engine's connected ZMQ rank stale, not active, in /workers and /metrics once it has sent no batch for this long (an idle engine publishes nothing: a hint to look, not a failure)")
 	fs.BoolVar(&c.ShareLoad, "share-load", c.ShareLoad, "tell the other replicas on the same NATS of every request this one routes, and count theirs in the load (off in approximate mode)")
-	fs.StringVar(&c.ReplicaID, "replica-id", c.ReplicaID, "this replica's name in load sharing, unique among live replicas (1-64 of A-Z a-z 0-9 _ -); empty: random")
+	fs.StringVar(&c.ReplicaID, "replica-id", c.ReplicaID, "this replica's name in load sharing, unique among live replicas (1-64 of A-Z a-z 0-9 _ -), and the router_id label of Dynamo's overhead metrics; empty: random")
 	fs.BoolVar(&c.NoSnapshots, "no-snapshots", c.NoSnapshots, "keep no snapshots in --data-dir/snapshots: a restart rebuilds the index from the whole event stream")
 	fs.DurationVar(&c.SnapshotInterval, "snapshot-interval", c.SnapshotInterval, "write a snapshot of the index this often, and on shutdown; a restart restores the newest and replays the stream after it (0: on shutdown only)")
 	fs.IntVar(&c.SnapshotKeep, "snapshot-keep", c.SnapshotKeep, "snapshots kept; older ones are deleted")

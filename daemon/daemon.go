@@ -241,8 +241,11 @@ func Start(ctx context.Context, c Config, stderr io.Writer) (_ *Daemon, err erro
 	scfg := server.Config{MaxBodyBytes: c.MaxBodyBytes, ReadBufferSize: c.HTTPReadBuffer, WriteBufferSize: c.HTTPWriteBuffer,
 		MaxConns: c.HTTPMaxConns, MaxConnsPerIP: c.HTTPMaxConnsPerIP, IdleTimeout: c.HTTPIdleTimeout, Logger: log, Registry: reg,
 		SelectionCacheTTL: c.SelectionCacheTTL, SelectionCacheMaxEntries: c.SelectionCacheMaxEntries, NoKVEvents: c.NoKVEvents,
-		OverloadStatus: c.OverloadStatus, Tokens: d.cred.tokens,
+		OverloadStatus: c.OverloadStatus, Tokens: d.cred.tokens, RouterID: c.ReplicaID,
 		ControlRate: c.Security.ControlRate, ControlBurst: c.Security.ControlBurst, EventsRate: c.Security.EventsRate, EventsBurst: c.Security.EventsBurst}
+	if share != nil {
+		scfg.RouterID = share.Replica() // the random one when --replica-id is unset
+	}
 	// Background work that ends before the stream and the router close.
 	bgCtx, stopBackground := context.WithCancel(ctx)
 	var background sync.WaitGroup

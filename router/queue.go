@@ -348,7 +348,7 @@ func (r *Router) bestCached(m *model, req *wire.RouteRequest) (int, error) {
 	if err := r.params(m, req, false, &p); err != nil {
 		return 0, err
 	}
-	s.match(r, m, req, &p)
+	s.match(r, m, req, &p, nil)
 	list := m.list.Load()
 	best := int32(0)
 	pk, pinned := r.pin(m, req)

@@ -51,6 +51,10 @@ type scratch struct {
 	// routeDisagg's (disagg.go): the prefill pick's answer, and the prefill stage's key
 	presp wire.RouteResponse
 	key   []byte
+
+	// The phase timing's (phases.go): routed requests so far, and a timed one's clock.
+	routes uint32
+	clock  phaseClock
 }
 
 // cand returns the candidate of worker list position pos, -1 for none.
@@ -107,18 +111,30 @@ func (r *Router) appendAnswer(dst []byte, req *wire.RouteRequest, resp *wire.Rou
 
 // match hashes req's prompt into s.seqs (sequence hashes, first block first) and matches them
 // against m's index into s.m, raised to the model's predicted depths with predict-on-route; p
-// learns the block count.
-func (s *scratch) match(r *Router, m *model, req *wire.RouteRequest, p *scoring.Params) {
+// learns the block count. clk, if set, learns when each phase ended (phases.go).
+func (s *scratch) match(r *Router, m *model, req *wire.RouteRequest, p *scoring.Params, clk *phaseClock) {
+	if clk != nil {
+		clk[0] = monoNow()
+	}
 	if req.ByHash {
 		s.seqs = append(s.seqs[:0], req.Hashes...)
-		radix.ChainInPlace(s.seqs, 0, false)
 	} else {
-		s.seqs = s.h.AppendSequence(s.seqs[:0], req.Tokens, m.blockSize, radix.LoRASeed(req.LoRA))
+		s.seqs = s.h.AppendLocal(s.seqs[:0], req.Tokens, m.blockSize, radix.LoRASeed(req.LoRA))
+	}
+	if clk != nil {
+		clk[1] = monoNow()
+	}
+	radix.ChainInPlace(s.seqs, 0, false)
+	if clk != nil {
+		clk[2] = monoNow()
 	}
 	p.Blocks = len(s.seqs)
 	m.ix.Match(s.seqs, &s.m)
 	if m.pred != nil && m.pred.merge(s, m.list.Load(), r.cfg.Now()) {
 		r.predictRaised.Add(1)
+	}
+	if clk != nil {
+		clk[3] = monoNow()
 	}
 }
 
@@ -242,7 +258,11 @@ func (r *Router) route(req *wire.RouteRequest, resp *wire.RouteResponse, book bo
 	s := r.scratch.Get()
 	defer r.scratch.Put(s)
 	s.noReuse = !req.AssumeReuse.Or(!r.cfg.NoAssumeReuse)
-	s.match(r, m, req, &p)
+	var clk *phaseClock
+	if book {
+		clk = r.timePhases(s)
+	}
+	s.match(r, m, req, &p, clk)
 	list := m.list.Load()
 	if len(s.m.Slots) > 0 && rand.Uint32()&uint32(r.cfg.HitSample-1) == 0 {
 		noteHits(m, list, s.m.Slots)
@@ -265,7 +285,11 @@ func (r *Router) route(req *wire.RouteRequest, resp *wire.RouteResponse, book bo
 		return nil
 	}
 	if req.Disagg {
-		return r.routeDisagg(s, m, list, &p, req, resp, limit, th, enc, sticky)
+		err := r.routeDisagg(s, m, list, &p, req, resp, limit, th, enc, sticky)
+		if err == nil && clk != nil {
+			r.observePhases(clk)
+		}
+		return err
 	}
 	// A route serves the request whole: never on a prefill worker (role.go).
 	serve := list.serve
@@ -283,6 +307,9 @@ func (r *Router) route(req *wire.RouteRequest, resp *wire.RouteResponse, book bo
 	r.noteRouted(p.ISL, cached, m.blockSize)
 	if req.SessionID != "" && r.aff != nil && (sticky || !req.HasPinned) {
 		r.bind(m.name, req.SessionID, w.key)
+	}
+	if clk != nil {
+		r.observePhases(clk)
 	}
 	resp.Cached = uint32(cached)
 	if enc != nil && !encoded {

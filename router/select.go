@@ -91,7 +91,7 @@ func (r *Router) selectWith(req *wire.RouteRequest, o SelectOptions, sel *Select
 	s := r.scratch.Get()
 	defer r.scratch.Put(s)
 	s.noReuse = false // Book books Selection.Seqs, the real hashes
-	s.match(r, m, req, &p)
+	s.match(r, m, req, &p, nil)
 	chosen, err := s.general(r, m.ix, m.list.Load(), &p, req, choose)
 	if err != nil {
 		return err

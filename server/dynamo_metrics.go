@@ -3,7 +3,9 @@ package server
 // Dynamo's metric names for what kvrouterd measures too, so that a Dynamo dashboard shows data.
 
 import (
+	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/router"
@@ -13,14 +15,31 @@ import (
 )
 
 // dynamoMetrics are the per-request series under Dynamo's names (lib/llm kv_router metrics.rs
-// and prometheus_names.rs): observed for each routed request, beside kvrouterd's own.
+// and prometheus_names.rs): observed for each routed request, beside kvrouterd's own; the
+// routing phases for the requests the router samples (router.Config.PhaseSample).
 type dynamoMetrics struct {
 	hitRate  prometheus.Histogram // the chosen worker's cached blocks over the request's blocks
 	isl      prometheus.Histogram // the request's prompt tokens
 	overhead prometheus.Histogram // the time to route, in milliseconds
+
+	// A sampled routed request's phases, in milliseconds (router.RoutePhases).
+	blockHashing, seqHashing, findMatches, scheduling prometheus.Histogram
 }
 
-func newDynamoMetrics(reg *prometheus.Registry, r *router.Router) *dynamoMetrics {
+func newDynamoMetrics(reg *prometheus.Registry, r *router.Router, routerID string) *dynamoMetrics {
+	// Dynamo's buckets: doubling from 1 µs for the hashing phases, which compute only, tripling
+	// from 10 µs for the others and the total.
+	computeBuckets := prometheus.ExponentialBuckets(0.001, 2, 15)
+	asyncBuckets := prometheus.ExponentialBuckets(0.01, 3, 17)
+	// Dynamo labels the overhead histograms router_id, the router instance's id.
+	var idLabel prometheus.Labels
+	if routerID != "" {
+		idLabel = prometheus.Labels{"router_id": routerID}
+	}
+	overhead := func(name, help string, buckets []float64) prometheus.Histogram {
+		return prometheus.NewHistogram(prometheus.HistogramOpts{Name: name, Help: help, Buckets: buckets, ConstLabels: idLabel})
+	}
+	sampled := fmt.Sprintf(" Sampled: one routed request in %d is timed phase by phase.", r.PhaseSample())
 	m := &dynamoMetrics{
 		hitRate: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "dynamo_component_router_kv_hit_rate",
@@ -32,13 +51,18 @@ func newDynamoMetrics(reg *prometheus.Registry, r *router.Router) *dynamoMetrics
 			Help:    "Dynamo's name: a routed request's prompt tokens.",
 			Buckets: prometheus.ExponentialBucketsRange(50, 128000, 12),
 		}),
-		overhead: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "dynamo_router_overhead_total_ms",
-			Help:    "Dynamo's name: the time to route a request, in milliseconds (kvrouterd: the whole HTTP request).",
-			Buckets: prometheus.ExponentialBuckets(0.01, 3, 17),
-		}),
+		overhead: overhead("dynamo_router_overhead_total_ms",
+			"Dynamo's name: the time to route a request, in milliseconds (kvrouterd: the whole HTTP request).", asyncBuckets),
+		blockHashing: overhead("dynamo_router_overhead_block_hashing_ms",
+			"Dynamo's name: the time to hash a routed request's blocks, in milliseconds."+sampled, computeBuckets),
+		seqHashing: overhead("dynamo_router_overhead_seq_hashing_ms",
+			"Dynamo's name: the time to chain a routed request's block hashes into sequence hashes, in milliseconds."+sampled, computeBuckets),
+		findMatches: overhead("dynamo_router_overhead_indexer_find_matches_ms",
+			"Dynamo's name: the time to match a routed request's blocks in the index, in milliseconds."+sampled, asyncBuckets),
+		scheduling: overhead("dynamo_router_overhead_scheduling_ms",
+			"Dynamo's name: the time to score the workers, choose one and book a routed request, in milliseconds."+sampled, asyncBuckets),
 	}
-	reg.MustRegister(m.hitRate, m.isl, m.overhead, dynamoCollector{r})
+	reg.MustRegister(m.hitRate, m.isl, m.overhead, m.blockHashing, m.seqHashing, m.findMatches, m.scheduling, dynamoCollector{r})
 	return m
 }
 
@@ -50,6 +74,17 @@ func (m *dynamoMetrics) routed(blocks, cached, isl uint32, seconds float64) {
 	m.isl.Observe(float64(isl))
 	m.overhead.Observe(seconds * 1e3)
 }
+
+// ObserveRoutePhases observes a sampled routed request's phases (router.PhaseObserver).
+func (m *dynamoMetrics) ObserveRoutePhases(p router.RoutePhases) {
+	m.blockHashing.Observe(ms(p.BlockHashing))
+	m.seqHashing.Observe(ms(p.SeqHashing))
+	m.findMatches.Observe(ms(p.FindMatches))
+	m.scheduling.Observe(ms(p.Scheduling))
+}
+
+// ms is d in milliseconds.
+func ms(d time.Duration) float64 { return float64(d) / 1e6 }
 
 // dynamoCollector reads the router's state under Dynamo's names at scrape time. A worker of role
 // prefill is worker_type "prefill"; the others serve decode stages and whole requests, which

@@ -2,12 +2,17 @@ package server
 
 import (
 	"encoding/json"
+	"io"
+	"log/slog"
+	"maps"
 	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/kvrouterd/kvrouterd/kvevent"
+	"github.com/kvrouterd/kvrouterd/router"
 	"github.com/kvrouterd/kvrouterd/wire"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // TestDynamoCompat sends Dynamo's indexer endpoints the bodies today's Dynamo clients send
@@ -177,10 +182,93 @@ func TestDynamoMetrics(t *testing.T) {
 		`dynamo_component_kv_cache_events_applied{event_type="cleared",status="ok"} 0`,
 		`kvrouterd_events_by_type_total{status="unknown_parent",type="stored"} 1`,
 		`kvrouterd_events_by_type_total{status="unknown_blocks",type="removed"} 1`,
+		// The phases of the sampled requests: none of the first 2.
+		"dynamo_router_overhead_block_hashing_ms_count 0",
+		"dynamo_router_overhead_seq_hashing_ms_count 0",
+		"dynamo_router_overhead_indexer_find_matches_ms_count 0",
+		"dynamo_router_overhead_scheduling_ms_count 0",
 	} {
 		if !strings.Contains(page, want+"\n") {
 			t.Errorf("/metrics has no line %s", want)
 		}
+	}
+	// One routed request in 16 is timed phase by phase, each of them in every phase; the total
+	// counts every one.
+	for i := range 30 {
+		h.route("c"+strconv.Itoa(i), tokens(1000+10*i, 8), 0)
+	}
+	_, page = h.get("/metrics")
+	for _, want := range []string{
+		"dynamo_router_overhead_total_ms_count 32",
+		"dynamo_router_overhead_block_hashing_ms_count 2",
+		`dynamo_router_overhead_block_hashing_ms_bucket{le="+Inf"} 2`,
+		"dynamo_router_overhead_seq_hashing_ms_count 2",
+		"dynamo_router_overhead_indexer_find_matches_ms_count 2",
+		"dynamo_router_overhead_scheduling_ms_count 2",
+	} {
+		if !strings.Contains(page, want+"\n") {
+			t.Errorf("/metrics has no line %s", want)
+		}
+	}
+	// Dynamo's bucket bounds: 15 doubling from 1 µs for the hashing phases, 17 tripling from
+	// 10 µs for the others.
+	for name, want := range map[string]string{"seq_hashing": "0.001", "block_hashing": "0.001", "indexer_find_matches": "0.01", "scheduling": "0.01"} {
+		prefix := "dynamo_router_overhead_" + name + "_ms_bucket{le="
+		if !strings.Contains(page, prefix+`"`+want+`"}`) {
+			t.Errorf("%s: no bucket of %s ms", name, want)
+		}
+		n, finite := strings.Count(page, prefix), 15
+		if want == "0.01" {
+			finite = 17
+		}
+		if n != finite+1 {
+			t.Errorf("%s: %d buckets, want %d and +Inf", name, n, finite)
+		}
+	}
+}
+
+// TestDynamoMetricsRouterID: with a router id, Dynamo's overhead histograms carry it as their
+// router_id label, as Dynamo's carry the router instance's id; every route the router makes is
+// sampled, not only the API's.
+func TestDynamoMetricsRouterID(t *testing.T) {
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	r := router.New(router.Config{BlockSize: 4, Shards: 1, Logger: quiet})
+	t.Cleanup(r.Close)
+	reg := prometheus.NewRegistry()
+	New(r, Config{Logger: quiet, Registry: reg, RouterID: "replica-a"})
+	if err := r.Register(router.Registration{ID: 1, Model: "m"}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 16 {
+		if err := r.Route(&wire.RouteRequest{RequestID: strconv.Itoa(i), Model: "m", Tokens: tokens(0, 8)}, &wire.RouteResponse{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]uint64{}
+	for _, mf := range mfs {
+		if !strings.HasPrefix(mf.GetName(), "dynamo_router_overhead_") {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if l := m.GetLabel(); len(l) != 1 || l[0].GetName() != "router_id" || l[0].GetValue() != "replica-a" {
+				t.Errorf("%s labels %v, want router_id=replica-a", mf.GetName(), l)
+			}
+			seen[mf.GetName()] = m.GetHistogram().GetSampleCount()
+		}
+	}
+	want := map[string]uint64{
+		"dynamo_router_overhead_total_ms":                0, // the API's requests only
+		"dynamo_router_overhead_block_hashing_ms":        1,
+		"dynamo_router_overhead_seq_hashing_ms":          1,
+		"dynamo_router_overhead_indexer_find_matches_ms": 1,
+		"dynamo_router_overhead_scheduling_ms":           1,
+	}
+	if !maps.Equal(seen, want) {
+		t.Fatalf("overhead series counted %v, want %v", seen, want)
 	}
 }
 

@@ -52,7 +52,7 @@ type metrics struct {
 	selRequests *prometheus.CounterVec
 }
 
-func newMetrics(reg *prometheus.Registry, r *router.Router) *metrics {
+func newMetrics(reg *prometheus.Registry, r *router.Router, routerID string) *metrics {
 	m := &metrics{reg: reg}
 	lat := prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "kvrouterd_http_request_duration_seconds",
@@ -74,7 +74,7 @@ func newMetrics(reg *prometheus.Registry, r *router.Router) *metrics {
 		Name: "kvrouterd_dynamo_unknown_fields_total",
 		Help: "Fields of requests to Dynamo's endpoints that kvrouterd does not know and ignores, by path.",
 	}, []string{"path"})
-	m.dyn = newDynamoMetrics(reg, r)
+	m.dyn = newDynamoMetrics(reg, r, routerID)
 	m.selRequests = newSelMetrics(reg)
 	reg.MustRegister(lat, m.rejected, m.requests, m.unknownFields, &routerCollector{r: r}, &queueCollector{r: r}, overloadCollector{r}, disaggCollector{r},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

@@ -751,3 +751,64 @@ func TestSelectionTiers(t *testing.T) {
 		t.Fatalf("/select overlap %v, want %v", sel["overlap"], wantOverlap)
 	}
 }
+
+// TestSelectionPotentialLoads works /potential_loads out by hand. Three ranks of model "model"
+// (blocks of 16), a prompt of 70 tokens: 4 full blocks and 6 tokens more. Worker 1 rank 0 holds
+// the prompt's 4 blocks, worker 2 rank 1 its first 2; worker 2 rank 0 holds none, but has the
+// prompt's 4 blocks booked already (a reservation of 30 prefill tokens). A rank's potential
+// load is its booked load with the prompt added:
+//
+//	rank   cached  prefill tokens     decode blocks           requests
+//	(1,0)  64      0 + (70 − 64) = 6   0 + 4 new = 4            0
+//	(2,0)  0       30 + 70 = 100       4 + 0 new (booked) = 4   1
+//	(2,1)  32      0 + (70 − 32) = 38  0 + 4 new = 4            0
+//
+// With track_prefill_tokens false the prompt adds no prefill tokens: 0, 30 and 0. Nothing is
+// booked by the question.
+func TestSelectionPotentialLoads(t *testing.T) {
+	h := newSelHarness(t)
+	h.want("POST", "/workers", worker1, 201, `"schedulable"`)
+	h.want("POST", "/workers", worker2, 201, `"schedulable"`)
+	toks := tokens(0, 70)
+	h.storeModel(1, 0, 1, toks)
+	h.storeModel(2, 1, 1, toks[:32])
+	var hasher radix.Hasher
+	seqs, _ := json.Marshal(signed(hasher.AppendSequence(nil, toks, 16, radix.BaseSeed)))
+	h.want("POST", "/reservations", `{"selection_id":"r-1","model_name":"model","worker_id":2,"dp_rank":0,
+		"sequence_hashes":`+string(seqs)+`,"isl_tokens":70,"effective_prefill_tokens":30}`, 201)
+	h.wantLoad(2, 0, 30, 4, 1)
+
+	prompt, _ := json.Marshal(toks)
+	potential := func(override string) map[[2]uint64]load {
+		t.Helper()
+		var out []load
+		h.decode("POST", "/potential_loads", `{"model_name":"model","routing_group":"default","token_ids":`+string(prompt)+
+			`,"router_config_override":`+override+`}`, 200, &out)
+		m := map[[2]uint64]load{}
+		for _, l := range out {
+			m[[2]uint64{l.Worker, uint64(l.Rank)}] = l
+		}
+		if len(m) != len(out) {
+			t.Fatalf("/potential_loads lists a rank twice: %+v", out)
+		}
+		return m
+	}
+	want := map[[2]uint64]load{
+		{1, 0}: {Worker: 1, Rank: 0, Prefill: 6, Decode: 4},
+		{2, 0}: {Worker: 2, Rank: 0, Prefill: 100, Decode: 4, Requests: 1},
+		{2, 1}: {Worker: 2, Rank: 1, Prefill: 38, Decode: 4},
+	}
+	if got := potential("null"); !reflect.DeepEqual(got, want) {
+		t.Fatalf("/potential_loads: %+v\nwant %+v", got, want)
+	}
+	for k, l := range want {
+		l.Prefill = map[[2]uint64]int64{{2, 0}: 30}[k]
+		want[k] = l
+	}
+	if got := potential(`{"track_prefill_tokens":false}`); !reflect.DeepEqual(got, want) {
+		t.Fatalf("/potential_loads without prefill tracking: %+v\nwant %+v", got, want)
+	}
+	h.wantLoad(1, 0, 0, 0, 0)
+	h.wantLoad(2, 0, 30, 4, 1)
+	h.wantLoad(2, 1, 0, 0, 0)
+}

@@ -99,6 +99,9 @@ type Config struct {
 	// UI, if set, serves GET /ui and every path under /ui/: the status page (package ui), read
 	// only. Without it they are 404. The server checks the method; UI sees only GETs.
 	UI fasthttp.RequestHandler
+	// RouterID, if set, labels Dynamo's routing-overhead histograms router_id, as Dynamo
+	// labels each router instance's: the replica's id in load sharing. Empty: no label.
+	RouterID string
 }
 
 // ReadyCheck is one condition of readiness. Check returns nil while it holds, otherwise why the
@@ -245,7 +248,8 @@ func New(r *router.Router, cfg Config) *Server {
 	if s.ch == nil {
 		s.ch = r
 	}
-	s.m = newMetrics(cfg.Registry, r)
+	s.m = newMetrics(cfg.Registry, r, cfg.RouterID)
+	r.SetPhaseObserver(s.m.dyn)
 	s.metrics = metricsHandler(cfg.Registry)
 	s.bufs = freelist.New[buffers](4 * runtime.GOMAXPROCS(0))
 	s.srv = HTTPServer(s.Handle, cfg)
