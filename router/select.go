@@ -19,6 +19,11 @@ type SelectOptions struct {
 	// TrackPrefill, if not nil, overrides Config.NoTrackPrefill for this request (Dynamo's
 	// router_config_override.track_prefill_tokens).
 	TrackPrefill *bool
+	// Seqs, if as many as the request's full blocks, are its sequence hashes as the client
+	// gave them (Dynamo's sequence_hashes beside block_hashes): what the active-block overlap
+	// compares and Book books (Selection.Seqs), as Dynamo's selection does, in place of the
+	// chain of the block hashes, which the index match still walks.
+	Seqs []uint64
 }
 
 // Scored is one worker as Score and Select saw it for a request: a plain value.
@@ -92,6 +97,9 @@ func (r *Router) selectWith(req *wire.RouteRequest, o SelectOptions, sel *Select
 	defer r.scratch.Put(s)
 	s.noReuse = false // Book books Selection.Seqs, the real hashes
 	s.match(r, m, req, &p, nil)
+	if len(o.Seqs) == len(s.seqs) && o.Seqs != nil {
+		s.seqs = append(s.seqs[:0], o.Seqs...)
+	}
 	chosen, err := s.general(r, m.ix, m.list.Load(), &p, req, choose)
 	if err != nil {
 		return err

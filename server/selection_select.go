@@ -193,8 +193,9 @@ func (s *Server) normalize(ctx *fasthttp.RequestCtx, p *selPrompt, bs int, seqsO
 		in.seqs = unsigned(p.SequenceHashes)
 		return in, true
 	}
-	// The sequence hashes kvrouterd books are its chain of the block hashes (Dynamo's
-	// public-xxh3-v1 chain); the ones given are checked for their number only.
+	// The index is matched by the chain of the block hashes (Dynamo's public-xxh3-v1 chain, as
+	// engines' events carry it); the sequence hashes given are what is booked and compared
+	// with the active blocks, as Dynamo's selection does.
 	in.local, in.given = unsigned(p.BlockHashes), unsigned(p.SequenceHashes)
 	return in, true
 }
@@ -347,7 +348,7 @@ func (s *Server) selSelect(ctx *fasthttp.RequestCtx, book bool) {
 		return
 	}
 	var sel router.Selection
-	if err := s.r.Select(&req, router.SelectOptions{TrackPrefill: trackPrefill(j.Override)}, &sel); err != nil {
+	if err := s.r.Select(&req, router.SelectOptions{TrackPrefill: trackPrefill(j.Override), Seqs: in.given}, &sel); err != nil {
 		s.selRouteFail(ctx, p, err)
 		return
 	}
@@ -542,7 +543,7 @@ func (s *Server) selReserve(ctx *fasthttp.RequestCtx) {
 			req := in.routeRequest(p, j.Override)
 			req.HasPinned, req.PinnedWorker, req.PinnedRank = true, w.ID, w.Rank
 			var sel router.Selection
-			if err := s.r.Select(&req, router.SelectOptions{TrackPrefill: &track}, &sel); err != nil {
+			if err := s.r.Select(&req, router.SelectOptions{TrackPrefill: &track, Seqs: in.given}, &sel); err != nil {
 				if errors.Is(err, router.ErrUnknownWorker) || errors.Is(err, router.ErrUnknownModel) {
 					s.selError(ctx, fasthttp.StatusNotFound, "not_found", gone)
 				} else {
@@ -699,7 +700,7 @@ func (s *Server) selPotential(ctx *fasthttp.RequestCtx, overlap bool) {
 	}
 	slices.Sort(req.Allowed)
 	var sel router.Selection
-	if err := s.r.Score(&req, router.SelectOptions{TrackPrefill: trackPrefill(j.Override)}, &sel); err != nil {
+	if err := s.r.Score(&req, router.SelectOptions{TrackPrefill: trackPrefill(j.Override), Seqs: in.given}, &sel); err != nil {
 		s.selRouteFail(ctx, p, err)
 		return
 	}
