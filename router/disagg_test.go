@@ -537,13 +537,7 @@ func TestDisaggAllocs(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	step()
-	if raceEnabled {
-		t.Skip("allocation counts need a build without -race")
-	}
-	if n := testing.AllocsPerRun(200, step); n != 0 {
-		t.Fatalf("a disaggregated route allocates %v times per request", n)
-	}
+	allocFree(t, "a disaggregated route", step)
 	r.cfg.Disagg = &DisaggConfig{Policy: DisaggISLBounding, EffISLThreshold: DefaultEffISLThreshold, EffISLRatioThreshold: DefaultEffISLRatioThreshold}
 	if n := testing.AllocsPerRun(200, step); n != 0 {
 		t.Fatalf("a conditional disaggregated route allocates %v times per request", n)

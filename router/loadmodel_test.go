@@ -175,13 +175,7 @@ func TestRouteAllocsLoadModel(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	step()
-	if raceEnabled {
-		t.Skip("allocation counts need a build without -race")
-	}
-	if n := testing.AllocsPerRun(200, step); n != 0 {
-		t.Fatalf("route with the load model allocates %v times per request", n)
-	}
+	allocFree(t, "route with the load model", step)
 	req.MaxCandidates = 2
 	if n := testing.AllocsPerRun(200, step); n != 0 {
 		t.Fatalf("capped route with the load model allocates %v times per request", n)

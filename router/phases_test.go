@@ -129,13 +129,7 @@ func TestRoutePhasesAllocs(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	step()
-	if raceEnabled {
-		t.Skip("allocation counts need a build without -race")
-	}
-	if n := testing.AllocsPerRun(200, step); n != 0 {
-		t.Fatalf("a timed route allocates %v times per request", n)
-	}
+	allocFree(t, "a timed route", step)
 	if n := obs.n.Load(); n != 202 { // AllocsPerRun's warm-up run, and step's first
 		t.Fatalf("%d requests observed, want 202", n)
 	}

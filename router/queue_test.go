@@ -264,13 +264,7 @@ func TestQueueRouteAllocs(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	step()
-	if raceEnabled {
-		t.Skip("allocation counts need a build without -race")
-	}
-	if n := testing.AllocsPerRun(200, step); n != 0 {
-		t.Fatalf("queued route path allocates %v times per request with nothing waiting", n)
-	}
+	allocFree(t, "the queued route path with nothing waiting", step)
 }
 
 // TestQueueClose: closing the router refuses the requests still waiting.

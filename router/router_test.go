@@ -321,3 +321,17 @@ func TestUnregisterRank(t *testing.T) {
 		t.Fatalf("the last rank removed: workers %+v", ws)
 	}
 }
+
+// allocFree fails t if step allocates: step runs once to fill its buffers, then under
+// testing.AllocsPerRun; what names it in the failure. Under -race, which allocates on its own,
+// it skips t.
+func allocFree(t *testing.T, what string, step func()) {
+	t.Helper()
+	step()
+	if raceEnabled {
+		t.Skip("allocation counts need a build without -race")
+	}
+	if n := testing.AllocsPerRun(200, step); n != 0 {
+		t.Fatalf("%s allocates %v times per call", what, n)
+	}
+}

@@ -364,13 +364,7 @@ func TestShareAllocs(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	step()
-	if raceEnabled {
-		t.Skip("allocation counts need a build without -race")
-	}
-	if n := testing.AllocsPerRun(200, step); n != 0 {
-		t.Fatalf("%v allocations per request", n)
-	}
+	allocFree(t, "a route", step)
 }
 
 type nopSharer struct{}
