@@ -330,8 +330,7 @@ func (r *Router) RestoreTimed(n int, chunk func(i int, dst []byte) ([]byte, erro
 			return st, tm, fmt.Errorf("router: snapshot chunk 0: %w", err)
 		}
 		head = b
-		if typ, _, err := wire.ParseHeader(b); err == nil && typ == wire.TypeSnapshotHeader {
-			_, body, _ := wire.ParseHeader(b)
+		if typ, body, err := wire.ParseHeader(b); err == nil && typ == wire.TypeSnapshotHeader {
 			if len(b) < wire.HeaderSize+body {
 				return st, tm, fmt.Errorf("router: snapshot chunk 0: the header is truncated")
 			}
@@ -340,12 +339,10 @@ func (r *Router) RestoreTimed(n int, chunk func(i int, dst []byte) ([]byte, erro
 			}
 		}
 	}
-	rs.bulk = hd.IndexSection
+	rs.bulk, rs.head, rs.read, rs.gate = hd.IndexSection, head, chunk, newChunkGate(n)
 	var (
-		next     atomic.Int64
-		wg       sync.WaitGroup
-		restored []*model // models to publish once at the end
-		gate     = newChunkGate(n)
+		next atomic.Int64
+		wg   sync.WaitGroup
 	)
 	// Twice as many readers as CPUs: each waits while its worker's shard imports it, and the
 	// shards should never wait for a reader.
@@ -353,115 +350,38 @@ func (r *Router) RestoreTimed(n int, chunk func(i int, dst []byte) ([]byte, erro
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			var (
-				buf []byte
-				w   wire.SnapshotWorker
-				x   wire.SnapshotIndex // an index message, its slices reused
-				my  SnapshotStats
-				mt  RestoreTiming
-			)
+			var rd chunkReader
 			for {
 				i := int(next.Add(1) - 1)
 				if i >= n {
 					break
 				}
-				rs.chunk(i, gate, func() {
-					var b []byte
-					var err error
-					t0 := time.Now()
-					if i == 0 {
-						b = head
-					} else if b, err = chunk(i, buf[:0]); err != nil {
-						rs.fail(fmt.Errorf("router: snapshot chunk %d: %w", i, err))
-						return
-					}
-					mt.Read += time.Since(t0)
-					my.Chunks++
-					my.Bytes += int64(len(b))
-					if i != 0 {
-						buf = b
-					}
-					if typ, _, err := wire.ParseHeader(b); err == nil && typ == wire.TypeSnapshotIndex {
-						if !rs.bulk {
-							rs.fail(fmt.Errorf("router: snapshot chunk %d: an index section without the header that announces it", i))
-							return
-						}
-						// The index section follows every worker's record: once the chunks
-						// before this one are in, every holder has its slot, and this chunk's
-						// blocks go into the index now, from the reader's own buffers.
-						gate.done(i)
-						gate.wait(i)
-						decode, build := rs.loadIndex(i, b, &x)
-						mt.Decode += decode
-						mt.Build += build
-						return
-					}
-					for off := 0; off < len(b); {
-						typ, body, err := wire.ParseHeader(b[off:])
-						if err == nil && len(b)-off-wire.HeaderSize < body {
-							err = fmt.Errorf("message at offset %d: truncated", off)
-						}
-						if err == nil && typ == wire.TypeSnapshotHeader && i == 0 && off == 0 {
-							off += wire.HeaderSize + body
-							continue
-						}
-						t1 := time.Now()
-						if err == nil {
-							err = wire.DecodeSnapshotWorker(b[off:off+wire.HeaderSize+body], &w)
-						}
-						if err != nil {
-							// The rest of the chunk cannot be framed; its other workers are lost
-							// with it, which the error says.
-							rs.fail(fmt.Errorf("router: snapshot chunk %d at offset %d: %w", i, off, err))
-							return
-						}
-						off += wire.HeaderSize + body
-						t2 := time.Now()
-						mt.Decode += t2.Sub(t1)
-						m, err := rs.worker(&w)
-						mt.Build += time.Since(t2)
-						if err != nil {
-							rs.fail(err)
-							continue
-						}
-						my.Workers++
-						for _, rk := range w.Ranks {
-							my.Residencies += int64(len(rk.Seqs))
-							for _, l := range rk.Lower {
-								my.Residencies += int64(len(l.Seqs))
-							}
-						}
-						rs.mu.Lock()
-						if !slices.Contains(restored, m) {
-							restored = append(restored, m)
-						}
-						rs.mu.Unlock()
-					}
-				})
+				rs.restoreChunk(&rd, i)
+				rs.gate.done(i)
 			}
 			rs.mu.Lock()
-			st.Workers += my.Workers
-			st.Residencies += my.Residencies
-			st.Bytes += my.Bytes
-			st.Chunks += my.Chunks
-			tm.Read += mt.Read
-			tm.Decode += mt.Decode
-			tm.Build += mt.Build
+			st.Workers += rd.st.Workers
+			st.Residencies += rd.st.Residencies
+			st.Bytes += rd.st.Bytes
+			st.Chunks += rd.st.Chunks
+			tm.Read += rd.tm.Read
+			tm.Decode += rd.tm.Decode
+			tm.Build += rd.tm.Build
 			rs.mu.Unlock()
 		}()
 	}
 	wg.Wait()
 	if rs.bulk {
 		tm.Build += rs.loadEdges()
-	}
-	if rs.bulk && rs.loaded != rs.added {
-		// Also after errors: a worker over the residency budget is restored in part (its
-		// blocks left out of the section's too), and this check catches what is missing for
-		// any other reason.
-		rs.fail(fmt.Errorf("router: the snapshot's index section holds %d residencies, its workers' records %d: not restored", rs.loaded, rs.added))
+		if rs.loaded != rs.added {
+			// Also after errors: a worker over the residency budget is restored in part (its
+			// blocks left out of the section's too), and this check catches what is missing
+			// for any other reason.
+			rs.fail(fmt.Errorf("router: the snapshot's index section holds %d residencies, its workers' records %d: not restored", rs.loaded, rs.added))
+		}
 	}
 	r.mu.Lock()
-	for _, m := range restored {
+	for _, m := range rs.restored {
 		r.publishLocked(m)
 	}
 	r.mu.Unlock()
@@ -484,12 +404,95 @@ type restoreState struct {
 	// last (splitEdges).
 	salted map[*radix.Index]bool
 	edges  map[*radix.Index][]radix.Blocks
+	// restored is the models of the workers restored, to publish once at the end.
+	restored []*model
+
+	head []byte                                  // chunk 0, read first for the header
+	read func(i int, dst []byte) ([]byte, error) // Restore's chunk
+	gate *chunkGate
 }
 
-// chunk runs one chunk's restore, f, then tells gate the chunk is in, whichever way f returns.
-func (rs *restoreState) chunk(i int, gate *chunkGate, f func()) {
-	defer gate.done(i)
-	f()
+// chunkReader is one reader goroutine's buffers and counts.
+type chunkReader struct {
+	buf []byte
+	w   wire.SnapshotWorker
+	x   wire.SnapshotIndex // an index message, its slices reused
+	st  SnapshotStats
+	tm  RestoreTiming
+}
+
+// restoreChunk reads chunk i and restores what it holds: workers' records, or (once the
+// chunks before it are in) a part of the index section.
+func (rs *restoreState) restoreChunk(rd *chunkReader, i int) {
+	b := rs.head
+	t0 := time.Now()
+	if i != 0 {
+		var err error
+		if b, err = rs.read(i, rd.buf[:0]); err != nil {
+			rs.fail(fmt.Errorf("router: snapshot chunk %d: %w", i, err))
+			return
+		}
+		rd.buf = b
+	}
+	rd.tm.Read += time.Since(t0)
+	rd.st.Chunks++
+	rd.st.Bytes += int64(len(b))
+	if typ, _, err := wire.ParseHeader(b); err == nil && typ == wire.TypeSnapshotIndex {
+		if !rs.bulk {
+			rs.fail(fmt.Errorf("router: snapshot chunk %d: an index section without the header that announces it", i))
+			return
+		}
+		// The index section follows every worker's record: once the chunks before this one
+		// are in, every holder has its slot, and this chunk's blocks go into the index now,
+		// from the reader's own buffers.
+		rs.gate.done(i)
+		rs.gate.wait(i)
+		decode, build := rs.loadIndex(i, b, &rd.x)
+		rd.tm.Decode += decode
+		rd.tm.Build += build
+		return
+	}
+	for off := 0; off < len(b); {
+		typ, body, err := wire.ParseHeader(b[off:])
+		if err == nil && len(b)-off-wire.HeaderSize < body {
+			err = fmt.Errorf("message at offset %d: truncated", off)
+		}
+		if err == nil && typ == wire.TypeSnapshotHeader && i == 0 && off == 0 {
+			off += wire.HeaderSize + body
+			continue
+		}
+		t1 := time.Now()
+		if err == nil {
+			err = wire.DecodeSnapshotWorker(b[off:off+wire.HeaderSize+body], &rd.w)
+		}
+		if err != nil {
+			// The rest of the chunk cannot be framed; its other workers are lost with it,
+			// which the error says.
+			rs.fail(fmt.Errorf("router: snapshot chunk %d at offset %d: %w", i, off, err))
+			return
+		}
+		off += wire.HeaderSize + body
+		t2 := time.Now()
+		rd.tm.Decode += t2.Sub(t1)
+		m, err := rs.worker(&rd.w)
+		rd.tm.Build += time.Since(t2)
+		if err != nil {
+			rs.fail(err)
+			continue
+		}
+		rd.st.Workers++
+		for _, rk := range rd.w.Ranks {
+			rd.st.Residencies += int64(len(rk.Seqs))
+			for _, l := range rk.Lower {
+				rd.st.Residencies += int64(len(l.Seqs))
+			}
+		}
+		rs.mu.Lock()
+		if !slices.Contains(rs.restored, m) {
+			rs.restored = append(rs.restored, m)
+		}
+		rs.mu.Unlock()
+	}
 }
 
 // chunkGate holds the index section's chunks until every chunk before them is in.
