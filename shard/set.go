@@ -29,10 +29,10 @@ type Config struct {
 	MaxBlocks int64
 	// Evict, with MaxBlocks, makes room at the limit instead of skipping: a shard whose store
 	// finds the budget spent drops residencies of its own, from the rank (and storage tier) that
-	// holds the most, its least recently matched blocks first (a CLOCK sweep over the rank's
-	// blocks that spares each block a match marked since the sweep last passed it; the model's
-	// index must track matches, radix.Index.TrackMatches). A shard with nothing of its own to
-	// drop skips as without Evict.
+	// holds the most, its least recently matched blocks first (blocks sought from random places
+	// of the rank's engine map, each spared if a match marked it since the marks were last
+	// cleared; the model's index must track matches, radix.Index.TrackMatches). A shard with
+	// nothing of its own to drop skips as without Evict.
 	Evict bool
 	// Observer, if set, receives every anomalous outcome.
 	Observer Observer
