@@ -159,17 +159,10 @@ func (c *config) check() error {
 	if (c.Suite || c.Added) && lc.Target == "noop" {
 		lc.Addr = ""
 	}
+	name := func(field string) string { return "--" + flagOf[field] }
 	if c.Added {
 		// Its runs are of both targets, kvrouterd's with the index and the stream.
 		lc.Target = "kvrouterd"
-	}
-	name := func(field string) string {
-		if f, ok := flagOf[field]; ok {
-			return "--" + f
-		}
-		return field
-	}
-	if c.Added {
 		if err := lc.CheckAdded(name); err != nil {
 			return err
 		}

@@ -17,28 +17,11 @@ import (
 
 	"github.com/go-zeromq/zmq4"
 
+	"github.com/kvrouterd/kvrouterd/internal/syncbuf"
 	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/radix"
 	"github.com/kvrouterd/kvrouterd/wire"
 )
-
-// testLog is a log writer that keeps what it was given, for failure messages.
-type testLog struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *testLog) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
-
-func (l *testLog) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
-}
 
 // start runs a mocker on loopback ports, with replay, at a high speedup, changed by set; it is
 // shut down when the test ends.
@@ -54,7 +37,7 @@ func start(t *testing.T, set func(*Config)) *Mocker {
 	if set != nil {
 		set(&c)
 	}
-	logs := new(testLog)
+	logs := new(syncbuf.Buffer) // kept for failure messages
 	m, err := Start(c, logs)
 	if err != nil {
 		t.Fatal(err)
