@@ -1,38 +1,19 @@
 package ingest
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/kvrouterd/kvrouterd/internal/enginetest"
+	"github.com/kvrouterd/kvrouterd/internal/syncbuf"
 	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/router"
 	"github.com/kvrouterd/kvrouterd/wire"
 )
-
-// logBuffer is a log destination the rank goroutines may write while the test reads it.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // TestEngineUnknownMedium: an engine event of a medium kvrouterd does not know reaches the sink
 // as the device tier with the rest of its batch; it is counted per worker and rank, exported,
@@ -40,7 +21,7 @@ func (l *logBuffer) String() string {
 func TestEngineUnknownMedium(t *testing.T) {
 	eng := enginetest.Start(t, enginetest.Options{})
 	sink := &recSink{}
-	var logs logBuffer
+	var logs syncbuf.Buffer
 	es := NewEngines(context.Background(), sink, EngineConfig{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	t.Cleanup(es.Close)
 	if err := es.Add(source(t, eng, 5, "m")); err != nil {
@@ -84,7 +65,7 @@ func TestConsumerUnknownMedium(t *testing.T) {
 	r := router.New(router.Config{Shards: 2, Logger: quietLog()})
 	defer r.Close()
 	s := embedded(t)
-	var logs logBuffer
+	var logs syncbuf.Buffer
 	cons, err := NewConsumer(context.Background(), connect(t, s.ClientURL()), r,
 		ConsumerConfig{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	if err != nil {

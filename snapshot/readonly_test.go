@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvrouterd/kvrouterd/internal/syncbuf"
 )
 
 // tree lists every file under dir with its size and modification time, but for the LOCK file:
@@ -61,7 +63,7 @@ func TestReadOnly(t *testing.T) {
 	s.Close()
 	before := tree(t, dir)
 
-	var lb logBuf
+	var lb syncbuf.Buffer
 	ro, err := Open(dir, Config{ReadOnly: true, Logger: slog.New(slog.NewTextHandler(&lb, nil))})
 	if err != nil {
 		t.Fatal(err)

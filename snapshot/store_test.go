@@ -16,29 +16,13 @@ import (
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/zeebo/xxh3"
+
+	"github.com/kvrouterd/kvrouterd/internal/syncbuf"
 )
 
-// logBuf collects a store's log for assertions; safe for Pebble's background goroutines.
-type logBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuf) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuf) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
-func openT(t *testing.T, dir string, keep int) (*Store, *logBuf) {
+func openT(t *testing.T, dir string, keep int) (*Store, *syncbuf.Buffer) {
 	t.Helper()
-	lb := &logBuf{}
+	lb := &syncbuf.Buffer{}
 	s, err := Open(dir, Config{Keep: keep, Logger: slog.New(slog.NewTextHandler(lb, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 	if err != nil {
 		t.Fatalf("Open(%s): %v", dir, err)
