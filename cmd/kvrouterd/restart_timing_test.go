@@ -2,12 +2,16 @@ package main
 
 import (
 	"bytes"
+	"fmt"
 	"math/rand/v2"
 	"net/http"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -109,13 +113,15 @@ var (
 // directory holding a snapshot of 10^7 residencies (1,000 workers × 10^4 blocks; -short: 10^6),
 // with its embedded NATS server; it reports from the daemon's log its time to ready, its restore
 // (and the restore's read, decode and build times, each summed over the goroutines that restore
-// in parallel), the catch-up with the event stream after it, and the restore rate.
+// in parallel), the catch-up with the event stream after it, and the restore rate; from /proc,
+// the daemon's minor page faults and peak RSS once ready.
 func BenchmarkRestart(b *testing.B) {
 	workers, per := benchSize()
 	bin := buildDaemon(b)
 	dir := b.TempDir()
 	res := snapshotDir(b, dir, workers, per)
 	var ready, restore, catchup []time.Duration
+	var faults, peak []float64 // the daemon's minor page faults and peak RSS (MiB) when ready
 	var parts [3][]time.Duration
 	b.ResetTimer()
 	for range b.N {
@@ -143,6 +149,8 @@ func BenchmarkRestart(b *testing.B) {
 			time.Sleep(time.Millisecond)
 		}
 		wall := time.Since(start)
+		flt, hwm := procFaults(b, cmd.Process.Pid)
+		faults, peak = append(faults, flt), append(peak, hwm)
 		cmd.Process.Kill() // no shutdown snapshot: every run restores the same one
 		cmd.Wait()
 		mu.Lock()
@@ -169,8 +177,38 @@ func BenchmarkRestart(b *testing.B) {
 	b.ReportMetric(med(parts[1]), "decode-ms")
 	b.ReportMetric(med(parts[2]), "build-ms")
 	b.ReportMetric(med(catchup), "catchup-ms")
+	medf := func(v []float64) float64 { slices.Sort(v); return v[len(v)/2] }
+	b.ReportMetric(medf(faults), "minor-faults")
+	b.ReportMetric(medf(peak), "peak-rss-MiB")
 	b.ReportMetric(float64(res)/restore[len(restore)/2].Seconds(), "residencies/s")
 	b.ReportMetric(float64(res), "residencies")
+}
+
+// procFaults returns process pid's minor page faults so far and its peak RSS in MiB, from
+// /proc: what a fresh process pays to restore (its first touch of each page) shows there.
+func procFaults(b *testing.B, pid int) (faults, peakMiB float64) {
+	b.Helper()
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		b.Fatal(err)
+	}
+	// Fields after the command's closing parenthesis: state is the 3rd field, minflt the 10th.
+	f := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
+	n, err := strconv.ParseFloat(f[7], 64)
+	if err != nil {
+		b.Fatal(err)
+	}
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, line := range strings.Split(string(status), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			kb, _ := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 64)
+			peakMiB = kb / 1024
+		}
+	}
+	return n, peakMiB
 }
 
 // BenchmarkSnapshotWrite measures writing a snapshot of 10^7 residencies (-short: 10^6) from a
