@@ -33,6 +33,7 @@ type Match struct {
 	root   []uint64 // bitset mode: the first block's holders, as the walk read them
 	rank   []int32  // bitset mode: rank[w] = position in Slots of word w's first holder
 	bits   []uint64 // bitset mode: slots still walking
+	was    []uint64 // bitset mode: m.bits before the block that hands over to list mode
 	rootFP uint64   // bitset mode: the first block's holderSet.fp, read before m.root
 	hasher Hasher
 
@@ -334,16 +335,26 @@ func (ix *Index) walkBits(la *lookahead, m *Match) (int, []int32) {
 		h, s := la.at(i)
 		m.Lookups++
 		if s == nil || s.bits == nil {
-			// Few holders here: keep those still walking, the rest stop at i.
+			// Few holders here: keep those still walking, the rest stop at i. Each word stops
+			// against what walked before this block (m.was), so that a word none of whose
+			// slots has stopped yet is set whole (stop's fast path) even though a holder in it
+			// walks on: with a thousand workers sharing a prefix and a few walking past it,
+			// that is every word.
 			var buf [cellsMax]Slot
 			act := m.act[:0]
+			m.was = append(m.was[:0], m.bits...)
 			for _, x := range appendMembers(buf[:0], h, s) {
 				if w := int(x >> 6); w >= lo && w < hi && m.bits[w]&(1<<(x&63)) != 0 {
 					m.bits[w] &^= 1 << (x & 63)
 					act = append(act, m.posOf(w, int(x&63)))
 				}
 			}
-			m.dropBits(lo, hi, int32(i))
+			for w := lo; w < hi; w++ {
+				if b := m.bits[w]; b != 0 {
+					m.stop(w, b, m.was[w], int32(i))
+					m.bits[w] = 0
+				}
+			}
 			return i + 1, act
 		}
 		// The same holders as the block before (the usual case deep in a prefix that a large
