@@ -77,7 +77,7 @@ func (ix *Index) Add(seq uint64, x Slot) bool {
 	added := g.add(ix, seq, m, x)
 	g.mu.Unlock()
 	if added {
-		ix.slots.info(x).blocks[ix.tier].Add(1)
+		ix.slots.count(x, ix.tier).Add(1)
 	}
 	return added
 }
@@ -90,7 +90,7 @@ func (ix *Index) Remove(seq uint64, x Slot) bool {
 	removed := g.remove(ix, seq, m, x)
 	g.mu.Unlock()
 	if removed {
-		ix.slots.info(x).blocks[ix.tier].Add(-1)
+		ix.slots.count(x, ix.tier).Add(-1)
 	}
 	return removed
 }

@@ -154,7 +154,7 @@ func (ix *Index) Load(parts ...Blocks) error {
 			}
 			for x, n := range blocks {
 				if n != 0 {
-					ix.slots.info(Slot(x)).blocks[ix.tier].Add(n)
+					ix.slots.count(Slot(x), ix.tier).Add(n)
 				}
 			}
 		}()
