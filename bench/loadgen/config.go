@@ -43,12 +43,18 @@ type Config struct {
 	// matrix; Run ignores them.
 	SuiteWorkers    []int
 	SuiteCandidates []int
-	// SuiteWarmupCalls is the fewest requests an open-loop run of RunSuite sends before it
-	// measures (its warmup lengthened to match). fasthttp's body buffers come from process-wide
+	// SuiteWarmupCalls is the fewest requests a run of RunSuite sends before it measures (an
+	// open loop's warmup lengthened to match, a closed loop's WarmupCalls). fasthttp's body
+	// buffers come from process-wide
 	// pools that size themselves to the last 42,000 bodies released: a run of 40 KB answers after
 	// one of 130-byte answers had every large buffer dropped and allocated one per request (a
 	// collection every 25 ms, millisecond tails) until they recalibrated.
 	SuiteWarmupCalls int
+	// WarmupCalls, in a closed loop (Rate 0), is the fewest requests answered before the run's
+	// Warmup begins (unmeasured, as the warmup is); 0 adds none. RunSuite sets it to
+	// SuiteWarmupCalls for its saturated runs, whose answers' size often differs from the run
+	// before's.
+	WarmupCalls int
 	// Residencies pads a kvrouterd target's index with filler prompts (filler.go) until it holds
 	// at least this many (block, worker) pairs; 0 adds none. The target must run in-process.
 	Residencies int
@@ -171,6 +177,8 @@ func (c *Config) suiteRun(target string, workers, cands int, rate float64) Confi
 	}
 	if rate > 0 {
 		rc.Warmup = max(rc.Warmup, time.Duration(float64(c.SuiteWarmupCalls)/rate*float64(time.Second)))
+	} else {
+		rc.WarmupCalls = max(rc.WarmupCalls, c.SuiteWarmupCalls)
 	}
 	return rc
 }

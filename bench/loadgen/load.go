@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvrouterd/kvrouterd/client"
@@ -193,10 +194,6 @@ func load(ctx context.Context, cl *client.Client, w *workload, c *Config, edge f
 	// A nonce in the request ids keeps runs against the same external kvrouterd apart.
 	nonce := strconv.FormatInt(time.Now().UnixNano()%(1<<40), 36)
 	conns := make([]*conn, c.Conns)
-	start := time.Now()
-	ws := start.Add(c.Warmup)
-	end := ws.Add(c.Duration)
-	var wg sync.WaitGroup
 	for i := range conns {
 		k := &conn{idx: i, rng: rand.New(rand.NewPCG(c.Seed, uint64(i)+1))}
 		k.req.Model = model
@@ -215,6 +212,25 @@ func load(ctx context.Context, cl *client.Client, w *workload, c *Config, edge f
 		k.id = append(k.id, "kvrl-"+nonce+"-"+strconv.Itoa(i)+"-"...)
 		k.prefix = len(k.id)
 		conns[i] = k
+	}
+	if c.Rate == 0 && c.WarmupCalls > 0 {
+		// A closed loop's rate is not known beforehand, so its warm-up in calls is a prelude.
+		var sent atomic.Int64
+		var wg sync.WaitGroup
+		for _, k := range conns {
+			wg.Go(func() {
+				for ctx.Err() == nil && sent.Add(1) <= int64(c.WarmupCalls) {
+					k.request(cl, w, time.Now(), false)
+				}
+			})
+		}
+		wg.Wait()
+	}
+	start := time.Now()
+	ws := start.Add(c.Warmup)
+	end := ws.Add(c.Duration)
+	var wg sync.WaitGroup
+	for _, k := range conns {
 		wg.Go(func() {
 			if c.Rate > 0 {
 				k.openLoop(ctx, c, start, ws, end, newAlarm, func(_, from time.Time, measured bool) { k.request(cl, w, from, measured) })

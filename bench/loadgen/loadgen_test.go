@@ -5,10 +5,16 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/kvrouterd/kvrouterd/client"
+	"github.com/kvrouterd/kvrouterd/wire"
+	"github.com/valyala/fasthttp"
 )
 
 // TestRunSuite runs the whole suite in-process for a moment and checks behaviour only: requests
@@ -281,7 +287,47 @@ func TestSuiteWarmupCalls(t *testing.T) {
 	if got := c.suiteRun("noop", 8, 0, 90000).Warmup; got != time.Second {
 		t.Fatalf("at 90,000 req/s: warmup %v, want the configured 1s", got)
 	}
-	if got := c.suiteRun("kvrouterd", 8, 0, 0).Warmup; got != time.Second {
-		t.Fatalf("closed loop: warmup %v, want 1s", got)
+	if got := c.suiteRun("kvrouterd", 8, 0, 0); got.Warmup != time.Second || got.WarmupCalls != c.SuiteWarmupCalls {
+		t.Fatalf("closed loop: warmup %v and %d calls, want 1s and %d calls", got.Warmup, got.WarmupCalls, c.SuiteWarmupCalls)
+	}
+	if got := c.suiteRun("kvrouterd", 8, 0, 9000).WarmupCalls; got != 0 {
+		t.Fatalf("open loop: %d warmup calls, want none (its warmup is lengthened instead)", got)
+	}
+}
+
+// TestWarmupCalls: a closed loop with WarmupCalls sends that many routes, unmeasured, before its
+// timed warmup and window.
+func TestWarmupCalls(t *testing.T) {
+	c := Defaults()
+	c.Target, c.Workers, c.Conns, c.Warmup, c.Duration, c.WarmupCalls = "noop", 8, 4, 0, 30*time.Millisecond, 3000
+	w := newWorkload(&c)
+	body := noopBody(w, 0)
+	var routes atomic.Int64
+	srv := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
+		if string(ctx.Path()) == "/v1/route" {
+			routes.Add(1)
+			ctx.SetContentType(wire.ContentType)
+			ctx.SetBody(body)
+			return
+		}
+		ctx.SetStatusCode(fasthttp.StatusNoContent)
+	}}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(ln)
+	defer srv.Shutdown()
+	cl := client.New(client.Config{Addr: ln.Addr().String(), MaxConns: c.Conns})
+	r, err := load(t.Context(), cl, w, &c, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.OK == 0 || r.Errors != 0 || r.WarmupErrors != 0 {
+		t.Fatalf("run %+v: want answered requests and no errors", r)
+	}
+	// The prelude's goroutines stop at WarmupCalls between them; the window adds r.Requests.
+	if got := routes.Load() - r.Requests; got != int64(c.WarmupCalls) {
+		t.Fatalf("%d routes before the window, want %d", got, c.WarmupCalls)
 	}
 }
