@@ -284,6 +284,15 @@ func (m *Match) snapshotRoot(s *holderSet) {
 		b := atomic.LoadUint64(&s.bits[w])
 		m.root[w], m.rank[w] = b, n
 		n += int32(bits.OnesCount64(b))
+		if b == 1<<64-1 {
+			// A full word (a prefix every worker of a large fleet holds): 64 slots in a row,
+			// without a dependent bit scan each.
+			base := Slot(w << 6)
+			for j := range Slot(64) {
+				m.Slots = append(m.Slots, base+j)
+			}
+			continue
+		}
 		for ; b != 0; b &= b - 1 {
 			m.Slots = append(m.Slots, Slot(w<<6|bits.TrailingZeros64(b)))
 		}

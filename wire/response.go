@@ -183,11 +183,11 @@ const CandidateSize = candidateSize
 // in memory between computing and writing them.
 func PutCandidate(b []byte, worker uint64, rank, cached, prefill, active uint32, tree uint64, logit float64) {
 	b = b[:candidateSize]
+	// Five 8-byte stores rather than seven: the pairs of 32-bit fields are adjacent, little
+	// endian, so each pair is one word. A 1,000-worker answer writes 40 KB of these.
 	le.PutUint64(b, worker)
-	le.PutUint32(b[8:], rank)
-	le.PutUint32(b[12:], cached)
-	le.PutUint32(b[16:], prefill)
-	le.PutUint32(b[20:], active)
+	le.PutUint64(b[8:], uint64(rank)|uint64(cached)<<32)
+	le.PutUint64(b[16:], uint64(prefill)|uint64(active)<<32)
 	le.PutUint64(b[24:], tree)
 	le.PutUint64(b[32:], math.Float64bits(logit))
 }
