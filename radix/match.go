@@ -33,7 +33,7 @@ type Match struct {
 	root   []uint64 // bitset mode: the first block's holders, as the walk read them
 	rank   []int32  // bitset mode: rank[w] = position in Slots of word w's first holder
 	bits   []uint64 // bitset mode: slots still walking
-	was    []uint64 // bitset mode: m.bits before the block that hands over to list mode
+	was    []uint64 // bitset mode: m.bits[lo:hi] before the block that hands over to list mode
 	rootFP uint64   // bitset mode: the first block's holderSet.fp, read before m.root
 	hasher Hasher
 
@@ -351,19 +351,15 @@ func (ix *Index) walkBits(la *lookahead, m *Match) (int, []int32) {
 			// that is every word.
 			var buf [cellsMax]Slot
 			act := m.act[:0]
-			m.was = append(m.was[:0], m.bits...)
+			m.was = slices.Grow(m.was[:0], len(m.bits))[:len(m.bits)]
+			copy(m.was[lo:hi], m.bits[lo:hi])
 			for _, x := range appendMembers(buf[:0], h, s) {
 				if w := int(x >> 6); w >= lo && w < hi && m.bits[w]&(1<<(x&63)) != 0 {
 					m.bits[w] &^= 1 << (x & 63)
 					act = append(act, m.posOf(w, int(x&63)))
 				}
 			}
-			for w := lo; w < hi; w++ {
-				if b := m.bits[w]; b != 0 {
-					m.stop(w, b, m.was[w], int32(i))
-					m.bits[w] = 0
-				}
-			}
+			m.dropWas(lo, hi, int32(i))
 			return i + 1, act
 		}
 		// The same holders as the block before (the usual case deep in a prefix that a large
@@ -405,6 +401,17 @@ func (ix *Index) walkBits(la *lookahead, m *Match) (int, []int32) {
 	}
 	m.dropBits(lo, hi, int32(len(seqs)))
 	return len(seqs), m.act[:0]
+}
+
+// dropWas is dropBits where each word walked m.was[w] before this block: set whole if none of
+// its slots has stopped yet, though some walk on (set again when they stop).
+func (m *Match) dropWas(lo, hi int, d int32) {
+	for w := lo; w < hi; w++ {
+		if b := m.bits[w]; b != 0 {
+			m.stop(w, b, m.was[w], d)
+			m.bits[w] = 0
+		}
+	}
 }
 
 // dropBits ends the walk at depth d for every slot still set in m.bits[lo:hi].
