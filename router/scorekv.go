@@ -351,6 +351,9 @@ func (s *scratch) fillAll(out []wire.Candidate, recs []byte, ix *radix.Index, li
 	n := len(list.keys)
 	s.tree = slices.Grow(s.tree[:0], n)[:n]
 	ix.FillBlocks(list.slots, s.tree)
+	if out == nil {
+		return s.fillRecs(recs, list, p)
+	}
 	rows, next := s.rows, 0
 	ties, lowest := s.ties[:0], math.Inf(1)
 	for pos, d := range s.depth {
@@ -358,33 +361,18 @@ func (s *scratch) fillAll(out []wire.Candidate, recs []byte, ix *radix.Index, li
 			c := &rows[next].c
 			next++
 			c.Tree = s.tree[pos]
-			o := wireCandidate(c)
-			if out != nil {
-				out[pos] = o
-			} else {
-				wire.PutCandidate(recs[pos*wire.CandidateSize:], o.Worker, o.Rank, o.CachedBlocks, o.PrefillTokens, o.ActiveBlocks, o.TreeBlocks, o.Logit)
-			}
+			out[pos] = wireCandidate(c)
 			continue
 		}
-		// An idle worker's fields go from registers to the answer, without a Candidate in
-		// between: a 7-field struct is built on the stack and copied, which stalls. The
-		// conversions are wireCandidate's (the differential test holds them to it), made once
-		// per depth in s.wtab.
 		var c wireCost
 		if int(d) < len(s.wtab) {
 			c = s.wtab[d]
 		} else {
-			ic := idleCost(p, d)
-			c = wireCost{clampU32(ic.prefill), clampU32(ic.decode), ic.logit}
+			c = idleWire(p, d)
 		}
 		k := &list.keys[pos]
-		tree := uint64(max(s.tree[pos], 0))
-		if out != nil {
-			o := &out[pos]
-			o.Worker, o.Rank, o.CachedBlocks, o.PrefillTokens, o.ActiveBlocks, o.TreeBlocks, o.Logit = k.ID, k.Rank, uint32(d), c.prefill, c.active, tree, c.logit
-		} else {
-			wire.PutCandidate(recs[pos*wire.CandidateSize:], k.ID, k.Rank, uint32(d), c.prefill, c.active, tree, c.logit)
-		}
+		o := &out[pos]
+		o.Worker, o.Rank, o.CachedBlocks, o.PrefillTokens, o.ActiveBlocks, o.TreeBlocks, o.Logit = k.ID, k.Rank, uint32(d), c.prefill, c.active, uint64(max(s.tree[pos], 0)), c.logit
 		if l := c.logit; l <= lowest {
 			if l < lowest {
 				lowest, ties = l, ties[:0]
@@ -394,6 +382,57 @@ func (s *scratch) fillAll(out []wire.Candidate, recs []byte, ix *radix.Index, li
 	}
 	s.ties = ties
 	return lowest
+}
+
+// fillRecs is fillAll's pass when it encodes: the same, each worker's record written into recs
+// (a record per worker, in position order). A loop of its own, over slices cut to the workers'
+// count, so that it carries no per-worker branch on where it writes and no bounds checks but
+// one per record.
+func (s *scratch) fillRecs(recs []byte, list *workerList, p *scoring.Params) float64 {
+	depth := s.depth
+	keys := list.keys[:len(depth)]
+	tree := s.tree[:len(depth)]
+	wtab := s.wtab
+	rows, next := s.rows, 0
+	ties, lowest := s.ties[:0], math.Inf(1)
+	for pos, d := range depth {
+		rec := recs[:wire.CandidateSize]
+		recs = recs[wire.CandidateSize:]
+		if d < 0 {
+			c := &rows[next].c
+			next++
+			c.Tree = tree[pos]
+			o := wireCandidate(c)
+			wire.PutCandidate(rec, o.Worker, o.Rank, o.CachedBlocks, o.PrefillTokens, o.ActiveBlocks, o.TreeBlocks, o.Logit)
+			continue
+		}
+		// An idle worker's fields go from registers to the answer, without a Candidate in
+		// between: a 7-field struct is built on the stack and copied, which stalls.
+		var c wireCost
+		if int(d) < len(wtab) {
+			c = wtab[d]
+		} else {
+			c = idleWire(p, d)
+		}
+		k := &keys[pos]
+		wire.PutCandidate(rec, k.ID, k.Rank, uint32(d), c.prefill, c.active, uint64(max(tree[pos], 0)), c.logit)
+		if l := c.logit; l <= lowest {
+			if l < lowest {
+				lowest, ties = l, ties[:0]
+			}
+			ties = append(ties, tie{pos: int32(pos)})
+		}
+	}
+	s.ties = ties
+	return lowest
+}
+
+// idleWire is the record fields of an idle worker at depth d: wireCandidate's conversions (the
+// differential test holds them to it), made once per depth in s.wtab, and here for a depth
+// beyond it.
+func idleWire(p *scoring.Params, d int32) wireCost {
+	ic := idleCost(p, d)
+	return wireCost{clampU32(ic.prefill), clampU32(ic.decode), ic.logit}
 }
 
 // fillCapped writes the chosen worker's candidate (if any) and then the cheapest others', limit
