@@ -131,9 +131,14 @@ func (s *scratch) scoreKV(r *Router, ix *radix.Index, list *workerList, p *scori
 	// An idle worker's cost by its depth, to the deepest depth any worker has.
 	nt := min(int(deepest)+1, maxCostTable)
 	tab := slices.Grow(s.tab[:0], nt)[:nt]
-	wtab := slices.Grow(s.wtab[:0], nt)[:nt]
+	wtab := slices.Grow(s.wtab[:0], nt)[:nt][:len(tab)]
 	for d := range tab {
-		c := idleCost(p, int32(d))
+		var c cost
+		if p.Formula == scoring.CostV1 { // CostV1 inlines; Cost does not
+			c.prefill, c.decode, c.logit = p.CostV1(int32(d), 0, 0, 0)
+		} else {
+			c = idleCost(p, int32(d))
+		}
 		tab[d], wtab[d] = c, wireCost{clampU32(c.prefill), clampU32(c.decode), c.logit}
 	}
 	s.tab, s.wtab = tab, wtab
