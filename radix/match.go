@@ -33,7 +33,7 @@ type Match struct {
 	root   []uint64 // bitset mode: the first block's holders, as the walk read them
 	rank   []int32  // bitset mode: rank[w] = position in Slots of word w's first holder
 	bits   []uint64 // bitset mode: slots still walking
-	was    []uint64 // bitset mode: m.bits[lo:hi] before the block that hands over to list mode
+	was    []uint64 // bitset mode: m.bits before the block that hands over to list mode; only [lo:hi) is set
 	rootFP uint64   // bitset mode: the first block's holderSet.fp, read before m.root
 	hasher Hasher
 
@@ -404,7 +404,9 @@ func (ix *Index) walkBits(la *lookahead, m *Match) (int, []int32) {
 }
 
 // dropWas is dropBits where each word walked m.was[w] before this block: set whole if none of
-// its slots has stopped yet, though some walk on (set again when they stop).
+// its slots has stopped yet, though some walk on (set again when they stop). A method of its own
+// rather than a loop in walkBits: inline, it slowed walkBits's intersection loop (measured with
+// 10,000 workers).
 func (m *Match) dropWas(lo, hi int, d int32) {
 	for w := lo; w < hi; w++ {
 		if b := m.bits[w]; b != 0 {

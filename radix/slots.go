@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"unsafe"
 
 	"github.com/kvrouterd/kvrouterd/kvevent"
 )
@@ -43,16 +44,21 @@ type slotInfo struct {
 	live atomic.Bool
 }
 
-// slotBlock is a chunk of slots: who holds each, and blocks[t][i], the number of residencies
+// slotChunkData is a chunk of slots: who holds each, and blocks[t][i], the number of residencies
 // slot i of the chunk has in the index of tier t (the tiers of a model share one slot table).
 // The counters are dense rather than one cache line per slot: a route answering every worker
-// reads all of them (FillBlocks), which was a line per worker; the writers, one shard per
-// worker, each change them once per residency, and neighbouring slots' shards sharing a line
-// measured no slower (BenchmarkShardApply with two shards).
-type slotBlock struct {
+// reads all of them (FillBlocks), which was a line per worker. Their writers, one shard per
+// worker, each change them once per residency, so neighbouring slots' shards share a line; with
+// two shards (all this machine has) that measured no slower in BenchmarkShardApply, and more
+// shards writing one line are untested. blocks starts on a cache line (the check below, and a
+// chunk is a large allocation, page-aligned), so eight counters share each line.
+type slotChunkData struct {
 	info   [slotChunk]slotInfo
 	blocks [kvevent.NumTiers][slotChunk]atomic.Int64
 }
+
+// blocks must start on a cache line: its offset is a multiple of 64.
+var _ [0]struct{} = [unsafe.Offsetof(slotChunkData{}.blocks) % 64]struct{}{}
 
 // slotTable maps workers to dense slots. Acquire and Release serialize on mu; readers use the
 // chunk pointers and atomics without locking. Chunks never move, so a *slotInfo stays valid.
@@ -61,7 +67,7 @@ type slotTable struct {
 	byKey  map[WorkerKey]Slot // REQUIRES mu
 	free   []Slot             // REQUIRES mu; released slots, reused oldest first
 	high   atomic.Uint32      // slots ever handed out; every slot in use is < high
-	chunks [(MaxSlots + slotChunk - 1) / slotChunk]atomic.Pointer[slotBlock]
+	chunks [(MaxSlots + slotChunk - 1) / slotChunk]atomic.Pointer[slotChunkData]
 }
 
 func (t *slotTable) info(s Slot) *slotInfo {
@@ -90,7 +96,7 @@ func (t *slotTable) acquire(k WorkerKey) (Slot, error) {
 		}
 		s = Slot(h)
 		if t.chunks[s/slotChunk].Load() == nil {
-			t.chunks[s/slotChunk].Store(new(slotBlock))
+			t.chunks[s/slotChunk].Store(new(slotChunkData))
 		}
 		t.high.Store(h + 1)
 	}

@@ -131,10 +131,11 @@ func (s *scratch) scoreKV(r *Router, ix *radix.Index, list *workerList, p *scori
 	// An idle worker's cost by its depth, to the deepest depth any worker has.
 	nt := min(int(deepest)+1, maxCostTable)
 	tab := slices.Grow(s.tab[:0], nt)[:nt]
-	wtab := slices.Grow(s.wtab[:0], nt)[:nt][:len(tab)]
+	wtab := slices.Grow(s.wtab[:0], nt)[:nt]
+	v1 := p.Formula == scoring.CostV1 // CostV1 inlines; Cost does not
 	for d := range tab {
 		var c cost
-		if p.Formula == scoring.CostV1 { // CostV1 inlines; Cost does not
+		if v1 {
 			c.prefill, c.decode, c.logit = p.CostV1(int32(d), 0, 0, 0)
 		} else {
 			c = idleCost(p, int32(d))
@@ -158,7 +159,6 @@ func (s *scratch) scoreKV(r *Router, ix *radix.Index, list *workerList, p *scori
 	for _, e := range h {
 		bounds = append(bounds, e.logit)
 	}
-	v1 := p.Formula == scoring.CostV1 // CostV1 inlines; Cost does not
 	for i := range rows {
 		c := &rows[i].c
 		var ub float64
@@ -252,10 +252,12 @@ func (s *scratch) answerAll(r *Router, ix *radix.Index, list *workerList, p *sco
 		start = len(*enc)
 		var recs []byte
 		*enc, recs = wire.AppendRouteResponseRecords(*enc, resp, n)
-		lowest = s.fillAll(nil, recs, ix, list, p)
+		s.fillTree(ix, list)
+		lowest = s.fillRecs(recs, list, p)
 	} else {
 		resp.Candidates = slices.Grow(resp.Candidates, n)[:n]
-		lowest = s.fillAll(resp.Candidates, nil, ix, list, p)
+		s.fillTree(ix, list)
+		lowest = s.fillAll(resp.Candidates, list, p)
 	}
 	if !book {
 		return -1, 0, enc != nil
@@ -347,18 +349,12 @@ func spread(depth []int32, slots []radix.Slot, depths []int32, bySlot []int32) i
 	return deepest
 }
 
-// fillAll writes every worker's candidate, in list order, into out or, when out is nil, encoded
-// into recs: one record per worker, which is how a large answer stays one pass over memory. On
-// the way it puts the idle workers at the lowest logit of any idle worker into s.ties, in
-// position order, and returns that logit (+Inf if no worker is idle). It leaves every worker's
-// tree size in s.tree, by position.
-func (s *scratch) fillAll(out []wire.Candidate, recs []byte, ix *radix.Index, list *workerList, p *scoring.Params) float64 {
-	n := len(list.keys)
-	s.tree = slices.Grow(s.tree[:0], n)[:n]
-	ix.FillBlocks(list.slots, s.tree)
-	if out == nil {
-		return s.fillRecs(recs, list, p)
-	}
+// fillAll writes every worker's candidate, in list order, into out, its tree size read from
+// s.tree (fillTree). On the way it puts the idle workers at the lowest logit of any idle worker
+// into s.ties, in position order, and returns that logit (+Inf if no worker is idle). fillRecs
+// does the same into an encoded answer: one record per worker, which is how a large answer
+// stays one pass over memory.
+func (s *scratch) fillAll(out []wire.Candidate, list *workerList, p *scoring.Params) float64 {
 	rows, next := s.rows, 0
 	ties, lowest := s.ties[:0], math.Inf(1)
 	for pos, d := range s.depth {
@@ -389,10 +385,17 @@ func (s *scratch) fillAll(out []wire.Candidate, recs []byte, ix *radix.Index, li
 	return lowest
 }
 
-// fillRecs is fillAll's pass when it encodes: the same, each worker's record written into recs
-// (a record per worker, in position order). A loop of its own, over slices cut to the workers'
-// count, so that it carries no per-worker branch on where it writes and no bounds checks but
-// one per record.
+// fillTree sets s.tree to every worker's tree size, by position.
+func (s *scratch) fillTree(ix *radix.Index, list *workerList) {
+	n := len(list.keys)
+	s.tree = slices.Grow(s.tree[:0], n)[:n]
+	ix.FillBlocks(list.slots, s.tree)
+}
+
+// fillRecs is fillAll when the answer is encoded: each worker's record is written into recs (a
+// record per worker, in position order). A loop of its own, over slices cut to the workers'
+// count, so that it carries no per-worker branch on where it writes, and one length check per
+// record.
 func (s *scratch) fillRecs(recs []byte, list *workerList, p *scoring.Params) float64 {
 	depth := s.depth
 	keys := list.keys[:len(depth)]
@@ -401,6 +404,9 @@ func (s *scratch) fillRecs(recs []byte, list *workerList, p *scoring.Params) flo
 	rows, next := s.rows, 0
 	ties, lowest := s.ties[:0], math.Inf(1)
 	for pos, d := range depth {
+		if len(recs) < wire.CandidateSize {
+			panic("router: the answer has fewer records than workers")
+		}
 		rec := recs[:wire.CandidateSize]
 		recs = recs[wire.CandidateSize:]
 		if d < 0 {

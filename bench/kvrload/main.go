@@ -17,7 +17,7 @@
 // status 2 for bad flags, and 1 if a run could not be done or more than 0.1% of a run's requests
 // failed. Run kvrload --help for the flags.
 //
-//	go run ./bench/kvrload --suite            # the reported matrix, about three minutes
+//	go run ./bench/kvrload --suite            # the reported matrix, about three and a half minutes
 //	go run ./bench/kvrload --added            # the added latency, about five minutes (make load-1cpu)
 //	go run ./bench/kvrload --workers 1000     # one run against an in-process kvrouterd
 //	go run ./bench/kvrload --addr host:8090   # against a running kvrouterd
@@ -92,6 +92,7 @@ func parseConfig(args []string, out io.Writer) (config, error) {
 	fs.IntVar(&c.BlockSize, "block-size", c.BlockSize, "tokens per block")
 	fs.IntVar(&c.Conns, "conns", c.Conns, "client connections, each driven by one goroutine")
 	fs.DurationVar(&c.Duration, "duration", c.Duration, fmt.Sprintf("measured time per run (%v per run under --suite unless given)", loadgen.SuiteDuration))
+	fs.IntVar(&c.WarmupCalls, "warmup-calls", c.WarmupCalls, "a closed loop's requests before its warmup, unmeasured (the suite sends SuiteWarmupCalls)")
 	fs.DurationVar(&c.Warmup, "warmup", c.Warmup, fmt.Sprintf("unmeasured time before each run (%v under --suite unless given)", loadgen.SuiteWarmup))
 	fs.Float64Var(&c.Rate, "rate", c.Rate, "0: closed loop at saturation; > 0: open loop at this many route requests per second in total")
 	fs.IntVar(&c.Prompts, "prompts", c.Prompts, "distinct prompt families")
@@ -173,7 +174,7 @@ func (c *config) check() error {
 // flagOf is the flag of each loadgen.Config field that loadgen.Config.Check names.
 var flagOf = map[string]string{
 	"Target": "target", "Addr": "addr", "Workers": "workers", "Blocks": "blocks", "BlockSize": "block-size",
-	"Conns": "conns", "Duration": "duration", "Warmup": "warmup", "Rate": "rate", "Prompts": "prompts",
+	"Conns": "conns", "Duration": "duration", "Warmup": "warmup", "WarmupCalls": "warmup-calls", "Rate": "rate", "Prompts": "prompts",
 	"Timeout": "timeout", "MaxCandidates": "max-candidates", "NoopCandidates": "noop-candidates",
 	"Residencies": "residencies", "EventRate": "event-rate", "AddedWorkers": "added-workers",
 	"AddedPercents": "added-percents", "AddedRuns": "added-runs", "AddedCandidates": "added-candidates",

@@ -45,15 +45,15 @@ type Config struct {
 	SuiteCandidates []int
 	// SuiteWarmupCalls is the fewest requests a run of RunSuite sends before it measures (an
 	// open loop's warmup lengthened to match, a closed loop's WarmupCalls). fasthttp's body
-	// buffers come from process-wide
-	// pools that size themselves to the last 42,000 bodies released: a run of 40 KB answers after
-	// one of 130-byte answers had every large buffer dropped and allocated one per request (a
-	// collection every 25 ms, millisecond tails) until they recalibrated.
+	// buffers come from process-wide pools that size themselves to the last 42,000 bodies
+	// released: a run of 40 KB answers after one of 130-byte answers had every large buffer
+	// dropped and allocated one per request (a collection every 25 ms, millisecond tails) until
+	// they recalibrated.
 	SuiteWarmupCalls int
-	// WarmupCalls, in a closed loop (Rate 0), is the fewest requests answered before the run's
-	// Warmup begins (unmeasured, as the warmup is); 0 adds none. RunSuite sets it to
-	// SuiteWarmupCalls for its saturated runs, whose answers' size often differs from the run
-	// before's.
+	// WarmupCalls, in a closed loop (Rate 0), is how many requests the run sends before its
+	// Warmup begins, unmeasured as the warmup is (failures count as warmup errors); 0 sends none.
+	// RunSuite sets it to SuiteWarmupCalls for its saturated runs, whose answers' size often
+	// differs from the run before's.
 	WarmupCalls int
 	// Residencies pads a kvrouterd target's index with filler prompts (filler.go) until it holds
 	// at least this many (block, worker) pairs; 0 adds none. The target must run in-process.
@@ -81,8 +81,9 @@ type Config struct {
 }
 
 // SuiteDuration and SuiteWarmup are the run lengths of the reported suite, shorter than
-// Defaults' so that the twenty runs of Defaults' matrix take about three minutes (the open-loop
-// runs' warmups are lengthened to SuiteWarmupCalls requests). A quicker suite (say
+// Defaults' so that the twenty runs of Defaults' matrix take about three minutes (every run
+// sends SuiteWarmupCalls requests first: an open loop's warmup is lengthened to match, a closed
+// loop adds a prelude of one to two seconds). A quicker suite (say
 // 1 s runs after 300 ms) fills the same rows from fewer samples, so its tails are noisier.
 const (
 	SuiteDuration = 5 * time.Second
@@ -146,6 +147,8 @@ func (c *Config) Check(name func(field string) string) error {
 		return fmt.Errorf("%s %d: want 1 to 65536", name("Conns"), c.Conns)
 	case c.Duration <= 0 || c.Warmup < 0:
 		return fmt.Errorf("%s %v, %s %v: want a positive duration and a non-negative warmup", name("Duration"), c.Duration, name("Warmup"), c.Warmup)
+	case c.WarmupCalls < 0:
+		return fmt.Errorf("%s %d: want 0 or more", name("WarmupCalls"), c.WarmupCalls)
 	case !(c.Rate >= 0) || c.Rate > 1e9:
 		return fmt.Errorf("%s %v: want 0 (saturation) or a rate in requests per second", name("Rate"), c.Rate)
 	case c.Prompts < 1 || c.Prompts > 1<<16:

@@ -122,7 +122,8 @@ func run(ctx context.Context, c Config, log io.Writer) (Result, error) {
 	return res, err
 }
 
-// measure loads t, a started target of c, for c.Warmup and then c.Duration, streaming events
+// measure loads t, a started target of c, for c.WarmupCalls requests (a closed loop's prelude),
+// c.Warmup and then c.Duration, streaming events
 // into it meanwhile when c.EventRate is set and t is an in-process kvrouterd; the error is the
 // stream's or c.LatencyLog's.
 func measure(ctx context.Context, t *target, w *workload, c *Config) (Result, error) {
@@ -187,8 +188,8 @@ type conn struct {
 	logFrom bool
 }
 
-// load drives c.Conns goroutines against cl for c.Warmup and then c.Duration, and summarizes the
-// measured window; the error is c.LatencyLog's. edge, if not nil, is called at the window's start
+// load drives c.Conns goroutines against cl, a closed loop first for c.WarmupCalls requests
+// between them, then for c.Warmup and c.Duration, and summarizes the measured window; the error is c.LatencyLog's. edge, if not nil, is called at the window's start
 // and at its end, right after the CPU accounting is sampled there.
 func load(ctx context.Context, cl *client.Client, w *workload, c *Config, edge func()) (Result, error) {
 	// A nonce in the request ids keeps runs against the same external kvrouterd apart.

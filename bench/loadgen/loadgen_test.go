@@ -277,7 +277,7 @@ func TestOpenLoopSchedule(t *testing.T) {
 }
 
 // TestSuiteWarmupCalls: an open-loop run of the suite warms up for SuiteWarmupCalls requests at
-// least; a closed loop keeps its warmup.
+// least; a closed loop keeps its warmup and sends SuiteWarmupCalls requests before it.
 func TestSuiteWarmupCalls(t *testing.T) {
 	c := Defaults()
 	c.Warmup = time.Second
@@ -316,9 +316,15 @@ func TestWarmupCalls(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	go srv.Serve(ln)
-	defer srv.Shutdown()
-	cl := client.New(client.Config{Addr: ln.Addr().String(), MaxConns: c.Conns})
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	defer func() {
+		if err := errors.Join(srv.Shutdown(), <-served); err != nil {
+			t.Error(err)
+		}
+	}()
+	// A generous timeout: the count below is exact only if no request gives up.
+	cl := client.New(client.Config{Addr: ln.Addr().String(), MaxConns: c.Conns, Timeout: time.Minute})
 	r, err := load(t.Context(), cl, w, &c, nil)
 	if err != nil {
 		t.Fatal(err)
