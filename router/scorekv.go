@@ -374,12 +374,7 @@ func (s *scratch) fillAll(out []wire.Candidate, list *workerList, p *scoring.Par
 		k := &list.keys[pos]
 		o := &out[pos]
 		o.Worker, o.Rank, o.CachedBlocks, o.PrefillTokens, o.ActiveBlocks, o.TreeBlocks, o.Logit = k.ID, k.Rank, uint32(d), c.prefill, c.active, uint64(max(s.tree[pos], 0)), c.logit
-		if l := c.logit; l <= lowest {
-			if l < lowest {
-				lowest, ties = l, ties[:0]
-			}
-			ties = append(ties, tie{pos: int32(pos)})
-		}
+		ties, lowest = noteTie(ties, lowest, c.logit, pos)
 	}
 	s.ties = ties
 	return lowest
@@ -427,15 +422,22 @@ func (s *scratch) fillRecs(recs []byte, list *workerList, p *scoring.Params) flo
 		}
 		k := &keys[pos]
 		wire.PutCandidate(rec, k.ID, k.Rank, uint32(d), c.prefill, c.active, uint64(max(tree[pos], 0)), c.logit)
-		if l := c.logit; l <= lowest {
-			if l < lowest {
-				lowest, ties = l, ties[:0]
-			}
-			ties = append(ties, tie{pos: int32(pos)})
-		}
+		ties, lowest = noteTie(ties, lowest, c.logit, pos)
 	}
 	s.ties = ties
 	return lowest
+}
+
+// noteTie returns ties and lowest with an idle worker at position pos and logit l taken in: it
+// joins the ties at lowest, or starts them anew below it.
+func noteTie(ties []tie, lowest, l float64, pos int) ([]tie, float64) {
+	if l <= lowest {
+		if l < lowest {
+			lowest, ties = l, ties[:0]
+		}
+		ties = append(ties, tie{pos: int32(pos)})
+	}
+	return ties, lowest
 }
 
 // idleWire is the record fields of an idle worker at depth d: wireCandidate's conversions (the
