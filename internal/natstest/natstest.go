@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/kvrouterd/kvrouterd/internal/extbin"
+	"github.com/kvrouterd/kvrouterd/internal/freeport"
 )
 
 // Binary is nats-server from PATH; without it the test skips, or fails under
@@ -30,15 +31,13 @@ func Binary(t testing.TB) string {
 	return extbin.Find(t, "nats-server", "the tests against nats-server processes do not run")
 }
 
-// FreeAddr returns a loopback address with a port free a moment ago.
+// FreeAddr returns a loopback address with a port free a moment ago, from package freeport:
+// below the kernel's ephemeral range, so that no connection or port-0 listener made meanwhile
+// (another test's) takes it before the node binds it. An ephemeral port once did, and a node
+// failed to start with its route port in use.
 func FreeAddr(t testing.TB) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
+	return freeport.TB(t)
 }
 
 // Node is one nats-server process with JetStream on loopback. Its configuration is written to
