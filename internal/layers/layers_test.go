@@ -82,6 +82,7 @@ var layer = map[string]int{
 var sameLayer = []struct{ from, to, why string }{
 	{"internal/u64map", "internal/prefetch", "helpers may build on helpers"},
 	{"internal/natstest", "internal/extbin", "helpers may build on helpers"},
+	{"internal/natstest", "internal/freeport", "helpers may build on helpers"},
 	{"approx", "radix", "the approximate index answers in the index's terms"},
 	{"scoring", "radix", "scoring decides on the index's matches"},
 	{"router", "shard", "a request's path books into the applier's index"},
