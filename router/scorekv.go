@@ -365,12 +365,7 @@ func (s *scratch) fillAll(out []wire.Candidate, list *workerList, p *scoring.Par
 			out[pos] = wireCandidate(c)
 			continue
 		}
-		var c wireCost
-		if int(d) < len(s.wtab) {
-			c = s.wtab[d]
-		} else {
-			c = idleWire(p, d)
-		}
+		c := wireAt(s.wtab, p, d)
 		k := &list.keys[pos]
 		o := &out[pos]
 		o.Worker, o.Rank, o.CachedBlocks, o.PrefillTokens, o.ActiveBlocks, o.TreeBlocks, o.Logit = k.ID, k.Rank, uint32(d), c.prefill, c.active, uint64(max(s.tree[pos], 0)), c.logit
@@ -414,12 +409,7 @@ func (s *scratch) fillRecs(recs []byte, list *workerList, p *scoring.Params) flo
 		}
 		// An idle worker's fields go from registers to the answer, without a Candidate in
 		// between: a 7-field struct is built on the stack and copied, which stalls.
-		var c wireCost
-		if int(d) < len(wtab) {
-			c = wtab[d]
-		} else {
-			c = idleWire(p, d)
-		}
+		c := wireAt(wtab, p, d)
 		k := &keys[pos]
 		wire.PutCandidate(rec, k.ID, k.Rank, uint32(d), c.prefill, c.active, uint64(max(tree[pos], 0)), c.logit)
 		ties, lowest = noteTie(ties, lowest, c.logit, pos)
@@ -440,9 +430,17 @@ func noteTie(ties []tie, lowest, l float64, pos int) ([]tie, float64) {
 	return ties, lowest
 }
 
-// idleWire is the record fields of an idle worker at depth d: wireCandidate's conversions (the
-// differential test holds them to it), made once per depth in s.wtab, and here for a depth
+// wireAt is the record fields of an idle worker at depth d: wireCandidate's conversions (the
+// differential test holds them to it), made once per depth in wtab, and by idleWire for a depth
 // beyond it.
+func wireAt(wtab []wireCost, p *scoring.Params, d int32) wireCost {
+	if int(d) < len(wtab) {
+		return wtab[d]
+	}
+	return idleWire(p, d)
+}
+
+// idleWire is wireAt beyond the table.
 func idleWire(p *scoring.Params, d int32) wireCost {
 	ic := idleCost(p, d)
 	return wireCost{clampU32(ic.prefill), clampU32(ic.decode), ic.logit}

@@ -81,10 +81,10 @@ type Config struct {
 }
 
 // SuiteDuration and SuiteWarmup are the run lengths of the reported suite, shorter than
-// Defaults' so that the twenty runs of Defaults' matrix take about three minutes (every run
-// sends SuiteWarmupCalls requests first: an open loop's warmup is lengthened to match, a closed
-// loop adds a prelude of one to two seconds). A quicker suite (say
-// 1 s runs after 300 ms) fills the same rows from fewer samples, so its tails are noisier.
+// Defaults' so that the twenty runs of Defaults' matrix take about three and a half minutes
+// (every run sends SuiteWarmupCalls requests first: an open loop's warmup is lengthened to
+// match, a closed loop adds a prelude of one to two seconds). A quicker suite (say 1 s runs
+// after 300 ms) fills the same rows from fewer samples, so its tails are noisier.
 const (
 	SuiteDuration = 5 * time.Second
 	SuiteWarmup   = time.Second

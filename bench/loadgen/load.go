@@ -123,9 +123,8 @@ func run(ctx context.Context, c Config, log io.Writer) (Result, error) {
 }
 
 // measure loads t, a started target of c, for c.WarmupCalls requests (a closed loop's prelude),
-// c.Warmup and then c.Duration, streaming events
-// into it meanwhile when c.EventRate is set and t is an in-process kvrouterd; the error is the
-// stream's or c.LatencyLog's.
+// c.Warmup and then c.Duration, streaming events into it meanwhile when c.EventRate is set and t
+// is an in-process kvrouterd; the error is the stream's or c.LatencyLog's.
 func measure(ctx context.Context, t *target, w *workload, c *Config) (Result, error) {
 	cl := client.New(client.Config{Addr: t.addr, Timeout: c.Timeout, MaxConns: c.Conns})
 	stop := make(chan struct{})
@@ -189,8 +188,9 @@ type conn struct {
 }
 
 // load drives c.Conns goroutines against cl, a closed loop first for c.WarmupCalls requests
-// between them, then for c.Warmup and c.Duration, and summarizes the measured window; the error is c.LatencyLog's. edge, if not nil, is called at the window's start
-// and at its end, right after the CPU accounting is sampled there.
+// between them, then for c.Warmup and c.Duration, and summarizes the measured window; the error
+// is c.LatencyLog's. edge, if not nil, is called at the window's start and at its end, right
+// after the CPU accounting is sampled there.
 func load(ctx context.Context, cl *client.Client, w *workload, c *Config, edge func()) (Result, error) {
 	// A nonce in the request ids keeps runs against the same external kvrouterd apart.
 	nonce := strconv.FormatInt(time.Now().UnixNano()%(1<<40), 36)

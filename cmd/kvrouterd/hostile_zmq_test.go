@@ -107,7 +107,7 @@ func zmqSample(t *testing.T, addr, name, reason string) int {
 }
 
 // peakRSS is the process's peak resident set (VmHWM), in bytes.
-func peakRSS(t *testing.T, pid int) int64 {
+func peakRSS(t testing.TB, pid int) int64 {
 	t.Helper()
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {

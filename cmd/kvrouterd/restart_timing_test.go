@@ -149,8 +149,8 @@ func BenchmarkRestart(b *testing.B) {
 			time.Sleep(time.Millisecond)
 		}
 		wall := time.Since(start)
-		flt, hwm := procFaults(b, cmd.Process.Pid)
-		faults, peak = append(faults, flt), append(peak, hwm)
+		faults = append(faults, minorFaults(b, cmd.Process.Pid))
+		peak = append(peak, float64(peakRSS(b, cmd.Process.Pid))/(1<<20))
 		cmd.Process.Kill() // no shutdown snapshot: every run restores the same one
 		cmd.Wait()
 		mu.Lock()
@@ -184,9 +184,9 @@ func BenchmarkRestart(b *testing.B) {
 	b.ReportMetric(float64(res), "residencies")
 }
 
-// procFaults returns process pid's minor page faults so far and its peak RSS in MiB, from
-// /proc: what a fresh process pays to restore (its first touch of each page) shows there.
-func procFaults(b *testing.B, pid int) (faults, peakMiB float64) {
+// minorFaults returns process pid's minor page faults so far, from /proc: what a fresh process
+// pays to restore (its first touch of each page) shows there.
+func minorFaults(b *testing.B, pid int) float64 {
 	b.Helper()
 	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
@@ -198,17 +198,7 @@ func procFaults(b *testing.B, pid int) (faults, peakMiB float64) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		b.Fatal(err)
-	}
-	for _, line := range strings.Split(string(status), "\n") {
-		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
-			kb, _ := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 64)
-			peakMiB = kb / 1024
-		}
-	}
-	return n, peakMiB
+	return n
 }
 
 // BenchmarkSnapshotWrite measures writing a snapshot of 10^7 residencies (-short: 10^6) from a

@@ -31,15 +31,6 @@ func Binary(t testing.TB) string {
 	return extbin.Find(t, "nats-server", "the tests against nats-server processes do not run")
 }
 
-// FreeAddr returns a loopback address with a port free a moment ago, from package freeport:
-// below the kernel's ephemeral range, so that no connection or port-0 listener made meanwhile
-// (another test's) takes it before the node binds it. An ephemeral port once did, and a node
-// failed to start with its route port in use.
-func FreeAddr(t testing.TB) string {
-	t.Helper()
-	return freeport.TB(t)
-}
-
 // Node is one nats-server process with JetStream on loopback. Its configuration is written to
 // a file in Dir, and it keeps its ports and its store across restarts. Not safe for concurrent
 // use: the test's goroutine drives it.
@@ -61,12 +52,14 @@ type Node struct {
 	peers []*Node
 }
 
-// NewNode returns a node with free loopback ports, not started, in a cluster if clustered; it
+// NewNode returns a node with free loopback ports (package freeport: below the kernel's
+// ephemeral range, so that no other test's connection takes one before the node binds it),
+// not started, in a cluster if clustered; it
 // is killed when the test ends.
 func NewNode(t testing.TB, bin, name string, clustered bool) *Node {
-	n := &Node{t: t, bin: bin, Name: name, Dir: t.TempDir(), Client: FreeAddr(t), Monitor: FreeAddr(t)}
+	n := &Node{t: t, bin: bin, Name: name, Dir: t.TempDir(), Client: freeport.TB(t), Monitor: freeport.TB(t)}
 	if clustered {
-		n.Route = FreeAddr(t)
+		n.Route = freeport.TB(t)
 	}
 	t.Cleanup(n.Kill)
 	return n
