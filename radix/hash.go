@@ -36,21 +36,22 @@ func Seed(lora, salt string) uint64 {
 // XXH3-64 with BaseSeed over LE64(parent) ‖ LE64(local). The first block of a chain has no parent
 // and its sequence hash is its local hash.
 func SeqHash(parent, local uint64) uint64 {
-	var b [16]byte
-	binary.LittleEndian.PutUint64(b[:8], parent)
-	binary.LittleEndian.PutUint64(b[8:], local)
-	return xxh3.HashSeed(b[:], BaseSeed)
+	return seqHash(parent, local)
 }
 
 // ChainInPlace turns local block hashes into sequence hashes in place. When hasParent is set the
 // first block chains onto parent (the sequence hash of the block before it); otherwise it is the
 // root of its chain.
 func ChainInPlace(hashes []uint64, parent uint64, hasParent bool) {
+	if len(hashes) == 0 {
+		return
+	}
+	if !hasParent {
+		parent, hashes = hashes[0], hashes[1:]
+	}
 	for i, l := range hashes {
-		if hasParent {
-			hashes[i] = SeqHash(parent, l)
-		}
-		parent, hasParent = hashes[i], true
+		parent = seqHash(parent, l)
+		hashes[i] = parent
 	}
 }
 
@@ -71,6 +72,15 @@ type Hasher struct {
 // AppendLocal appends the local hash of every full block of tokens to dst and returns the
 // extended slice. A partial tail block is ignored. blockSize must be positive.
 func (h *Hasher) AppendLocal(dst []uint64, tokens []uint32, blockSize int, seed uint64) []uint64 {
+	if blockSize == 16 {
+		k := newBlockKeys(seed)
+		dst = slices.Grow(dst, len(tokens)/16)
+		for len(tokens) >= 16 {
+			dst = append(dst, k.hash16((*[16]uint32)(tokens)))
+			tokens = tokens[16:]
+		}
+		return dst
+	}
 	for len(tokens) >= blockSize {
 		dst = append(dst, xxh3.HashSeed(h.tokenBytes(tokens[:blockSize]), seed))
 		tokens = tokens[blockSize:]
@@ -104,6 +114,18 @@ func (h *Hasher) AppendLocalMM(dst []uint64, tokens []uint32, blockSize int, see
 // AppendSequence appends the sequence hashes of the full blocks of tokens (a request's prompt,
 // chained from the root) to dst.
 func (h *Hasher) AppendSequence(dst []uint64, tokens []uint32, blockSize int, seed uint64) []uint64 {
+	if blockSize == 16 && len(tokens) >= 16 {
+		// One pass: a block's local hash is computed while its parent's chaining completes.
+		k := newBlockKeys(seed)
+		dst = slices.Grow(dst, len(tokens)/16)
+		parent := k.hash16((*[16]uint32)(tokens))
+		dst = append(dst, parent)
+		for tokens = tokens[16:]; len(tokens) >= 16; tokens = tokens[16:] {
+			parent = seqHash(parent, k.hash16((*[16]uint32)(tokens)))
+			dst = append(dst, parent)
+		}
+		return dst
+	}
 	n := len(dst)
 	dst = h.AppendLocal(dst, tokens, blockSize, seed)
 	ChainInPlace(dst[n:], 0, false)
