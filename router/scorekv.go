@@ -383,39 +383,69 @@ func (s *scratch) fillTree(ix *radix.Index, list *workerList) {
 }
 
 // fillRecs is fillAll when the answer is encoded: each worker's record is written into recs (a
-// record per worker, in position order). A loop of its own, over slices cut to the workers'
-// count, so that it carries no per-worker branch on where it writes, and one length check per
-// record.
+// record per worker, in position order). The busy workers' records are written first, then the
+// idle workers' in a loop of their own (fillIdle) that calls nothing while every depth is in
+// the cost table: a call or a growing append in the loop made the compiler keep its dozen
+// variables on the stack, reloaded every iteration, which was most of the loop's cost.
 func (s *scratch) fillRecs(recs []byte, list *workerList, p *scoring.Params) float64 {
 	depth := s.depth
-	keys := list.keys[:len(depth)]
-	tree := s.tree[:len(depth)]
-	wtab := s.wtab
-	rows, next := s.rows, 0
+	n := len(depth)
+	if len(recs) < n*wire.CandidateSize {
+		panic("router: the answer has fewer records than workers")
+	}
+	recs = recs[:n*wire.CandidateSize]
+	tree := s.tree[:n]
+	for i := range s.rows {
+		row := &s.rows[i]
+		c := &row.c
+		c.Tree = tree[row.pos]
+		o := wireCandidate(c)
+		wire.PutCandidate(recs[int(row.pos)*wire.CandidateSize:], o.Worker, o.Rank, o.CachedBlocks, o.PrefillTokens, o.ActiveBlocks, o.TreeBlocks, o.Logit)
+	}
+	if len(s.wtab) < maxCostTable {
+		// Every depth is in the table (cheapestIdle's test).
+		ties := slices.Grow(s.ties[:0], n)[:n]
+		nt, lowest := fillIdle(recs, depth, list.keys[:n], tree, s.wtab, ties)
+		s.ties = ties[:nt]
+		return lowest
+	}
 	ties, lowest := s.ties[:0], math.Inf(1)
 	for pos, d := range depth {
-		if len(recs) < wire.CandidateSize {
-			panic("router: the answer has fewer records than workers")
-		}
-		rec := recs[:wire.CandidateSize]
-		recs = recs[wire.CandidateSize:]
 		if d < 0 {
-			c := &rows[next].c
-			next++
-			c.Tree = tree[pos]
-			o := wireCandidate(c)
-			wire.PutCandidate(rec, o.Worker, o.Rank, o.CachedBlocks, o.PrefillTokens, o.ActiveBlocks, o.TreeBlocks, o.Logit)
 			continue
 		}
-		// An idle worker's fields go from registers to the answer, without a Candidate in
-		// between: a 7-field struct is built on the stack and copied, which stalls.
-		c := wireAt(wtab, p, d)
-		k := &keys[pos]
-		wire.PutCandidate(rec, k.ID, k.Rank, uint32(d), c.prefill, c.active, uint64(max(tree[pos], 0)), c.logit)
+		c := wireAt(s.wtab, p, d)
+		k := &list.keys[pos]
+		wire.PutCandidate(recs[pos*wire.CandidateSize:], k.ID, k.Rank, uint32(d), c.prefill, c.active, uint64(max(tree[pos], 0)), c.logit)
 		ties, lowest = noteTie(ties, lowest, c.logit, pos)
 	}
 	s.ties = ties
 	return lowest
+}
+
+// fillIdle writes the record of every idle worker (depth ≥ 0) at its position in recs, its
+// cost read from wtab by its depth, which must hold every depth; it puts the idle workers at the
+// lowest logit into ties (as long as depth), in position order, and returns how many and that
+// logit (+Inf if none is idle).
+func fillIdle(recs []byte, depth []int32, keys []radix.WorkerKey, tree []int64, wtab []wireCost, ties []tie) (int, float64) {
+	keys, tree, ties = keys[:len(depth)], tree[:len(depth)], ties[:len(depth)]
+	nt, lowest := 0, math.Inf(1)
+	for pos, d := range depth {
+		if d < 0 {
+			continue
+		}
+		c := wtab[d]
+		k := &keys[pos]
+		wire.PutCandidate(recs[pos*wire.CandidateSize:], k.ID, k.Rank, uint32(d), c.prefill, c.active, uint64(max(tree[pos], 0)), c.logit)
+		if c.logit <= lowest {
+			if c.logit < lowest {
+				lowest, nt = c.logit, 0
+			}
+			ties[nt] = tie{pos: int32(pos)}
+			nt++
+		}
+	}
+	return nt, lowest
 }
 
 // noteTie returns ties and lowest with an idle worker at position pos and logit l taken in: it
