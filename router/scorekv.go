@@ -436,7 +436,8 @@ func fillIdle(recs []byte, depth []int32, keys []radix.WorkerKey, tree []int64, 
 		}
 		c := wtab[d]
 		k := &keys[pos]
-		wire.PutCandidate(recs[pos*wire.CandidateSize:], k.ID, k.Rank, uint32(d), c.prefill, c.active, uint64(max(tree[pos], 0)), c.logit)
+		rec := (*[wire.CandidateSize]byte)(recs[pos*wire.CandidateSize:])
+		wire.PutCandidate(rec[:], k.ID, k.Rank, uint32(d), c.prefill, c.active, uint64(max(tree[pos], 0)), c.logit)
 		if c.logit <= lowest {
 			if c.logit < lowest {
 				lowest, nt = c.logit, 0
