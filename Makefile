@@ -90,7 +90,7 @@ demo:
 # not depend on timing). Raw output in bench/out/.
 micro:
 	mkdir -p $(OUT)
-	$(GO) test -run '^$$' -bench 'HashBlocks|IndexMatch|ShardApply|ApplierApply|MatchUnderLoad|^BenchmarkRoute$$|RouteRequestDecode|RouteResponseEncode|DecodeEngineBatch' -count $(BENCHCOUNT) ./radix/ ./shard/ ./router/ ./wire/ | tee $(OUT)/micro.txt
+	$(GO) test -run '^$$' -bench 'HashBlocks|IndexMatch|ShardApply|ApplierApply|MatchUnderLoad|^BenchmarkRoute$$|^BenchmarkRouteCold$$|RouteRequestDecode|RouteResponseEncode|DecodeEngineBatch' -count $(BENCHCOUNT) ./radix/ ./shard/ ./router/ ./wire/ | tee $(OUT)/micro.txt
 	$(GO) test -run '^$$' -bench 'ShardMemory|VsXsync|VsBuiltin' -benchtime 1x ./radix/ ./shard/ ./internal/u64map/ | tee $(OUT)/memory.txt
 	$(GO) test -run '^$$' -bench 'Memory' -count 3 ./internal/prefetch/ | tee $(OUT)/prefetch.txt
 	$(GO) run $(BENCHSTAT) $(OUT)/micro.txt | tee $(OUT)/micro-medians.txt

@@ -22,9 +22,9 @@ run() { # run VERSION PACKAGE BENCH
 }
 for i in $(seq "$rounds"); do
 	for v in old new; do
-		run $v radix 'IndexMatch/residencies=1e\+0[67]'
+		run $v radix 'IndexMatch/residencies=1e\+0[67]|HashBlocks'
 		run $v shard 'ApplierApply|ShardApply/shards=2|MatchUnderLoad'
-		run $v router '^BenchmarkRoute$'
+		run $v router '^BenchmarkRoute$|^BenchmarkRouteCold$'
 	done
 	echo "round $i of $rounds" >&2
 done
