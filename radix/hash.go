@@ -73,6 +73,7 @@ type Hasher struct {
 // extended slice. A partial tail block is ignored. blockSize must be positive.
 func (h *Hasher) AppendLocal(dst []uint64, tokens []uint32, blockSize int, seed uint64) []uint64 {
 	if blockSize == 16 {
+		// The ids are read as words (xxh3.go), whatever the machine's byte order: no copy.
 		k := newBlockKeys(seed)
 		dst = slices.Grow(dst, len(tokens)/16)
 		for len(tokens) >= 16 {

@@ -152,6 +152,27 @@ func TestHashMatchesModel(t *testing.T) {
 					t.Fatalf("AppendSequence bs=%d copy=%v differs from the model", bs, copyPath)
 				}
 			}
+			// Without multimodal hashes, under the LoRA seed, appended after hashes already
+			// there: AppendLocal and ChainInPlace, and AppendSequence's one pass (16-token
+			// blocks read their ids as words, so copy=true takes the same path there).
+			pre := []uint64{7, 8}
+			var plain []uint64
+			for i := range n {
+				l := refmodel.LocalHash(tokens[i*bs:(i+1)*bs], lora, nil)
+				if i > 0 {
+					l = refmodel.SeqHash(plain[i-1], l)
+				}
+				plain = append(plain, l)
+			}
+			got = h.AppendLocal(slices.Clone(pre), tokens, bs, radix.LoRASeed(lora))
+			radix.ChainInPlace(got[len(pre):], 0, false)
+			if !slices.Equal(got[:len(pre)], pre) || !slices.Equal(got[len(pre):], plain) {
+				t.Fatalf("AppendLocal bs=%d lora=%q copy=%v: got %v want %v after %v", bs, lora, copyPath, got, plain, pre)
+			}
+			got = h.AppendSequence(slices.Clone(pre), tokens, bs, radix.LoRASeed(lora))
+			if !slices.Equal(got[:len(pre)], pre) || !slices.Equal(got[len(pre):], plain) {
+				t.Fatalf("AppendSequence bs=%d lora=%q copy=%v: got %v want %v after %v", bs, lora, copyPath, got, plain, pre)
+			}
 		}
 		// The multimodal hashes' order must not matter; the caller's slices stay untouched.
 		for _, x := range mm {

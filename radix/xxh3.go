@@ -28,7 +28,8 @@ const (
 )
 
 // seqFlipLo and seqFlipHi are the keys of a 16-byte input under BaseSeed (XXH3's 9-to-16-byte
-// case): the bit flips of its low and high word.
+// case): the bit flips of its low and high word. Constants, so they do not wrap: a BaseSeed above
+// xsecret40^xsecret48 would not compile here, where XXH3 wraps (newBlockKeys wraps, at run time).
 const (
 	seqFlipLo uint64 = (xsecret24 ^ xsecret32) + BaseSeed
 	seqFlipHi uint64 = (xsecret40 ^ xsecret48) - BaseSeed

@@ -75,6 +75,8 @@ func TestXXH3Specialized(t *testing.T) {
 
 func FuzzXXH3(f *testing.F) {
 	f.Add(make([]byte, 64), uint64(BaseSeed), uint64(0), uint64(0))
+	f.Add([]byte("sixty-four bytes of token ids, or fewer: the rest are zero ids."), uint64(0), uint64(1), uint64(1<<63))
+	f.Add(make([]byte, 64), uint64(math.MaxUint64), uint64(math.MaxUint64), uint64(math.MaxUint64))
 	f.Fuzz(func(t *testing.T, b []byte, seed, parent, local uint64) {
 		var toks [16]uint32
 		for j := range toks {

@@ -60,44 +60,64 @@ func BenchmarkRouteDisagg(b *testing.B) {
 // keeping inFlight of them booked (completing the oldest before it routes the next), and calls
 // after, if set, on each request once routed.
 func routeLoop(b *testing.B, r *Router, reqs [][]byte, after func(id string) error) {
-	const inFlight = 16
 	var g atomic.Int64
 	b.ReportAllocs()
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
-		// Ids must be unique among requests in flight: inFlight per goroutine, each
-		// completed before it is used again.
-		var ids [inFlight]string
-		for k := range ids {
-			ids[k] = "g" + strconv.FormatInt(g.Add(1), 10)
-		}
-		var req wire.RouteRequest
-		var resp wire.RouteResponse
-		var out []byte
-		i := 0
-		for pb.Next() {
-			if err := wire.DecodeRouteRequest(reqs[i%len(reqs)], &req); err != nil {
-				b.Fatal(err)
-			}
-			id := ids[i%inFlight]
-			if i >= inFlight {
-				if err := r.Complete(id); err != nil {
-					b.Fatal(err)
-				}
-			}
-			req.RequestID = id
-			var err error
-			if out, err = r.AppendRoute(out[:0], &req, &resp); err != nil {
-				b.Fatal(err)
-			}
+		f := newInFlight(func() string { return "g" + strconv.FormatInt(g.Add(1), 10) })
+		for i := 0; pb.Next(); i++ {
+			f.next(b, r, reqs, i)
+			f.route(b, r)
 			if after != nil {
-				if err := after(id); err != nil {
+				if err := after(f.req.RequestID); err != nil {
 					b.Fatal(err)
 				}
 			}
-			i++
 		}
 	})
+}
+
+// inFlight is how many requests a benchmark goroutine keeps booked.
+const inFlight = 16
+
+// inFlightRoutes is one benchmark goroutine's requests: each routed under one of inFlight ids,
+// an id completed before it is booked again.
+type inFlightRoutes struct {
+	ids  [inFlight]string // unique among the requests in flight
+	req  wire.RouteRequest
+	resp wire.RouteResponse
+	out  []byte
+}
+
+func newInFlight(id func() string) *inFlightRoutes {
+	f := &inFlightRoutes{}
+	for k := range f.ids {
+		f.ids[k] = id()
+	}
+	return f
+}
+
+// next decodes request i (of reqs, in turn) into f.req under its id, completing the request
+// that id was booked for inFlight requests ago.
+func (f *inFlightRoutes) next(b *testing.B, r *Router, reqs [][]byte, i int) {
+	if err := wire.DecodeRouteRequest(reqs[i%len(reqs)], &f.req); err != nil {
+		b.Fatal(err)
+	}
+	id := f.ids[i%inFlight]
+	if i >= inFlight {
+		if err := r.Complete(id); err != nil {
+			b.Fatal(err)
+		}
+	}
+	f.req.RequestID = id
+}
+
+// route routes f.req, its answer encoded into f.out.
+func (f *inFlightRoutes) route(b *testing.B, r *Router) {
+	var err error
+	if f.out, err = r.AppendRoute(f.out[:0], &f.req, &f.resp); err != nil {
+		b.Fatal(err)
+	}
 }
 
 // BenchmarkRouteLongPrompt routes an agentic prompt of 240 K tokens (15,000 blocks of 16),

@@ -409,6 +409,7 @@ func (s *scratch) fillRecs(recs []byte, list *workerList, p *scoring.Params) flo
 		s.ties = ties[:nt]
 		return lowest
 	}
+	// Some depth lies beyond the table: wireAt computes those from p, a call per such worker.
 	ties, lowest := s.ties[:0], math.Inf(1)
 	for pos, d := range depth {
 		if d < 0 {

@@ -54,7 +54,7 @@ func TestScoreKVMatchesGeneral(t *testing.T) {
 		if round%3 == 1 {
 			n, steps, keep = 2+rng.IntN(3), 160, 12 // requests pile up on few workers
 		}
-		long := round%8 == 5 // a worker holds, and requests ask for, more than maxCostTable blocks
+		long := round%8 == 5 // two workers hold, and requests ask for, more than maxCostTable blocks
 		other := round%2 == 0
 		event := uint64(0)
 		for id := uint64(1); id <= uint64(n); id++ {
@@ -72,8 +72,8 @@ func TestScoreKVMatchesGeneral(t *testing.T) {
 			}
 			for _, rank := range ranks {
 				held := []int{0, 2, 2, 5, 8, 12}[rng.IntN(6)]
-				if long && id == 1 {
-					held = maxCostTable + 100
+				if long && id <= 2 {
+					held = maxCostTable + 100 // two idle workers tie beyond the cost table
 				}
 				if held == 0 {
 					continue
@@ -83,7 +83,7 @@ func TestScoreKVMatchesGeneral(t *testing.T) {
 					hashes[i] = uint64(i + 1)
 				}
 				fam := rng.IntN(families)
-				if long && id == 1 {
+				if long && id <= 2 {
 					fam = 0
 				}
 				event++
@@ -116,7 +116,8 @@ func TestScoreKVMatchesGeneral(t *testing.T) {
 			blocks := 1 + rng.IntN(14)
 			fam := rng.IntN(families)
 			if long && rng.IntN(2) == 0 {
-				blocks, fam = maxCostTable+50+rng.IntN(100), 0
+				// Every worker answered, so that the records' loop for depths beyond the table runs.
+				blocks, fam, req.MaxCandidates = maxCostTable+50+rng.IntN(100), 0, 0
 			}
 			req.Tokens = prompt(fam, blocks)
 			req.Tokens = append(req.Tokens, seq(5000*step, rng.IntN(bs))...) // a partial block
