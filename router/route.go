@@ -116,19 +116,21 @@ func (s *scratch) match(r *Router, m *model, req *wire.RouteRequest, p *scoring.
 	if clk != nil {
 		clk[0] = monoNow()
 	}
+	chained := false
 	switch {
 	case req.ByHash:
 		s.seqs = append(s.seqs[:0], req.Hashes...)
 	case clk == nil:
 		// Hashed and chained in one pass; a sampled request times the two apart, below.
 		s.seqs = s.h.AppendSequence(s.seqs[:0], req.Tokens, m.blockSize, radix.LoRASeed(req.LoRA))
+		chained = true
 	default:
 		s.seqs = s.h.AppendLocal(s.seqs[:0], req.Tokens, m.blockSize, radix.LoRASeed(req.LoRA))
 	}
 	if clk != nil {
 		clk[1] = monoNow()
 	}
-	if req.ByHash || clk != nil {
+	if !chained {
 		radix.ChainInPlace(s.seqs, 0, false)
 	}
 	if clk != nil {

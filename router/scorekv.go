@@ -356,7 +356,8 @@ func spread(depth []int32, slots []radix.Slot, depths []int32, bySlot []int32) i
 // stays one pass over memory.
 func (s *scratch) fillAll(out []wire.Candidate, list *workerList, p *scoring.Params) float64 {
 	rows, next := s.rows, 0
-	ties, lowest := s.ties[:0], math.Inf(1)
+	ties := slices.Grow(s.ties[:0], len(s.depth))[:len(s.depth)]
+	nt, lowest := 0, math.Inf(1)
 	for pos, d := range s.depth {
 		if d < 0 {
 			c := &rows[next].c
@@ -369,9 +370,9 @@ func (s *scratch) fillAll(out []wire.Candidate, list *workerList, p *scoring.Par
 		k := &list.keys[pos]
 		o := &out[pos]
 		o.Worker, o.Rank, o.CachedBlocks, o.PrefillTokens, o.ActiveBlocks, o.TreeBlocks, o.Logit = k.ID, k.Rank, uint32(d), c.prefill, c.active, uint64(max(s.tree[pos], 0)), c.logit
-		ties, lowest = noteTie(ties, lowest, c.logit, pos)
+		nt, lowest = noteTie(ties, nt, lowest, c.logit, pos)
 	}
-	s.ties = ties
+	s.ties = ties[:nt]
 	return lowest
 }
 
@@ -402,15 +403,15 @@ func (s *scratch) fillRecs(recs []byte, list *workerList, p *scoring.Params) flo
 		o := wireCandidate(c)
 		wire.PutCandidate(recs[int(row.pos)*wire.CandidateSize:], o.Worker, o.Rank, o.CachedBlocks, o.PrefillTokens, o.ActiveBlocks, o.TreeBlocks, o.Logit)
 	}
+	ties := slices.Grow(s.ties[:0], n)[:n]
 	if len(s.wtab) < maxCostTable {
 		// Every depth is in the table (cheapestIdle's test).
-		ties := slices.Grow(s.ties[:0], n)[:n]
 		nt, lowest := fillIdle(recs, depth, list.keys[:n], tree, s.wtab, ties)
 		s.ties = ties[:nt]
 		return lowest
 	}
 	// Some depth lies beyond the table: wireAt computes those from p, a call per such worker.
-	ties, lowest := s.ties[:0], math.Inf(1)
+	nt, lowest := 0, math.Inf(1)
 	for pos, d := range depth {
 		if d < 0 {
 			continue
@@ -418,9 +419,9 @@ func (s *scratch) fillRecs(recs []byte, list *workerList, p *scoring.Params) flo
 		c := wireAt(s.wtab, p, d)
 		k := &list.keys[pos]
 		wire.PutCandidate(recs[pos*wire.CandidateSize:], k.ID, k.Rank, uint32(d), c.prefill, c.active, uint64(max(tree[pos], 0)), c.logit)
-		ties, lowest = noteTie(ties, lowest, c.logit, pos)
+		nt, lowest = noteTie(ties, nt, lowest, c.logit, pos)
 	}
-	s.ties = ties
+	s.ties = ties[:nt]
 	return lowest
 }
 
@@ -439,27 +440,23 @@ func fillIdle(recs []byte, depth []int32, keys []radix.WorkerKey, tree []int64, 
 		k := &keys[pos]
 		rec := (*[wire.CandidateSize]byte)(recs[pos*wire.CandidateSize:])
 		wire.PutCandidate(rec[:], k.ID, k.Rank, uint32(d), c.prefill, c.active, uint64(max(tree[pos], 0)), c.logit)
-		if c.logit <= lowest {
-			if c.logit < lowest {
-				lowest, nt = c.logit, 0
-			}
-			ties[nt] = tie{pos: int32(pos)}
-			nt++
-		}
+		nt, lowest = noteTie(ties, nt, lowest, c.logit, pos)
 	}
 	return nt, lowest
 }
 
-// noteTie returns ties and lowest with an idle worker at position pos and logit l taken in: it
-// joins the ties at lowest, or starts them anew below it.
-func noteTie(ties []tie, lowest, l float64, pos int) ([]tie, float64) {
+// noteTie takes in an idle worker at position pos and logit l, given the nt ties at lowest in
+// ties (as long as the workers, so that nothing grows in the loops that call it): it joins them,
+// or starts them anew below lowest. It returns the new count and lowest.
+func noteTie(ties []tie, nt int, lowest, l float64, pos int) (int, float64) {
 	if l <= lowest {
 		if l < lowest {
-			lowest, ties = l, ties[:0]
+			lowest, nt = l, 0
 		}
-		ties = append(ties, tie{pos: int32(pos)})
+		ties[nt] = tie{pos: int32(pos)}
+		nt++
 	}
-	return ties, lowest
+	return nt, lowest
 }
 
 // wireAt is the record fields of an idle worker at depth d: wireCandidate's conversions (the
