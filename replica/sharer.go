@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -113,7 +112,7 @@ func New(cfg Config) (*Sharer, error) {
 		prefix:  cfg.Prefix + ".active.",
 		subject: cfg.Prefix + ".active." + cfg.Replica,
 		log:     cfg.Logger,
-		bufs:    freelist.New[[]byte](4 * runtime.GOMAXPROCS(0)),
+		bufs:    freelist.New[[]byte](),
 	}, nil
 }
 

@@ -53,8 +53,8 @@ type phaseClock [4]int64
 
 // timePhases reports whether route times the phases of the request it is about to route with
 // s: one in Config.PhaseSample of each scratch's routed requests, while an observer is set. A
-// counter per scratch costs no shared write: the sample is deterministic (a request routed on
-// its own is timed every PhaseSample-th time) without a contended counter on the route path.
+// counter per scratch costs no shared write; since spare scratches are kept per P, the sample is
+// about one in PhaseSample of all routes, without a contended counter on the route path.
 func (r *Router) timePhases(s *scratch) *phaseClock {
 	s.routes++
 	if s.routes&r.phaseMask != 0 || r.phaseObs.Load() == nil {

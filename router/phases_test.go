@@ -85,8 +85,11 @@ func TestRoutePhases(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		if n := obs.n.Load(); n != 2 {
-			t.Fatalf("%d of 40 requests routed one at a time observed, want 2 (one in 16)", n)
+		// Every 16th route made with a spare scratch is timed; routed one at a time the requests
+		// take the scratch of the P they run on (two, if the goroutine moved), so at least one
+		// scratch makes 16 of the 40 unless -race drops spares, and none can make more than 2.
+		if n := obs.n.Load(); n > 2 || n == 0 && !raceEnabled {
+			t.Fatalf("%d of 40 requests routed one at a time observed, want 2 (one in 16), or 1", n)
 		}
 	})
 	t.Run("disagg", func(t *testing.T) {

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net/url"
-	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -128,9 +127,10 @@ type Config struct {
 	HitSample     int
 	ZeroHits      int64
 	ZeroHitBlocks int64
-	// PhaseSample: one routed request in PhaseSample (a power of two, 16) is timed phase by
-	// phase for the PhaseObserver (SetPhaseObserver); 1 times every one. Reading the clock at
-	// each phase boundary costs more than 2% of a route (BenchmarkRoute), hence the sample.
+	// PhaseSample: about one routed request in PhaseSample (a power of two, 16) is timed phase
+	// by phase for the PhaseObserver (SetPhaseObserver): every PhaseSample-th route made with a
+	// given spare scratch, which the free list keeps per P; 1 times every one. Reading the clock
+	// at each phase boundary costs more than 2% of a route (BenchmarkRoute), hence the sample.
 	PhaseSample int
 }
 
@@ -368,7 +368,7 @@ func New(cfg Config) *Router {
 		cfg:     cfg,
 		set:     shard.New(shard.Config{Shards: cfg.Shards, QueueLen: cfg.QueueLen, MaxBlocks: cfg.residencyBudget(), Evict: cfg.MaxIndexBytes > 0, Observer: cfg.Observer, ClearOnGap: cfg.ClearOnGap, KeepTree: cfg.KeepTree}),
 		tracker: scoring.NewTracker(),
-		scratch: freelist.New[scratch](4 * runtime.GOMAXPROCS(0)),
+		scratch: freelist.New[scratch](),
 		log:     cfg.Logger,
 		workers: make(map[uint64]*registration),
 		stop:    make(chan struct{}),

@@ -121,7 +121,7 @@ func NewTracker() *Tracker {
 	if err != nil {
 		panic(err) // block size 1 is valid
 	}
-	t := &Tracker{roots: ix, pool: freelist.New[booking](4096)}
+	t := &Tracker{roots: ix, pool: freelist.New[booking]()}
 	t.loads.Store(&[]*Load{})
 	for i := range t.shards {
 		t.shards[i].m = make(map[uint64]*booking)

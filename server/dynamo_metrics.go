@@ -39,7 +39,7 @@ func newDynamoMetrics(reg *prometheus.Registry, r *router.Router, routerID strin
 	overhead := func(name, help string, buckets []float64) prometheus.Histogram {
 		return prometheus.NewHistogram(prometheus.HistogramOpts{Name: name, Help: help, Buckets: buckets, ConstLabels: idLabel})
 	}
-	sampled := fmt.Sprintf(" Sampled: one routed request in %d is timed phase by phase.", r.PhaseSample())
+	sampled := fmt.Sprintf(" Sampled: about one routed request in %d is timed phase by phase.", r.PhaseSample())
 	m := &dynamoMetrics{
 		hitRate: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "dynamo_component_router_kv_hit_rate",

@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -251,7 +250,7 @@ func New(r *router.Router, cfg Config) *Server {
 	s.m = newMetrics(cfg.Registry, r, cfg.RouterID)
 	r.SetPhaseObserver(s.m.dyn)
 	s.metrics = metricsHandler(cfg.Registry)
-	s.bufs = freelist.New[buffers](4 * runtime.GOMAXPROCS(0))
+	s.bufs = freelist.New[buffers]()
 	s.srv = HTTPServer(s.Handle, cfg)
 	s.srv.ErrorHandler = s.transportError
 	s.srv.HeaderReceived = func(h *fasthttp.RequestHeader) fasthttp.RequestConfig {
