@@ -11,16 +11,16 @@ import (
 	"github.com/kvrouterd/kvrouterd/router"
 	"github.com/kvrouterd/kvrouterd/shard"
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 )
 
 // dynamoMetrics are the per-request series under Dynamo's names (lib/llm kv_router metrics.rs
 // and prometheus_names.rs): observed for each routed request, beside kvrouterd's own; the
 // routing phases for the requests the router samples (router.Config.PhaseSample).
 type dynamoMetrics struct {
-	hitRate  prometheus.Histogram // the chosen worker's cached blocks over the request's blocks
-	isl      prometheus.Histogram // the request's prompt tokens
-	overhead prometheus.Histogram // the time to route, in milliseconds
+	// Observed on every routed request, so striped (striped_metrics.go).
+	hitRate  *histFamily // the chosen worker's cached blocks over the request's blocks
+	isl      *histFamily // the request's prompt tokens
+	overhead *histFamily // the time to route, in milliseconds
 
 	// A sampled routed request's phases, in milliseconds (router.RoutePhases).
 	blockHashing, seqHashing, findMatches, scheduling prometheus.Histogram
@@ -41,18 +41,14 @@ func newDynamoMetrics(reg *prometheus.Registry, r *router.Router, routerID strin
 	}
 	sampled := fmt.Sprintf(" Sampled: about one routed request in %d is timed phase by phase.", r.PhaseSample())
 	m := &dynamoMetrics{
-		hitRate: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "dynamo_component_router_kv_hit_rate",
-			Help:    "Dynamo's name: the share of a routed request's blocks cached on the worker chosen.",
-			Buckets: prometheus.LinearBuckets(0, 0.05, 21),
-		}),
-		isl: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "dynamo_component_router_input_sequence_tokens",
-			Help:    "Dynamo's name: a routed request's prompt tokens.",
-			Buckets: prometheus.ExponentialBucketsRange(50, 128000, 12),
-		}),
-		overhead: overhead("dynamo_router_overhead_total_ms",
-			"Dynamo's name: the time to route a request, in milliseconds (kvrouterd: the whole HTTP request).", asyncBuckets),
+		hitRate: newHistFamily("dynamo_component_router_kv_hit_rate",
+			"Dynamo's name: the share of a routed request's blocks cached on the worker chosen.",
+			prometheus.LinearBuckets(0, 0.05, 21), nil, nil, nil),
+		isl: newHistFamily("dynamo_component_router_input_sequence_tokens",
+			"Dynamo's name: a routed request's prompt tokens.",
+			prometheus.ExponentialBucketsRange(50, 128000, 12), nil, nil, nil),
+		overhead: newHistFamily("dynamo_router_overhead_total_ms",
+			"Dynamo's name: the time to route a request, in milliseconds (kvrouterd: the whole HTTP request).", asyncBuckets, nil, idLabel, nil),
 		blockHashing: overhead("dynamo_router_overhead_block_hashing_ms",
 			"Dynamo's name: the time to hash a routed request's blocks, in milliseconds."+sampled, computeBuckets),
 		seqHashing: overhead("dynamo_router_overhead_seq_hashing_ms",
@@ -66,13 +62,14 @@ func newDynamoMetrics(reg *prometheus.Registry, r *router.Router, routerID strin
 	return m
 }
 
-// routed observes a routed request's answer and the seconds it took.
-func (m *dynamoMetrics) routed(blocks, cached, isl uint32, seconds float64) {
+// routed observes a routed request's answer and the seconds it took, in the stripe of hint (its
+// connection's id).
+func (m *dynamoMetrics) routed(hint uint64, blocks, cached, isl uint32, seconds float64) {
 	if blocks > 0 {
-		m.hitRate.Observe(float64(cached) / float64(blocks))
+		m.hitRate.series[0].Observe(hint, float64(cached)/float64(blocks))
 	}
-	m.isl.Observe(float64(isl))
-	m.overhead.Observe(seconds * 1e3)
+	m.isl.series[0].Observe(hint, float64(isl))
+	m.overhead.series[0].Observe(hint, seconds*1e3)
 }
 
 // ObserveRoutePhases observes a sampled routed request's phases (router.PhaseObserver).
@@ -164,9 +161,7 @@ func (c dynamoCollector) Collect(ch chan<- prometheus.Metric) {
 // chosen) and how many requests it sums (those of at least one block). It reads the histogram's
 // counters, so that the route path pays nothing more for it; for the status page.
 func (s *Server) HitRate() (sum float64, requests uint64) {
-	var m dto.Metric
-	if err := s.m.dyn.hitRate.Write(&m); err != nil {
-		return 0, 0
-	}
-	return m.GetHistogram().GetSampleSum(), m.GetHistogram().GetSampleCount()
+	h := s.m.dyn.hitRate.series[0]
+	requests, sum = h.Read(make([]uint64, len(h.Upper())+1))
+	return sum, requests
 }

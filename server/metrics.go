@@ -2,7 +2,6 @@ package server
 
 import (
 	"strconv"
-	"sync/atomic"
 
 	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/router"
@@ -37,14 +36,12 @@ const (
 var endpointNames = [numEndpoints]string{"route", "match", "prefill_done", "complete", "output", "events", "workers", "dynamo", "health", "metrics", "snapshot", "selection", "busy_threshold", "ui", "other"}
 
 type metrics struct {
-	reg      *prometheus.Registry
-	latency  [numEndpoints]prometheus.Observer
+	reg *prometheus.Registry
+	// latency is kvrouterd_http_request_duration_seconds, a series per endpoint (index).
+	latency  *histFamily
 	rejected *prometheus.CounterVec
-	// requests counts the API's requests by endpoint and status code; byCode holds each
-	// pair's counter once resolved, so that a request's count allocates nothing but the first
-	// of its pair.
-	requests *prometheus.CounterVec
-	byCode   [numEndpoints][maxCode - minCode + 1]atomic.Pointer[prometheus.Counter]
+	// requests counts the API's requests by endpoint and status code.
+	requests *requestCounts
 	// unknownFields counts the fields of Dynamo's bodies that kvrouterd ignores, by path.
 	unknownFields *prometheus.CounterVec
 	dyn           *dynamoMetrics
@@ -54,50 +51,37 @@ type metrics struct {
 
 func newMetrics(reg *prometheus.Registry, r *router.Router, routerID string) *metrics {
 	m := &metrics{reg: reg}
-	lat := prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Name:    "kvrouterd_http_request_duration_seconds",
-		Help:    "Time to serve an HTTP request, by endpoint.",
-		Buckets: []float64{5e-6, 10e-6, 25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 10e-3, 50e-3, 0.25, 1},
-	}, []string{"endpoint"})
-	for i := range m.latency {
-		m.latency[i] = lat.WithLabelValues(endpointNames[i])
+	eps := make([][]string, numEndpoints)
+	for i := range eps {
+		eps[i] = []string{endpointNames[i]}
 	}
+	m.latency = newHistFamily("kvrouterd_http_request_duration_seconds", "Time to serve an HTTP request, by endpoint.",
+		[]float64{5e-6, 10e-6, 25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 10e-3, 50e-3, 0.25, 1}, []string{"endpoint"}, nil, eps)
 	m.rejected = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kvrouterd_http_rejected_total",
 		Help: "Requests refused as malformed or inconsistent, by endpoint and reason.",
 	}, []string{"endpoint", "reason"})
-	m.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "kvrouterd_http_requests_total",
-		Help: "HTTP API requests answered, by endpoint and status code (endpoint \"any\": refused before one was known, 413 and 431).",
-	}, []string{"endpoint", "code"})
+	m.requests = newRequestCounts()
 	m.unknownFields = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kvrouterd_dynamo_unknown_fields_total",
 		Help: "Fields of requests to Dynamo's endpoints that kvrouterd does not know and ignores, by path.",
 	}, []string{"path"})
 	m.dyn = newDynamoMetrics(reg, r, routerID)
 	m.selRequests = newSelMetrics(reg)
-	reg.MustRegister(lat, m.rejected, m.requests, m.unknownFields, &routerCollector{r: r}, &queueCollector{r: r}, overloadCollector{r}, disaggCollector{r},
+	reg.MustRegister(m.latency, m.rejected, m.requests, m.unknownFields, &routerCollector{r: r}, &queueCollector{r: r}, overloadCollector{r}, disaggCollector{r},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
 
-// The status codes byCode holds; others (none the API answers) are counted by label lookup.
+// The status codes requestCounts counts without a lock; others (none the API answers) are
+// counted under it.
 const minCode, maxCode = 100, 599
 
-// count counts a request to ep answered with code.
-func (m *metrics) count(ep endpoint, code int) {
-	if code < minCode || code > maxCode {
-		m.requests.WithLabelValues(endpointNames[ep], strconv.Itoa(code)).Inc()
-		return
-	}
-	slot := &m.byCode[ep][code-minCode]
-	c := slot.Load()
-	if c == nil {
-		v := m.requests.WithLabelValues(endpointNames[ep], strconv.Itoa(code))
-		c = &v
-		slot.Store(c)
-	}
-	(*c).Inc()
+// observe counts a request to ep, answered with code in seconds, in the stripe of hint (its
+// connection's id).
+func (m *metrics) observe(hint uint64, ep endpoint, code int, seconds float64) {
+	m.latency.series[ep].Observe(hint, seconds)
+	m.requests.count(hint, ep, code)
 }
 
 // routerCollector reads the router's state at scrape time, so that serving requests pays

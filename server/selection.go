@@ -132,7 +132,7 @@ func (s *Server) HandleSelection(ctx *fasthttp.RequestCtx) {
 		method = "other" // what a client sends bounds no label
 	}
 	s.m.selRequests.WithLabelValues(route, method, strconv.Itoa(ctx.Response.StatusCode())).Inc()
-	s.m.latency[epSelection].Observe(time.Since(start).Seconds())
+	s.m.latency.series[epSelection].Observe(ctx.ConnID(), time.Since(start).Seconds())
 }
 
 // selDispatch answers ctx and returns its route's name for the metrics: its pattern, or

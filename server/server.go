@@ -361,7 +361,7 @@ func (s *Server) refuseTransport(ctx *fasthttp.RequestCtx, err error, selection 
 		msg = field + ": " + err.Error()
 	}
 	s.m.rejected.WithLabelValues("any", reason).Inc()
-	s.m.requests.WithLabelValues("any", strconv.Itoa(status)).Inc()
+	s.m.requests.countOther("any", status)
 	s.refusals.Warn("request refused", "reason", reason, "err", msg, "remote", ctx.RemoteAddr().String())
 	ctx.SetStatusCode(status)
 	ctx.SetContentType("application/json")
@@ -372,13 +372,11 @@ func (s *Server) refuseTransport(ctx *fasthttp.RequestCtx, err error, selection 
 func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
 	start := time.Now()
 	if s.cfg.Tokens != nil && !s.authorized(ctx, apiAccess(ctx.Path(), ctx.Method()), s.apiRefusal) {
-		s.m.latency[epOther].Observe(time.Since(start).Seconds())
-		s.m.count(epOther, ctx.Response.StatusCode())
+		s.m.observe(ctx.ConnID(), epOther, ctx.Response.StatusCode(), time.Since(start).Seconds())
 		return
 	}
 	ep := s.dispatch(ctx, start)
-	s.m.latency[ep].Observe(time.Since(start).Seconds())
-	s.m.count(ep, ctx.Response.StatusCode())
+	s.m.observe(ctx.ConnID(), ep, ctx.Response.StatusCode(), time.Since(start).Seconds())
 }
 
 var (
@@ -632,7 +630,7 @@ func (s *Server) route(ctx *fasthttp.RequestCtx, book bool, start time.Time) {
 		ctx.SetContentType("application/json")
 	}
 	if book {
-		s.m.dyn.routed(b.resp.Blocks, b.resp.Cached, b.resp.ISL, time.Since(start).Seconds())
+		s.m.dyn.routed(ctx.ConnID(), b.resp.Blocks, b.resp.Cached, b.resp.ISL, time.Since(start).Seconds())
 	}
 }
 

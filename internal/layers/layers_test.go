@@ -20,6 +20,7 @@ var layer = map[string]int{
 	"internal/bearer":   1,
 	"internal/extbin":   1,
 	"internal/freelist": 1,
+	"internal/striped":  1,
 	"internal/freeport": 1,
 	"internal/syncbuf":  1,
 	"internal/hostile":  1,
