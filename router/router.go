@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvrouterd/kvrouterd/approx"
 	"github.com/kvrouterd/kvrouterd/internal/freelist"
+	"github.com/kvrouterd/kvrouterd/internal/striped"
 	"github.com/kvrouterd/kvrouterd/radix"
 	"github.com/kvrouterd/kvrouterd/scoring"
 	"github.com/kvrouterd/kvrouterd/shard"
@@ -230,13 +231,12 @@ type Router struct {
 	models  atomic.Pointer[map[string]*model] // copy-on-write; written under mu
 	workers map[uint64]*registration          // REQUIRES mu
 
-	queued          atomic.Int64 // requests waiting in every model's queue
-	refusing        atomic.Bool  // RefuseWaiting: the queue takes no more requests
-	routed, matched atomic.Int64
-
-	// promptTokens and cachedTokens sum routed requests' prompt tokens and those cached on the
-	// worker chosen (noteRouted); beside routed, on its cache line.
-	promptTokens, cachedTokens atomic.Int64
+	queued   atomic.Int64 // requests waiting in every model's queue
+	refusing atomic.Bool  // RefuseWaiting: the queue takes no more requests
+	// counts are the requests routed and matched, and routed requests' prompt tokens and those
+	// cached on the worker chosen (noteRouted): countRouted and the others, striped by the
+	// request's scratch so that routes on different cores write different lines.
+	counts *striped.Counters
 
 	expired         atomic.Int64
 	discovered      atomic.Int64 // workers registered by their first event or report
@@ -368,6 +368,7 @@ func New(cfg Config) *Router {
 		cfg:     cfg,
 		set:     shard.New(shard.Config{Shards: cfg.Shards, QueueLen: cfg.QueueLen, MaxBlocks: cfg.residencyBudget(), Evict: cfg.MaxIndexBytes > 0, Observer: cfg.Observer, ClearOnGap: cfg.ClearOnGap, KeepTree: cfg.KeepTree}),
 		tracker: scoring.NewTracker(),
+		counts:  striped.NewCounters(numCounts),
 		scratch: freelist.New[scratch](),
 		log:     cfg.Logger,
 		workers: make(map[uint64]*registration),

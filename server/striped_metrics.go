@@ -59,7 +59,7 @@ func (f *histFamily) Collect(ch chan<- prometheus.Metric) {
 // counted in a map under a lock. Safe for concurrent use.
 type requestCounts struct {
 	desc   *prometheus.Desc
-	byCode [numEndpoints][maxCode - minCode + 1]atomic.Pointer[striped.Counter]
+	byCode [numEndpoints][maxCode - minCode + 1]atomic.Pointer[striped.Counters]
 	mu     sync.Mutex
 	other  map[[2]string]uint64 // REQUIRES mu; (endpoint, code) → count
 }
@@ -82,10 +82,10 @@ func (q *requestCounts) count(hint uint64, ep endpoint, code int) {
 	slot := &q.byCode[ep][code-minCode]
 	c := slot.Load()
 	if c == nil {
-		slot.CompareAndSwap(nil, striped.NewCounter())
+		slot.CompareAndSwap(nil, striped.NewCounters(1))
 		c = slot.Load()
 	}
-	c.Add(hint, 1)
+	c.Add(hint, 0, 1)
 }
 
 // countOther counts a request off the hot path: to endpoint ep ("any" included), answered with
@@ -102,7 +102,7 @@ func (q *requestCounts) Collect(ch chan<- prometheus.Metric) {
 	for ep := range q.byCode {
 		for i := range q.byCode[ep] {
 			if c := q.byCode[ep][i].Load(); c != nil {
-				ch <- prometheus.MustNewConstMetric(q.desc, prometheus.CounterValue, float64(c.Load()), endpointNames[ep], strconv.Itoa(minCode+i))
+				ch <- prometheus.MustNewConstMetric(q.desc, prometheus.CounterValue, float64(c.Load(0)), endpointNames[ep], strconv.Itoa(minCode+i))
 			}
 		}
 	}

@@ -33,27 +33,31 @@ var stripes = func() int {
 // padded is the uint64s a stripe of w words takes, padded to a whole line.
 func padded(w int) int { return (w*8 + line - 1) / line * line / 8 }
 
-// Counter is a striped uint64 counter. Its methods are safe for concurrent use; the zero value
-// is not ready, New makes one.
-type Counter struct {
-	v []atomic.Uint64 // stripe s at v[s*stride]
+// Counters is a set of striped uint64 counters whose stripes share lines: an update that adds
+// to several of them (a route's count and its tokens) writes one line. Its methods are safe for
+// concurrent use; NewCounters makes one.
+type Counters struct {
+	n, stride int
+	v         []atomic.Uint64 // counter i of stripe s at v[s*stride+i]
 }
 
-const counterStride = line / 8
-
-// NewCounter returns a zeroed counter.
-func NewCounter() *Counter { return &Counter{v: make([]atomic.Uint64, stripes*counterStride)} }
-
-// Add adds n in the stripe of hint.
-func (c *Counter) Add(hint uint64, n uint64) {
-	c.v[int(hint&uint64(stripes-1))*counterStride].Add(n)
+// NewCounters returns n zeroed counters.
+func NewCounters(n int) *Counters {
+	c := &Counters{n: n, stride: padded(n)}
+	c.v = make([]atomic.Uint64, stripes*c.stride)
+	return c
 }
 
-// Load returns the sum of the stripes.
-func (c *Counter) Load() uint64 {
+// Add adds v to counter i in the stripe of hint.
+func (c *Counters) Add(hint uint64, i int, v uint64) {
+	c.v[int(hint&uint64(stripes-1))*c.stride+i].Add(v)
+}
+
+// Load returns counter i: the sum of its stripes.
+func (c *Counters) Load(i int) uint64 {
 	var n uint64
 	for s := range stripes {
-		n += c.v[s*counterStride].Load()
+		n += c.v[s*c.stride+i].Load()
 	}
 	return n
 }

@@ -56,7 +56,7 @@ func TestHistogramAsPrometheus(t *testing.T) {
 // TestConcurrent: updates from many goroutines, each hint its own or shared, all count (and
 // -race finds no race between them and reads).
 func TestConcurrent(t *testing.T) {
-	c := NewCounter()
+	c := NewCounters(2)
 	h := NewHistogram([]float64{1, 2, 3})
 	const goroutines, each = 16, 5000
 	var wg sync.WaitGroup
@@ -67,20 +67,24 @@ func TestConcurrent(t *testing.T) {
 				if i%3 == 0 {
 					hint = 0 // contended
 				}
-				c.Add(hint, 2)
+				c.Add(hint, 0, 2)
+				c.Add(hint, 1, uint64(i))
 				h.Observe(hint, float64(i%4)+0.5)
 			}
 		})
 	}
 	wg.Go(func() {
 		for range 100 {
-			c.Load()
+			c.Load(0)
 			h.Read(make([]uint64, 4))
 		}
 	})
 	wg.Wait()
-	if got := c.Load(); got != 2*goroutines*each {
-		t.Fatalf("counter %d, want %d", got, 2*goroutines*each)
+	if got := c.Load(0); got != 2*goroutines*each {
+		t.Fatalf("counter 0: %d, want %d", got, 2*goroutines*each)
+	}
+	if got := c.Load(1); got != goroutines*each*(each-1)/2 {
+		t.Fatalf("counter 1: %d, want %d", got, goroutines*each*(each-1)/2)
 	}
 	counts := make([]uint64, 4)
 	n, sum := h.Read(counts)
@@ -96,9 +100,9 @@ func TestConcurrent(t *testing.T) {
 
 // TestUpdatesAllocateNothing: Add and Observe are for hot paths.
 func TestUpdatesAllocateNothing(t *testing.T) {
-	c := NewCounter()
+	c := NewCounters(3)
 	h := NewHistogram(prometheus.LinearBuckets(0, 0.05, 21))
-	if n := testing.AllocsPerRun(1000, func() { c.Add(7, 1); h.Observe(7, 0.33) }); n != 0 {
+	if n := testing.AllocsPerRun(1000, func() { c.Add(7, 2, 1); h.Observe(7, 0.33) }); n != 0 {
 		t.Fatalf("%v allocations per update", n)
 	}
 }
@@ -108,7 +112,7 @@ func TestUpdatesAllocateNothing(t *testing.T) {
 func BenchmarkObserveParallel(b *testing.B) {
 	upper := prometheus.LinearBuckets(0, 0.05, 21)
 	b.Run("striped", func(b *testing.B) {
-		c, h := NewCounter(), NewHistogram(upper)
+		c, h := NewCounters(1), NewHistogram(upper)
 		var next sync.Mutex
 		hint := uint64(0)
 		b.RunParallel(func(pb *testing.PB) {
@@ -117,7 +121,7 @@ func BenchmarkObserveParallel(b *testing.B) {
 			mine := hint
 			next.Unlock()
 			for pb.Next() {
-				c.Add(mine, 1)
+				c.Add(mine, 0, 1)
 				h.Observe(mine, 0.33)
 			}
 		})
