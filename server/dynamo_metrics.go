@@ -62,14 +62,13 @@ func newDynamoMetrics(reg *prometheus.Registry, r *router.Router, routerID strin
 	return m
 }
 
-// routed observes a routed request's answer and the seconds it took, in the stripe of hint (its
-// connection's id).
-func (m *dynamoMetrics) routed(hint uint64, blocks, cached, isl uint32, seconds float64) {
+// routed observes a routed request's answer, in the stripe of hint (its connection's id); the
+// time it took is observed by Server.Handle, with its latency.
+func (m *dynamoMetrics) routed(hint uint64, blocks, cached, isl uint32) {
 	if blocks > 0 {
 		m.hitRate.series[0].Observe(hint, float64(cached)/float64(blocks))
 	}
 	m.isl.series[0].Observe(hint, float64(isl))
-	m.overhead.series[0].Observe(hint, seconds*1e3)
 }
 
 // ObserveRoutePhases observes a sampled routed request's phases (router.PhaseObserver).

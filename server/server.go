@@ -375,8 +375,13 @@ func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
 		s.m.observe(ctx.ConnID(), epOther, ctx.Response.StatusCode(), time.Since(start).Seconds())
 		return
 	}
-	ep := s.dispatch(ctx, start)
-	s.m.observe(ctx.ConnID(), ep, ctx.Response.StatusCode(), time.Since(start).Seconds())
+	ep := s.dispatch(ctx)
+	code, took := ctx.Response.StatusCode(), time.Since(start).Seconds()
+	s.m.observe(ctx.ConnID(), ep, code, took)
+	if ep == epRoute && code == fasthttp.StatusOK {
+		// Dynamo's total overhead is, for kvrouterd, the whole HTTP request of a route.
+		s.m.dyn.overhead.series[0].Observe(ctx.ConnID(), took*1e3)
+	}
 }
 
 var (
@@ -396,17 +401,17 @@ var (
 	binaryType = []byte(ContentType)
 )
 
-func (s *Server) dispatch(ctx *fasthttp.RequestCtx, start time.Time) endpoint {
+func (s *Server) dispatch(ctx *fasthttp.RequestCtx) endpoint {
 	path, method := ctx.Path(), ctx.Method()
 	switch {
 	case bytes.Equal(path, pRoute):
 		if s.method(ctx, epRoute, method, mPost) {
-			s.route(ctx, true, start)
+			s.route(ctx, true)
 		}
 		return epRoute
 	case bytes.Equal(path, pMatch):
 		if s.method(ctx, epMatch, method, mPost) {
-			s.route(ctx, false, start)
+			s.route(ctx, false)
 		}
 		return epMatch
 	case bytes.HasPrefix(path, pRequests):
@@ -582,7 +587,7 @@ func (s *Server) fail(ctx *fasthttp.RequestCtx, ep endpoint, err error) {
 
 // route answers /v1/route (book) or /v1/match; start is when the request began, for the
 // routing-overhead metric.
-func (s *Server) route(ctx *fasthttp.RequestCtx, book bool, start time.Time) {
+func (s *Server) route(ctx *fasthttp.RequestCtx, book bool) {
 	ep := epMatch
 	if book {
 		ep = epRoute
@@ -630,7 +635,7 @@ func (s *Server) route(ctx *fasthttp.RequestCtx, book bool, start time.Time) {
 		ctx.SetContentType("application/json")
 	}
 	if book {
-		s.m.dyn.routed(ctx.ConnID(), b.resp.Blocks, b.resp.Cached, b.resp.ISL, time.Since(start).Seconds())
+		s.m.dyn.routed(ctx.ConnID(), b.resp.Blocks, b.resp.Cached, b.resp.ISL)
 	}
 }
 
