@@ -90,7 +90,7 @@ demo:
 # not depend on timing). Raw output in bench/out/.
 micro:
 	mkdir -p $(OUT)
-	$(GO) test -run '^$$' -bench 'HashBlocks|IndexMatch|ShardApply|ApplierApply|MatchUnderLoad|^BenchmarkRoute$$|^BenchmarkRouteCold$$|RouteRequestDecode|RouteResponseEncode|DecodeEngineBatch' -count $(BENCHCOUNT) ./radix/ ./shard/ ./router/ ./wire/ | tee $(OUT)/micro.txt
+	$(GO) test -run '^$$' -bench 'HashBlocks|IndexMatch|ShardApply|ApplierApply|MatchUnderLoad|^BenchmarkRoute$$|^BenchmarkRouteCold$$|HandleRouteParallel|RouteRequestDecode|RouteResponseEncode|DecodeEngineBatch' -count $(BENCHCOUNT) ./radix/ ./shard/ ./router/ ./server/ ./wire/ | tee $(OUT)/micro.txt
 	$(GO) test -run '^$$' -bench 'ShardMemory|VsXsync|VsBuiltin' -benchtime 1x ./radix/ ./shard/ ./internal/u64map/ | tee $(OUT)/memory.txt
 	$(GO) test -run '^$$' -bench 'Memory' -count 3 ./internal/prefetch/ | tee $(OUT)/prefetch.txt
 	$(GO) run $(BENCHSTAT) $(OUT)/micro.txt | tee $(OUT)/micro-medians.txt
@@ -109,8 +109,9 @@ frontdoor-overhead:
 	$(GO) test -run '^$$' -bench '^BenchmarkFrontDoor$$' -benchtime $(FDBENCHTIME) -count $(BENCHCOUNT) ./frontdoor/ | tee -a $(OUT)/frontdoor.txt
 	$(GO) run $(BENCHSTAT) $(OUT)/frontdoor.txt | tee $(OUT)/frontdoor-medians.txt
 
-# The hot paths (match, apply, route) of BASE against the working tree, the two builds run
-# alternately ROUNDS times, compared with benchstat: bench/out/ab/ab.txt. About 9 minutes.
+# The hot paths (match, apply, route, and the server's route from every core at once) of BASE
+# against the working tree, the two builds run alternately ROUNDS times, compared with benchstat:
+# bench/out/ab/ab.txt. About 10 minutes.
 BASE   ?= main
 ROUNDS ?= 6
 micro-ab:

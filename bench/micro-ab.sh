@@ -11,7 +11,7 @@ mkdir -p "$out"
 tmp=$(mktemp -d)
 trap 'git worktree remove --force "$tmp/base" 2>/dev/null; rm -rf "$tmp"' EXIT
 git worktree add -q --detach "$tmp/base" "$base"
-for p in radix shard router; do
+for p in radix shard router server; do
 	(cd "$tmp/base" && go test -c -o "$tmp/old-$p.test" "./$p/")
 	go test -c -o "$tmp/new-$p.test" "./$p/"
 done
@@ -25,6 +25,8 @@ for i in $(seq "$rounds"); do
 		run $v radix 'IndexMatch/residencies=1e\+0[67]|HashBlocks'
 		run $v shard 'ApplierApply|ShardApply/shards=2|MatchUnderLoad'
 		run $v router '^BenchmarkRoute$|^BenchmarkRouteCold$'
+		# A base older than this benchmark has none to run.
+		run $v server 'HandleRouteParallel' || [ $v = old ]
 	done
 	echo "round $i of $rounds" >&2
 done
