@@ -24,44 +24,15 @@ func BenchmarkHandleRoute(b *testing.B) {
 	r := router.New(router.Config{BlockSize: 16, Shards: 1, Logger: quiet})
 	defer r.Close()
 	s := New(r, Config{Logger: quiet})
-	for id := range uint64(8) {
-		if err := r.Register(router.Registration{ID: id + 1, Model: "m"}); err != nil {
-			b.Fatal(err)
-		}
-	}
-	toks := make([]uint32, 2048)
-	for i := range toks {
-		toks[i] = uint32(i)
-	}
-	hashes := make([]uint64, 64)
-	for i := range hashes {
-		hashes[i] = uint64(i + 1)
-	}
+	toks := benchFleet(b, r, 8, func(uint64) int { return 0 })
 	ev := wire.EventBatch{Worker: 3, Model: "m"}
-	ev.Events = append(ev.Events, kvevent.Event{Kind: kvevent.Stored, ID: 1, BlockSize: 16, Hashes: hashes, Tokens: toks[:1024]})
+	ev.Events = append(ev.Events, kvevent.Event{Kind: kvevent.Stored, ID: 1, BlockSize: 16, Hashes: benchHashes(64), Tokens: toks[:1024]})
 	if _, err := r.ApplyEvents(&ev, nil); err != nil {
 		b.Fatal(err)
 	}
-	const id = "request-00000000"
-	body := wire.AppendRouteRequest(nil, &wire.RouteRequest{RequestID: id, Model: "m", Tokens: toks})
-	at := bytes.Index(body, []byte(id)) + len("request-")
-	var ctx fasthttp.RequestCtx
-	ctx.Request.Header.SetMethod("POST")
-	ctx.Request.SetRequestURI("/v1/route")
-	ctx.Request.Header.SetContentTypeBytes(binaryType)
-	n := 0
-	var buf [8]byte
+	route := newRouteRequester(s, r, toks, "request-")
 	for b.Loop() {
-		n++
-		digits := strconv.AppendUint(buf[:0], uint64(n)%100_000_000, 10)
-		copy(body[at+8-len(digits):at+8], digits)
-		ctx.Request.SetBodyRaw(body)
-		ctx.Response.Reset()
-		s.Handle(&ctx)
-		if ctx.Response.StatusCode() != fasthttp.StatusOK {
-			b.Fatalf("%d %s", ctx.Response.StatusCode(), ctx.Response.Body())
-		}
-		if err := r.Complete(string(body[at-len("request-") : at+8])); err != nil {
+		if err := route(); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -78,58 +49,80 @@ func BenchmarkHandleRouteParallel(b *testing.B) {
 			r := router.New(router.Config{BlockSize: 16, Logger: quiet})
 			defer r.Close()
 			s := New(r, Config{Logger: quiet})
-			for id := range workers {
-				if err := r.Register(router.Registration{ID: id + 1, Model: "m"}); err != nil {
-					b.Fatal(err)
-				}
-			}
-			toks := make([]uint32, 2048)
-			for i := range toks {
-				toks[i] = uint32(i)
-			}
-			hashes := make([]uint64, 64)
-			for i := range hashes {
-				hashes[i] = uint64(i + 1)
-			}
-			for w := range workers {
-				ev := wire.EventBatch{Worker: w + 1, Model: "m"}
-				ev.Events = append(ev.Events, kvevent.Event{Kind: kvevent.Stored, ID: 1, BlockSize: 16, Hashes: hashes[:8+w%56], Tokens: toks[:16*(8+w%56)]})
-				if _, err := r.ApplyEvents(&ev, nil); err != nil {
-					b.Fatal(err)
-				}
-			}
-			if err := r.Flush(); err != nil {
-				b.Fatal(err)
-			}
+			// Worker w holds the prompt's first 8 + w%56 blocks.
+			toks := benchFleet(b, r, workers, func(w uint64) int { return 8 + int(w%56) })
 			var next atomic.Uint32
 			b.RunParallel(func(pb *testing.PB) {
-				g := next.Add(1)
-				id := fmt.Sprintf("g%03d-00000000", g)
-				body := wire.AppendRouteRequest(nil, &wire.RouteRequest{RequestID: id, Model: "m", Tokens: toks})
-				at := bytes.Index(body, []byte(id)) + len("g000-")
-				var ctx fasthttp.RequestCtx
-				ctx.Request.Header.SetMethod("POST")
-				ctx.Request.SetRequestURI("/v1/route")
-				ctx.Request.Header.SetContentTypeBytes(binaryType)
-				n := 0
-				var buf [8]byte
+				route := newRouteRequester(s, r, toks, fmt.Sprintf("g%03d-", next.Add(1)))
 				for pb.Next() {
-					n++
-					digits := strconv.AppendUint(buf[:0], uint64(n)%100_000_000, 10)
-					copy(body[at+8-len(digits):at+8], digits)
-					ctx.Request.SetBodyRaw(body)
-					ctx.Response.Reset()
-					s.Handle(&ctx)
-					if ctx.Response.StatusCode() != fasthttp.StatusOK {
-						b.Errorf("%d %s", ctx.Response.StatusCode(), ctx.Response.Body())
-						return
-					}
-					if err := r.Complete(string(body[at-len("g000-") : at+8])); err != nil {
+					if err := route(); err != nil {
 						b.Error(err)
 						return
 					}
 				}
 			})
 		})
+	}
+}
+
+// benchFleet registers workers 1 to n for model "m" on r, each storing the first held(w) blocks
+// (of 16 tokens) of a 2,048-token prompt, and returns the prompt.
+func benchFleet(b *testing.B, r *router.Router, n uint64, held func(w uint64) int) []uint32 {
+	toks := make([]uint32, 2048)
+	for i := range toks {
+		toks[i] = uint32(i)
+	}
+	hashes := benchHashes(len(toks) / 16)
+	for w := range n {
+		if err := r.Register(router.Registration{ID: w + 1, Model: "m"}); err != nil {
+			b.Fatal(err)
+		}
+		if k := held(w); k > 0 {
+			ev := wire.EventBatch{Worker: w + 1, Model: "m"}
+			ev.Events = append(ev.Events, kvevent.Event{Kind: kvevent.Stored, ID: 1, BlockSize: 16, Hashes: hashes[:k], Tokens: toks[:16*k]})
+			if _, err := r.ApplyEvents(&ev, nil); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	if err := r.Flush(); err != nil {
+		b.Fatal(err)
+	}
+	return toks
+}
+
+// benchHashes returns the engine hashes 1 to n.
+func benchHashes(n int) []uint64 {
+	h := make([]uint64, n)
+	for i := range h {
+		h[i] = uint64(i + 1)
+	}
+	return h
+}
+
+// newRouteRequester returns a function that routes toks through s.Handle as a binary POST
+// /v1/route, the request id prefix followed by 8 digits counting up, and completes it on r:
+// one goroutine's requests.
+func newRouteRequester(s *Server, r *router.Router, toks []uint32, prefix string) func() error {
+	id := prefix + "00000000"
+	body := wire.AppendRouteRequest(nil, &wire.RouteRequest{RequestID: id, Model: "m", Tokens: toks})
+	at := bytes.Index(body, []byte(id)) + len(prefix)
+	ctx := new(fasthttp.RequestCtx)
+	ctx.Request.Header.SetMethod("POST")
+	ctx.Request.SetRequestURI("/v1/route")
+	ctx.Request.Header.SetContentTypeBytes(binaryType)
+	n := 0
+	var buf [8]byte
+	return func() error {
+		n++
+		digits := strconv.AppendUint(buf[:0], uint64(n)%100_000_000, 10)
+		copy(body[at+8-len(digits):at+8], digits)
+		ctx.Request.SetBodyRaw(body)
+		ctx.Response.Reset()
+		s.Handle(ctx)
+		if ctx.Response.StatusCode() != fasthttp.StatusOK {
+			return fmt.Errorf("%d %s", ctx.Response.StatusCode(), ctx.Response.Body())
+		}
+		return r.Complete(string(body[at-len(prefix) : at+8]))
 	}
 }
