@@ -1,6 +1,7 @@
 package router
 
 import (
+	"math/rand/v2"
 	"time"
 )
 
@@ -38,7 +39,7 @@ func (r *Router) SetPhaseObserver(o PhaseObserver) {
 	r.phaseObs.Store(&o)
 }
 
-// PhaseSample is Config.PhaseSample: one routed request in PhaseSample is timed.
+// PhaseSample is Config.PhaseSample: about one routed request in PhaseSample is timed.
 func (r *Router) PhaseSample() int { return int(r.phaseMask) + 1 }
 
 // phaseEpoch is the origin of monoNow's clock.
@@ -52,12 +53,11 @@ func monoNow() int64 { return int64(time.Since(phaseEpoch)) }
 type phaseClock [4]int64
 
 // timePhases reports whether route times the phases of the request it is about to route with
-// s: one in Config.PhaseSample of each scratch's routed requests, while an observer is set. A
-// counter per scratch costs no shared write; since spare scratches are kept per P, the sample is
-// about one in PhaseSample of all routes, without a contended counter on the route path.
+// s: at random, one in Config.PhaseSample on average, while an observer is set. The runtime's
+// generator is per P, so the draw writes nothing another core reads; a counter per scratch
+// would not do, since the free list drops spare scratches at garbage collections.
 func (r *Router) timePhases(s *scratch) *phaseClock {
-	s.routes++
-	if s.routes&r.phaseMask != 0 || r.phaseObs.Load() == nil {
+	if rand.Uint32()&r.phaseMask != 0 || r.phaseObs.Load() == nil {
 		return nil
 	}
 	return &s.clock

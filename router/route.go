@@ -53,9 +53,8 @@ type scratch struct {
 	presp wire.RouteResponse
 	key   []byte
 
-	// The phase timing's (phases.go): routed requests so far, and a timed one's clock.
-	routes uint32
-	clock  phaseClock
+	// The phase timing's (phases.go): a timed request's clock.
+	clock phaseClock
 }
 
 // cand returns the candidate of worker list position pos, -1 for none.

@@ -128,10 +128,10 @@ type Config struct {
 	HitSample     int
 	ZeroHits      int64
 	ZeroHitBlocks int64
-	// PhaseSample: about one routed request in PhaseSample (a power of two, 16) is timed phase
-	// by phase for the PhaseObserver (SetPhaseObserver): every PhaseSample-th route made with a
-	// given spare scratch, which the free list keeps per P; 1 times every one. Reading the clock
-	// at each phase boundary costs more than 2% of a route (BenchmarkRoute), hence the sample.
+	// PhaseSample: one routed request in PhaseSample (a power of two, 16), drawn at random, is
+	// timed phase by phase for the PhaseObserver (SetPhaseObserver); 1 times every one. Reading
+	// the clock at each phase boundary costs more than 2% of a route (BenchmarkRoute), hence the
+	// sample.
 	PhaseSample int
 }
 
