@@ -480,6 +480,7 @@ func (t *Tracker) book(id string, l *Load, seqs []uint64, prefill int64, deadlin
 	l.mu.Lock()
 	if l.gone {
 		l.mu.Unlock()
+		b.load = nil // a spare keeps no worker reachable
 		t.pool.Put(b)
 		return ErrWorkerGone
 	}
@@ -487,6 +488,7 @@ func (t *Tracker) book(id string, l *Load, seqs []uint64, prefill int64, deadlin
 	if _, dup := sh.m[h]; dup {
 		sh.mu.Unlock()
 		l.mu.Unlock()
+		b.load = nil
 		t.pool.Put(b)
 		return ErrDuplicateRequest
 	}

@@ -102,12 +102,15 @@ func benchHashes(n int) []uint64 {
 
 // newRouteRequester returns a function that routes toks through s.Handle as a binary POST
 // /v1/route, the request id prefix followed by 8 digits counting up, and completes it on r:
-// one goroutine's requests.
+// one goroutine's requests, as from one connection.
 func newRouteRequester(s *Server, r *router.Router, toks []uint32, prefix string) func() error {
 	id := prefix + "00000000"
 	body := wire.AppendRouteRequest(nil, &wire.RouteRequest{RequestID: id, Model: "m", Tokens: toks})
 	at := bytes.Index(body, []byte(id)) + len(prefix)
+	// Init gives the context a connection id of its own, as a served connection has: the
+	// server's metrics stripe by it.
 	ctx := new(fasthttp.RequestCtx)
+	ctx.Init(new(fasthttp.Request), nil, nil)
 	ctx.Request.Header.SetMethod("POST")
 	ctx.Request.SetRequestURI("/v1/route")
 	ctx.Request.Header.SetContentTypeBytes(binaryType)

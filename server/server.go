@@ -585,8 +585,7 @@ func (s *Server) fail(ctx *fasthttp.RequestCtx, ep endpoint, err error) {
 	s.reject(ctx, ep, status, reason, field, -1, err.Error())
 }
 
-// route answers /v1/route (book) or /v1/match; start is when the request began, for the
-// routing-overhead metric.
+// route answers /v1/route (book) or /v1/match. Handle observes its time.
 func (s *Server) route(ctx *fasthttp.RequestCtx, book bool) {
 	ep := epMatch
 	if book {

@@ -1,6 +1,6 @@
 // Package striped keeps counters and histograms that many cores update at once, each in
 // stripes: an update adds to one stripe, chosen by a hint the caller has at hand (a connection's
-// id, a spare scratch's number), and a read sums the stripes. Two cores updating through
+// id, a spare scratch's address), and a read sums the stripes. Two cores updating through
 // different hints write different cache lines, where one shared atomic would move its line
 // between them on every update; on 2 cores the server's per-request metrics cost a parallel
 // route through the server (server BenchmarkHandleRouteParallel, 8 workers) about 17% of its
@@ -48,7 +48,7 @@ func NewCounters(n int) *Counters {
 	return c
 }
 
-// Add adds v to counter i in the stripe of hint.
+// Add adds v to counter i (0 ≤ i < n, unchecked: a hot path's) in the stripe of hint.
 func (c *Counters) Add(hint uint64, i int, v uint64) {
 	c.v[int(hint&uint64(stripes-1))*c.stride+i].Add(v)
 }
