@@ -340,6 +340,12 @@ func NewConsumer(ctx context.Context, nc *nats.Conn, sink Sink, cfg ConsumerConf
 		c.cc.Stop()
 		return nil, fmt.Errorf("load reports: %w", err)
 	}
+	// Reports are plain NATS messages, which the server drops while no subscription matches: a
+	// round trip makes the subscription the server's before NewConsumer returns, so that a
+	// report published after it is delivered. Disconnected, it will have it on reconnecting.
+	if err := nc.FlushTimeout(5 * time.Second); err != nil {
+		c.log.Warn("load reports: subscription not confirmed by the server yet", "err", err)
+	}
 	go c.watch()
 	return c, nil
 }
