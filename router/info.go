@@ -203,8 +203,8 @@ type Stats struct {
 // Stats returns the counters.
 func (r *Router) Stats() Stats {
 	return Stats{
-		Routed: int64(r.counts.Load(countRouted)), Matched: int64(r.counts.Load(countMatched)), Expired: r.expired.Load(),
-		PromptTokens: int64(r.counts.Load(countPrompt)), CachedTokens: int64(r.counts.Load(countCached)),
+		Routed: r.routed.Value(), Matched: r.matched.Value(), Expired: r.expired.Load(),
+		PromptTokens: r.promptTokens.Value(), CachedTokens: r.cachedTokens.Value(),
 		ActiveRequests: r.tracker.Active(),
 		Discovered:     r.discovered.Load(), TimedOut: r.timedOut.Load(),
 		SnapshotSkipped: r.snapshotSkipped.Load(),

@@ -7,7 +7,6 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strings"
-	"unsafe"
 
 	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/radix"
@@ -286,7 +285,7 @@ func (r *Router) route(req *wire.RouteRequest, resp *wire.RouteResponse, book bo
 		if err != nil {
 			return err
 		}
-		r.counts.Add(s.hint(), countMatched, 1)
+		r.matched.Inc()
 		if enc != nil && !encoded {
 			*enc = wire.AppendRouteResponse(*enc, resp)
 		}
@@ -312,7 +311,7 @@ func (r *Router) route(req *wire.RouteRequest, resp *wire.RouteResponse, book bo
 	if err := r.bookStage(s, m, w, &p, req, req.RequestID, cached, s.noReuse, true); err != nil {
 		return err
 	}
-	r.noteRouted(s, p.ISL, cached, m.blockSize)
+	r.noteRouted(p.ISL, cached, m.blockSize)
 	if req.SessionID != "" && r.aff != nil && (sticky || !req.HasPinned) {
 		r.bind(m.name, req.SessionID, w.key)
 	}
@@ -326,27 +325,13 @@ func (r *Router) route(req *wire.RouteRequest, resp *wire.RouteResponse, book bo
 	return nil
 }
 
-// The router's counts (Router.counts).
-const (
-	countRouted = iota
-	countMatched
-	countPrompt // routed requests' prompt tokens
-	countCached // of those, the tokens cached on the worker chosen
-	numCounts
-)
-
 // noteRouted counts a routed request of isl prompt tokens whose worker holds cached blocks of
-// bs tokens of it, routed with scratch s.
-func (r *Router) noteRouted(s *scratch, isl int, cached int32, bs int) {
-	h, prompt := s.hint(), max(int64(isl), 0)
-	r.counts.Add(h, countRouted, 1)
-	r.counts.Add(h, countPrompt, uint64(prompt))
-	r.counts.Add(h, countCached, uint64(max(min(int64(cached)*int64(bs), prompt), 0)))
+// bs tokens of it.
+func (r *Router) noteRouted(isl int, cached int32, bs int) {
+	r.routed.Inc()
+	r.promptTokens.Add(int64(isl))
+	r.cachedTokens.Add(min(int64(cached)*int64(bs), int64(isl)))
 }
-
-// hint is the stripe hint of the counts updated by routes made with s: its address, mixed. The
-// free list keeps spare scratches per P, so a core mostly updates the stripes of its own.
-func (s *scratch) hint() uint64 { return uint64(uintptr(unsafe.Pointer(s))) * 0x9e3779b97f4a7c15 >> 32 }
 
 // pick scores req against list's workers with p and answers in resp; with book it chooses one
 // and returns its position in list and its cached blocks (not booked yet: bookStage books it).

@@ -14,11 +14,11 @@ import (
 
 	"github.com/kvrouterd/kvrouterd/approx"
 	"github.com/kvrouterd/kvrouterd/internal/freelist"
-	"github.com/kvrouterd/kvrouterd/internal/striped"
 	"github.com/kvrouterd/kvrouterd/radix"
 	"github.com/kvrouterd/kvrouterd/scoring"
 	"github.com/kvrouterd/kvrouterd/shard"
 	"github.com/kvrouterd/kvrouterd/wire"
+	"github.com/puzpuzpuz/xsync/v4"
 )
 
 // Config configures a Router. Zero values take the defaults listed.
@@ -233,10 +233,10 @@ type Router struct {
 
 	queued   atomic.Int64 // requests waiting in every model's queue
 	refusing atomic.Bool  // RefuseWaiting: the queue takes no more requests
-	// counts are the requests routed and matched, and routed requests' prompt tokens and those
-	// cached on the worker chosen (noteRouted): countRouted and the others, striped by the
-	// request's scratch so that routes on different cores write different lines.
-	counts *striped.Counters
+	// The requests routed and matched, and routed requests' prompt tokens and those cached on
+	// the worker chosen (noteRouted): striped, so that routes on different cores write
+	// different lines.
+	routed, matched, promptTokens, cachedTokens *xsync.Counter
 
 	expired         atomic.Int64
 	discovered      atomic.Int64 // workers registered by their first event or report
@@ -365,15 +365,18 @@ func New(cfg Config) *Router {
 		panic("router: Config.Disagg: " + err.Error())
 	}
 	r := &Router{
-		cfg:     cfg,
-		set:     shard.New(shard.Config{Shards: cfg.Shards, QueueLen: cfg.QueueLen, MaxBlocks: cfg.residencyBudget(), Evict: cfg.MaxIndexBytes > 0, Observer: cfg.Observer, ClearOnGap: cfg.ClearOnGap, KeepTree: cfg.KeepTree}),
-		tracker: scoring.NewTracker(),
-		counts:  striped.NewCounters(numCounts),
-		scratch: freelist.New[scratch](),
-		log:     cfg.Logger,
-		workers: make(map[uint64]*registration),
-		stop:    make(chan struct{}),
-		done:    make(chan struct{}),
+		cfg:          cfg,
+		set:          shard.New(shard.Config{Shards: cfg.Shards, QueueLen: cfg.QueueLen, MaxBlocks: cfg.residencyBudget(), Evict: cfg.MaxIndexBytes > 0, Observer: cfg.Observer, ClearOnGap: cfg.ClearOnGap, KeepTree: cfg.KeepTree}),
+		tracker:      scoring.NewTracker(),
+		routed:       xsync.NewCounter(),
+		matched:      xsync.NewCounter(),
+		promptTokens: xsync.NewCounter(),
+		cachedTokens: xsync.NewCounter(),
+		scratch:      freelist.New[scratch](),
+		log:          cfg.Logger,
+		workers:      make(map[uint64]*registration),
+		stop:         make(chan struct{}),
+		done:         make(chan struct{}),
 	}
 	r.phaseMask = uint32(cfg.PhaseSample - 1)
 	r.models.Store(&map[string]*model{})

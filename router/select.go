@@ -104,7 +104,7 @@ func (r *Router) selectWith(req *wire.RouteRequest, o SelectOptions, sel *Select
 	if err != nil {
 		return err
 	}
-	r.counts.Add(s.hint(), countMatched, 1)
+	r.matched.Inc()
 
 	*sel = Selection{Scores: sel.Scores[:0], Seqs: append(sel.Seqs[:0], s.seqs...),
 		BlockSize: m.blockSize, ISL: p.ISL, Blocks: p.Blocks, TrackPrefill: p.TrackPrefill, Credit: p.Credit, Tiers: p.Tiers}
@@ -159,7 +159,7 @@ func (r *Router) Book(model string, worker radix.WorkerKey, id string, seqs []ui
 		r.cfg.Share.Booked(m.name, w.key, id, seqs, prefill, r.cfg.RequestExpiry)
 	}
 	r.placed(m, w, seqs)
-	r.counts.Add(0, countRouted, 1) // the selection service's Book: off the hot path
+	r.routed.Inc()
 	return nil
 }
 

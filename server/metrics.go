@@ -77,11 +77,11 @@ func newMetrics(reg *prometheus.Registry, r *router.Router, routerID string) *me
 // counted under it.
 const minCode, maxCode = 100, 599
 
-// observe counts a request to ep, answered with code in seconds, in the stripe of hint (its
-// connection's id).
+// observe counts a request to ep, answered with code in seconds, its latency in the stripe of
+// hint (its connection's id).
 func (m *metrics) observe(hint uint64, ep endpoint, code int, seconds float64) {
 	m.latency.series[ep].Observe(hint, seconds)
-	m.requests.count(hint, ep, code)
+	m.requests.count(ep, code)
 }
 
 // routerCollector reads the router's state at scrape time, so that serving requests pays

@@ -7,12 +7,13 @@ import (
 
 	"github.com/kvrouterd/kvrouterd/internal/striped"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/puzpuzpuz/xsync/v4"
 )
 
-// The metrics every request updates are striped (package internal/striped) by the request's
-// connection, so that cores serving different connections write different cache lines, and
-// exported through the collectors below under the names and buckets they had as Prometheus
-// histograms and counters.
+// The metrics every request updates are striped, so that cores serving different requests
+// write different cache lines: histograms by the request's connection (package
+// internal/striped), counters by xsync.Counter's own choice. The collectors below export them
+// under the names and buckets they had as Prometheus histograms and counters.
 
 // histFamily is one Prometheus histogram family whose series are striped histograms: series i
 // has label values labels[i] for desc's variable labels. Safe for concurrent use; Collect
@@ -54,12 +55,12 @@ func (f *histFamily) Collect(ch chan<- prometheus.Metric) {
 }
 
 // requestCounts is kvrouterd_http_requests_total: the API's requests by endpoint and status
-// code. A pair's striped counter is made on its first request (the only allocation); codes
-// outside [minCode, maxCode] and requests refused before an endpoint was known ("any") are
-// counted in a map under a lock. Safe for concurrent use.
+// code. A pair's counter is made on its first request (the only allocation); codes outside
+// [minCode, maxCode] and requests refused before an endpoint was known ("any") are counted in a
+// map under a lock. Safe for concurrent use.
 type requestCounts struct {
 	desc   *prometheus.Desc
-	byCode [numEndpoints][maxCode - minCode + 1]atomic.Pointer[striped.Counters]
+	byCode [numEndpoints][maxCode - minCode + 1]atomic.Pointer[xsync.Counter]
 	mu     sync.Mutex
 	other  map[[2]string]uint64 // REQUIRES mu; (endpoint, code) → count
 }
@@ -73,8 +74,8 @@ func newRequestCounts() *requestCounts {
 	}
 }
 
-// count counts a request to ep answered with code, in the stripe of hint.
-func (q *requestCounts) count(hint uint64, ep endpoint, code int) {
+// count counts a request to ep answered with code.
+func (q *requestCounts) count(ep endpoint, code int) {
 	if code < minCode || code > maxCode {
 		q.countOther(endpointNames[ep], code)
 		return
@@ -82,10 +83,10 @@ func (q *requestCounts) count(hint uint64, ep endpoint, code int) {
 	slot := &q.byCode[ep][code-minCode]
 	c := slot.Load()
 	if c == nil {
-		slot.CompareAndSwap(nil, striped.NewCounters(1))
+		slot.CompareAndSwap(nil, xsync.NewCounter())
 		c = slot.Load()
 	}
-	c.Add(hint, 0, 1)
+	c.Inc()
 }
 
 // countOther counts a request off the hot path: to endpoint ep ("any" included), answered with
@@ -102,7 +103,7 @@ func (q *requestCounts) Collect(ch chan<- prometheus.Metric) {
 	for ep := range q.byCode {
 		for i := range q.byCode[ep] {
 			if c := q.byCode[ep][i].Load(); c != nil {
-				ch <- prometheus.MustNewConstMetric(q.desc, prometheus.CounterValue, float64(c.Load(0)), endpointNames[ep], strconv.Itoa(minCode+i))
+				ch <- prometheus.MustNewConstMetric(q.desc, prometheus.CounterValue, float64(c.Value()), endpointNames[ep], strconv.Itoa(minCode+i))
 			}
 		}
 	}

@@ -1,10 +1,10 @@
-// Package striped keeps counters and histograms that many cores update at once, each in
-// stripes: an update adds to one stripe, chosen by a hint the caller has at hand (a connection's
-// id, a spare scratch's address), and a read sums the stripes. Two cores updating through
-// different hints write different cache lines, where one shared atomic would move its line
-// between them on every update; on 2 cores the server's per-request metrics cost a parallel
-// route through the server (server BenchmarkHandleRouteParallel, 8 workers) about 17% of its
-// time as Prometheus histograms and counters.
+// Package striped keeps histograms that many cores update at once, in stripes: an observation
+// adds to one stripe, chosen by a hint the caller has at hand (a connection's id), and a read
+// sums the stripes. Two cores observing through different hints write different cache lines,
+// where one shared histogram would move its lines between them on every observation; on 2 cores
+// the server's per-request metrics cost a parallel route through the server (server
+// BenchmarkHandleRouteParallel, 8 workers) about 17% of its time as Prometheus histograms and
+// counters. (Striped counters are xsync.Counter's.)
 //
 // Reads are for scrapes: each stripe is read atomically, the whole is not a snapshot (a read
 // racing updates sees some of them), but counts never go back.
@@ -32,35 +32,6 @@ var stripes = func() int {
 
 // padded is the uint64s a stripe of w words takes, padded to a whole line.
 func padded(w int) int { return (w*8 + line - 1) / line * line / 8 }
-
-// Counters is a set of striped uint64 counters whose stripes share lines: an update that adds
-// to several of them (a route's count and its tokens) writes one line. Its methods are safe for
-// concurrent use; NewCounters makes one.
-type Counters struct {
-	n, stride int
-	v         []atomic.Uint64 // counter i of stripe s at v[s*stride+i]
-}
-
-// NewCounters returns n zeroed counters.
-func NewCounters(n int) *Counters {
-	c := &Counters{n: n, stride: padded(n)}
-	c.v = make([]atomic.Uint64, stripes*c.stride)
-	return c
-}
-
-// Add adds v to counter i (0 ≤ i < n, unchecked: a hot path's) in the stripe of hint.
-func (c *Counters) Add(hint uint64, i int, v uint64) {
-	c.v[int(hint&uint64(stripes-1))*c.stride+i].Add(v)
-}
-
-// Load returns counter i: the sum of its stripes.
-func (c *Counters) Load(i int) uint64 {
-	var n uint64
-	for s := range stripes {
-		n += c.v[s*c.stride+i].Load()
-	}
-	return n
-}
 
 // Histogram is a striped histogram of float64 observations over fixed upper bounds, counted as
 // Prometheus counts them (an observation falls in the first bucket whose bound is ≥ it; the
