@@ -8,6 +8,7 @@ import (
 	"github.com/kvrouterd/kvrouterd/shard"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/valyala/fasthttp"
 )
 
 // endpoint numbers the API's endpoints for per-endpoint metrics without a label lookup per
@@ -78,10 +79,14 @@ func newMetrics(reg *prometheus.Registry, r *router.Router, routerID string) *me
 const minCode, maxCode = 100, 599
 
 // observe counts a request to ep, answered with code in seconds, its latency in the stripe of
-// hint (its connection's id).
+// hint (its connection's id). A route answered is also Dynamo's total overhead, which for
+// kvrouterd is the whole HTTP request.
 func (m *metrics) observe(hint uint64, ep endpoint, code int, seconds float64) {
 	m.latency.series[ep].Observe(hint, seconds)
 	m.requests.count(ep, code)
+	if ep == epRoute && code == fasthttp.StatusOK {
+		m.dyn.overhead.series[0].Observe(hint, seconds*1e3)
+	}
 }
 
 // routerCollector reads the router's state at scrape time, so that serving requests pays

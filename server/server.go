@@ -376,12 +376,7 @@ func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	ep := s.dispatch(ctx)
-	code, took := ctx.Response.StatusCode(), time.Since(start).Seconds()
-	s.m.observe(ctx.ConnID(), ep, code, took)
-	if ep == epRoute && code == fasthttp.StatusOK {
-		// Dynamo's total overhead is, for kvrouterd, the whole HTTP request of a route.
-		s.m.dyn.overhead.series[0].Observe(ctx.ConnID(), took*1e3)
-	}
+	s.m.observe(ctx.ConnID(), ep, ctx.Response.StatusCode(), time.Since(start).Seconds())
 }
 
 var (

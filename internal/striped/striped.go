@@ -1,10 +1,8 @@
 // Package striped keeps histograms that many cores update at once, in stripes: an observation
 // adds to one stripe, chosen by a hint the caller has at hand (a connection's id), and a read
 // sums the stripes. Two cores observing through different hints write different cache lines,
-// where one shared histogram would move its lines between them on every observation; on 2 cores
-// the server's per-request metrics cost a parallel route through the server (server
-// BenchmarkHandleRouteParallel, 8 workers) about 17% of its time as Prometheus histograms and
-// counters. (Striped counters are xsync.Counter's.)
+// where one shared histogram would move its lines between them on every observation
+// (BenchmarkObserveParallel compares the two). Striped counters are xsync.Counter's.
 //
 // Reads are for scrapes: each stripe is read atomically, the whole is not a snapshot (a read
 // racing updates sees some of them), but counts never go back.
