@@ -122,6 +122,9 @@ func TestStartAndStopUndoes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if off, known := thpOff(); known && !off {
+		t.Fatal("--transparent-huge-pages off (the default): the process's flag is not set")
+	}
 	resp, err := http.Get("http://" + d.Addr().String() + "/healthz")
 	if err != nil {
 		t.Fatal(err)

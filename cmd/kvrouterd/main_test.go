@@ -36,16 +36,16 @@ func TestConfigEnvAndFlags(t *testing.T) {
 	}
 	c, err := parseConfig([]string{"--shards", "5"}, env(map[string]string{
 		"KVR_SHARDS": "3", "KVR_ROUTER_MODE": "random", "KVR_REQUEST_EXPIRY": "90s", "KVR_TRACK_PREFILL_TOKENS": "false",
-		"KVR_MAX_CANDIDATES": "8", "KVR_HTTP_READ_BUFFER": "32768",
+		"KVR_MAX_CANDIDATES": "8", "KVR_HTTP_READ_BUFFER": "32768", "KVR_TRANSPARENT_HUGE_PAGES": "system",
 	}), io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.Shards != 5 || c.RouterMode != "random" || c.RequestExpiry != 90*time.Second || c.TrackPrefillTokens || c.MaxCandidates != 8 || c.HTTPReadBuffer != 32768 {
+	if c.Shards != 5 || c.RouterMode != "random" || c.RequestExpiry != 90*time.Second || c.TrackPrefillTokens || c.MaxCandidates != 8 || c.HTTPReadBuffer != 32768 || c.TransparentHugePages != "system" {
 		t.Fatalf("flags over env over defaults: got %+v", c)
 	}
 	d, err := parseConfig(nil, env(nil), io.Discard)
-	if err != nil || d.HTTPAddr != ":8090" || d.BlockSize != 16 || d.OverlapScoreWeight != 1 || !d.TrackPrefillTokens || d.RequestExpiry != 300*time.Second || d.HTTPWriteBuffer != 64<<10 {
+	if err != nil || d.HTTPAddr != ":8090" || d.BlockSize != 16 || d.OverlapScoreWeight != 1 || !d.TrackPrefillTokens || d.RequestExpiry != 300*time.Second || d.HTTPWriteBuffer != 64<<10 || d.TransparentHugePages != "off" {
 		t.Fatalf("defaults: %+v %v", d, err)
 	}
 	f := func(args []string, envs map[string]string, want string) {
@@ -59,6 +59,7 @@ func TestConfigEnvAndFlags(t *testing.T) {
 	f([]string{"--router-mode", "fastest"}, nil, "--router-mode")
 	f([]string{"--overlap-score-weight", "NaN"}, nil, "--overlap-score-weight")
 	f([]string{"--log-format", "xml"}, nil, "--log-format")
+	f([]string{"--transparent-huge-pages", "madvise"}, nil, "--transparent-huge-pages")
 	f([]string{"--max-candidates", "70000"}, nil, "--max-candidates")
 	f([]string{"--http-write-buffer", "100"}, nil, "--http-write-buffer")
 	f([]string{"--zmq", "worker=1,model=m"}, nil, "endpoint")
