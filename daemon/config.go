@@ -258,7 +258,7 @@ func (c *Config) Flags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", c.ShutdownTimeout, "how long a graceful shutdown waits for requests in flight")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error (debug logs every routing decision)")
 	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "text or json")
-	fs.StringVar(&c.TransparentHugePages, "transparent-huge-pages", c.TransparentHugePages, "off: keep Linux's transparent huge pages out of the daemon's memory, whatever the host's mode (on a VM whose host mode was always, a restart at 10^7 residencies took 2.5 times as long with them); system: leave the process as the host and its parent set it")
+	fs.StringVar(&c.TransparentHugePages, "transparent-huge-pages", c.TransparentHugePages, "off: keep Linux's transparent huge pages out of the daemon's memory, whatever the host's mode (on a VM whose host mode was always, a restart at 10^7 residencies took about 2.4 times as long with them); system: leave the process as the host and its parent set it")
 	fs.StringVar(&c.LogFile, "log-file", c.LogFile, "log to this file (appended, created if missing) instead of stderr; POST /reopen_logs reopens it after a rotation")
 	fs.StringVar(&c.Peers, "peers", c.Peers, "comma-separated URLs of Dynamo indexers or kvrouterd replicas (with --keep-block-tree) whose /dump seeds the index at start, the first that answers; between kvrouterd replicas --bootstrap-from is faster")
 	fs.BoolVar(&c.KeepBlockTree, "keep-block-tree", c.KeepBlockTree, "keep each block's local hash and parent (two map entries per block), so that /dump answers in Dynamo's form and Dynamo indexers can recover from it")

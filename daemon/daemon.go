@@ -98,7 +98,7 @@ func Start(ctx context.Context, c Config, stderr io.Writer) (_ *Daemon, err erro
 		}
 	}()
 	if c.TransparentHugePages == "off" {
-		// Before the restore, most of a start's time, which huge pages made 2.5 times slower
+		// Before the restore, most of a start's time, which huge pages made about 2.4 times slower
 		// (docs/performance.md, "Restart").
 		if err := setTHPOff(true); err != nil {
 			log.Warn("could not keep transparent huge pages out of the daemon's memory: a restore may be slower (--transparent-huge-pages)", "host_mode", hostTHP(), "err", err)
