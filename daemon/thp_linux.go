@@ -8,11 +8,9 @@ import (
 	"syscall"
 )
 
-// The prctl(2) options of the process's transparent huge page flag (linux/prctl.h, Linux 3.15).
-const (
-	prSetTHPDisable = 41
-	prGetTHPDisable = 42
-)
+// prSetTHPDisable is prctl(2)'s option that sets the process's transparent huge page flag
+// (linux/prctl.h, Linux 3.15).
+const prSetTHPDisable = 41
 
 // setTHPOff sets (true) or clears (false) the flag that keeps transparent huge pages out of the
 // whole process's memory, every thread's, whatever the host's mode.
@@ -25,12 +23,6 @@ func setTHPOff(off bool) error {
 		return e
 	}
 	return nil
-}
-
-// thpOff reports whether the process's flag is set; known is false where there is none.
-func thpOff() (off, known bool) {
-	r, _, e := syscall.RawSyscall(syscall.SYS_PRCTL, prGetTHPDisable, 0, 0)
-	return e == 0 && r != 0, e == 0
 }
 
 // hostTHP is the host's transparent huge page mode, the bracketed word of

@@ -1,6 +1,9 @@
 package daemon
 
-import "testing"
+import (
+	"syscall"
+	"testing"
+)
 
 // TestTHPFlag sets and clears the process's transparent huge page flag, and reads the host's
 // mode from the sysfs file's text.
@@ -35,4 +38,13 @@ func TestTHPFlag(t *testing.T) {
 	default:
 		t.Errorf("host mode %q", m)
 	}
+}
+
+// prGetTHPDisable is prctl(2)'s option that reads the process's transparent huge page flag.
+const prGetTHPDisable = 42
+
+// thpOff reports whether the process's flag is set; known is false where there is none.
+func thpOff() (off, known bool) {
+	r, _, e := syscall.RawSyscall(syscall.SYS_PRCTL, prGetTHPDisable, 0, 0)
+	return e == 0 && r != 0, e == 0
 }

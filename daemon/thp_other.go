@@ -6,6 +6,4 @@ package daemon
 
 func setTHPOff(bool) error { return nil }
 
-func thpOff() (off, known bool) { return false, false }
-
 func hostTHP() string { return "" }

@@ -63,7 +63,7 @@ func newDynamoMetrics(reg *prometheus.Registry, r *router.Router, routerID strin
 }
 
 // routed observes a routed request's answer, in the stripe of hint (its connection's id); the
-// time it took is observed by Server.Handle, with its latency.
+// time it took is observed with its latency, by metrics.observe.
 func (m *dynamoMetrics) routed(hint uint64, blocks, cached, isl uint32) {
 	if blocks > 0 {
 		m.hitRate.series[0].Observe(hint, float64(cached)/float64(blocks))
