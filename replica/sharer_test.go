@@ -1,6 +1,7 @@
 package replica
 
 import (
+	"runtime/debug"
 	"strings"
 	"testing"
 	"time"
@@ -275,7 +276,18 @@ func TestSharerAllocs(t *testing.T) {
 	if raceEnabled {
 		t.Skip("allocation counts need a build without -race")
 	}
-	if n := testing.AllocsPerRun(200, step); n != 0 {
+	// AllocsPerRun counts the whole process's allocations, the embedded NATS server's too,
+	// which under load resizes its read buffers; and a collection would drop the publish
+	// buffers' pooled spares. So the collector is held off, and the sharer is taken to allocate
+	// only if three runs all count allocations.
+	defer debug.SetGCPercent(debug.SetGCPercent(-1))
+	var n float64
+	for range 3 {
+		if n = testing.AllocsPerRun(200, step); n == 0 {
+			break
+		}
+	}
+	if n != 0 {
 		t.Fatalf("%v allocations per request", n)
 	}
 	if st := sh.Stats(); st.PublishErrors != 0 {
