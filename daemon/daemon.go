@@ -300,6 +300,7 @@ func Start(ctx context.Context, c Config, stderr io.Writer) (_ *Daemon, err erro
 	}
 	if d.fdLn != nil {
 		door := frontdoor.New(d.r, frontdoor.Config{Logger: log, Registry: reg, Retries: c.FrontendRetries, Timeout: c.FrontendTimeout, OverloadStatus: c.OverloadStatus, Tokens: d.cred.tokens})
+		d.undo.push(door.Close)
 		// The API's transport settings, but for the write timeout: a streamed answer may last
 		// minutes (--frontend-timeout bounds it).
 		d.fd = server.HTTPServer(door.Handle, scfg)

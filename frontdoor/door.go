@@ -95,6 +95,7 @@ func New(r *router.Router, cfg Config) *Door {
 		prefix: fmt.Sprintf("fd-%08x-", rand.Uint32()),
 	}
 	d.bufs.New = func() any { b := make([]byte, 32<<10); return &b }
+	d.startHealth()
 	return d
 }
 

@@ -661,10 +661,12 @@ func (r *Router) HTTPEndpoint(id uint64) string {
 	return ""
 }
 
-// HTTPWorker is a worker with an HTTP API: its id and base URL.
+// HTTPWorker is a worker with an HTTP API: its id and base URL, and the API key the front door
+// sends it ("" when it has none).
 type HTTPWorker struct {
 	ID       uint64
 	Endpoint string
+	APIKey   string
 }
 
 // HTTPWorkers appends to dst the workers of model that have an HTTP endpoint, by id, and
@@ -680,7 +682,7 @@ func (r *Router) HTTPWorkers(model string, dst []HTTPWorker) []HTTPWorker {
 	start := len(dst)
 	for id, reg := range m.regs {
 		if u := reg.http.Load(); u != nil {
-			dst = append(dst, HTTPWorker{id, *u})
+			dst = append(dst, HTTPWorker{ID: id, Endpoint: *u})
 		}
 	}
 	slices.SortFunc(dst[start:], func(a, b HTTPWorker) int { return cmp.Compare(a.ID, b.ID) })
