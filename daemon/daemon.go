@@ -305,6 +305,10 @@ func Start(ctx context.Context, c Config, stderr io.Writer) (_ *Daemon, err erro
 		// minutes (--frontend-timeout bounds it).
 		d.fd = server.HTTPServer(door.Handle, scfg)
 		d.fd.WriteTimeout = 0
+		// Refusals before the handler (a body over --max-body-bytes, a timeout, a malformed
+		// request) in OpenAI's error shape, as the door's own.
+		d.fd.ErrorHandler = door.TransportError
+		d.srv.AdoptFrontDoor(d.fd)
 	}
 	maxConns, perIP := d.srv.ConnLimits()
 	log.Info("kvrouterd ready", "version", build.Version, "http", d.ln.Addr().String(), "selection", d.selectionAddr(), "frontend", c.FrontendAddr, "nats", streamURL(d.st), "resume_after_seq", d.seq,
@@ -318,14 +322,16 @@ func Start(ctx context.Context, c Config, stderr io.Writer) (_ *Daemon, err erro
 	}
 	if d.fd != nil {
 		d.serving++
-		go func() { d.done <- d.fd.Serve(d.cred.listen(d.fdLn)) }()
+		// Within the API's connection limits: the front door's listener rides out the open-file
+		// limit and every accept error as the API's does.
+		go func() { d.done <- d.srv.ServeFrontDoor(d.cred.listen(d.fdLn)) }()
 	}
 	if d.adm != nil {
 		// Not in serving: a failed admin listener is logged, not the daemon's end.
 		adm := &http.Server{Handler: d.cred.adminHandler(), ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
 		d.undo.push(func() { adm.Close() })
 		go func() {
-			if err := adm.Serve(d.adm); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			if err := adm.Serve(server.KeepAccepting(d.adm, "admin", log)); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				log.Error("admin listener failed", "addr", d.adm.Addr().String(), "err", err)
 			}
 		}()
@@ -384,9 +390,7 @@ func (d *Daemon) Wait(ctx context.Context) error {
 	// Requests waiting in the router queue would hold the shutdown for their whole wait: they
 	// are refused now (503), as new ones are from here on.
 	d.r.RefuseWaiting()
-	if d.fd != nil {
-		go func() { _ = d.fd.ShutdownWithContext(sctx) }() // its streams end beside the API's requests
-	}
+	// The front door's streams end beside the API's requests.
 	if err := d.srv.Shutdown(sctx); err != nil {
 		d.log.Warn("requests still in flight at the shutdown timeout", "err", err)
 	}

@@ -74,6 +74,27 @@ const (
 
 var refusalNames = [numRefusals]string{"limit", "per_ip"}
 
+// The listeners that share a Server's connection limits, the label values of the per-listener
+// connection metrics: the API (Serve), the selection service (ServeSelection) and the front door
+// (ServeFrontDoor). One set of limits for all of them, as they draw on one open-file limit: a
+// flood on one listener makes room by closing the idle connections of any, so that another
+// listener's health probe still gets in.
+const (
+	lnAPI = iota
+	lnSelection
+	lnFrontDoor
+	numListeners
+)
+
+var listenerNames = [numListeners]string{"api", "selection", "frontdoor"}
+
+// listenerStats are one listener's connection counters.
+type listenerStats struct {
+	open                            int // REQUIRES conns.mu
+	accepted, evicted, acceptErrors atomic.Uint64
+	refused                         [numRefusals]atomic.Uint64
+}
+
 // conns bounds the Server's open connections, in total and per client address, and rides out
 // accept errors of a process out of files. At the total limit, or out of files, it closes the
 // connection that has waited longest for a request (as nginx reuses its idle connections), so
@@ -82,7 +103,10 @@ var refusalNames = [numRefusals]string{"limit", "per_ip"}
 // listener; close and the state hook on the connections' goroutines; all under mu or atomic.
 type conns struct {
 	max, maxPerIP int
-	log           *slog.Logger
+	// maxBody is the request-body limit of the servers on its listeners (Config.MaxBodyBytes),
+	// which a connection tells an error handler that has no other way to know it.
+	maxBody int
+	log     *slog.Logger
 	// epoch counts admissions from 1: a connection's idle word holds the epoch when it began
 	// waiting, which orders idle connections as finely as evictions need (one per admission)
 	// for an atomic load per request, where a clock reading costs more than the rest together.
@@ -92,10 +116,12 @@ type conns struct {
 	open  []*conn // every admitted connection not closed yet; conn.slot is its index
 	perIP map[netip.Addr]int
 
+	// The totals over every listener, and each listener's share (byLn).
 	accepted, evicted atomic.Uint64
 	refused           [numRefusals]atomic.Uint64
 	acceptErrors      atomic.Uint64
-	lastLog           [numRefusals + 2]atomic.Int64 // refusals, eviction, accept errors
+	byLn              [numListeners]listenerStats
+	lastLog           [numRefusals + 3]atomic.Int64 // refusals, eviction, out of files, other accept errors
 }
 
 func newConns(max, maxPerIP int, log *slog.Logger) *conns {
@@ -113,6 +139,7 @@ type conn struct {
 	net.Conn
 	c      *conns
 	ip     netip.Addr // invalid for a listener without IP addresses: no per-address limit
+	ln     uint8      // the listener that accepted it: lnAPI, …
 	idle   atomic.Int64
 	served bool // an answer was written; owned by the connection's goroutine
 	once   sync.Once
@@ -121,6 +148,16 @@ type conn struct {
 
 // NetConn returns the connection it wraps (peer.Gone looks at its socket).
 func (cn *conn) NetConn() net.Conn { return cn.Conn }
+
+// Idle reports whether no byte of a request has come since the connection was admitted or its
+// last answer written: an error fasthttp reports on it then is the connection's timeout or
+// close, not a request's, and an error handler answers it without counting or logging it
+// (which a flood of idle connections would turn into a flood).
+func (cn *conn) Idle() bool { return cn.idle.Load() != 0 }
+
+// MaxBodyBytes is the request-body limit the connection is served under (--max-body-bytes; an
+// endpoint of the API may have a lower one).
+func (cn *conn) MaxBodyBytes() int { return cn.c.maxBody }
 
 // Read marks the connection busy when its first request arrives.
 func (cn *conn) Read(p []byte) (int, error) {
@@ -155,6 +192,7 @@ func (c *conns) release(cn *conn) {
 	c.open[cn.slot].slot = cn.slot
 	c.open[last] = nil
 	c.open = c.open[:last]
+	c.byLn[cn.ln].open--
 	if cn.ip.IsValid() {
 		if n := c.perIP[cn.ip] - 1; n > 0 {
 			c.perIP[cn.ip] = n
@@ -183,8 +221,9 @@ func (c *conns) connState(nc net.Conn, st fasthttp.ConnState) {
 }
 
 // admit returns nc as an admitted connection, or nil once it has refused and closed it.
-// Called by one Accept at a time per listener; several listeners may call it concurrently.
-func (c *conns) admit(nc net.Conn) net.Conn {
+// ln is the listener that accepted it. Called by one Accept at a time per listener; several
+// listeners may call it concurrently.
+func (c *conns) admit(nc net.Conn, ln uint8) net.Conn {
 	var ip netip.Addr
 	if a, ok := nc.RemoteAddr().(*net.TCPAddr); ok {
 		ip = a.AddrPort().Addr().Unmap()
@@ -193,18 +232,20 @@ func (c *conns) admit(nc net.Conn) net.Conn {
 		c.mu.Lock()
 		if ip.IsValid() && c.perIP[ip] >= c.maxPerIP {
 			c.mu.Unlock()
-			c.refuse(nc, refusedPerIP)
+			c.refuse(nc, ln, refusedPerIP)
 			return nil
 		}
 		if len(c.open) < c.max {
-			cn := &conn{Conn: nc, c: c, ip: ip, slot: len(c.open)}
+			cn := &conn{Conn: nc, c: c, ip: ip, ln: ln, slot: len(c.open)}
 			cn.idle.Store(c.epoch.Add(1))
 			c.open = append(c.open, cn)
+			c.byLn[ln].open++
 			if ip.IsValid() {
 				c.perIP[ip]++
 			}
 			c.mu.Unlock()
 			c.accepted.Add(1)
+			c.byLn[ln].accepted.Add(1)
 			return cn
 		}
 		var victim *conn
@@ -217,7 +258,7 @@ func (c *conns) admit(nc net.Conn) net.Conn {
 		}
 		c.evict(victim, "the connection limit")
 	}
-	c.refuse(nc, refusedLimit)
+	c.refuse(nc, ln, refusedLimit)
 	return nil
 }
 
@@ -247,21 +288,23 @@ func (c *conns) evict(cn *conn, why string) {
 		return // it closed itself meanwhile
 	}
 	c.evicted.Add(1)
+	c.byLn[cn.ln].evicted.Add(1)
 	if c.logDue(numRefusals) {
-		c.log.Warn("idle HTTP connection closed to admit a new one", "why", why, "remote", cn.RemoteAddr().String(),
+		c.log.Warn("idle HTTP connection closed to admit a new one", "why", why, "listener", listenerNames[cn.ln], "remote", cn.RemoteAddr().String(),
 			"evicted_total", c.evicted.Load(), "open", c.openCount())
 	}
 }
 
 // refuse answers nc with 503 and closes it. The answer fits an empty socket buffer; the
 // deadline only keeps a broken socket from holding the accept loop.
-func (c *conns) refuse(nc net.Conn, reason int) {
+func (c *conns) refuse(nc net.Conn, ln uint8, reason int) {
 	c.refused[reason].Add(1)
+	c.byLn[ln].refused[reason].Add(1)
 	_ = nc.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
 	_, _ = nc.Write(refusal)
 	_ = nc.Close()
 	if c.logDue(reason) {
-		c.log.Warn("HTTP connection refused", "reason", refusalNames[reason], "remote", nc.RemoteAddr().String(),
+		c.log.Warn("HTTP connection refused", "reason", refusalNames[reason], "listener", listenerNames[ln], "remote", nc.RemoteAddr().String(),
 			"max_conns", c.max, "max_conns_per_ip", c.maxPerIP, "refused_total", c.refused[reason].Load())
 	}
 }
@@ -327,47 +370,57 @@ func outOfFiles(err error) bool {
 }
 
 // listener is a net.Listener whose Accept admits through conns: it returns only connections
-// within the limits, and never the errors of a process out of files, which fasthttp's Serve
-// takes for fatal. Accept is called by one goroutine (Serve's); Close by any.
+// within the limits, and no error but the listener's close: fasthttp's Serve takes any other for
+// fatal, and ends the daemon with it. Accept is called by one goroutine (Serve's); Close by any.
 type listener struct {
 	net.Listener
 	c     *conns
+	ln    uint8 // which listener: lnAPI, …
 	done  chan struct{}
 	close sync.Once
 }
 
-func (c *conns) listener(ln net.Listener) *listener {
-	return &listener{Listener: ln, c: c, done: make(chan struct{})}
+func (c *conns) listener(ln net.Listener, which uint8) *listener {
+	return &listener{Listener: ln, c: c, ln: which, done: make(chan struct{})}
 }
 
 // Accept waits for a connection within the limits. Out of files, it closes the connection idle
-// longest and tries again at once, or, with none idle, waits 5 ms, doubling to 1 s.
+// longest and tries again at once, or, with none idle, waits 5 ms, doubling to 1 s; any other
+// error but the listener's close is logged and retried after the same waits.
 func (l *listener) Accept() (net.Conn, error) {
 	var delay time.Duration
 	for {
 		nc, err := l.Listener.Accept()
 		if err == nil {
 			delay = 0
-			if cn := l.c.admit(nc); cn != nil {
+			if cn := l.c.admit(nc, l.ln); cn != nil {
 				return cn, nil
 			}
 			continue
 		}
-		if !outOfFiles(err) {
+		if l.closed() || errors.Is(err, net.ErrClosed) {
 			return nil, err
 		}
 		l.c.acceptErrors.Add(1)
-		l.c.mu.Lock()
-		victim := l.c.idlestLocked()
-		l.c.mu.Unlock()
-		if l.c.logDue(numRefusals + 1) {
-			l.c.log.Warn("HTTP accept failed, retrying: the process is out of files; lower --http-max-conns or raise the open-file limit",
-				"err", err, "open", l.c.openCount(), "max_conns", l.c.max, "accept_errors_total", l.c.acceptErrors.Load(),
-				"closing_idle", victim != nil)
-		}
-		if victim != nil {
-			l.c.evict(victim, "out of files")
-			continue
+		l.c.byLn[l.ln].acceptErrors.Add(1)
+		if !outOfFiles(err) {
+			if l.c.logDue(numRefusals + 2) {
+				l.c.log.Error("HTTP accept failed, retrying", "listener", listenerNames[l.ln], "err", err,
+					"accept_errors_total", l.c.acceptErrors.Load())
+			}
+		} else {
+			l.c.mu.Lock()
+			victim := l.c.idlestLocked()
+			l.c.mu.Unlock()
+			if l.c.logDue(numRefusals + 1) {
+				l.c.log.Warn("HTTP accept failed, retrying: the process is out of files; lower --http-max-conns or raise the open-file limit",
+					"listener", listenerNames[l.ln], "err", err, "open", l.c.openCount(), "max_conns", l.c.max,
+					"accept_errors_total", l.c.acceptErrors.Load(), "closing_idle", victim != nil)
+			}
+			if victim != nil {
+				l.c.evict(victim, "out of files")
+				continue
+			}
 		}
 		delay = min(max(2*delay, minAcceptDelay), maxAcceptDelay)
 		select {
@@ -378,8 +431,69 @@ func (l *listener) Accept() (net.Conn, error) {
 	}
 }
 
+func (l *listener) closed() bool {
+	select {
+	case <-l.done:
+		return true
+	default:
+		return false
+	}
+}
+
 // Close stops Accept, also in its back-off.
 func (l *listener) Close() error {
+	l.close.Do(func() { close(l.done) })
+	return l.Listener.Close()
+}
+
+// KeepAccepting returns ln with an Accept that never fails but for ln's close: any other error
+// is logged (at most once per 10 s) and retried after 5 ms, doubling to 1 s, as a listener
+// that must never end the process needs. For a listener without connection limits (the admin
+// one); Accept is called by one goroutine, Close by any.
+func KeepAccepting(ln net.Listener, name string, log *slog.Logger) net.Listener {
+	return &patientListener{Listener: ln, name: name, log: log, done: make(chan struct{})}
+}
+
+type patientListener struct {
+	net.Listener
+	name    string
+	log     *slog.Logger
+	errors  atomic.Uint64
+	lastLog atomic.Int64
+	done    chan struct{}
+	close   sync.Once
+}
+
+func (l *patientListener) Accept() (net.Conn, error) {
+	var delay time.Duration
+	for {
+		nc, err := l.Listener.Accept()
+		if err == nil {
+			return nc, nil
+		}
+		select {
+		case <-l.done:
+			return nil, err
+		default:
+		}
+		if errors.Is(err, net.ErrClosed) {
+			return nil, err
+		}
+		n := l.errors.Add(1)
+		now, last := time.Now().UnixNano(), l.lastLog.Load()
+		if (last == 0 || now-last >= int64(logEvery)) && l.lastLog.CompareAndSwap(last, now) {
+			l.log.Error("accept failed, retrying", "listener", l.name, "err", err, "accept_errors", n)
+		}
+		delay = min(max(2*delay, minAcceptDelay), maxAcceptDelay)
+		select {
+		case <-time.After(delay):
+		case <-l.done:
+			return nil, net.ErrClosed
+		}
+	}
+}
+
+func (l *patientListener) Close() error {
 	l.close.Do(func() { close(l.done) })
 	return l.Listener.Close()
 }
@@ -393,11 +507,20 @@ var (
 	descConnsAcc     = prometheus.NewDesc("kvrouterd_http_connections_accepted_total", "HTTP connections admitted.", nil, nil)
 	descConnsRefused = prometheus.NewDesc("kvrouterd_http_connections_refused_total", "HTTP connections refused with 503, by limit: the total (no idle connection to close instead), or the client address's.", []string{"reason"}, nil)
 	descConnsEvicted = prometheus.NewDesc("kvrouterd_http_connections_evicted_total", "Idle HTTP connections closed to admit a new one, at the limit or out of files.", nil, nil)
-	descAcceptErrors = prometheus.NewDesc("kvrouterd_http_accept_errors_total", "Accepts that failed for want of files (EMFILE, ENFILE) or buffers, and were retried.", nil, nil)
+	descAcceptErrors = prometheus.NewDesc("kvrouterd_http_accept_errors_total", "Accepts that failed and were retried: for want of files (EMFILE, ENFILE) or buffers, or any other error but the listener's close.", nil, nil)
+
+	// Each listener's share of the totals above.
+	lnLabel            = []string{"listener"}
+	descLnConnsOpen    = prometheus.NewDesc("kvrouterd_http_listener_connections_open", "HTTP connections open, by listener (api, selection, frontdoor); they share kvrouterd_http_connections_max.", lnLabel, nil)
+	descLnConnsAcc     = prometheus.NewDesc("kvrouterd_http_listener_connections_accepted_total", "HTTP connections admitted, by listener.", lnLabel, nil)
+	descLnConnsRefused = prometheus.NewDesc("kvrouterd_http_listener_connections_refused_total", "HTTP connections refused with 503, by listener and limit.", []string{"listener", "reason"}, nil)
+	descLnConnsEvicted = prometheus.NewDesc("kvrouterd_http_listener_connections_evicted_total", "Idle HTTP connections closed to admit a new one, by the listener of the connection closed.", lnLabel, nil)
+	descLnAcceptErrors = prometheus.NewDesc("kvrouterd_http_listener_accept_errors_total", "Accepts that failed and were retried, by listener.", lnLabel, nil)
 )
 
 func (cc connCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descConnsOpen, descConnsMax, descConnsAcc, descConnsRefused, descConnsEvicted, descAcceptErrors} {
+	for _, d := range []*prometheus.Desc{descConnsOpen, descConnsMax, descConnsAcc, descConnsRefused, descConnsEvicted, descAcceptErrors,
+		descLnConnsOpen, descLnConnsAcc, descLnConnsRefused, descLnConnsEvicted, descLnAcceptErrors} {
 		ch <- d
 	}
 }
@@ -413,4 +536,20 @@ func (cc connCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(descConnsEvicted, prometheus.CounterValue, float64(c.evicted.Load()))
 	ch <- prometheus.MustNewConstMetric(descAcceptErrors, prometheus.CounterValue, float64(c.acceptErrors.Load()))
+	var open [numListeners]int
+	c.mu.Lock()
+	for i := range open {
+		open[i] = c.byLn[i].open
+	}
+	c.mu.Unlock()
+	for i := range c.byLn {
+		st, name := &c.byLn[i], listenerNames[i]
+		ch <- prometheus.MustNewConstMetric(descLnConnsOpen, prometheus.GaugeValue, float64(open[i]), name)
+		ch <- prometheus.MustNewConstMetric(descLnConnsAcc, prometheus.CounterValue, float64(st.accepted.Load()), name)
+		for r := range numRefusals {
+			ch <- prometheus.MustNewConstMetric(descLnConnsRefused, prometheus.CounterValue, float64(st.refused[r].Load()), name, refusalNames[r])
+		}
+		ch <- prometheus.MustNewConstMetric(descLnConnsEvicted, prometheus.CounterValue, float64(st.evicted.Load()), name)
+		ch <- prometheus.MustNewConstMetric(descLnAcceptErrors, prometheus.CounterValue, float64(st.acceptErrors.Load()), name)
+	}
 }

@@ -84,34 +84,45 @@ func emfile() error {
 	return &net.OpError{Op: "accept", Net: "tcp", Err: os.NewSyscallError("accept4", syscall.EMFILE)}
 }
 
-// TestListenerOutOfFiles: Accept rides out EMFILE and ENFILE (which fasthttp's Serve takes for
-// fatal), counting them, and returns the connection that comes next; other errors pass through.
+// TestListenerOutOfFiles: Accept rides out EMFILE and ENFILE, and any other error but the
+// listener's close (fasthttp's Serve takes each for fatal), counting them, and returns the
+// connection that comes next.
 func TestListenerOutOfFiles(t *testing.T) {
 	c := newConns(10, 10, quietLog())
 	want := newFakeConn("10.0.0.1", 1)
 	enfile := &net.OpError{Op: "accept", Net: "tcp", Err: os.NewSyscallError("accept4", syscall.ENFILE)}
 	other := errors.New("listener broken")
-	ln := c.listener(newFakeListener(emfile(), emfile(), enfile, emfile(), want, other))
+	ln := c.listener(newFakeListener(emfile(), emfile(), enfile, other, emfile(), want, net.ErrClosed), lnFrontDoor)
 	got, err := ln.Accept()
 	if err != nil {
 		t.Fatalf("Accept after EMFILE: %v", err)
 	}
-	if got.(*conn).Conn != want || c.acceptErrors.Load() != 4 || c.openCount() != 1 {
-		t.Fatalf("got %v, accept errors %d, open %d; want the queued connection, 4, 1", got, c.acceptErrors.Load(), c.openCount())
+	if got.(*conn).Conn != want || c.acceptErrors.Load() != 5 || c.openCount() != 1 {
+		t.Fatalf("got %v, accept errors %d, open %d; want the queued connection, 5, 1", got, c.acceptErrors.Load(), c.openCount())
 	}
-	if _, err := ln.Accept(); err != other {
-		t.Fatalf("a permanent error: got %v, want it returned", err)
+	if st := &c.byLn[lnFrontDoor]; st.acceptErrors.Load() != 5 || st.accepted.Load() != 1 || c.byLn[lnAPI].accepted.Load() != 0 {
+		t.Fatalf("front door: %d accept errors, %d accepted; API %d accepted", st.acceptErrors.Load(), st.accepted.Load(), c.byLn[lnAPI].accepted.Load())
+	}
+	if _, err := ln.Accept(); !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("the listener closed: got %v, want net.ErrClosed", err)
 	}
 
 	// Out of files with an idle connection open: that one is closed to free a file, and the
 	// pending connection is accepted.
 	next := newFakeConn("10.0.0.2", 1)
-	ln = c.listener(newFakeListener(emfile(), next))
+	ln = c.listener(newFakeListener(emfile(), next), lnAPI)
 	if got, err := ln.Accept(); err != nil || got.(*conn).Conn != next {
 		t.Fatalf("Accept: %v %v", got, err)
 	}
 	if !want.isClosed() || c.evicted.Load() != 1 || c.openCount() != 1 {
 		t.Fatalf("idle connection closed %v, evicted %d, open %d; want true, 1, 1", want.isClosed(), c.evicted.Load(), c.openCount())
+	}
+	// The front door's connection made room for the API's, each counted under its listener.
+	c.mu.Lock()
+	fdOpen, apiOpen := c.byLn[lnFrontDoor].open, c.byLn[lnAPI].open
+	c.mu.Unlock()
+	if c.byLn[lnFrontDoor].evicted.Load() != 1 || fdOpen != 0 || apiOpen != 1 {
+		t.Fatalf("front door: evicted %d, open %d; API open %d; want 1, 0, 1", c.byLn[lnFrontDoor].evicted.Load(), fdOpen, apiOpen)
 	}
 
 	// Close ends an Accept waiting out EMFILE with nothing idle to close.
@@ -120,7 +131,7 @@ func TestListenerOutOfFiles(t *testing.T) {
 	for range 1000 {
 		results = append(results, emfile())
 	}
-	ln = busy.listener(newFakeListener(results...))
+	ln = busy.listener(newFakeListener(results...), lnAPI)
 	done := make(chan error, 1)
 	go func() { _, err := ln.Accept(); done <- err }()
 	for busy.acceptErrors.Load() == 0 {
@@ -144,7 +155,7 @@ func TestConnLimits(t *testing.T) {
 	c := newConns(3, 2, quietLog())
 	admit := func(f *fakeConn) *conn {
 		t.Helper()
-		nc := c.admit(f)
+		nc := c.admit(f, lnAPI)
 		if nc == nil {
 			t.Fatalf("%v refused: %q", f.remote, f.written.String())
 		}
@@ -152,7 +163,7 @@ func TestConnLimits(t *testing.T) {
 	}
 	refused := func(f *fakeConn, reason string) {
 		t.Helper()
-		if nc := c.admit(f); nc != nil {
+		if nc := c.admit(f, lnAPI); nc != nil {
 			t.Fatalf("%v admitted, want refused (%s)", f.remote, reason)
 		}
 		if !f.isClosed() || !bytes.HasPrefix(f.written.Bytes(), []byte("HTTP/1.1 503 ")) {
@@ -240,9 +251,9 @@ func TestDefaultMaxConns(t *testing.T) {
 func TestCloseIdle(t *testing.T) {
 	c := newConns(10, 10, quietLog())
 	idle, busy, answered := newFakeConn("10.0.0.1", 1), newFakeConn("10.0.0.1", 2), newFakeConn("10.0.0.1", 3)
-	c.admit(idle)
-	c.admit(busy).Read(make([]byte, 1))
-	cn := c.admit(answered).(*conn)
+	c.admit(idle, lnAPI)
+	c.admit(busy, lnAPI).Read(make([]byte, 1))
+	cn := c.admit(answered, lnAPI).(*conn)
 	cn.Read(make([]byte, 1))
 	c.connState(cn, fasthttp.StateIdle)
 	stop := make(chan struct{})
@@ -269,7 +280,7 @@ func request(c *conns, cn *conn, buf []byte) {
 // TestConnBookkeepingAllocs: the bookkeeping on the request path allocates nothing.
 func TestConnBookkeepingAllocs(t *testing.T) {
 	c := newConns(10, 10, quietLog())
-	cn := c.admit(newFakeConn("10.0.0.1", 1)).(*conn)
+	cn := c.admit(newFakeConn("10.0.0.1", 1), lnAPI).(*conn)
 	buf := make([]byte, 1)
 	if n := testing.AllocsPerRun(1000, func() { request(c, cn, buf) }); n != 0 {
 		t.Fatalf("%v allocations per request", n)
@@ -278,10 +289,41 @@ func TestConnBookkeepingAllocs(t *testing.T) {
 
 func BenchmarkConnsRequest(b *testing.B) {
 	c := newConns(10, 10, quietLog())
-	cn := c.admit(newFakeConn("10.0.0.1", 1)).(*conn)
+	cn := c.admit(newFakeConn("10.0.0.1", 1), lnAPI).(*conn)
 	buf := make([]byte, 1)
 	b.ReportAllocs()
 	for b.Loop() {
 		request(c, cn, buf)
+	}
+}
+
+// TestKeepAccepting: an Accept error but the listener's close is retried, never returned (net/http
+// and fasthttp end their Serve on it); Close ends an Accept in its back-off.
+func TestKeepAccepting(t *testing.T) {
+	want := newFakeConn("10.0.0.1", 1)
+	ln := KeepAccepting(newFakeListener(errors.New("accept broken"), emfile(), want, net.ErrClosed), "admin", quietLog())
+	if got, err := ln.Accept(); err != nil || got != want {
+		t.Fatalf("Accept: %v %v; want the queued connection", got, err)
+	}
+	if _, err := ln.Accept(); !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("Accept on a closed listener: %v, want net.ErrClosed", err)
+	}
+
+	results := []any{}
+	for range 1000 {
+		results = append(results, errors.New("accept broken"))
+	}
+	ln = KeepAccepting(newFakeListener(results...), "admin", quietLog())
+	done := make(chan error, 1)
+	go func() { _, err := ln.Accept(); done <- err }()
+	time.Sleep(20 * time.Millisecond)
+	ln.Close()
+	select {
+	case err := <-done:
+		if !errors.Is(err, net.ErrClosed) {
+			t.Fatalf("Accept after Close: %v, want net.ErrClosed", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Accept still waiting 10 s after Close")
 	}
 }

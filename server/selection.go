@@ -58,7 +58,7 @@ func newSelection(cfg Config) *selection {
 // ServeSelection serves Dynamo's selection service (HandleSelection) on ln until Shutdown,
 // within the same connection limits as Serve's listeners.
 func (s *Server) ServeSelection(ln net.Listener) error {
-	return s.selSrv.Serve(s.conns.listener(ln))
+	return s.selSrv.Serve(s.conns.listener(ln, lnSelection))
 }
 
 // selRoutes are the selection service's routes: path patterns ({…} is one path segment) and

@@ -185,6 +185,7 @@ type Server struct {
 	m        *metrics
 	srv      *fasthttp.Server
 	selSrv   *fasthttp.Server // Dynamo's selection service (ServeSelection)
+	fdSrv    *fasthttp.Server // the front door (AdoptFrontDoor); nil without one
 	sel      *selection
 	ready    atomic.Bool
 	conns    *conns
@@ -259,6 +260,7 @@ func New(r *router.Router, cfg Config) *Server {
 	}
 	s.controlLim, s.eventsLim = newLimiter(cfg.ControlRate, cfg.ControlBurst), newLimiter(cfg.EventsRate, cfg.EventsBurst)
 	s.conns = newConns(cfg.MaxConns, cfg.MaxConnsPerIP, cfg.Logger)
+	s.conns.maxBody = cfg.MaxBodyBytes
 	s.srv.ConnState = s.conns.connState
 	// The limit is conns': fasthttp's own (a worker per connection) must never refuse first,
 	// also while a closed connection's worker is still being released.
@@ -281,11 +283,28 @@ func (s *Server) ConnLimits() (total, perIP int) { return s.cfg.MaxConns, s.cfg.
 // Serve accepts connections on ln until Shutdown, within Config.MaxConns and MaxConnsPerIP
 // over every listener it serves. A process out of files does not end it: Accept waits and
 // tries again.
-func (s *Server) Serve(ln net.Listener) error { return s.srv.Serve(s.conns.listener(ln)) }
+func (s *Server) Serve(ln net.Listener) error { return s.srv.Serve(s.conns.listener(ln, lnAPI)) }
 
-// Shutdown stops accepting connections, on Serve's listeners and ServeSelection's, and waits for
-// requests in flight to finish, closing idle connections. /readyz and the selection service's
-// /ready report 503 from its start.
+// AdoptFrontDoor makes srv, the front door's server (made by HTTPServer), one of the Server's:
+// ServeFrontDoor serves it within the same connection limits as Serve's listeners, and Shutdown
+// shuts it down with them. It sets srv's ConnState and Concurrency. Call it once, before any
+// Serve and Shutdown, from the goroutine that made s.
+func (s *Server) AdoptFrontDoor(srv *fasthttp.Server) {
+	srv.ConnState, srv.Concurrency = s.conns.connState, s.srv.Concurrency
+	s.fdSrv = srv
+}
+
+// ServeFrontDoor serves the front door's server (AdoptFrontDoor) on ln until Shutdown, within
+// the connection limits of Serve's listeners: one budget for the process's files, so that a
+// flood on any listener closes idle connections of all to make room, and no accept error but
+// the listener's close ends it. Its connections are counted under listener="frontdoor".
+func (s *Server) ServeFrontDoor(ln net.Listener) error {
+	return s.fdSrv.Serve(s.conns.listener(ln, lnFrontDoor))
+}
+
+// Shutdown stops accepting connections, on Serve's listeners, ServeSelection's and
+// ServeFrontDoor's, and waits for requests in flight (the front door's streams too) to finish,
+// closing idle connections. /readyz and the selection service's /ready report 503 from its start.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.ready.Store(false)
 	// fasthttp closes connections idle between requests, but takes one still waiting for its
@@ -297,14 +316,17 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		defer close(closed)
 		s.conns.closeIdle(stop, shutdownGrace)
 	}()
-	var selErr error
-	var sel sync.WaitGroup
-	sel.Go(func() { selErr = s.selSrv.ShutdownWithContext(ctx) })
+	var selErr, fdErr error
+	var others sync.WaitGroup
+	others.Go(func() { selErr = s.selSrv.ShutdownWithContext(ctx) })
+	if s.fdSrv != nil {
+		others.Go(func() { fdErr = s.fdSrv.ShutdownWithContext(ctx) })
+	}
 	err := s.srv.ShutdownWithContext(ctx)
-	sel.Wait()
+	others.Wait()
 	close(stop)
 	<-closed
-	return cmp.Or(err, selErr)
+	return cmp.Or(err, selErr, fdErr)
 }
 
 // readyz answers 200 "ready" while the server is not shutting down and every Config.Ready
@@ -338,7 +360,7 @@ func (s *Server) selTransportError(ctx *fasthttp.RequestCtx, err error) {
 }
 
 func (s *Server) refuseTransport(ctx *fasthttp.RequestCtx, err error, selection bool) {
-	if cn, ok := ctx.Conn().(*conn); ok && cn.idle.Load() != 0 {
+	if cn, ok := ctx.Conn().(*conn); ok && cn.Idle() {
 		// Not a byte of a request came: the connection timed out idle, its client left, or
 		// it was closed to admit another (counted then). Nothing to count or log per
 		// connection, which a flood of idle connections would turn into a flood of lines.
