@@ -140,9 +140,12 @@ func (cr credentials) adminHandler() http.Handler {
 		return mux
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if cr.tokens.Check([]byte(r.Header.Get("Authorization"))) < bearer.Write {
-			w.Header().Set("WWW-Authenticate", bearer.Challenge)
-			http.Error(w, "a write token of --auth-token-file is required", http.StatusUnauthorized)
+		// 401 for no token or an unknown one, 403 for a read token, as every other listener.
+		if status, msg := cr.tokens.Refusal([]byte(r.Header.Get("Authorization")), bearer.Write); status != 0 {
+			if status == http.StatusUnauthorized {
+				w.Header().Set("WWW-Authenticate", bearer.Challenge)
+			}
+			http.Error(w, msg, status)
 			return
 		}
 		mux.ServeHTTP(w, r)

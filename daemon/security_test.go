@@ -107,7 +107,7 @@ func TestSecurity(t *testing.T) {
 	f("GET", "https://"+d.FrontendAddr().String()+"/health", "", "", 200)
 	// pprof on its own listener, behind a write token (plain HTTP: it is for loopback).
 	adm := "http://" + d.AdminAddr().String() + "/debug/pprof/"
-	for token, want := range map[string]int{"": 401, readToken: 401, oldToken: 200} {
+	for token, want := range map[string]int{"": 401, "an-unknown-token-0123456789": 401, readToken: 403, oldToken: 200} {
 		req, _ := http.NewRequest("GET", adm, nil)
 		req.Header.Set("Authorization", "Bearer "+token)
 		resp, err := http.DefaultClient.Do(req)
