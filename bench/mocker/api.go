@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
+	"net"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -36,7 +38,15 @@ type api struct {
 
 	// inflight counts the handlers running and the streams being written.
 	inflight atomic.Int64
+
+	// generations counts the generate requests that arrived, for Config.DieAfter; crash is
+	// what the one past it calls (Mocker.crash).
+	generations atomic.Int64
+	crash       func()
 }
+
+// goneEvery is how often a request waiting for the engine looks whether its client has gone.
+const goneEvery = 10 * time.Millisecond
 
 // apiError is an error answer in vLLM's shape.
 type apiError struct {
@@ -49,14 +59,36 @@ func badRequest(format string, args ...any) *apiError {
 	return &apiError{fasthttp.StatusBadRequest, "BadRequestError", fmt.Sprintf(format, args...)}
 }
 
+// appendJSON appends e as vLLM's ErrorResponse, {"error":{"message","type","param","code"}}:
+// compact as FastAPI's JSONResponse writes an error answer, or spaced as Python's json.dumps
+// writes the error event that ends a stream (vLLM's create_streaming_error_response).
+func (e *apiError) appendJSON(dst []byte, spaced bool) []byte {
+	sep, colon := ",", ":"
+	if spaced {
+		sep, colon = ", ", ": "
+	}
+	dst = append(dst, `{"error"`...)
+	dst = append(dst, colon...)
+	dst = append(dst, `{"message"`...)
+	dst = append(dst, colon...)
+	dst = appendJSONString(dst, e.message)
+	dst = append(dst, sep...)
+	dst = append(dst, `"type"`...)
+	dst = append(dst, colon...)
+	dst = appendJSONString(dst, e.typ)
+	dst = append(dst, sep...)
+	dst = append(dst, `"param"`...)
+	dst = append(dst, colon...)
+	dst = append(dst, `null`...)
+	dst = append(dst, sep...)
+	dst = append(dst, `"code"`...)
+	dst = append(dst, colon...)
+	dst = strconv.AppendInt(dst, int64(e.status), 10)
+	return append(dst, "}}"...)
+}
+
 func (a *api) fail(ctx *fasthttp.RequestCtx, e *apiError) {
-	b := append([]byte(nil), `{"object":"error","message":`...)
-	b = appendJSONString(b, e.message)
-	b = append(b, `,"type":`...)
-	b = appendJSONString(b, e.typ)
-	b = append(b, `,"param":null,"code":`...)
-	b = strconv.AppendInt(b, int64(e.status), 10)
-	b = append(b, '}')
+	b := e.appendJSON(nil, false)
 	ctx.SetStatusCode(e.status)
 	ctx.SetContentType("application/json")
 	ctx.SetBody(b)
@@ -99,6 +131,16 @@ func (a *api) handle(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	h(ctx)
+}
+
+// dies counts a generate request and reports whether it is the one past Config.DieAfter, which
+// crashes the mocker instead of being served.
+func (a *api) dies() bool {
+	if n := a.cfg.DieAfter; n > 0 && a.generations.Add(1) > int64(n) {
+		a.crash()
+		return true
+	}
+	return false
 }
 
 // checkModel accepts the served model, or none (vLLM's default).
@@ -158,27 +200,36 @@ func (a *api) read(ctx *fasthttp.RequestCtx, req any, model *string) bool {
 }
 
 // begin decodes a generation request's body into req and checks what both endpoints check,
-// answering a refusal itself.
-func (a *api) begin(ctx *fasthttp.RequestCtx, req any, g *generationRequest) bool {
+// answering a refusal itself. It returns the request's stop conditions.
+func (a *api) begin(ctx *fasthttp.RequestCtx, req any, g *generationRequest) (*stopSpec, bool) {
 	if !a.read(ctx, req, &g.Model) {
-		return false
+		return nil, false
 	}
 	if e := checkCommon(g.N, g.Stream, g.StreamOptions); e != nil {
 		a.fail(ctx, e)
-		return false
+		return nil, false
 	}
 	if p := g.KVTransferParams; p != nil {
 		if e := p.check(g.Stream); e != nil {
 			a.fail(ctx, e)
-			return false
+			return nil, false
 		}
 	}
-	return true
+	stop, err := parseStop(g.Stop, g.StopTokenIDs, g.IncludeStopStrInOutput)
+	if err != nil {
+		a.fail(ctx, badRequest("%v", err))
+		return nil, false
+	}
+	return stop, true
 }
 
 func (a *api) completions(ctx *fasthttp.RequestCtx) {
+	if a.dies() {
+		return
+	}
 	var req completionRequest
-	if !a.begin(ctx, &req, &req.generationRequest) {
+	stop, ok := a.begin(ctx, &req, &req.generationRequest)
+	if !ok {
 		return
 	}
 	bos := req.AddSpecialTokens == nil || *req.AddSpecialTokens
@@ -198,13 +249,17 @@ func (a *api) completions(ctx *fasthttp.RequestCtx) {
 	a.generate(ctx, &generation{
 		chat: false, id: a.newID("cmpl-"), created: time.Now().Unix(), model: a.cfg.Model,
 		prompt: prompt, output: out, stream: req.Stream, usage: req.StreamOptions != nil && req.StreamOptions.IncludeUsage,
-		kv: req.KVTransferParams,
+		kv: req.KVTransferParams, stop: stop,
 	})
 }
 
 func (a *api) chat(ctx *fasthttp.RequestCtx) {
+	if a.dies() {
+		return
+	}
 	var req chatRequest
-	if !a.begin(ctx, &req, &req.generationRequest) {
+	stop, ok := a.begin(ctx, &req, &req.generationRequest)
+	if !ok {
 		return
 	}
 	prompt, err := chatPrompt(&req)
@@ -224,7 +279,7 @@ func (a *api) chat(ctx *fasthttp.RequestCtx) {
 	a.generate(ctx, &generation{
 		chat: true, id: a.newID("chatcmpl-"), created: time.Now().Unix(), model: a.cfg.Model,
 		prompt: prompt, output: out, stream: req.Stream, usage: req.StreamOptions != nil && req.StreamOptions.IncludeUsage,
-		kv: req.KVTransferParams,
+		kv: req.KVTransferParams, stop: stop,
 	})
 }
 
@@ -240,62 +295,106 @@ type generation struct {
 	model         string
 	prompt        []uint32
 	seed          uint64 // OutputSeed(prompt)
-	output        int
+	limit         int    // max_tokens, or what the model's length leaves
+	output        int    // tokens the engine generates: limit, or fewer when a stop condition ends the request
 	stream, usage bool
+	stop          *stopSpec // nil: none
 
 	kv     *kvTransferParams // the request's kv_transfer_params; nil: none
 	remote bool              // its prompt's KV was read from the prefill worker kv names
 	answer *kvTransferParams // a prefill answer's kv_transfer_params, its blocks held
 }
 
+func (g *generation) detokenizer() *detokenizer {
+	return &detokenizer{stop: g.stop, seed: g.seed, limit: g.limit}
+}
+
 // generate submits g to the engine and answers: one JSON body once the request ends, or, with
-// stream, Server-Sent Events as its tokens come.
+// stream, Server-Sent Events as its tokens come, after headers sent at once (as Starlette's
+// StreamingResponse sends them), so that a client can give up on a request still queued by
+// closing its connection. Either way a client that goes away has its request aborted, as
+// vLLM's server aborts a request on disconnect: the engine frees its slot and blocks.
 //
 // With kv_transfer_params (vLLM's NixlConnector): a prefill request (do_remote_decode) keeps
 // its blocks pinned when it finishes and answers the parameters to read them with; a decode
 // request (do_remote_prefill) first reads its prompt's blocks from the prefill worker (pull),
 // then runs with its prompt's KV in place (sim.Request.Remote).
 func (a *api) generate(ctx *fasthttp.RequestCtx, g *generation) {
+	if f := a.cfg.FailRate; f > 0 && rand.Float64() < f {
+		a.fail(ctx, &apiError{fasthttp.StatusInternalServerError, "InternalServerError",
+			fmt.Sprintf("kvr-mocker: simulated engine failure (--fail-rate %v)", f)})
+		return
+	}
 	g.seed = OutputSeed(g.prompt)
+	g.limit = g.output
+	g.output = stopAt(g.stop, g.seed, g.limit)
 	hold := g.kv != nil && g.kv.DoRemoteDecode
-	if g.kv != nil && g.kv.DoRemotePrefill {
-		var e *apiError
-		if g.remote, e = a.pull(g.prompt, g.kv); e != nil {
+	pull := g.kv != nil && g.kv.DoRemotePrefill
+	if pull {
+		if e := a.checkPull(g.prompt, g.kv); e != nil {
 			a.fail(ctx, e)
 			return
 		}
 	}
-	r := a.eng.submit(g.prompt, g.output, g.remote, hold)
+	conn := ctx.Conn()
 	if g.stream {
 		ctx.SetContentType("text/event-stream; charset=utf-8")
+		ctx.Response.ImmediateHeaderFlush = true
 		a.inflight.Add(1) // until the stream ends, after the handler has returned
 		ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
 			defer a.inflight.Add(-1)
-			a.stream(w, g, r)
+			if pull {
+				g.remote = a.pull(g.prompt, g.kv)
+			}
+			a.stream(w, g, a.eng.submit(g.prompt, g.output, g.remote, false), conn)
 		})
 		return
 	}
+	if pull {
+		g.remote = a.pull(g.prompt, g.kv)
+	}
+	r := a.eng.submit(g.prompt, g.output, g.remote, hold)
+	poll := time.NewTicker(goneEvery)
+	defer poll.Stop()
+	gone := false
 	for {
-		<-r.wake
-		n, cached, e, err := r.progress()
-		switch e {
-		case endNone:
+		select {
+		case <-r.wake:
+		case <-poll.C:
+			if !gone && peer.Gone(conn) {
+				// Wait for the abort to land: a hold request that finished meanwhile
+				// still has blocks to free.
+				gone = true
+				a.log.Debug("client gone: aborting", "id", g.id)
+				a.eng.abort(r)
+			}
 			continue
-		case endFailed:
+		}
+		n, cached, e, err := r.progress()
+		if e == endNone {
+			continue
+		}
+		if gone || (hold && e == endFinished && peer.Gone(conn)) {
+			if hold && e == endFinished {
+				// Nobody will learn where the blocks are: free them now, as vLLM frees the
+				// blocks of a prefill request whose client went away.
+				a.eng.release(r)
+			}
+			return
+		}
+		if e == endFailed {
 			a.fail(ctx, badRequest("%v", err))
 			return
 		}
-		finish := "length"
+		d := g.detokenizer()
+		for d.n < n {
+			d.add()
+		}
+		finish := d.finish()
 		if e == endAborted {
 			finish = "abort"
 		}
 		if hold && e == endFinished {
-			if peer.Gone(ctx.Conn()) {
-				// Nobody will learn where the blocks are: free them now, as vLLM frees the
-				// blocks of a prefill request whose client went away.
-				a.eng.release(r)
-				return
-			}
 			r.mu.Lock()
 			blocks := r.held
 			r.mu.Unlock()
@@ -303,38 +402,51 @@ func (a *api) generate(ctx *fasthttp.RequestCtx, g *generation) {
 			g.answer = a.answerParams(g.id, blocks)
 		}
 		ctx.SetContentType("application/json")
-		ctx.SetBody(g.appendBody(nil, n, cached, finish))
+		ctx.SetBody(g.appendBody(nil, d, n, cached, finish))
 		return
 	}
 }
 
 // stream writes r's tokens as vLLM's Server-Sent Events, flushing after each step that brought
-// some, and aborts r when the client is gone (a write or flush fails).
-func (a *api) stream(w *bufio.Writer, g *generation, r *request) {
+// some, one event per token (its text empty while a stop string may be forming), and aborts r
+// when the client is gone: a write or flush fails, or the connection (conn) is seen closed
+// while the request waits.
+func (a *api) stream(w *bufio.Writer, g *generation, r *request, conn net.Conn) {
+	d := g.detokenizer()
 	var buf []byte
-	sent := 0
+	poll := time.NewTicker(goneEvery)
+	defer poll.Stop()
 	for {
-		<-r.wake
+		select {
+		case <-r.wake:
+		case <-poll.C:
+			if peer.Gone(conn) {
+				a.log.Debug("client gone: aborting", "id", g.id)
+				a.eng.abort(r)
+				return
+			}
+			continue
+		}
 		n, cached, e, err := r.progress()
 		buf = buf[:0]
-		for ; sent < n; sent++ {
-			if g.chat && sent == 0 {
+		for d.n < n {
+			if g.chat && d.n == 0 {
 				buf = g.appendRoleChunk(buf)
 			}
+			d.add()
+			last := d.n == g.output
 			finish := ""
-			if sent+1 == g.output {
-				finish = "length"
+			if last {
+				finish = d.finish()
 			}
-			buf = g.appendTokenChunk(buf, sent, finish)
+			buf = g.appendTokenChunk(buf, d.delta(last), finish, d.reason)
 		}
 		switch e {
 		case endAborted:
-			buf = g.appendFinishChunk(buf, "abort")
+			buf = g.appendFinishChunk(buf, d.delta(true), "abort")
 		case endFailed:
 			buf = append(buf, "data: "...)
-			buf = append(buf, `{"object":"error","message":`...)
-			buf = appendJSONString(buf, err.Error())
-			buf = append(buf, `,"type":"BadRequestError","param":null,"code":400}`...)
+			buf = badRequest("%v", err).appendJSON(buf, true)
 			buf = append(buf, "\n\n"...)
 		}
 		if e != endNone {
@@ -389,30 +501,36 @@ func (g *generation) appendRoleChunk(dst []byte) []byte {
 	return append(dst, `{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}`+"\n\n"...)
 }
 
-func appendFinish(dst []byte, finish string) []byte {
+// appendFinish appends finish_reason and, once there is one, stop_reason (reason, JSON; nil:
+// null).
+func appendFinish(dst []byte, finish string, reason []byte) []byte {
 	if finish == "" {
 		return append(dst, `,"finish_reason":null`...)
 	}
 	dst = append(dst, `,"finish_reason":"`...)
 	dst = append(dst, finish...)
-	return append(dst, `","stop_reason":null`...)
+	dst = append(dst, `","stop_reason":`...)
+	if reason == nil {
+		return append(dst, "null"...)
+	}
+	return append(dst, reason...)
 }
 
-// appendTokenChunk appends the event of output token i.
-func (g *generation) appendTokenChunk(dst []byte, i int, finish string) []byte {
-	text := OutputText(OutputToken(g.seed, i), i)
+// appendTokenChunk appends the event of one output token whose text is text; finish (with
+// reason) when it is the last.
+func (g *generation) appendTokenChunk(dst, text []byte, finish string, reason []byte) []byte {
 	dst = append(dst, "data: "...)
 	dst = g.appendHead(dst, g.chunkObject())
 	if g.chat {
 		dst = append(dst, `{"index":0,"delta":{"content":`...)
-		dst = appendJSONString(dst, text)
+		dst = appendJSONString(dst, string(text))
 		dst = append(dst, `},"logprobs":null`...)
-		dst = appendFinish(dst, finish)
+		dst = appendFinish(dst, finish, reason)
 	} else {
 		dst = append(dst, `{"index":0,"text":`...)
-		dst = appendJSONString(dst, text)
+		dst = appendJSONString(dst, string(text))
 		dst = append(dst, `,"logprobs":null`...)
-		dst = appendFinish(dst, finish)
+		dst = appendFinish(dst, finish, reason)
 		if finish == "" {
 			dst = append(dst, `,"stop_reason":null`...)
 		}
@@ -420,16 +538,24 @@ func (g *generation) appendTokenChunk(dst []byte, i int, finish string) []byte {
 	return append(dst, "}]}\n\n"...)
 }
 
-// appendFinishChunk appends an event that only ends the choice (an abort).
-func (g *generation) appendFinishChunk(dst []byte, finish string) []byte {
+// appendFinishChunk appends an event that only ends the choice (an abort), with the text a
+// stream held back, if any.
+func (g *generation) appendFinishChunk(dst, text []byte, finish string) []byte {
 	dst = append(dst, "data: "...)
 	dst = g.appendHead(dst, g.chunkObject())
-	if g.chat {
+	switch {
+	case !g.chat:
+		dst = append(dst, `{"index":0,"text":`...)
+		dst = appendJSONString(dst, string(text))
+		dst = append(dst, `,"logprobs":null`...)
+	case len(text) > 0:
+		dst = append(dst, `{"index":0,"delta":{"content":`...)
+		dst = appendJSONString(dst, string(text))
+		dst = append(dst, `},"logprobs":null`...)
+	default:
 		dst = append(dst, `{"index":0,"delta":{},"logprobs":null`...)
-	} else {
-		dst = append(dst, `{"index":0,"text":"","logprobs":null`...)
 	}
-	dst = appendFinish(dst, finish)
+	dst = appendFinish(dst, finish, nil)
 	return append(dst, "}]}\n\n"...)
 }
 
@@ -459,13 +585,10 @@ func (g *generation) appendUsage(dst []byte, n, cached int) []byte {
 	return append(dst, "}}"...)
 }
 
-// appendBody appends the whole answer of a request not streamed: n output tokens, its choice
-// ended by finish.
-func (g *generation) appendBody(dst []byte, n, cached int, finish string) []byte {
-	text := make([]byte, 0, 8*n)
-	for i := range n {
-		text = append(text, OutputText(OutputToken(g.seed, i), i)...)
-	}
+// appendBody appends the whole answer of a request not streamed: the text of d, which has
+// followed its n output tokens, its choice ended by finish.
+func (g *generation) appendBody(dst []byte, d *detokenizer, n, cached int, finish string) []byte {
+	text := d.text
 	if g.chat {
 		dst = g.appendHead(dst, "chat.completion")
 		dst = append(dst, `{"index":0,"message":{"role":"assistant","content":`...)
@@ -477,7 +600,11 @@ func (g *generation) appendBody(dst []byte, n, cached int, finish string) []byte
 		dst = appendJSONString(dst, string(text))
 		dst = append(dst, `,"logprobs":null`...)
 	}
-	dst = appendFinish(dst, finish)
+	var reason []byte
+	if finish == "stop" {
+		reason = d.reason
+	}
+	dst = appendFinish(dst, finish, reason)
 	dst = append(dst, `}],"usage":`...)
 	dst = g.appendUsage(dst, n, cached)
 	if g.answer != nil {

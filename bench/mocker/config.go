@@ -46,6 +46,10 @@ type Config struct {
 	KVTransferGbps    float64       // the link's bandwidth between two workers, Gbit/s
 	KVTransferLatency time.Duration // fixed cost of one transfer, on top of bytes / bandwidth
 	KVTransferTimeout time.Duration // how long a prefill worker keeps blocks nobody reads (vLLM's VLLM_NIXL_ABORT_REQUEST_TIMEOUT)
+
+	// Failures, for end-to-end tests of what stands in front of the engine.
+	FailRate float64 // fraction of generate requests answered 500, drawn at random
+	DieAfter int     // generate requests served before the next one crashes the mocker (Mocker.Died); 0: never
 }
 
 // Defaults returns the default configuration: sim's worker model (Dynamo's mocker's scheduler
@@ -109,6 +113,8 @@ func (c *Config) Flags(fs *flag.FlagSet) {
 	fs.Float64Var(&c.KVTransferGbps, "kv-transfer-gbps", c.KVTransferGbps, "bandwidth of the link a decode worker reads prefilled KV blocks over, Gbit/s (default: one 400G RDMA NIC)")
 	fs.DurationVar(&c.KVTransferLatency, "kv-transfer-latency", c.KVTransferLatency, "fixed cost of one KV transfer, added to bytes / bandwidth")
 	fs.DurationVar(&c.KVTransferTimeout, "kv-transfer-timeout", c.KVTransferTimeout, "how long a prefill worker keeps a finished request's blocks for a decode worker to read before freeing them (vLLM's VLLM_NIXL_ABORT_REQUEST_TIMEOUT); simulated time, like step times")
+	fs.Float64Var(&c.FailRate, "fail-rate", c.FailRate, "fraction (0…1) of the valid completion and chat requests answered 500 with a vLLM error body, drawn at random; streamed ones too, before any event")
+	fs.IntVar(&c.DieAfter, "die-after", c.DieAfter, "crash when completion or chat request N+1 arrives, after N: close the listener, reset every open connection (streams cut short) and exit with status 3, without leaving kvrouterd; 0: never")
 }
 
 // Check reports the first invalid setting of c, naming its flag.
@@ -149,6 +155,10 @@ func (c *Config) Check() error {
 		return bad("kv-transfer-latency", "negative")
 	case c.KVTransferTimeout <= 0:
 		return bad("kv-transfer-timeout", "%v is not positive", c.KVTransferTimeout)
+	case !(c.FailRate >= 0 && c.FailRate <= 1):
+		return bad("fail-rate", "%v is not a fraction in 0…1", c.FailRate)
+	case c.DieAfter < 0:
+		return bad("die-after", "%d is negative (0: never die)", c.DieAfter)
 	}
 	if _, err := c.form(); err != nil {
 		return bad("kv-events-form", "%v", err)

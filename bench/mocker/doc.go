@@ -9,9 +9,13 @@
 // goroutine: it takes the submissions and aborts handed to it, runs a Step, sleeps the step's
 // simulated duration divided by Config.Speedup (on a schedule that absorbs timer lateness),
 // then publishes the step's KV events and reports each request's new token to the handler
-// waiting for it (sim.StepOutput.Emitted). A streamed request whose client is gone is aborted
-// (sim.Worker.Abort) when writing its next token fails; its blocks are released as a finished
-// request's are.
+// waiting for it (sim.StepOutput.Emitted). A request whose client is gone is aborted
+// (sim.Worker.Abort), as vLLM's server aborts a request on disconnect: the handler waiting for
+// it looks at its connection every 10 ms (internal/peer), and a stream's write failing says so
+// too. Its slot is freed and its blocks released as a finished request's are, whether it was
+// running or still queued. A stream's headers are sent at once, before its first token, as
+// Starlette's StreamingResponse sends them, so that a client can give up on a queued request by
+// closing its connection.
 //
 // # Tokenizer and chat template
 //
@@ -31,8 +35,30 @@
 //
 // Output token i of a request is the fixed word (OutputSeed(prompt) + i) mod 100, the seed an
 // FNV-1a hash of the prompt ids, so that equal prompts get equal answers; its text is the
-// word, after a space from the second token on. Every request runs to its max_tokens
-// (finish_reason "length"): there is no end-of-sequence.
+// word, after a space from the second token on. There is no end-of-sequence: a request runs to
+// its max_tokens (finish_reason "length") unless a stop condition ends it first.
+//
+// # Stop conditions
+//
+// stop (a string or a list), stop_token_ids and include_stop_str_in_output act as in vLLM
+// (vllm/v1/engine/detokenizer.py and the scheduler's check_stop; see detokenizer): the token
+// that completes a stop string, or is a stop token, ends the request with finish_reason "stop"
+// and stop_reason the string (or the token id); the text ends before the stop string (after it
+// with include_stop_str_in_output), a stop token's text is left out, usage counts every token
+// generated, the stopping one included. A stream sends one event per token but holds back the
+// last (longest stop string − 1) characters while the request runs, so some events carry an
+// empty text. Since the output is known in advance, the engine is asked for exactly the tokens
+// vLLM's engine would have generated before stopping: the request finishes there, freeing its
+// slot, and counts as finished, not aborted.
+//
+// # Errors and failures
+//
+// Errors have vLLM's current shape, {"error":{"message","type","param","code"}} (a stream that
+// fails after its headers writes it as an event, spaced as Python's json.dumps writes it, then
+// [DONE]). Config.FailRate answers a random fraction of the valid generate requests 500
+// InternalServerError before they reach the engine; Config.DieAfter crashes the mocker when
+// the generate request past the first DieAfter arrives (Mocker.Died), for end-to-end tests of
+// what stands in front of engines.
 //
 // # KV events
 //

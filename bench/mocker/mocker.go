@@ -39,14 +39,23 @@ type Mocker struct {
 	api     *api
 	connsMu sync.Mutex
 	conns   map[net.Conn]struct{} // the open HTTP connections; REQUIRES connsMu
+	crashed bool                  // Config.DieAfter was reached: every connection is reset; REQUIRES connsMu
+
+	died      chan struct{} // closed by crash
+	crashOnce sync.Once
+	pubOnce   sync.Once
 }
 
-// connState keeps the set of open connections, for Shutdown.
+// connState keeps the set of open connections, for Shutdown and crash.
 func (m *Mocker) connState(c net.Conn, s fasthttp.ConnState) {
 	m.connsMu.Lock()
 	defer m.connsMu.Unlock()
 	switch s {
 	case fasthttp.StateNew:
+		if m.crashed { // accepted as the listener closed
+			reset(c)
+			return
+		}
 		m.conns[c] = struct{}{}
 	case fasthttp.StateClosed, fasthttp.StateHijacked:
 		delete(m.conns, c)
@@ -65,6 +74,63 @@ func (m *Mocker) closeConns() {
 	}
 }
 
+// ErrDied is what Run returns when the mocker crashed as Config.DieAfter asked.
+var ErrDied = errors.New("mocker: died as --die-after asked")
+
+// Died is closed once the mocker has crashed as Config.DieAfter asks: when the generate
+// request past the first DieAfter arrived, it closed its listener (connections are refused),
+// reset every open connection, its own included (a client sees ECONNRESET; a stream stops
+// where it was, without an error event or [DONE]), stopped its engine and closed its KV-event
+// sockets, as a crashed engine's process would. It does not leave kvrouterd. Shutdown still
+// has to be called.
+func (m *Mocker) Died() <-chan struct{} { return m.died }
+
+// crash is the death Died describes; the first call does it.
+func (m *Mocker) crash() {
+	m.crashOnce.Do(func() {
+		m.log.Error("crashing as --die-after asks", "served", m.cfg.DieAfter)
+		m.ln.Close()
+		m.connsMu.Lock()
+		m.crashed = true
+		for c := range m.conns {
+			reset(c)
+		}
+		m.connsMu.Unlock()
+		m.eng.close()
+		m.api.held.close()
+		m.closePub()
+		close(m.died)
+	})
+}
+
+// reset closes c at once with a TCP reset (SO_LINGER 0) rather than an orderly FIN, as the
+// kernel closes the sockets of a process that died.
+func reset(c net.Conn) {
+	if tc, ok := c.(interface{ SetLinger(int) error }); ok {
+		_ = tc.SetLinger(0)
+	}
+	c.Close()
+}
+
+func (m *Mocker) closePub() {
+	if m.pub != nil {
+		m.pubOnce.Do(m.pub.close)
+	}
+}
+
+// onceListener is a listener closed once: crash closes it before fasthttp's Shutdown, which
+// would report the second close as an error.
+type onceListener struct {
+	net.Listener
+	once sync.Once
+	err  error
+}
+
+func (l *onceListener) Close() error {
+	l.once.Do(func() { l.err = l.Listener.Close() })
+	return l.err
+}
+
 // Start checks cfg, binds the HTTP listener and the ZMQ sockets, starts the engine and serves;
 // it does not register with kvrouterd (Register does). Logs go to logw.
 func Start(cfg Config, logw io.Writer) (*Mocker, error) {
@@ -74,13 +140,13 @@ func Start(cfg Config, logw io.Writer) (*Mocker, error) {
 	level, _ := cfg.level()
 	log := slog.New(slog.NewTextHandler(logw, &slog.HandlerOptions{Level: level})).With("worker", cfg.WorkerID)
 	form, _ := cfg.form()
-	m := &Mocker{cfg: cfg, log: log, served: make(chan error, 1)}
+	m := &Mocker{cfg: cfg, log: log, served: make(chan error, 1), died: make(chan struct{})}
 
 	ln, err := net.Listen("tcp", cfg.HTTPAddr)
 	if err != nil {
 		return nil, fmt.Errorf("mocker: --http-addr: %w", err)
 	}
-	m.ln = ln
+	m.ln = &onceListener{Listener: ln}
 	m.httpEndpoint = endpoint("http://", ln.Addr(), cfg.AdvertiseHost)
 	var publish func(*sim.StepOutput)
 	if cfg.KVEventsAddr != "" {
@@ -102,6 +168,7 @@ func Start(cfg Config, logw io.Writer) (*Mocker, error) {
 		a.xferHost = u.Hostname()
 		a.xferPort, _ = strconv.Atoi(u.Port())
 	}
+	a.crash = m.crash
 	m.api = a
 	m.conns = make(map[net.Conn]struct{})
 	m.srv = &fasthttp.Server{
@@ -112,7 +179,7 @@ func Start(cfg Config, logw io.Writer) (*Mocker, error) {
 		Logger:             fasthttpLogger{log},
 		ConnState:          m.connState,
 	}
-	go func() { m.served <- m.srv.Serve(ln) }()
+	go func() { m.served <- m.srv.Serve(m.ln) }()
 	log.Info("kvr-mocker serving", "model", cfg.Model, "http", m.httpEndpoint, "kv_events", m.eventsEndpoint,
 		"replay", m.replayEndpoint, "blocks", cfg.Blocks, "block_size", cfg.BlockSize, "speedup", cfg.Speedup)
 	return m, nil
@@ -261,9 +328,7 @@ wait:
 	m.ln.Close()
 	m.api.held.close()
 	m.eng.close()
-	if m.pub != nil {
-		m.pub.close()
-	}
+	m.closePub()
 	if serr := <-m.served; err == nil && !errors.Is(serr, net.ErrClosed) {
 		err = serr
 	}
@@ -273,12 +338,21 @@ wait:
 
 // Run runs a mocker until ctx is done: Start, Register (with cfg.Register), and at the end
 // Deregister and Shutdown within cfg.ShutdownTimeout. A registration kvrouterd refuses ends the
-// run with its error.
+// run with its error; a crash (cfg.DieAfter) ends it at once with ErrDied, still registered.
 func Run(ctx context.Context, cfg Config, logw io.Writer) error {
 	m, err := Start(cfg, logw)
 	if err != nil {
 		return err
 	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-m.Died():
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
 	var regErr error
 	registered := false
 	switch err := m.Register(ctx); {
@@ -288,6 +362,14 @@ func Run(ctx context.Context, cfg Config, logw io.Writer) error {
 	case ctx.Err() == nil: // refused: no use serving a worker kvrouterd will not route to
 		regErr = err
 		m.log.Error("registration failed", "err", err)
+	}
+	select {
+	case <-m.Died():
+		sctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		m.Shutdown(sctx) // releases what is left; nothing to wait for
+		return ErrDied
+	default:
 	}
 	m.log.Info("shutting down")
 	if registered {

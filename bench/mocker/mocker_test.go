@@ -522,21 +522,25 @@ func TestClientGoneAborts(t *testing.T) {
 	}
 }
 
-// TestErrors: bad input gets vLLM's error shape and status.
+// TestErrors: bad input gets vLLM's error shape, {"error":{"message","type","param","code"}},
+// and status.
 func TestErrors(t *testing.T) {
 	m := start(t, func(c *Config) { c.MaxModelLen = 100 })
 	f := func(path, body string, status int, typ, msg string) {
 		t.Helper()
 		code, b := post(t, m, path, body)
-		var e struct {
-			Object  string  `json:"object"`
-			Message string  `json:"message"`
-			Type    string  `json:"type"`
-			Param   *string `json:"param"`
-			Code    int     `json:"code"`
+		var answer struct {
+			Error *struct {
+				Message string  `json:"message"`
+				Type    string  `json:"type"`
+				Param   *string `json:"param"`
+				Code    int     `json:"code"`
+			} `json:"error"`
 		}
-		if err := json.Unmarshal(b, &e); err != nil || code != status || e.Object != "error" || e.Type != typ ||
-			e.Code != status || e.Param != nil || !strings.Contains(e.Message, msg) || !bytes.Contains(b, []byte(`"param":null`)) {
+		err := json.Unmarshal(b, &answer)
+		e := answer.Error
+		if err != nil || e == nil || code != status || e.Type != typ || e.Code != status || e.Param != nil ||
+			!strings.Contains(e.Message, msg) || !bytes.HasPrefix(b, []byte(`{"error":{"message":`)) || !bytes.Contains(b, []byte(`"param":null`)) {
 			t.Errorf("%s %s: %d %s; want %d %s %q", path, body, code, b, status, typ, msg)
 		}
 	}

@@ -23,6 +23,11 @@ type generationRequest struct {
 	Stream        bool           `json:"stream"`
 	StreamOptions *streamOptions `json:"stream_options"`
 
+	// Stop conditions (stopSpec): stop is a string, a list of strings or null.
+	Stop                   json.RawMessage `json:"stop"`
+	StopTokenIDs           []uint32        `json:"stop_token_ids"`
+	IncludeStopStrInOutput bool            `json:"include_stop_str_in_output"`
+
 	KVTransferParams *kvTransferParams `json:"kv_transfer_params"` // vLLM's, for disaggregated serving
 }
 

@@ -102,8 +102,8 @@ func TestAppendJSONString(t *testing.T) {
 }
 
 // FuzzRequestDecoding feeds arbitrary bodies to the decoding of every request the API takes:
-// nothing panics, an accepted prompt is what the tokenizer or the id list says, and strings the
-// API writes back are valid JSON.
+// nothing panics, an accepted prompt is what the tokenizer or the id list says, strings the
+// API writes back are valid JSON, and accepted stop conditions stream the answer's text.
 func FuzzRequestDecoding(f *testing.F) {
 	for _, s := range []string{
 		`{"model":"kvr-mock","prompt":"Hello, world!","max_tokens":5}`,
@@ -118,6 +118,10 @@ func FuzzRequestDecoding(f *testing.F) {
 		`{"prompt":[1,2,3],"max_tokens":1,"stream":false,"kv_transfer_params":{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}}`,
 		`{"prompt":[1,2,3],"kv_transfer_params":{"do_remote_prefill":true,"do_remote_decode":false,"remote_block_ids":[7],"remote_engine_id":"e","remote_request_id":"cmpl-1","remote_host":"10.0.0.1","remote_port":8000,"tp_size":1}}`,
 		`{"remote_engine_id":"e","remote_request_id":"cmpl-1","remote_block_ids":[1,-2]}`,
+		// Stop conditions as OpenAI's SDK and vLLM's clients send them.
+		`{"prompt":"x","stop":"\n\n","stream":true}`,
+		`{"messages":[{"role":"user","content":"x"}],"stop":["</s>","User:"],"stop_token_ids":[2,16],"include_stop_str_in_output":true}`,
+		`{"prompt":"x","stop":null,"stop_token_ids":null}`, `{"prompt":"x","stop":["",1]}`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -149,6 +153,19 @@ func FuzzRequestDecoding(f *testing.F) {
 		var d detokenizeRequest
 		if decodeBody(body, &d) == nil {
 			_ = Decode(d.Tokens)
+		}
+		if s, err := parseStop(c.Stop, c.StopTokenIDs, c.IncludeStopStrInOutput); err == nil && s != nil {
+			seed := OutputSeed([]uint32{uint32(len(body))})
+			n := stopAt(s, seed, 50)
+			d := detokenizer{stop: s, seed: seed, limit: 50}
+			var streamed []byte
+			for d.n < n {
+				d.add()
+				streamed = append(streamed, d.delta(d.n == n)...)
+			}
+			if string(streamed) != string(d.text) {
+				t.Fatalf("streamed %q, answered %q", streamed, d.text)
+			}
 		}
 		if c.KVTransferParams != nil {
 			_ = c.KVTransferParams.check(c.Stream)

@@ -194,6 +194,16 @@ func (a *api) transferEndpoint(ctx *fasthttp.RequestCtx) {
 	}
 }
 
+// checkPull refuses a remote_block_ids that does not fit the prompt: the client's error.
+func (a *api) checkPull(prompt []uint32, p *kvTransferParams) *apiError {
+	bs := a.cfg.BlockSize
+	if want := (len(prompt) + bs - 1) / bs; len(p.RemoteBlockIDs) != want {
+		return badRequest("kv_transfer_params.remote_block_ids: %d blocks, but the prompt's %d tokens fill %d blocks of %d",
+			len(p.RemoteBlockIDs), len(prompt), want, bs)
+	}
+	return nil
+}
+
 // pull reads the prompt's KV blocks from the prefill worker p names, as vLLM's decode side
 // does before scheduling a request with do_remote_prefill: only the blocks past the prompt's
 // local cache hit, which are the tail of p's remote_block_ids (the prefill worker held one
@@ -201,24 +211,20 @@ func (a *api) transferEndpoint(ctx *fasthttp.RequestCtx) {
 // worker to free the blocks. It reports whether the blocks arrived; when they did not (the
 // prefill worker unreachable, the transfer unknown or expired, blocks of another size) the
 // request computes its prompt here, as vLLM's default kv_load_failure_policy "recompute"
-// does. A remote_block_ids that does not fit the prompt is the client's error.
-func (a *api) pull(prompt []uint32, p *kvTransferParams) (bool, *apiError) {
+// does. The caller has checked p against the prompt (checkPull).
+func (a *api) pull(prompt []uint32, p *kvTransferParams) bool {
 	bs := a.cfg.BlockSize
-	if want := (len(prompt) + bs - 1) / bs; len(p.RemoteBlockIDs) != want {
-		return false, badRequest("kv_transfer_params.remote_block_ids: %d blocks, but the prompt's %d tokens fill %d blocks of %d",
-			len(p.RemoteBlockIDs), len(prompt), want, bs)
-	}
 	var hs radix.Hasher
 	hashes := hs.AppendSequence(nil, prompt, bs, radix.LoRASeed(""))
 	hit := a.eng.cachedPrefix(hashes, (len(prompt)-1)/bs) // as the worker caps a hit: one token is left to compute
 	blocks := p.RemoteBlockIDs[hit:]
 	base := "http://" + net.JoinHostPort(p.RemoteHost, strconv.Itoa(p.RemotePort))
 	body, _ := json.Marshal(transferRequest{EngineID: p.RemoteEngineID, RequestID: p.RemoteRequestID, BlockIDs: blocks})
-	failed := func(step string, err error) (bool, *apiError) {
+	failed := func(step string, err error) bool {
 		a.eng.count(func(c *Transfers) { c.Failed++ })
 		a.log.Warn("KV transfer failed: computing the prompt here", "step", step, "remote", base,
 			"remote_request_id", p.RemoteRequestID, "err", err)
-		return false, nil
+		return false
 	}
 	status, answer, err := call(context.Background(), http.MethodPost, base+"/kv_transfer/read", body)
 	if err == nil && status != http.StatusOK {
@@ -256,7 +262,7 @@ func (a *api) pull(prompt []uint32, p *kvTransferParams) (bool, *apiError) {
 	})
 	a.log.Debug("KV blocks received", "remote_request_id", p.RemoteRequestID, "blocks", len(blocks),
 		"local_hit_blocks", hit, "bytes", n, "modelled", d)
-	return true, nil
+	return true
 }
 
 // answerParams are the kv_transfer_params of a prefill answer whose blocks are held under id:

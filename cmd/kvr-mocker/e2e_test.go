@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -280,4 +281,39 @@ func TestWithKvrouterd(t *testing.T) {
 	until(t, "the prefill mocker's blocks read and released", nil, func() bool {
 		return metric(t, addrs[3], "kvr_mocker_kv_transfers_sent_total") == 1
 	})
+}
+
+// TestDieAfterExits: kvr-mocker --die-after 1 serves one completion, then dies on the next one
+// (its connection reset) and exits with status 3; nothing listens on its port any more.
+func TestDieAfterExits(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs kvr-mocker")
+	}
+	mock := build(t, t.TempDir(), ".")
+	addr := freeport.TB(t)
+	p := run(t, mock, "--http-addr", addr, "--kv-events-addr", "", "--speedup", "100", "--die-after", "1")
+	until(t, "the mocker serving", nil, func() bool {
+		resp, err := http.Get("http://" + addr + "/health")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == 200
+	})
+	if code := call(t, "POST", "http://"+addr+"/v1/completions", `{"prompt":"x","max_tokens":2}`, nil); code != 200 {
+		t.Fatalf("first completion: %d", code)
+	}
+	resp, err := http.Post("http://"+addr+"/v1/completions", "application/json", strings.NewReader(`{"prompt":"x","max_tokens":2}`))
+	if err == nil {
+		resp.Body.Close()
+		t.Fatalf("second completion answered %d", resp.StatusCode)
+	}
+	err = p.cmd.Wait()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 3 || !strings.Contains(p.log(), "died as --die-after asked") {
+		t.Fatalf("exit: %v\n%s", err, p.log())
+	}
+	if _, err := http.Get("http://" + addr + "/health"); err == nil {
+		t.Error("the port still answers")
+	}
 }

@@ -32,6 +32,9 @@ func main() {
 	defer stop()
 	if err := mocker.Run(ctx, c, os.Stderr); err != nil {
 		fmt.Fprintln(os.Stderr, "kvr-mocker:", err)
+		if errors.Is(err, mocker.ErrDied) {
+			os.Exit(3) // --die-after: a crash a test asked for, told apart from a failure
+		}
 		os.Exit(1)
 	}
 }
