@@ -45,8 +45,9 @@ type api struct {
 	crash       func()
 }
 
-// goneEvery is how often a request waiting for the engine looks whether its client has gone.
-const goneEvery = 10 * time.Millisecond
+// goneEvery is how often a request waiting for the engine looks whether its client has gone:
+// a syscall per waiting request each time, and the abort comes this much later at most.
+const goneEvery = 20 * time.Millisecond
 
 // apiError is an error answer in vLLM's shape.
 type apiError struct {

@@ -11,7 +11,7 @@
 // then publishes the step's KV events and reports each request's new token to the handler
 // waiting for it (sim.StepOutput.Emitted). A request whose client is gone is aborted
 // (sim.Worker.Abort), as vLLM's server aborts a request on disconnect: the handler waiting for
-// it looks at its connection every 10 ms (internal/peer), and a stream's write failing says so
+// it looks at its connection every 20 ms (internal/peer), and a stream's write failing says so
 // too. Its slot is freed and its blocks released as a finished request's are, whether it was
 // running or still queued. A stream's headers are sent at once, before its first token, as
 // Starlette's StreamingResponse sends them, so that a client can give up on a queued request by

@@ -216,6 +216,25 @@ func TestErrorShapes(t *testing.T) {
 	}
 }
 
+// TestStreamErrorEvent: a request the engine refuses once its stream has begun ends with
+// vLLM's error event, then [DONE], and no usage.
+func TestStreamErrorEvent(t *testing.T) {
+	m := start(t, nil)
+	r := &request{wake: make(chan struct{}, 1)}
+	r.finish(endFailed, errors.New(`the engine said "no"`))
+	client, server := net.Pipe() // never seen gone
+	defer client.Close()
+	defer server.Close()
+	var out strings.Builder
+	w := bufio.NewWriter(&out)
+	g := &generation{chat: true, id: "chatcmpl-1", model: "kvr-mock", output: 3, limit: 3, stream: true, usage: true}
+	m.api.stream(w, g, r, server)
+	want := `data: {"error": {"message": "the engine said \"no\"", "type": "BadRequestError", "param": null, "code": 400}}` + "\n\ndata: [DONE]\n\n"
+	if out.String() != want {
+		t.Errorf("stream\n%s\nwant\n%s", out.String(), want)
+	}
+}
+
 // TestFailRate: with --fail-rate 1 every generate request, streamed or not, is a 500 in vLLM's
 // error shape that never reaches the engine, while /tokenize is served; with 0.3, about that
 // fraction is.
