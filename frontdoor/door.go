@@ -65,6 +65,7 @@ type Door struct {
 	ids    atomic.Uint64 // the request ids' counter
 	turn   atomic.Uint64 // which worker tokenizes next
 	bufs   sync.Pool     // *[]byte, for copying streamed bodies
+	probe  prober        // the workers' health probes (health.go)
 }
 
 // New returns a Door routing with r.

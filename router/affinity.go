@@ -87,8 +87,9 @@ func (r *Router) sticky(m *model, req *wire.RouteRequest, count bool) (radix.Wor
 	}
 	list := m.list.Load()
 	at := rankAt(list, b.worker)
+	// A session leaves a rank out of routing (eject.go): it would be pinned to it.
 	if at < 0 || len(req.Allowed) > 0 && !slices.Contains(req.Allowed, b.worker.ID) ||
-		a.cfg.Mode == AffinitySoft && r.softLeaves(m, list, at) {
+		a.cfg.Mode == AffinitySoft && r.softLeaves(m, list, at) || r.rankOut(list.ws[at]) {
 		if count {
 			a.moved.Add(1)
 		}

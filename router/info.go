@@ -55,6 +55,16 @@ type WorkerInfo struct {
 	// the daemon subscribes to it, else the last batch of any of the worker's ranks. Zero
 	// (omitted) before the first.
 	LastEventAt time.Time `json:"last_event_at,omitzero"`
+	// Health is the rank's standing with the outlier ejection (eject.go): "ok", "suspect"
+	// (it failed since its last answer, and loses ties) or "ejected" (out of routing).
+	// EjectedUntil is when an ejected rank's time is up (its health is probed then, or it comes
+	// back); Ejections the ejection multiplier (times ejected, decayed); ConsecutiveFailures its
+	// failures in a row; LastFailure the reason of the last one, while it is not ok.
+	Health              string    `json:"health"`
+	EjectedUntil        time.Time `json:"ejected_until,omitzero"`
+	Ejections           int       `json:"ejections,omitempty"`
+	ConsecutiveFailures int       `json:"consecutive_failures,omitempty"`
+	LastFailure         string    `json:"last_failure,omitempty"`
 }
 
 // Workers lists the registered workers, by model, id and rank.
@@ -92,6 +102,7 @@ func (r *Router) Workers() []WorkerInfo {
 		x.BlockSizeRefused = w.reg.mis.blockSizeEvents.Load()
 		x.Unmatched, x.ZeroHits = w.reg.mis.unmatched.Load(), w.reg.mis.zeroHits.Load()
 	}
+	r.fillHealth(out, rws)
 	// Cursors live on the shards: one visit per shard, not per worker (metrics scrapes list
 	// every worker).
 	byShard := make(map[int][]int)

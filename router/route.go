@@ -31,6 +31,11 @@ type scratch struct {
 	allowed []uint64
 	th      *Thresholds // the model's busy thresholds while route's general path runs, else nil
 	over    []bool      // with th: worker list position → its worker is overloaded
+	// eject: some rank of the model failed since its last success (eject.go), while route's
+	// general path chooses; isOut then marks the positions out of routing at now.
+	eject bool
+	now   int64
+	isOut []bool
 	// noReuse: the request's blocks are booked under the random hashes rseqs and share no
 	// active block with another request (assume_kv_reuse off).
 	noReuse bool
@@ -341,7 +346,10 @@ func (r *Router) pick(s *scratch, m *model, list *workerList, p *scoring.Params,
 	limit int, book bool, th *Thresholds, enc *[]byte) (pos, cached int32, encoded bool, err error) {
 	// The fast path prices a worker by its device depth alone: a prompt that a lower storage
 	// tier extends for some worker takes the general path, which credits the extension.
-	if p.Mode == scoring.KV && p.Temperature == 0 && !req.HasPinned && len(req.Allowed) == 0 && th == nil &&
+	// A model with a rank that failed (eject.go) takes the general path too, which skips the
+	// ranks out of routing and makes the suspect ones lose ties.
+	eject := book && r.ejecting(m)
+	if p.Mode == scoring.KV && p.Temperature == 0 && !req.HasPinned && len(req.Allowed) == 0 && th == nil && !eject &&
 		len(s.m.Tiers) == 0 && len(list.keys) > 0 && !r.general && !r.log.Enabled(context.Background(), slog.LevelDebug) {
 		if err := p.Check(); err != nil {
 			return 0, 0, false, fieldErr(ErrInvalid, "request", "%v", err)
@@ -351,9 +359,10 @@ func (r *Router) pick(s *scratch, m *model, list *workerList, p *scoring.Params,
 	}
 	if book {
 		s.th = th // a match answers for every worker, as Dynamo's /query
+		s.setEject(r, eject)
 	}
 	chosen, err := s.general(r, m.ix, list, p, req, book)
-	s.th = nil
+	s.th, s.eject = nil, false
 	if err != nil {
 		return 0, 0, false, err
 	}
@@ -461,6 +470,9 @@ func (s *scratch) general(r *Router, ix *radix.Index, list *workerList, p *scori
 	var err error
 	if book {
 		chosen, err = r.chooser.Choose(s.cands, p, r.cfg.Rand)
+		if err == nil && s.eject {
+			chosen = s.avoidSuspect(list, p, chosen, r.cfg.Rand)
+		}
 	} else {
 		if err = p.Check(); err == nil {
 			scoring.Score(s.cands, p)
@@ -503,7 +515,11 @@ func (s *scratch) candidates(r *Router, ix *radix.Index, list *workerList, req *
 		s.over = slices.Grow(s.over[:0], n)[:n]
 		nOver = r.markOverloaded(s.th, list, s.over, req.Model, true)
 	}
-	s.all = !req.HasPinned && len(req.Allowed) == 0 && nOver == 0
+	nOut := 0
+	if s.eject {
+		nOut = s.markOut(list)
+	}
+	s.all = !req.HasPinned && len(req.Allowed) == 0 && nOver == 0 && nOut == 0
 	if s.all {
 		s.cands = slices.Grow(s.cands[:0], n)[:n]
 		for i, k := range list.keys {
@@ -525,7 +541,8 @@ func (s *scratch) candidates(r *Router, ix *radix.Index, list *workerList, req *
 		slices.Sort(s.allowed)
 		allowed = s.allowed
 	}
-	eligible := 0 // allowed, overloaded or not
+	eligible, skipped := 0, 0 // allowed, overloaded or not; and out of routing
+again:
 	for i, k := range list.keys {
 		s.at[i] = -1
 		switch {
@@ -541,6 +558,10 @@ func (s *scratch) candidates(r *Router, ix *radix.Index, list *workerList, req *
 			if !slices.Contains(allowed, k.ID) {
 				continue
 			}
+		}
+		if nOut > 0 && s.isOut[i] {
+			skipped++
+			continue
 		}
 		eligible++
 		if nOver > 0 && s.over[i] {
@@ -558,6 +579,13 @@ func (s *scratch) candidates(r *Router, ix *radix.Index, list *workerList, req *
 			ActiveRequests: l.Requests(),
 			DeviceWeight:   list.ws[i].reg.getWeight(),
 		})
+	}
+	if eligible == 0 && skipped > 0 {
+		// Every candidate is out of routing: route among them anyway (Envoy's panic mode).
+		r.health.panics.Add(1)
+		nOut, skipped = 0, 0
+		s.cands, s.pos = s.cands[:0], s.pos[:0]
+		goto again
 	}
 	if len(s.cands) == 0 && eligible > 0 {
 		r.overloadRejected.Add(1)

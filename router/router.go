@@ -128,6 +128,9 @@ type Config struct {
 	HitSample     int
 	ZeroHits      int64
 	ZeroHitBlocks int64
+	// Eject configures outlier ejection: ranks that fail the front door's requests leave
+	// routing for a while (eject.go).
+	Eject EjectConfig
 	// PhaseSample: one routed request in PhaseSample (a power of two, 16), drawn at random, is
 	// timed phase by phase for the PhaseObserver (SetPhaseObserver); 1 times every one. Reading
 	// the clock at each phase boundary costs more than 2% of a route (BenchmarkRoute), hence the
@@ -182,6 +185,7 @@ func (c *Config) defaults() {
 	} else {
 		c.Disagg = &DisaggConfig{}
 	}
+	c.Eject.defaults()
 	if c.Now == nil {
 		start := time.Now()
 		c.Now = func() int64 { return int64(time.Since(start)) }
@@ -256,6 +260,8 @@ type Router struct {
 
 	general bool // tests: score every request on the general path (see scorekv.go)
 
+	health routerHealth // outlier ejection (eject.go)
+
 	stop  chan struct{}
 	done  chan struct{}
 	qdone chan struct{} // closed when queueLoop has returned; nil without the queue
@@ -280,6 +286,8 @@ type model struct {
 
 	queue *modelQueue // nil without Config.Queue
 	pred  *predicted  // nil without Config.PredictedTTL
+
+	health modelHealth // outlier ejection (eject.go)
 }
 
 // workerList is a model's registered (worker, rank) pairs, immutable once published.
@@ -311,6 +319,8 @@ type rankWorker struct {
 	endpoint, replay string
 
 	report atomic.Pointer[LoadReport] // the last one, if the rank sends them
+
+	health rankHealth // outlier ejection (eject.go)
 }
 
 // registration is one worker id: a model and the ranks it serves. Fields other than the atomics
@@ -986,6 +996,7 @@ func (r *Router) unregister(id uint64) error {
 func (r *Router) drop(reg *registration, ws []*rankWorker, remove func(*shard.Applier)) error {
 	ix := reg.model.ix
 	for _, w := range ws {
+		r.forgetHealth(w)
 		r.tracker.Unregister(w.load)
 		if r.approx != nil {
 			r.forgetApprox(ix, w)

@@ -100,7 +100,11 @@ func (r *Router) selectWith(req *wire.RouteRequest, o SelectOptions, sel *Select
 	if len(o.Seqs) == len(s.seqs) && o.Seqs != nil {
 		s.seqs = append(s.seqs[:0], o.Seqs...)
 	}
+	if choose {
+		s.setEject(r, r.ejecting(m))
+	}
 	chosen, err := s.general(r, m.ix, m.list.Load(), &p, req, choose)
+	s.eject = false
 	if err != nil {
 		return err
 	}

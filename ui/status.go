@@ -106,6 +106,12 @@ type WorkerStatus struct {
 	Endpoint       string             `json:"endpoint,omitempty"`
 	HTTPEndpoint   string             `json:"http_endpoint,omitempty"`
 	Problems       []string           `json:"problems,omitempty"`
+	// Health is the rank's standing with the outlier ejection (router.WorkerInfo.Health): ok,
+	// suspect or ejected; an ejected rank's EjectedForSeconds is how long until its time is up
+	// (its health is probed then), Ejections its ejection multiplier.
+	Health            string   `json:"health"`
+	EjectedForSeconds *float64 `json:"ejected_for_seconds,omitempty"`
+	Ejections         int      `json:"ejections,omitempty"`
 }
 
 // memSamples are the runtime/metrics read for MemoryStatus: reading them stops nothing.
@@ -180,6 +186,11 @@ func (p *Page) status(now time.Time) *Status {
 			LastEventAt: w.LastEventAt, LastEventID: w.LastEventID, CachedBlocks: w.CachedBlocks,
 			ActiveBlocks: w.ActiveBlocks, ActiveRequests: w.ActiveRequests, EventLag: w.EventLag,
 			Endpoint: w.Endpoint, HTTPEndpoint: w.HTTPEndpoint, Problems: w.Problems,
+			Health: w.Health, Ejections: w.Ejections,
+		}
+		if !w.EjectedUntil.IsZero() {
+			left := max(0, w.EjectedUntil.Sub(now).Seconds())
+			x.EjectedForSeconds = &left
 		}
 		if !w.LastEventAt.IsZero() {
 			age := max(0, now.Sub(w.LastEventAt).Seconds())

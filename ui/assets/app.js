@@ -104,7 +104,18 @@ function renderWorkers(st) {
     cell(tr, String(w.dp_rank), "num");
     cell(tr, w.role);
     const state = w.state || "—";
-    cell(tr, state, STATES.has(w.state) ? "state-" + w.state : "");
+    const sc = cell(tr, state, STATES.has(w.state) ? "state-" + w.state : "");
+    // Outlier ejection: a badge for a rank out of routing, or one that failed since it last
+    // answered (it loses ties).
+    if (w.health === "ejected" || w.health === "suspect") {
+      const badge = document.createElement("span");
+      badge.className = "health health-" + w.health;
+      let text = w.health;
+      if (w.health === "ejected" && w.ejected_for_seconds !== undefined) text += w.ejected_for_seconds > 0 ? ", probed in " + fmtAge(w.ejected_for_seconds) : ", probing";
+      badge.textContent = text;
+      badge.title = w.health === "ejected" ? "out of routing after failing requests (ejected " + (w.ejections || 1) + "×)" : "failed since its last answer: loses ties";
+      sc.appendChild(badge);
+    }
     // The time is the rank's own socket's last batch (or, without one, the worker's); the id
     // is the last event applied, whichever way it came.
     const last = [];
