@@ -4,11 +4,14 @@ import (
 	"cmp"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/kvrouterd/kvrouterd/radix"
 	"github.com/kvrouterd/kvrouterd/scoring"
+	"github.com/kvrouterd/kvrouterd/wire"
 )
 
 // Passive outlier ejection, as Envoy's outlier detection does it: whoever sends requests to the
@@ -130,8 +133,11 @@ type modelHealth struct {
 // counters.
 type routerHealth struct {
 	// mu orders every rankHealth change. Lock order: Router.mu, then mu.
-	mu        sync.Mutex
-	marked    atomic.Int32 // suspect ranks, every model's
+	mu     sync.Mutex
+	marked atomic.Int32 // suspect ranks, every model's
+	// suspects is the suspect ranks by key, copy-on-write (written under mu): UpstreamOK of a
+	// healthy rank looks it up without a lock and returns.
+	suspects  atomic.Pointer[map[radix.WorkerKey]*rankWorker]
 	grace     atomic.Int64 // SetProber's grace in nanoseconds; 0: no prober attached
 	failures  [numReasons]atomic.Int64
 	ejections [numReasons]atomic.Int64
@@ -205,18 +211,17 @@ func (r *Router) UpstreamFailed(worker uint64, rank uint32, reason string) {
 
 // UpstreamOK reports that worker's rank answered a request: it is no longer suspect, its
 // failures in a row start again from none, and if it was out of routing (a request reached it
-// in panic mode), it is back. Safe for concurrent use; while no rank of any model has failed
-// since its last success it reads one atomic counter and returns.
+// in panic mode), it is back. Safe for concurrent use; for a rank that has not failed since its
+// last success it takes no lock: one atomic load, and a map lookup while some rank has.
 func (r *Router) UpstreamOK(worker uint64, rank uint32) {
-	if r.health.marked.Load() == 0 {
+	ms := r.health.suspects.Load()
+	if ms == nil {
 		return
 	}
-	var buf [1]*rankWorker
-	ws := r.healthRanks(worker, rank, false, buf[:0])
-	if len(ws) == 0 {
+	w := (*ms)[radix.WorkerKey{ID: worker, Rank: rank}]
+	if w == nil {
 		return
 	}
-	w := ws[0]
 	h := &w.health
 	now := r.cfg.Now()
 	r.health.mu.Lock()
@@ -227,11 +232,7 @@ func (r *Router) UpstreamOK(worker uint64, rank uint32) {
 	h.failures = 0
 	wasOut := h.outAt(now)
 	r.returnLocked(w, now)
-	if h.suspect.Load() {
-		h.suspect.Store(false)
-		r.health.marked.Add(-1)
-		w.reg.model.health.marked.Add(-1)
-	}
+	r.unmarkLocked(w)
 	r.health.mu.Unlock()
 	if wasOut {
 		r.log.Info("worker rank back in routing: it answered a request", "worker", worker, "dp_rank", rank, "model", w.reg.model.name)
@@ -403,11 +404,7 @@ func (r *Router) failLocked(w *rankWorker, reason int, now int64, probe bool) (e
 		return ejectEvent{}, false
 	}
 	h.last = reason
-	if !h.suspect.Load() {
-		h.suspect.Store(true)
-		r.health.marked.Add(1)
-		w.reg.model.health.marked.Add(1)
-	}
+	r.markLocked(w)
 	if !probe && h.outAt(now) {
 		return ejectEvent{}, false // out already: a panic-mode request's failure adds nothing
 	}
@@ -472,12 +469,8 @@ func (r *Router) forgetHealth(w *rankWorker) {
 	if h.dropped {
 		return
 	}
+	r.unmarkLocked(w)
 	h.dropped = true
-	if h.suspect.Load() {
-		h.suspect.Store(false)
-		r.health.marked.Add(-1)
-		w.reg.model.health.marked.Add(-1)
-	}
 }
 
 func (r *Router) logEjects(evs []ejectEvent) {
@@ -493,6 +486,53 @@ func (r *Router) logEjects(evs []ejectEvent) {
 			"worker", w.key.ID, "dp_rank", w.key.Rank, "model", w.reg.model.name, "reason", FailureReasons[e.reason],
 			"failures", e.failures, "for", e.d, "times_ejected", e.times, "probed", r.health.grace.Load() > 0)
 	}
+}
+
+// markLocked makes w suspect, if it is not. REQUIRES r.health.mu.
+func (r *Router) markLocked(w *rankWorker) {
+	if w.health.suspect.Load() {
+		return
+	}
+	w.health.suspect.Store(true)
+	r.health.marked.Add(1)
+	w.reg.model.health.marked.Add(1)
+	old := r.health.suspects.Load()
+	next := make(map[radix.WorkerKey]*rankWorker, len(suspectsOf(old))+1)
+	for k, v := range suspectsOf(old) {
+		next[k] = v
+	}
+	next[w.key] = w
+	r.health.suspects.Store(&next)
+}
+
+// unmarkLocked makes w not suspect, if it is. REQUIRES r.health.mu.
+func (r *Router) unmarkLocked(w *rankWorker) {
+	if !w.health.suspect.Load() {
+		return
+	}
+	w.health.suspect.Store(false)
+	r.health.marked.Add(-1)
+	w.reg.model.health.marked.Add(-1)
+	old := suspectsOf(r.health.suspects.Load())
+	if len(old) <= 1 {
+		r.health.suspects.Store(nil)
+		return
+	}
+	next := make(map[radix.WorkerKey]*rankWorker, len(old)-1)
+	for k, v := range old {
+		if v != w {
+			next[k] = v
+		}
+	}
+	r.health.suspects.Store(&next)
+}
+
+// suspectsOf is the map m points to, nil for none.
+func suspectsOf(m *map[radix.WorkerKey]*rankWorker) map[radix.WorkerKey]*rankWorker {
+	if m == nil {
+		return nil
+	}
+	return *m
 }
 
 // rankOut says whether routing skips w now. Cheap while w's model has no marked rank.
@@ -614,5 +654,24 @@ func (r *Router) fillHealth(out []WorkerInfo, ws []*rankWorker) {
 	defer r.health.mu.Unlock()
 	for i := range out {
 		r.fillHealthLocked(&out[i], ws[i], now, wall)
+	}
+}
+
+// logHealth writes the decision log's health lines (debug level, beside logDecision's): each
+// rank left out of the candidates as ejected, and the suspect candidate tied that lost the tie
+// to chosen. tied is the mode's choice before the tie-break, chosen the one made.
+func (s *scratch) logHealth(r *Router, req *wire.RouteRequest, list *workerList, tied, chosen int) {
+	id := strings.Clone(req.RequestID)
+	if !s.all {
+		for i, w := range list.ws {
+			if len(s.isOut) == len(list.ws) && s.isOut[i] && s.at[i] < 0 {
+				r.log.Debug("candidate skipped: ejected", "request", id, "worker", w.key.ID, "dp_rank", w.key.Rank)
+			}
+		}
+	}
+	if tied != chosen {
+		c, t := &s.cands[chosen], &s.cands[tied]
+		r.log.Debug("tie lost: the worker failed since its last answer", "request", id,
+			"worker", t.Worker, "dp_rank", t.Rank, "to_worker", c.Worker, "to_dp_rank", c.Rank)
 	}
 }

@@ -1,7 +1,10 @@
 package router
 
 import (
+	"bytes"
 	"fmt"
+	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -516,6 +519,11 @@ func TestEjectRouteAllocs(t *testing.T) {
 	if allocs != 0 {
 		t.Fatalf("%v allocations per route", allocs)
 	}
+	// The front door reports every answer: a healthy rank's costs a lookup, no lock, nothing
+	// allocated.
+	if allocs := testing.AllocsPerRun(200, func() { r.UpstreamOK(3, 0) }); allocs != 0 {
+		t.Fatalf("%v allocations per UpstreamOK", allocs)
+	}
 }
 
 // TestEjectConcurrent drives routes, reports, probes, listings and unregistrations at once
@@ -586,3 +594,33 @@ func TestEjectConcurrent(t *testing.T) {
 
 // fastPath says whether the model's routes may take the fast path as far as health goes.
 func (r *Router) fastPath(model string) bool { return !r.ejecting(r.model(model)) }
+
+// TestEjectDecisionLog: at debug level the decision log names the ranks skipped as ejected and
+// the suspect rank that lost a tie.
+func TestEjectDecisionLog(t *testing.T) {
+	var buf bytes.Buffer
+	log := slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	r, _ := ejectFleet(t, 4, Config{Logger: log})
+	r.UpstreamFailed(1, 0, "connect")
+	r.UpstreamFailed(2, 0, "5xx")
+	if !strings.Contains(buf.String(), `msg="worker rank ejected from routing" worker=1 dp_rank=0 model=m reason=connect failures=1 for=10s times_ejected=1`) {
+		t.Fatalf("no ejection line:\n%s", buf.String())
+	}
+	buf.Reset()
+	if w := routeOne(t, r, fresh("logged", 1)); w != 3 {
+		t.Fatalf("routed to %d, want 3: 1 is out, 2 loses the tie", w)
+	}
+	for _, want := range []string{
+		`msg="candidate skipped: ejected" request=logged worker=1 dp_rank=0`,
+		`msg="tie lost: the worker failed since its last answer" request=logged worker=2 dp_rank=0 to_worker=3 to_dp_rank=0`,
+	} {
+		if !strings.Contains(buf.String(), want) {
+			t.Fatalf("no line %s in:\n%s", want, buf.String())
+		}
+	}
+	buf.Reset()
+	r.UpstreamOK(1, 0)
+	if !strings.Contains(buf.String(), `msg="worker rank back in routing: it answered a request" worker=1 dp_rank=0 model=m`) {
+		t.Fatalf("no return line:\n%s", buf.String())
+	}
+}

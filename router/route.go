@@ -470,8 +470,12 @@ func (s *scratch) general(r *Router, ix *radix.Index, list *workerList, p *scori
 	var err error
 	if book {
 		chosen, err = r.chooser.Choose(s.cands, p, r.cfg.Rand)
+		tied := chosen
 		if err == nil && s.eject {
 			chosen = s.avoidSuspect(list, p, chosen, r.cfg.Rand)
+		}
+		if err == nil && s.eject && r.log.Enabled(context.Background(), slog.LevelDebug) {
+			s.logHealth(r, req, list, tied, chosen)
 		}
 	} else {
 		if err = p.Check(); err == nil {
