@@ -12,6 +12,7 @@ import (
 	"maps"
 	"math"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"slices"
 	"strconv"
@@ -22,7 +23,6 @@ import (
 
 	"github.com/kvrouterd/kvrouterd/internal/bearer"
 	"github.com/kvrouterd/kvrouterd/internal/lograte"
-	"github.com/kvrouterd/kvrouterd/internal/peer"
 	"github.com/kvrouterd/kvrouterd/radix"
 	"github.com/kvrouterd/kvrouterd/router"
 	"github.com/kvrouterd/kvrouterd/wire"
@@ -45,7 +45,8 @@ type Config struct {
 	// thresholds): 529 when 0, as Dynamo's frontend.
 	OverloadStatus int
 	// Tokens, if set, requires a bearer token of it (OpenAI clients send their API key so):
-	// a write token to generate, a read token for /v1/models; /health is open.
+	// a write token to generate, a read token for /v1/models; /health is open. The client's
+	// Authorization header is then kvrouterd's, and never forwarded to a worker.
 	Tokens *bearer.Tokens
 }
 
@@ -54,9 +55,11 @@ type Door struct {
 	r   *router.Router
 	cfg Config
 	log *slog.Logger
-	up  *fasthttp.Client // to the workers' APIs, streaming their answers
+	// up calls the workers' APIs: net/http's, as its calls can be cancelled at any moment,
+	// before the answer's headers as during its body, which closes the connection and so
+	// ends the engine's request (fasthttp's cannot be cancelled).
+	up  *http.Client
 	tok *fasthttp.Client // /tokenize, answers buffered
-	pre *http.Client     // prefill stages: cancelled when the client goes (fasthttp's calls cannot be)
 	m   *metrics
 	// refusals logs refused requests, behind a rate limit.
 	refusals *slog.Logger
@@ -64,8 +67,10 @@ type Door struct {
 	prefix string        // of the request ids the front door books under
 	ids    atomic.Uint64 // the request ids' counter
 	turn   atomic.Uint64 // which worker tokenizes next
-	bufs   sync.Pool     // *[]byte, for copying streamed bodies
+	bufs   sync.Pool     // *bufio.Reader, for reading streamed answers
+	evs    sync.Pool     // *[]byte, an event being read
 	probe  prober        // the workers' health probes (health.go)
+	poll   poller        // the clients of the requests in flight
 }
 
 // New returns a Door routing with r.
@@ -87,72 +92,121 @@ func New(r *router.Router, cfg Config) *Door {
 		// is the lowest level limited; zero would mean warn), so that a client sending bad
 		// requests in a loop does not flood the log. The metric counts every one.
 		refusals: slog.New(lograte.New(cfg.Logger.Handler(), lograte.Config{Level: slog.LevelInfo - 1})),
-		up: &fasthttp.Client{Name: "kvrouterd", StreamResponseBody: true, MaxConnsPerHost: 4096,
-			MaxIdleConnDuration: time.Minute, NoDefaultUserAgentHeader: false, DisablePathNormalizing: true},
+		up: &http.Client{Transport: &http.Transport{
+			DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+			MaxIdleConns:        4096,
+			MaxIdleConnsPerHost: 1024,
+			IdleConnTimeout:     time.Minute,
+			DisableCompression:  true, // the answers go on as they come
+		}},
 		tok: &fasthttp.Client{Name: "kvrouterd", MaxConnsPerHost: 1024, MaxResponseBodySize: 64 << 20,
 			MaxIdleConnDuration: time.Minute},
-		pre:    &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256, IdleConnTimeout: time.Minute}},
-		m:      newMetrics(cfg.Registry),
+		m:      newMetrics(cfg.Registry, r),
 		prefix: fmt.Sprintf("fd-%08x-", rand.Uint32()),
 	}
-	d.bufs.New = func() any { b := make([]byte, 32<<10); return &b }
+	d.bufs.New = func() any { return bufio.NewReaderSize(nil, 32<<10) }
+	d.evs.New = func() any { b := make([]byte, 0, 4<<10); return &b }
 	d.startHealth()
 	return d
+}
+
+// request is one front-door request as it goes: who asked, what, and how its answer is to be
+// given. The handler's goroutine fills it; the answer's writer reads it.
+type request struct {
+	path     string
+	endpoint string // Dynamo's endpoint label
+	model    string
+	reqID    string // X-Request-Id: the client's, or the first booking's id
+	start    time.Time
+	deadline time.Time
+	stream   bool // the client streams
+	usage    bool // the client asked for the usage chunk
+	chat     bool
+	isl      int
+	auth     string // the client's Authorization, when it is the worker's to see
+	mm       *modelMetrics
 }
 
 // Handle serves one request of the front door's API.
 func (d *Door) Handle(ctx *fasthttp.RequestCtx) {
 	path := string(ctx.Path())
+	reqID := requestID(ctx)
+	ctx.Response.Header.Set("X-Request-Id", reqID)
 	if d.cfg.Tokens != nil && path != "/health" {
 		need := bearer.Write
-		if path == "/v1/models" {
+		if path == "/v1/models" || strings.HasPrefix(path, "/v1/models/") {
 			need = bearer.Read
 		}
 		if status, msg := d.cfg.Tokens.Refusal(ctx.Request.Header.Peek("Authorization"), need); status != 0 {
 			if status == fasthttp.StatusUnauthorized {
 				ctx.Response.Header.Set("WWW-Authenticate", bearer.Challenge)
 			}
-			d.fail(ctx, "other", status, "invalid_request_error", "", msg)
+			d.fail(ctx, "other", status, "unauthorized", "", msg)
 			return
 		}
 	}
-	switch path {
-	case "/v1/completions", "/v1/chat/completions":
+	switch {
+	case path == "/v1/completions" || path == "/v1/chat/completions":
 		if !ctx.IsPost() {
 			d.fail(ctx, path, fasthttp.StatusMethodNotAllowed, "method_not_allowed", "", "use POST")
 			return
 		}
-		d.generate(ctx, path)
-	case "/v1/models":
-		d.models(ctx)
-	case "/health":
+		d.generate(ctx, path, reqID)
+	case path == "/v1/models":
+		d.models(ctx, "")
+	case strings.HasPrefix(path, "/v1/models/"):
+		d.models(ctx, strings.TrimPrefix(path, "/v1/models/"))
+	case path == "/health":
 		ctx.SetStatusCode(fasthttp.StatusOK)
 	default:
 		d.fail(ctx, "other", fasthttp.StatusNotFound, "not_found", "", "no endpoint "+strconv.Quote(path))
 	}
 }
 
-// fail answers OpenAI's error shape, counts it and logs it.
-func (d *Door) fail(ctx *fasthttp.RequestCtx, path string, status int, typ, param, msg string) {
-	e := struct {
-		Message string  `json:"message"`
-		Type    string  `json:"type"`
-		Param   *string `json:"param"`
-		Code    int     `json:"code"`
-	}{Message: msg, Type: typ, Code: status}
+// requestID is the client's X-Request-Id when it is a fit one (printable ASCII, at most 128
+// bytes), else a new one.
+func requestID(ctx *fasthttp.RequestCtx) string {
+	if id := ctx.Request.Header.Peek("X-Request-Id"); len(id) > 0 && len(id) <= 128 {
+		ok := true
+		for _, c := range id {
+			if c < 0x21 || c > 0x7e {
+				ok = false
+				break
+			}
+		}
+		if ok {
+			return string(id)
+		}
+	}
+	var b [16]byte
+	for i := range 2 {
+		v := rand.Uint64()
+		for j := range 8 {
+			b[i*8+j] = byte(v >> (8 * j))
+		}
+	}
+	return fmt.Sprintf("kvr-%x", b)
+}
+
+// fail answers OpenAI's error shape (type from the status, code the reason), counts it and
+// logs it.
+func (d *Door) fail(ctx *fasthttp.RequestCtx, path string, status int, code, param, msg string) {
+	e := apiError{Message: msg, Type: errorType(status)}
+	if code != "" {
+		e.Code = &code
+	}
 	if param != "" {
 		e.Param = &param
 	}
-	b, _ := json.Marshal(map[string]any{"error": e})
-	ctx.SetStatusCode(status)
-	ctx.SetContentType("application/json")
-	ctx.SetBody(append(b, '\n'))
+	writeError(ctx, status, e)
 	d.m.requests.WithLabelValues(path, strconv.Itoa(status)).Inc()
-	d.refusals.Info("front door: request refused", "path", path, "status", status, "type", typ, "msg", msg)
+	d.refusals.Info("front door: request refused", "path", path, "status", status, "code", code, "msg", msg,
+		"request_id", string(ctx.Response.Header.Peek("X-Request-Id")))
 }
 
-// models lists the models some worker serves an HTTP API for, as OpenAI's /v1/models does.
-func (d *Door) models(ctx *fasthttp.RequestCtx) {
+// models lists the models some worker serves an HTTP API for, as OpenAI's /v1/models does, or
+// answers one of them (GET /v1/models/{id}).
+func (d *Door) models(ctx *fasthttp.RequestCtx, one string) {
 	type model struct {
 		ID      string `json:"id"`
 		Object  string `json:"object"`
@@ -169,17 +223,30 @@ func (d *Door) models(ctx *fasthttp.RequestCtx) {
 			out.Data = append(out.Data, model{ID: m.Name, Object: "model", Created: time.Now().Unix(), OwnedBy: "kvrouterd"})
 		}
 	}
-	b, _ := json.Marshal(out)
+	var b []byte
+	if one != "" {
+		i := slices.IndexFunc(out.Data, func(m model) bool { return m.ID == one })
+		if i < 0 {
+			d.fail(ctx, "/v1/models/{id}", fasthttp.StatusNotFound, "model_not_found", "model", fmt.Sprintf("the model `%s` does not exist", one))
+			return
+		}
+		b, _ = json.Marshal(out.Data[i])
+	} else {
+		b, _ = json.Marshal(out)
+	}
 	ctx.SetContentType("application/json")
 	ctx.SetBody(b)
-	d.m.requests.WithLabelValues("/v1/models", "200").Inc()
+	d.m.requests.WithLabelValues(map[bool]string{true: "/v1/models/{id}", false: "/v1/models"}[one != ""], "200").Inc()
 }
 
 // generate serves /v1/completions and /v1/chat/completions: tokenize, route, forward.
-func (d *Door) generate(ctx *fasthttp.RequestCtx, path string) {
-	var deadline time.Time
+func (d *Door) generate(ctx *fasthttp.RequestCtx, path, reqID string) {
+	q := &request{path: path, reqID: reqID, start: time.Now(), chat: path == "/v1/chat/completions", endpoint: "completions"}
+	if q.chat {
+		q.endpoint = "chat_completions"
+	}
 	if d.cfg.Timeout > 0 {
-		deadline = time.Now().Add(d.cfg.Timeout)
+		q.deadline = q.start.Add(d.cfg.Timeout)
 	}
 	var body map[string]json.RawMessage
 	if err := json.Unmarshal(ctx.PostBody(), &body); err != nil || body == nil {
@@ -187,33 +254,50 @@ func (d *Door) generate(ctx *fasthttp.RequestCtx, path string) {
 		if err != nil {
 			msg += ": " + err.Error()
 		}
-		d.fail(ctx, path, fasthttp.StatusBadRequest, "invalid_request_error", "", msg)
+		d.fail(ctx, path, fasthttp.StatusBadRequest, "invalid_json", "", msg)
 		return
 	}
-	var model string
-	if err := json.Unmarshal(body["model"], &model); err != nil || model == "" {
-		d.fail(ctx, path, fasthttp.StatusBadRequest, "invalid_request_error", "model", "model is required: a string naming a served model")
+	if err := json.Unmarshal(body["model"], &q.model); err != nil || q.model == "" {
+		d.fail(ctx, path, fasthttp.StatusBadRequest, "invalid_value", "model", "model is required: a string naming a served model")
 		return
 	}
-	ws := d.r.HTTPWorkers(model, nil)
-	if len(ws) == 0 {
-		if _, ok := d.r.ModelBlockSize(model); ok {
-			d.fail(ctx, path, fasthttp.StatusServiceUnavailable, "service_unavailable", "model",
-				fmt.Sprintf("no worker of model %q has registered an http_endpoint", model))
+	if raw, ok := body["stream"]; ok && string(raw) != "null" {
+		if json.Unmarshal(raw, &q.stream) != nil {
+			d.fail(ctx, path, fasthttp.StatusBadRequest, "invalid_type", "stream", "stream must be true or false")
 			return
 		}
-		d.fail(ctx, path, fasthttp.StatusNotFound, "model_not_found", "model", fmt.Sprintf("the model `%s` does not exist", model))
+	}
+	var so map[string]json.RawMessage
+	if raw, ok := body["stream_options"]; ok && string(raw) != "null" {
+		if json.Unmarshal(raw, &so) != nil {
+			d.fail(ctx, path, fasthttp.StatusBadRequest, "invalid_type", "stream_options", "stream_options must be an object")
+			return
+		}
+		_ = json.Unmarshal(so["include_usage"], &q.usage)
+	}
+	ws := d.r.HTTPWorkers(q.model, nil)
+	if len(ws) == 0 {
+		if _, ok := d.r.ModelBlockSize(q.model); ok {
+			d.fail(ctx, path, fasthttp.StatusServiceUnavailable, "no_worker", "model",
+				fmt.Sprintf("no worker of model %q has registered an http_endpoint", q.model))
+			return
+		}
+		d.fail(ctx, path, fasthttp.StatusNotFound, "model_not_found", "model", fmt.Sprintf("the model `%s` does not exist", q.model))
 		return
 	}
 	var hints nvext
 	if raw, ok := body["nvext"]; ok && json.Unmarshal(raw, &hints) != nil {
-		d.fail(ctx, path, fasthttp.StatusBadRequest, "invalid_request_error", "nvext", "nvext is not Dynamo's extension object")
+		d.fail(ctx, path, fasthttp.StatusBadRequest, "invalid_type", "nvext", "nvext is not Dynamo's extension object")
+		return
+	}
+	if id := hints.BackendInstanceID; id != nil && !slices.ContainsFunc(ws, func(w router.HTTPWorker) bool { return w.ID == *id }) {
+		d.fail(ctx, path, fasthttp.StatusBadRequest, "unknown_worker", "nvext.backend_instance_id",
+			fmt.Sprintf("nvext.backend_instance_id names worker %d, which is not a registered worker of model %q with an http_endpoint", *id, q.model))
 		return
 	}
 	if hints.CacheSalt == "" {
 		_ = json.Unmarshal(body["cache_salt"], &hints.CacheSalt) // vLLM's own field
 	}
-	chat := path == "/v1/chat/completions"
 	var toks []uint32
 	var rewrite bool
 	var status int
@@ -221,23 +305,37 @@ func (d *Door) generate(ctx *fasthttp.RequestCtx, path string) {
 	if len(hints.TokenData) > 0 {
 		toks = hints.TokenData // Dynamo's pre-tokenized prompt
 	} else {
-		toks, rewrite, status, err = d.tokens(ws, model, chat, body)
+		toks, rewrite, status, err = d.tokens(ws, q.model, q.chat, body)
 	}
 	if err != nil {
-		typ := "invalid_request_error"
+		code := "invalid_prompt"
 		if status >= 500 {
-			typ = "service_unavailable"
+			code = "tokenize_failed"
 		}
-		d.fail(ctx, path, status, typ, map[bool]string{true: "messages", false: "prompt"}[chat], err.Error())
+		d.fail(ctx, path, status, code, map[bool]string{true: "messages", false: "prompt"}[q.chat], err.Error())
 		return
 	}
-	out := ctx.PostBody()
+	q.isl = len(toks)
+	q.mm = d.m.model(q.model)
 	if rewrite {
 		// The engine is given the ids it would compute, and does not tokenize again.
 		body["prompt"], _ = json.Marshal(toks)
-		out, _ = json.Marshal(body)
 	}
-	d.forward(ctx, path, model, ws, toks, &hints, out, deadline)
+	// The engine always streams, with the usage chunk, whatever the client asked: the
+	// booking, the measured times and the client's presence follow the stream, and a
+	// non-streaming client gets the answer assembled.
+	body["stream"] = json.RawMessage("true")
+	if so == nil {
+		so = map[string]json.RawMessage{}
+	}
+	so["include_usage"] = json.RawMessage("true")
+	body["stream_options"], _ = json.Marshal(so)
+	out, _ := json.Marshal(body)
+	if d.cfg.Tokens == nil {
+		// Without kvrouterd's own tokens the client's credential is the workers' to read.
+		q.auth = string(ctx.Request.Header.Peek(fasthttp.HeaderAuthorization))
+	}
+	d.forward(ctx, q, ws, toks, &hints, out)
 }
 
 // nvext is what the front door reads of Dynamo's request extension (lib/llm protocols
@@ -353,9 +451,28 @@ func (d *Door) tokens(ws []router.HTTPWorker, model string, chat bool, body map[
 // answer is the request's fault and ends the search.
 func (d *Door) tokenize(ws []router.HTTPWorker, req []byte) ([]uint32, int, error) {
 	start := int(d.turn.Add(1))
+	// Workers out of routing are asked last: an unreachable one would cost the request its
+	// connection's timeout.
+	order := make([]router.HTTPWorker, 0, len(ws))
+	var out []router.EjectedRank
+	if out = d.r.OutRanks(out); len(out) == 0 {
+		for i := range ws {
+			order = append(order, ws[(start+i)%len(ws)])
+		}
+	} else {
+		isOut := func(id uint64) bool {
+			return slices.ContainsFunc(out, func(e router.EjectedRank) bool { return e.Worker == id })
+		}
+		for pass := range 2 {
+			for i := range ws {
+				if w := ws[(start+i)%len(ws)]; isOut(w.ID) == (pass == 1) {
+					order = append(order, w)
+				}
+			}
+		}
+	}
 	var last error
-	for i := range min(len(ws), 3) {
-		w := ws[(start+i)%len(ws)]
+	for _, w := range order[:min(len(order), 3)] {
 		toks, status, err := d.tokenizeAt(w.Endpoint, req)
 		if err == nil {
 			return toks, 0, nil
@@ -364,6 +481,7 @@ func (d *Door) tokenize(ws []router.HTTPWorker, req []byte) ([]uint32, int, erro
 			return nil, status, err
 		}
 		d.m.upstream.WithLabelValues("tokenize").Inc()
+		d.r.UpstreamFailed(w.ID, 0, "tokenize")
 		last = fmt.Errorf("worker %d: %w", w.ID, err)
 	}
 	return nil, fasthttp.StatusServiceUnavailable, fmt.Errorf("no worker could tokenize the prompt: %w", last)
@@ -395,79 +513,436 @@ func (d *Door) tokenizeAt(endpoint string, body []byte) ([]uint32, int, error) {
 	return out.Tokens, 0, nil
 }
 
+// authFor is the Authorization header a worker is sent: its own API key when it has one, else
+// the client's when that is not kvrouterd's own token, else none.
+func authFor(q *request, w router.HTTPWorker) string {
+	if w.APIKey != "" {
+		return "Bearer " + w.APIKey
+	}
+	return q.auth
+}
+
 // forward routes the request among ws and sends it on, trying another worker when one fails
 // before answering.
-func (d *Door) forward(ctx *fasthttp.RequestCtx, path, model string, ws []router.HTTPWorker, toks []uint32, hints *nvext, body []byte, deadline time.Time) {
-	bs, _ := d.r.ModelBlockSize(model)
-	endpoint := make(map[uint64]string, len(ws))
+func (d *Door) forward(ctx *fasthttp.RequestCtx, q *request, ws []router.HTTPWorker, toks []uint32, hints *nvext, body []byte) {
+	bs, _ := d.r.ModelBlockSize(q.model)
+	byID := make(map[uint64]router.HTTPWorker, len(ws))
 	allowed := make([]uint64, 0, len(ws))
 	for _, w := range ws {
-		endpoint[w.ID] = w.Endpoint
+		byID[w.ID] = w
 		allowed = append(allowed, w.ID)
 	}
 	// Every worker of the model may take it: say none, so that the request goes through the
 	// router queue (a request restricted to some workers bypasses it, as in Dynamo).
-	every := len(ws) == len(d.r.ModelWorkers(model))
+	every := len(ws) == len(d.r.ModelWorkers(q.model))
 	session := string(ctx.Request.Header.Peek("X-Dynamo-Session-ID"))
-	gone := func() bool { return peer.Gone(ctx.Conn()) }
-	var lastErr string
+	w := d.poll.watch(ctx.Conn(), q.deadline)
+	inflight := q.mm.inflight
+	inflight.Inc()
+	handed := false // to the answer's stream writer, which ends the watcher and the gauge
+	defer func() {
+		if !handed {
+			w.end()
+			inflight.Dec()
+		}
+	}()
+	gone := func() bool { return w.err() != nil }
+	var last *errUpstream
+	var lastWorker uint64
 	for attempt := 0; attempt <= d.cfg.Retries && len(allowed) > 0; attempt++ {
 		id := d.prefix + strconv.FormatUint(d.ids.Add(1), 36)
 		// A request asks for a disaggregated decision while its model has prefill workers
 		// (or disaggregation is enforced), as Dynamo's frontend does; the router splits it
 		// unless its conditional policy keeps it whole.
-		rr := wire.RouteRequest{RequestID: id, Model: model, Tokens: toks, Allowed: allowed, SessionID: session, Disagg: d.r.Disaggregates(model)}
+		rr := wire.RouteRequest{RequestID: id, Model: q.model, Tokens: toks, Allowed: allowed, SessionID: session, Disagg: d.r.Disaggregates(q.model)}
 		if attempt == 0 && every {
 			rr.Allowed = nil
 		}
 		hints.routeRequest(&rr, toks, bs)
 		var rs wire.RouteResponse
 		if err := d.r.RouteWait(&rr, &rs, gone); err != nil {
-			status, typ := fasthttp.StatusServiceUnavailable, "service_unavailable"
+			status, code := fasthttp.StatusServiceUnavailable, "no_worker"
 			var fe *router.FieldError
 			switch {
 			case errors.Is(err, router.ErrGone):
-				d.m.requests.WithLabelValues(path, "499").Inc()
-				return // nobody to answer
+				d.early(ctx, q, w, nil)
+				return
 			case errors.Is(err, router.ErrQueueFull):
-				status, typ = fasthttp.StatusTooManyRequests, "queue_full"
+				status, code = fasthttp.StatusTooManyRequests, "queue_full"
 			case errors.Is(err, router.ErrQueueTimeout):
-				typ = "queue_timeout"
+				code = "queue_timeout"
 			case errors.Is(err, router.ErrOverloaded):
-				status, typ = d.cfg.OverloadStatus, "overloaded"
+				status, code = d.cfg.OverloadStatus, "overloaded"
 			case errors.As(err, &fe) && errors.Is(err, router.ErrInvalid):
-				status, typ = fasthttp.StatusBadRequest, "invalid_request_error"
+				status, code = fasthttp.StatusBadRequest, "invalid_request"
+				d.fail(ctx, q.path, status, code, fe.Field, "routing: "+err.Error())
+				return
 			}
-			d.fail(ctx, path, status, typ, "", "routing: "+err.Error())
+			msg := err.Error()
+			if errors.As(err, &fe) {
+				msg = fe.Msg // the request's model is not what is wrong: its workers' state is
+			}
+			d.fail(ctx, q.path, status, code, "", msg)
 			return
 		}
 		worker, rank := rs.Worker, rs.Rank
+		hw := byID[worker]
 		out := body
 		if rs.Prefill {
 			var ok bool
-			if out, ok = d.prefillStage(ctx, path, id, &rs, endpoint[rs.PrefillWorker], body, deadline); !ok {
-				return // the client left
+			if out, ok = d.prefillStage(ctx, q, id, &rs, byID[rs.PrefillWorker], body, w); !ok {
+				d.early(ctx, q, w, nil)
+				return
 			}
 		}
-		ures, err := d.send(ctx, endpoint[worker]+path, rank, out, deadline)
+		o := &outgoing{url: strings.TrimRight(hw.Endpoint, "/") + q.path, rank: rank, auth: authFor(q, hw), reqID: q.reqID, body: out}
+		ures, err := d.send(o, w)
 		if err == nil {
-			d.m.requests.WithLabelValues(path, strconv.Itoa(ures.StatusCode())).Inc()
-			d.relay(ctx, ures, id, worker)
+			d.r.UpstreamOK(worker, rank)
+			handed = d.answer(ctx, q, w, ures, id, worker, rank)
+			return
+		}
+		_ = d.r.Complete(id)
+		if errors.Is(err, errDeadline) || errors.Is(err, errClientGone) {
+			d.early(ctx, q, w, err)
 			return
 		}
 		// Nothing of the answer has reached the client: free the booking, try another.
-		_ = d.r.Complete(id)
-		lastErr = fmt.Sprintf("worker %d: %v", worker, err)
-		d.log.Warn("front door: worker failed before answering; trying another", "worker", worker, "model", model, "err", err, "attempt", attempt+1)
+		var ue *errUpstream
+		if !errors.As(err, &ue) {
+			ue = &errUpstream{err: err}
+		}
+		last, lastWorker = ue, worker
+		d.r.UpstreamFailed(worker, rank, ue.reason())
+		d.log.Warn("front door: worker failed before answering", "worker", worker, "rank", rank, "model", q.model,
+			"err", err, "attempt", attempt+1, "request_id", q.reqID)
 		d.m.upstream.WithLabelValues("forward").Inc()
 		if i := slices.Index(allowed, worker); i >= 0 {
 			allowed = append(allowed[:i], allowed[i+1:]...)
 		}
 		if attempt < d.cfg.Retries && len(allowed) > 0 {
 			d.m.migrations.Inc()
+			q.mm.migrations.Inc()
 		}
 	}
-	d.fail(ctx, path, fasthttp.StatusBadGateway, "upstream_error", "", "no worker answered: "+lastErr)
+	d.m.dynRequests.WithLabelValues(q.model, q.endpoint, requestType(q), "error").Inc()
+	if last != nil && last.status != 0 {
+		// The engine's own error, its message kept.
+		e := last.apiErr
+		e.Message = fmt.Sprintf("worker %d: %s", lastWorker, e.Message)
+		writeError(ctx, last.status, e)
+		d.m.requests.WithLabelValues(q.path, strconv.Itoa(last.status)).Inc()
+		return
+	}
+	msg := "no worker answered"
+	if last != nil {
+		msg += fmt.Sprintf(": worker %d: %v", lastWorker, last)
+	}
+	d.fail(ctx, q.path, fasthttp.StatusBadGateway, "upstream_error", "", msg)
+}
+
+func requestType(q *request) string {
+	if q.stream {
+		return "stream"
+	}
+	return "unary"
+}
+
+// early ends a request that the client left, or that outlived the deadline, before its answer
+// began: a client still there is told of the timeout.
+func (d *Door) early(ctx *fasthttp.RequestCtx, q *request, w *watcher, err error) {
+	d.m.dynRequests.WithLabelValues(q.model, q.endpoint, requestType(q), "error").Inc()
+	if errors.Is(err, errDeadline) || errors.Is(w.err(), errDeadline) {
+		d.m.ended.WithLabelValues("timeout").Inc()
+		d.fail(ctx, q.path, fasthttp.StatusGatewayTimeout, "timeout", "",
+			fmt.Sprintf("the request outlived --frontend-timeout (%v) before its answer began", d.cfg.Timeout))
+		return
+	}
+	d.m.requests.WithLabelValues(q.path, "499").Inc()
+	d.m.dynDisconnected.Inc()
+	q.mm.cancelled.Inc()
+	d.log.Info("front door: the client went away before the answer began", "model", q.model, "request_id", q.reqID)
+}
+
+// answer relays a worker's answer (its headers in): an error answer in OpenAI's shape; an
+// event stream to a streaming client as it comes, or assembled into one JSON answer for the
+// others; a whole JSON answer as it is. It reports whether the answer was handed to the
+// response's stream writer, which then owns ures, the watcher and the booking.
+func (d *Door) answer(ctx *fasthttp.RequestCtx, q *request, w *watcher, ures *http.Response, id string, worker uint64, rank uint32) bool {
+	a := &answer{d: d, q: q, id: id, worker: worker, rank: rank, track: d.r.TracksOutput()}
+	status := ures.StatusCode
+	ctx.Response.Header.Set("X-Kvrouterd-Worker", strconv.FormatUint(worker, 10))
+	release := func() { _ = ures.Body.Close() }
+	if status >= 300 {
+		b, _ := io.ReadAll(io.LimitReader(ures.Body, 64<<10))
+		release()
+		_ = d.r.Complete(id)
+		writeError(ctx, status, engineError(status, b))
+		d.m.requests.WithLabelValues(q.path, strconv.Itoa(status)).Inc()
+		d.m.dynRequests.WithLabelValues(q.model, q.endpoint, requestType(q), "error").Inc()
+		return false
+	}
+	passHeaders(ctx, ures.Header)
+	src := ures.Body
+	if !strings.HasPrefix(ures.Header.Get("Content-Type"), "text/event-stream") {
+		// An engine that answered whole although asked to stream: relayed as it is, if whole.
+		d.whole(ctx, a, w, ures, status)
+		release()
+		return false
+	}
+	if !q.stream {
+		d.assemble(ctx, a, w, src)
+		release()
+		return false
+	}
+	ctx.SetStatusCode(status)
+	ctx.SetContentType("text/event-stream")
+	sb := &streamBody{d: d, a: a, w: w, status: status, release: release,
+		rd: d.bufs.Get().(*bufio.Reader), evb: d.evs.Get().(*[]byte)}
+	sb.rd.Reset(src)
+	ctx.SetBodyStream(sb, -1)
+	return true
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// errCut ends the client's stream with an error, so that its connection ends without the
+// stream's last chunk: the client sees a broken answer, not a whole one.
+var errCut = errors.New("frontdoor: the answer was cut")
+
+// streamBody is a streaming client's answer, as fasthttp reads it from the connection's
+// goroutine: the worker's events as they come (each read of it flushed to the client), and
+// when the worker's answer broke off or the deadline passed, an OpenAI error event and then
+// errCut. fasthttp closes it once, however the answer ended: Close ends the booking and
+// records what was measured.
+type streamBody struct {
+	d       *Door
+	a       *answer
+	w       *watcher
+	status  int
+	release func()
+	rd      *bufio.Reader
+	evb     *[]byte
+	out     []byte // what is to go to the client
+	off     int
+	end     string // how the answer ended, once it has
+	err     error  // what Read returns once out is sent
+}
+
+func (s *streamBody) Read(p []byte) (int, error) {
+	for s.off == len(s.out) {
+		if s.end != "" {
+			return 0, s.err
+		}
+		s.next()
+	}
+	n := copy(p, s.out[s.off:])
+	s.off += n
+	return n, nil
+}
+
+// next reads the worker's events up to one that goes to the client, or the answer's end.
+func (s *streamBody) next() {
+	s.out, s.off = s.out[:0], 0
+	for {
+		raw, data, err := readEvent(s.rd, s.evb)
+		if err != nil {
+			if err == io.EOF {
+				err = nil
+			}
+			s.end = s.a.end(s.w, err)
+			switch s.end {
+			case "done":
+				s.err = io.EOF
+			case "client_gone":
+				s.err = errClientGone
+			default:
+				// The client must see that its answer was cut: an error event, then the
+				// connection ends without the stream's last chunk.
+				msg := s.a.cutMessage(s.end, err)
+				s.d.log.Warn("front door: the worker's answer was cut", "worker", s.a.worker, "rank", s.a.rank,
+					"request_id", s.a.q.reqID, "reason", msg)
+				s.out = append(s.out, "data: "...)
+				s.out = append(s.out, bytes.TrimRight(errorBody(apiError{Message: msg, Type: "server_error", Code: ptr(s.end)}), "\n")...)
+				s.out = append(s.out, "\n\n"...)
+				s.err = errCut
+			}
+			return
+		}
+		if data == nil || s.a.event(data) {
+			s.out = append(s.out, raw...)
+			return
+		}
+	}
+}
+
+// Close ends the answer: fasthttp calls it once the client's answer is written or failed.
+func (s *streamBody) Close() error {
+	if s.end == "" {
+		s.end = "client_gone" // the client's connection failed before the answer's end
+	}
+	s.rd.Reset(nil)
+	s.d.bufs.Put(s.rd)
+	s.d.evs.Put(s.evb)
+	s.release()
+	s.w.end()
+	s.a.q.mm.inflight.Dec()
+	s.a.finish(s.end, s.status)
+	return nil
+}
+
+// end classifies how an answer ended, after its reading stopped with err.
+func (a *answer) end(w *watcher, err error) string {
+	switch {
+	case errors.Is(w.err(), errClientGone):
+		return "client_gone"
+	case errors.Is(w.err(), errDeadline) || errors.Is(err, context.DeadlineExceeded):
+		return "timeout"
+	case err != nil || !a.whole():
+		return "upstream_error"
+	}
+	return "done"
+}
+
+// cutMessage says why an answer was cut.
+func (a *answer) cutMessage(end string, err error) string {
+	if end == "timeout" {
+		return fmt.Sprintf("the answer was cut after %d tokens: the request outlived --frontend-timeout (%v)", a.tokens(), a.d.cfg.Timeout)
+	}
+	why := "the stream ended without its last event"
+	if err != nil {
+		why = err.Error()
+	}
+	return fmt.Sprintf("worker %d's answer broke off after %d tokens: %s", a.worker, a.tokens(), why)
+}
+
+// assemble reads the worker's event stream whole and answers a non-streaming client with the
+// assembled answer, or with an error when the stream broke off or carried one.
+func (d *Door) assemble(ctx *fasthttp.RequestCtx, a *answer, w *watcher, src io.Reader) {
+	agg := aggregate{chat: a.q.chat}
+	rd := d.bufs.Get().(*bufio.Reader)
+	rd.Reset(src)
+	evb := d.evs.Get().(*[]byte)
+	var err error
+	for {
+		var data []byte
+		if _, data, err = readEvent(rd, evb); err != nil {
+			break
+		}
+		if data == nil {
+			continue
+		}
+		a.event(data)
+		if string(data) != "[DONE]" && a.errEv == nil {
+			agg.add(data)
+		}
+	}
+	if err == io.EOF {
+		err = nil
+	}
+	rd.Reset(nil)
+	d.bufs.Put(rd)
+	d.evs.Put(evb)
+	end := a.end(w, err)
+	switch {
+	case end == "client_gone":
+		a.finish(end, 499)
+		return
+	case a.errEv != nil:
+		e := engineError(fasthttp.StatusInternalServerError, a.errEv)
+		status := fasthttp.StatusInternalServerError
+		if e.Code != nil {
+			if c, err := strconv.Atoi(*e.Code); err == nil && c >= 400 && c < 600 {
+				status = c
+			}
+		}
+		writeError(ctx, status, e)
+		a.finish("engine_error", status)
+		return
+	case end != "done":
+		msg := a.cutMessage(end, err)
+		d.log.Warn("front door: the worker's answer was cut", "worker", a.worker, "rank", a.rank, "request_id", a.q.reqID, "reason", msg)
+		status := fasthttp.StatusBadGateway
+		if end == "timeout" {
+			status = fasthttp.StatusGatewayTimeout
+		}
+		writeError(ctx, status, apiError{Message: msg, Type: "server_error", Code: ptr(end)})
+		a.finish(end, status)
+		return
+	}
+	ctx.SetStatusCode(fasthttp.StatusOK)
+	ctx.SetContentType("application/json")
+	ctx.SetBody(agg.bytes())
+	a.finish(end, fasthttp.StatusOK)
+}
+
+// whole relays an answer that is not an event stream, as it is, once it has all of it.
+func (d *Door) whole(ctx *fasthttp.RequestCtx, a *answer, w *watcher, ures *http.Response, status int) {
+	b, err := io.ReadAll(io.LimitReader(ures.Body, 256<<20))
+	end := a.end(w, err)
+	if end == "upstream_error" && err == nil {
+		end = "done" // a JSON answer has no [DONE]: its length is its end
+	}
+	switch end {
+	case "client_gone":
+		a.finish(end, 499)
+		return
+	case "done":
+	default:
+		msg := a.cutMessage(end, err)
+		d.log.Warn("front door: the worker's answer was cut", "worker", a.worker, "request_id", a.q.reqID, "reason", msg)
+		writeError(ctx, fasthttp.StatusBadGateway, apiError{Message: msg, Type: "server_error", Code: ptr(end)})
+		a.finish(end, fasthttp.StatusBadGateway)
+		return
+	}
+	a.first, a.last = time.Now(), time.Now()
+	_ = d.r.PrefillDone(a.id)
+	ctx.SetStatusCode(status)
+	if ct := ures.Header.Get("Content-Type"); ct != "" {
+		ctx.Response.Header.SetContentType(ct)
+	}
+	ctx.SetBody(b)
+	a.finish(end, status)
+}
+
+// finish ends an answer's booking and records what it measured.
+func (a *answer) finish(end string, status int) {
+	d, q := a.d, a.q
+	_ = d.r.Complete(a.id)
+	d.m.ended.WithLabelValues(end).Inc()
+	d.m.requests.WithLabelValues(q.path, strconv.Itoa(status)).Inc()
+	ok := end == "done"
+	d.m.dynRequests.WithLabelValues(q.model, q.endpoint, requestType(q), map[bool]string{true: "success", false: "error"}[ok]).Inc()
+	mm := q.mm
+	if end == "client_gone" {
+		d.m.dynDisconnected.Inc()
+		mm.cancelled.Inc()
+		d.log.Info("front door: the client went away; the worker's request is cancelled", "worker", a.worker, "request_id", q.reqID, "tokens", a.tokens())
+	}
+	dur := time.Since(q.start).Seconds()
+	mm.duration.Observe(dur)
+	mm.dynDuration.Observe(dur)
+	isl := q.isl
+	if a.hasUsage && a.usage.Prompt > 0 {
+		isl = int(a.usage.Prompt)
+	}
+	mm.isl.Observe(float64(isl))
+	mm.dynISL.Observe(float64(isl))
+	n := a.tokens()
+	mm.osl.Observe(float64(n))
+	mm.dynOSL.Observe(float64(n))
+	mm.outputTokens.Add(float64(n))
+	if a.first.IsZero() {
+		return
+	}
+	ttft := a.first.Sub(q.start).Seconds()
+	mm.ttft.Observe(ttft)
+	mm.dynTTFT.Observe(ttft)
+	itl := -1.0
+	if n > 1 && a.last.After(a.first) {
+		itl = a.last.Sub(a.first).Seconds() / float64(n-1)
+	}
+	d.m.observe(rankKey{a.worker, a.rank, "decode"}, ttft, itl, isl)
 }
 
 // prefillStage runs the prefill stage of a request the router split, as Dynamo's frontend runs
@@ -480,7 +955,7 @@ func (d *Door) forward(ctx *fasthttp.RequestCtx, path, model string, ws []router
 // body, which the decode worker serves whole — where Dynamo's frontend fails the request, a
 // decode worker can always prefill. ok is false when the client left: the bookings are
 // released and nothing is to be sent.
-func (d *Door) prefillStage(ctx *fasthttp.RequestCtx, path, id string, rs *wire.RouteResponse, endpoint string, body []byte, deadline time.Time) (out []byte, ok bool) {
+func (d *Door) prefillStage(ctx *fasthttp.RequestCtx, q *request, id string, rs *wire.RouteResponse, pw router.HTTPWorker, body []byte, w *watcher) (out []byte, ok bool) {
 	var orig map[string]json.RawMessage
 	if json.Unmarshal(body, &orig) != nil { // it was decoded once already
 		_ = d.r.PrefillDone(id)
@@ -496,21 +971,25 @@ func (d *Door) prefillStage(ctx *fasthttp.RequestCtx, path, id string, rs *wire.
 	req["kv_transfer_params"] = json.RawMessage(`{"do_remote_decode":true,"do_remote_prefill":false,` +
 		`"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}`)
 	pb, _ := json.Marshal(req)
-	params, gone, err := d.prefillCall(ctx, endpoint+path, rs.PrefillRank, pb, deadline)
+	began := time.Now()
+	params, gone, err := d.prefillCall(strings.TrimRight(pw.Endpoint, "/")+q.path, rs.PrefillRank, authFor(q, pw), q.reqID, pb, q.deadline, w)
 	_ = d.r.PrefillDone(id)
 	if gone {
 		_ = d.r.Complete(id)
-		d.m.requests.WithLabelValues(path, "499").Inc()
 		d.m.disagg.WithLabelValues("client_gone").Inc()
 		return nil, false
 	}
 	if err != nil {
+		d.r.UpstreamFailed(rs.PrefillWorker, rs.PrefillRank, "5xx")
 		d.m.upstream.WithLabelValues("prefill").Inc()
 		d.m.disagg.WithLabelValues("fallback").Inc()
 		d.log.Warn("front door: prefill stage failed; the decode worker serves the request whole",
-			"prefill_worker", rs.PrefillWorker, "decode_worker", rs.Worker, "request", id, "err", err)
+			"prefill_worker", rs.PrefillWorker, "decode_worker", rs.Worker, "request_id", q.reqID, "err", err)
 		return body, true
 	}
+	d.r.UpstreamOK(rs.PrefillWorker, rs.PrefillRank)
+	// The prefill stage's answer is its first token: its time is the prefill worker's TTFT.
+	d.m.observe(rankKey{rs.PrefillWorker, rs.PrefillRank, "prefill"}, time.Since(began).Seconds(), -1, q.isl)
 	d.m.disagg.WithLabelValues("split").Inc()
 	ctx.Response.Header.Set("X-Kvrouterd-Prefill-Worker", strconv.FormatUint(rs.PrefillWorker, 10))
 	// The client's own body with the engine's parameters added: its stream and length settings
@@ -520,10 +999,10 @@ func (d *Door) prefillStage(ctx *fasthttp.RequestCtx, path, id string, rs *wire.
 	return out, true
 }
 
-// prefillCall posts a prefill request and returns its answer's kv_transfer_params. It polls the
-// client's connection meanwhile: gone reports that the client left, and the call was cancelled
-// (the prefill worker sees its connection close and drops the request).
-func (d *Door) prefillCall(ctx *fasthttp.RequestCtx, url string, rank uint32, body []byte, deadline time.Time) (params json.RawMessage, gone bool, err error) {
+// prefillCall posts a prefill request and returns its answer's kv_transfer_params. When the
+// watcher fires meanwhile (the client left, or the deadline passed), the call is cancelled (the
+// prefill worker sees its connection close and drops the request) and gone is true.
+func (d *Door) prefillCall(url string, rank uint32, auth, reqID string, body []byte, deadline time.Time, w *watcher) (params json.RawMessage, gone bool, err error) {
 	c, cancel := context.WithCancel(context.Background())
 	if !deadline.IsZero() {
 		c, cancel = context.WithDeadline(context.Background(), deadline)
@@ -534,9 +1013,10 @@ func (d *Door) prefillCall(ctx *fasthttp.RequestCtx, url string, rank uint32, bo
 		return nil, false, err
 	}
 	req.Header.Set("Content-Type", "application/json")
-	if auth := ctx.Request.Header.Peek(fasthttp.HeaderAuthorization); len(auth) > 0 {
-		req.Header.Set(fasthttp.HeaderAuthorization, string(auth))
+	if auth != "" {
+		req.Header.Set(fasthttp.HeaderAuthorization, auth)
 	}
+	req.Header.Set("X-Request-Id", reqID)
 	req.Header.Set("X-Data-Parallel-Rank", strconv.FormatUint(uint64(rank), 10))
 	type result struct {
 		params json.RawMessage
@@ -547,24 +1027,18 @@ func (d *Door) prefillCall(ctx *fasthttp.RequestCtx, url string, rank uint32, bo
 		p, err := d.prefillDo(req)
 		done <- result{p, err}
 	}()
-	tick := time.NewTicker(50 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		select {
-		case r := <-done:
-			return r.params, false, r.err
-		case <-tick.C:
-			if peer.Gone(ctx.Conn()) {
-				cancel()
-				<-done
-				return nil, true, nil
-			}
-		}
+	select {
+	case r := <-done:
+		return r.params, false, r.err
+	case <-w.gone:
+		cancel()
+		<-done
+		return nil, true, nil
 	}
 }
 
 func (d *Door) prefillDo(req *http.Request) (json.RawMessage, error) {
-	resp, err := d.pre.Do(req)
+	resp, err := d.up.Do(req)
 	if err != nil {
 		return nil, err
 	}
@@ -586,122 +1060,4 @@ func (d *Door) prefillDo(req *http.Request) (json.RawMessage, error) {
 		return nil, errors.New("answered without kv_transfer_params: is its engine started with a KV connector?")
 	}
 	return a.Params, nil
-}
-
-// errUpstream5xx is a worker's 5xx answer before any body byte, which counts as its failure.
-type errUpstream5xx struct{ status int }
-
-func (e errUpstream5xx) Error() string { return fmt.Sprintf("answered %d", e.status) }
-
-// send posts body to url and returns the answer with its body still to stream, or an error if
-// the worker could not be reached or answered 5xx.
-func (d *Door) send(ctx *fasthttp.RequestCtx, url string, rank uint32, body []byte, deadline time.Time) (*fasthttp.Response, error) {
-	req := fasthttp.AcquireRequest()
-	defer fasthttp.ReleaseRequest(req)
-	req.SetRequestURI(url)
-	req.Header.SetMethod(fasthttp.MethodPost)
-	req.Header.SetContentType("application/json")
-	if auth := ctx.Request.Header.Peek(fasthttp.HeaderAuthorization); len(auth) > 0 {
-		req.Header.SetBytesV(fasthttp.HeaderAuthorization, auth)
-	}
-	req.Header.Set("X-Data-Parallel-Rank", strconv.FormatUint(uint64(rank), 10))
-	req.SetBodyRaw(body)
-	resp := fasthttp.AcquireResponse()
-	var err error
-	if deadline.IsZero() {
-		err = d.up.Do(req, resp)
-	} else {
-		err = d.up.DoDeadline(req, resp, deadline)
-	}
-	if err == nil && resp.StatusCode() >= 500 {
-		err = errUpstream5xx{resp.StatusCode()}
-	}
-	if err != nil {
-		_ = resp.CloseBodyStream()
-		fasthttp.ReleaseResponse(resp)
-		return nil, err
-	}
-	return resp, nil
-}
-
-// relay streams the worker's answer to the client and moves the booking along: prefill done
-// at the first body bytes, the tokens generated as the stream brings them (with output
-// tracking, see outputCounter), complete at the end, whatever ends it (the answer's end, the
-// client gone, the worker's error, the deadline).
-func (d *Door) relay(ctx *fasthttp.RequestCtx, ures *fasthttp.Response, id string, worker uint64) {
-	ctx.SetStatusCode(ures.StatusCode())
-	if ct := ures.Header.ContentType(); len(ct) > 0 {
-		ctx.Response.Header.SetContentTypeBytes(ct)
-	}
-	ctx.Response.Header.Set("X-Kvrouterd-Worker", strconv.FormatUint(worker, 10))
-	src := ures.BodyStream()
-	ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
-		bp := d.bufs.Get().(*[]byte)
-		defer func() {
-			d.bufs.Put(bp)
-			_ = ures.CloseBodyStream()
-			fasthttp.ReleaseResponse(ures)
-			_ = d.r.Complete(id) // whatever ended the answer: the booking goes
-		}()
-		if src == nil {
-			return
-		}
-		first := true
-		var oc outputCounter
-		track := d.r.TracksOutput()
-		for {
-			n, err := src.Read(*bp)
-			if n > 0 {
-				if first {
-					first = false
-					_ = d.r.PrefillDone(id)
-				}
-				if track && oc.scan((*bp)[:n]) {
-					_ = d.r.OutputTokens(id, oc.generated())
-				}
-				if _, werr := w.Write((*bp)[:n]); werr != nil {
-					d.m.ended.WithLabelValues("client_gone").Inc()
-					return
-				}
-				if werr := w.Flush(); werr != nil {
-					d.m.ended.WithLabelValues("client_gone").Inc()
-					return
-				}
-			}
-			if err == io.EOF {
-				d.m.ended.WithLabelValues("done").Inc()
-				return
-			}
-			if err != nil {
-				d.m.ended.WithLabelValues("upstream_error").Inc()
-				d.log.Warn("front door: the worker's answer broke off", "worker", worker, "request", id, "err", err)
-				return
-			}
-		}
-	})
-}
-
-type metrics struct {
-	requests   *prometheus.CounterVec
-	upstream   *prometheus.CounterVec
-	ended      *prometheus.CounterVec
-	disagg     *prometheus.CounterVec
-	migrations prometheus.Counter
-}
-
-func newMetrics(reg *prometheus.Registry) *metrics {
-	m := &metrics{
-		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvrouterd_frontdoor_requests_total",
-			Help: "Front-door requests answered, by path and status (the worker's, once forwarded)."}, []string{"path", "code"}),
-		upstream: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvrouterd_frontdoor_upstream_errors_total",
-			Help: "Workers that failed a front-door call before answering: tokenize, prefill (a disaggregated request's prefill stage), or forward (then given up for the request)."}, []string{"call"}),
-		ended: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvrouterd_frontdoor_streams_total",
-			Help: "Forwarded answers, by how they ended: done, client_gone, upstream_error (a broken stream or the deadline)."}, []string{"end"}),
-		migrations: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvrouterd_frontdoor_migrations_total",
-			Help: "Requests sent to another worker after one failed before answering."}),
-		disagg: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvrouterd_frontdoor_disaggregated_total",
-			Help: "Requests the router split into a prefill and a decode stage, by outcome: split (both ran), fallback (the prefill stage failed; the decode worker served it whole), client_gone (during the prefill stage)."}, []string{"outcome"}),
-	}
-	reg.MustRegister(m.requests, m.upstream, m.ended, m.migrations, m.disagg)
-	return m
 }

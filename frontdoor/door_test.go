@@ -111,11 +111,16 @@ func (e *engine) handle(ctx *fasthttp.RequestCtx) {
 	}
 	var stream bool
 	_ = json.Unmarshal(body["stream"], &stream)
+	chat := string(ctx.Path()) == "/v1/chat/completions"
 	if !stream {
 		ctx.SetContentType("application/json")
 		ctx.SetBodyString(`{"object":"chat.completion","choices":[{"message":{"content":"done"}}]}`)
 		return
 	}
+	var so struct {
+		IncludeUsage bool `json:"include_usage"`
+	}
+	_ = json.Unmarshal(body["stream_options"], &so)
 	ctx.SetContentType("text/event-stream")
 	gate, n := e.gate, e.chunks
 	ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
@@ -123,14 +128,39 @@ func (e *engine) handle(ctx *fasthttp.RequestCtx) {
 			if i > 0 && gate != nil {
 				<-gate
 			}
-			fmt.Fprintf(w, "data: {\"chunk\":%d}\n\n", i)
+			fmt.Fprintf(w, "data: %s\n\n", chunkJSON(chat, i, n))
 			if w.Flush() != nil {
 				return
 			}
 		}
+		if so.IncludeUsage {
+			fmt.Fprintf(w, "data: %s\n\n", usageJSON(chat, n))
+		}
 		w.WriteString("data: [DONE]\n\n")
 		w.Flush()
 	})
+}
+
+// chunkJSON is chunk i of n of an engine's streamed answer, as vLLM writes it: one token
+// ("t<i>") a chunk, the last with finish_reason "length".
+func chunkJSON(chat bool, i, n int) string {
+	finish := "null"
+	if i == n-1 {
+		finish = `"length"`
+	}
+	if chat {
+		return fmt.Sprintf(`{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"t%d"},"logprobs":null,"finish_reason":%s}]}`, i, finish)
+	}
+	return fmt.Sprintf(`{"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":"t%d","logprobs":null,"finish_reason":%s}]}`, i, finish)
+}
+
+// usageJSON is the usage chunk (stream_options.include_usage) of an answer of n tokens.
+func usageJSON(chat bool, n int) string {
+	object := "text_completion"
+	if chat {
+		object = "chat.completion.chunk"
+	}
+	return fmt.Sprintf(`{"id":"x","object":"%s","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":7,"completion_tokens":%d,"total_tokens":%d}}`, object, n, n+7)
 }
 
 type fixture struct {
@@ -226,7 +256,7 @@ func TestChatStreams(t *testing.T) {
 			}
 		}
 	}
-	if l := line(); l != "data: {\"chunk\":0}\n" {
+	if l := line(); l != "data: "+chunkJSON(true, 0, 3)+"\n" {
 		t.Fatalf("first chunk %q", l)
 	}
 	// The first token is out and the next not sent yet: the request is booked, its prefill done.
@@ -243,7 +273,7 @@ func TestChatStreams(t *testing.T) {
 	}
 	for i := 1; i < 3; i++ {
 		e.gate <- struct{}{}
-		if l := line(); l != fmt.Sprintf("data: {\"chunk\":%d}\n", i) {
+		if l := line(); l != "data: "+chunkJSON(true, i, 3)+"\n" {
 			t.Fatalf("chunk %d: %q", i, l)
 		}
 	}
@@ -251,8 +281,9 @@ func TestChatStreams(t *testing.T) {
 		t.Fatalf("end %q", l)
 	}
 	f.waitIdle(t, "after the answer")
-	// The engine got the request as the client sent it, with the rank the router chose.
-	if got := <-e.received; string(got) != chatBody {
+	// The engine got the request as the client sent it, streamed with the usage chunk (which
+	// the client, not asking for it, did not get), with the rank the router chose.
+	if got := <-e.received; string(got) != `{"messages":[{"role":"user","content":"hello there, how are you"}],"model":"m","stream":true,"stream_options":{"include_usage":true}}` {
 		t.Errorf("the engine got %s", got)
 	}
 	if rank := <-e.ranks; rank != "0" {
@@ -264,15 +295,17 @@ func TestChatStreams(t *testing.T) {
 }
 
 // TestCompletionIDs: a completion's text prompt goes to the engine as the ids /tokenize gave,
-// and a prompt of ids is not tokenized; the answer, not streamed, comes back whole.
+// and a prompt of ids is not tokenized; the answer, not streamed, comes back whole: the
+// engine's stream assembled into one JSON answer with its Content-Length.
 func TestCompletionIDs(t *testing.T) {
-	e := startEngine(t, 1)
+	e := startEngine(t, 3)
 	f := newFixture(t, Config{}, e)
 	resp := f.post(t, "/v1/completions", `{"model":"m","prompt":"abcd","max_tokens":3}`)
 	b, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if resp.StatusCode != 200 || !strings.Contains(string(b), `"done"`) {
-		t.Fatalf("%d %s", resp.StatusCode, b)
+	want := `{"choices":[{"finish_reason":"length","index":0,"logprobs":null,"text":"t0t1t2"}],"created":1,"id":"cmpl-1","model":"m","object":"text_completion","usage":{"prompt_tokens":7,"completion_tokens":3,"total_tokens":10}}`
+	if resp.StatusCode != 200 || string(b) != want || resp.ContentLength != int64(len(want)) || resp.Header.Get("Content-Type") != "application/json" {
+		t.Fatalf("%d %s (length %d, %q)", resp.StatusCode, b, resp.ContentLength, resp.Header.Get("Content-Type"))
 	}
 	var sent map[string]any
 	_ = json.Unmarshal(<-e.received, &sent)
@@ -282,7 +315,7 @@ func TestCompletionIDs(t *testing.T) {
 	<-e.ranks
 	resp = f.post(t, "/v1/completions", `{"model":"m","prompt":[7,8,9,10,11]}`)
 	resp.Body.Close()
-	if got := <-e.received; string(got) != `{"model":"m","prompt":[7,8,9,10,11]}` {
+	if got := <-e.received; string(got) != `{"model":"m","prompt":[7,8,9,10,11],"stream":true,"stream_options":{"include_usage":true}}` {
 		t.Errorf("ids forwarded as %s", got)
 	}
 	f.waitIdle(t, "after the answers")
@@ -343,7 +376,8 @@ func TestMigration(t *testing.T) {
 	resp := g.post(t, "/v1/chat/completions", chatBody)
 	b, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if resp.StatusCode != 502 || !strings.Contains(string(b), `"type":"upstream_error"`) || !strings.Contains(string(b), "answered 500") {
+	// The engine's status and message, in OpenAI's shape.
+	if resp.StatusCode != 500 || !strings.Contains(string(b), `"message":"worker 1: engine failed"`) || resp.Header.Get("Content-Type") != "application/json" {
 		t.Fatalf("without retries: %d %s", resp.StatusCode, b)
 	}
 	g.waitIdle(t, "after a failure")
@@ -430,11 +464,10 @@ func TestBadInput(t *testing.T) {
 		resp.Body.Close()
 		var shape struct {
 			Error struct {
-				Message, Type string
-				Code          int
+				Message, Type, Code string
 			}
 		}
-		if resp.StatusCode != c.status || json.Unmarshal(b, &shape) != nil || shape.Error.Code != c.status || shape.Error.Type == "" ||
+		if resp.StatusCode != c.status || json.Unmarshal(b, &shape) != nil || shape.Error.Code == "" || shape.Error.Type == "" ||
 			!strings.Contains(string(b), c.want) {
 			t.Errorf("%s %s: %d %s, want %d with %q", c.path, c.body, resp.StatusCode, b, c.status, c.want)
 		}
@@ -531,7 +564,8 @@ func TestOverloaded(t *testing.T) {
 	r := f.post(t, "/v1/chat/completions", `{"model":"m","messages":[],"nvext":{"token_data":[11,12,13,14]}}`)
 	body, _ := io.ReadAll(r.Body)
 	r.Body.Close()
-	if r.StatusCode != 529 || !strings.Contains(string(body), `"type":"overloaded"`) || !strings.Contains(string(body), "overloaded") {
+	if r.StatusCode != 529 || !strings.Contains(string(body), `"code":"overloaded"`) || strings.Contains(string(body), `field \"model\"`) ||
+		r.Header.Get("Retry-After") != "1" {
 		t.Fatalf("%d %s", r.StatusCode, body)
 	}
 	if n := f.active(); n != 1 {

@@ -34,8 +34,10 @@ import (
 // verdict is late by more than the grace SetProber gave, it comes back when its time is up.
 //
 // Cost: the route path reads one atomic counter of the model (marked ranks) and, while it is
-// zero, nothing else; while some rank of the model is marked, routes of that model take the
-// general path (route.go), which reads each rank's ejection time and suspect flag.
+// zero, nothing else. While some rank of the model is marked it reads the clock and the
+// model's latest ejection end: while a rank is out, routes of that model take the general
+// path (route.go), which reads each rank's ejection time and suspect flag; otherwise the fast
+// path, which reads the suspect flags of the ranks tied for the choice.
 
 // EjectConfig configures outlier ejection (eject.go). Zero values take the defaults listed.
 type EjectConfig struct {
@@ -127,6 +129,9 @@ func (h *rankHealth) outAt(now int64) bool {
 // modelHealth is a model's share of the health state.
 type modelHealth struct {
 	marked atomic.Int32 // its suspect ranks (every ejected rank is suspect)
+	// outMax is the latest rankHealth.out of its ranks (written under routerHealth.mu): while
+	// Config.Now is past it no rank is out, and routes may take the fast path.
+	outMax atomic.Int64
 }
 
 // routerHealth is the Router's health state: the lock of every rank's transitions and the
@@ -302,6 +307,9 @@ func (r *Router) SetProber(grace time.Duration) {
 			}
 		}
 	}
+	for _, m := range *r.models.Load() {
+		outMaxLocked(m)
+	}
 	r.health.mu.Unlock()
 	r.mu.Unlock()
 }
@@ -434,6 +442,9 @@ func (r *Router) failLocked(w *rankWorker, reason int, now int64, probe bool) (e
 	d := min(time.Duration(h.times)*cfg.BaseTime, cfg.MaxTime)
 	h.due = now + int64(d)
 	h.out.Store(h.due + r.health.grace.Load())
+	if m := &w.reg.model.health; h.out.Load() > m.outMax.Load() {
+		m.outMax.Store(h.out.Load())
+	}
 	e := ejectEvent{w: w, reason: reason, failures: h.failures, times: h.times, d: d}
 	h.failures = 0
 	r.health.ejections[reason].Add(1)
@@ -446,7 +457,17 @@ func (r *Router) returnLocked(w *rankWorker, now int64) {
 	if o := h.out.Load(); o != 0 {
 		h.back = min(now, o)
 		h.out.Store(0)
+		outMaxLocked(w.reg.model)
 	}
+}
+
+// outMaxLocked sets m's outMax anew from its ranks. REQUIRES r.health.mu.
+func outMaxLocked(m *model) {
+	var v int64
+	for _, w := range m.list.Load().ws {
+		v = max(v, w.health.out.Load())
+	}
+	m.health.outMax.Store(v)
 }
 
 // mayEjectLocked says whether MaxPercent lets w leave routing at now. REQUIRES r.health.mu.
@@ -471,6 +492,10 @@ func (r *Router) forgetHealth(w *rankWorker) {
 	}
 	r.unmarkLocked(w)
 	h.dropped = true
+	if h.out.Load() != 0 {
+		h.out.Store(0)
+		outMaxLocked(w.reg.model) // its model's list no longer holds it
+	}
 }
 
 func (r *Router) logEjects(evs []ejectEvent) {
@@ -674,4 +699,20 @@ func (s *scratch) logHealth(r *Router, req *wire.RouteRequest, list *workerList,
 		r.log.Debug("tie lost: the worker failed since its last answer", "request", id,
 			"worker", t.Worker, "dp_rank", t.Rank, "to_worker", c.Worker, "to_dp_rank", c.Rank)
 	}
+}
+
+// loseTies drops from ties (scoreKV's, in position order) the suspect ranks of list, unless
+// every one is: they lose ties, as avoidSuspect makes them on the general path.
+func loseTies(ties []tie, list *workerList) []tie {
+	k := 0
+	for _, t := range ties {
+		if !list.ws[t.pos].health.suspect.Load() {
+			ties[k] = t
+			k++
+		}
+	}
+	if k == 0 {
+		return ties // nothing was written over: every tied rank is suspect
+	}
+	return ties[:k]
 }

@@ -354,16 +354,24 @@ func TestEjectMaxPercent(t *testing.T) {
 // TestSuspectLosesTies: a worker that failed (not ejected yet) never wins a tie until it
 // answers; in kv mode and in least_loaded mode.
 func TestSuspectLosesTies(t *testing.T) {
-	for _, mode := range []wire.Mode{wire.ModeKV, wire.ModeLeastLoaded} {
+	for _, c := range []struct {
+		mode    wire.Mode
+		max     uint16   // a capped answer: scoreKV's other way to the choice
+		allowed []uint64 // allowed workers: the general path
+	}{{mode: wire.ModeKV}, {mode: wire.ModeKV, max: 2}, {mode: wire.ModeKV, allowed: []uint64{1, 2, 3}}, {mode: wire.ModeLeastLoaded}} {
+		mode := c.mode
 		r, _ := ejectFleet(t, 3, Config{})
 		route := func(i int) uint64 {
 			req := fresh(fmt.Sprint("t", i), i)
-			req.Mode = mode
+			req.Mode, req.MaxCandidates, req.Allowed = mode, c.max, c.allowed
 			w := routeOne(t, r, req)
 			_ = r.Complete(req.RequestID)
 			return w
 		}
 		r.UpstreamFailed(1, 0, "5xx")
+		if !r.fastPath("m") {
+			t.Fatal("a suspect rank, none out, keeps the model's routes off the fast path")
+		}
 		for i := range 50 {
 			if w := route(i); w == 1 {
 				t.Fatalf("mode %v: the suspect worker won a tie", mode)
@@ -592,8 +600,12 @@ func TestEjectConcurrent(t *testing.T) {
 	}
 }
 
-// fastPath says whether the model's routes may take the fast path as far as health goes.
-func (r *Router) fastPath(model string) bool { return !r.ejecting(r.model(model)) }
+// fastPath says whether the model's routes may take the fast path as far as health goes: no
+// rank of it is out of routing.
+func (r *Router) fastPath(model string) bool {
+	m := r.model(model)
+	return !r.ejecting(m) || r.cfg.Now() >= m.health.outMax.Load()
+}
 
 // TestEjectDecisionLog: at debug level the decision log names the ranks skipped as ejected and
 // the suspect rank that lost a tie.

@@ -346,20 +346,28 @@ func (r *Router) pick(s *scratch, m *model, list *workerList, p *scoring.Params,
 	limit int, book bool, th *Thresholds, enc *[]byte) (pos, cached int32, encoded bool, err error) {
 	// The fast path prices a worker by its device depth alone: a prompt that a lower storage
 	// tier extends for some worker takes the general path, which credits the extension.
-	// A model with a rank that failed (eject.go) takes the general path too, which skips the
-	// ranks out of routing and makes the suspect ones lose ties.
+	// A model with a rank out of routing (eject.go) takes the general path too, which skips
+	// it; one with a rank that failed since its last answer, but none out, makes the suspect
+	// ranks lose ties on either path.
 	eject := book && r.ejecting(m)
-	if p.Mode == scoring.KV && p.Temperature == 0 && !req.HasPinned && len(req.Allowed) == 0 && th == nil && !eject &&
+	out := false
+	if eject {
+		s.now = r.cfg.Now()
+		out = s.now < m.health.outMax.Load()
+	}
+	if p.Mode == scoring.KV && p.Temperature == 0 && !req.HasPinned && len(req.Allowed) == 0 && th == nil && !out &&
 		len(s.m.Tiers) == 0 && len(list.keys) > 0 && !r.general && !r.log.Enabled(context.Background(), slog.LevelDebug) {
 		if err := p.Check(); err != nil {
 			return 0, 0, false, fieldErr(ErrInvalid, "request", "%v", err)
 		}
+		s.eject = eject
 		pos, cached, encoded = s.scoreKV(r, m.ix, list, p, req, resp, limit, book, enc)
+		s.eject = false
 		return pos, cached, encoded, nil
 	}
 	if book {
-		s.th = th // a match answers for every worker, as Dynamo's /query
-		s.setEject(r, eject)
+		// A match answers for every worker, as Dynamo's /query. s.now is read already.
+		s.th, s.eject = th, eject
 	}
 	chosen, err := s.general(r, m.ix, list, p, req, book)
 	s.th, s.eject = nil, false

@@ -510,6 +510,9 @@ func (s *scratch) tied(ix *radix.Index, list *workerList, lowest, idleLowest flo
 	if idle > 0 && len(ties) > idle {
 		slices.SortFunc(ties, func(a, b tie) int { return cmp.Compare(a.pos, b.pos) })
 	}
+	if s.eject && len(ties) > 1 {
+		ties = loseTies(ties, list) // eject.go
+	}
 	s.ties = ties
 	var tb scoring.TieBreak
 	for i := range ties {
