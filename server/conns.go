@@ -2,10 +2,12 @@ package server
 
 import (
 	"errors"
+	"io"
 	"log/slog"
 	"math/rand/v2"
 	"net"
 	"net/netip"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -369,6 +371,13 @@ func outOfFiles(err error) bool {
 		errors.Is(err, syscall.ENOBUFS) || errors.Is(err, syscall.ENOMEM)
 }
 
+// listenerClosed reports whether err is an Accept's on a closed listener: net.ErrClosed, or what
+// fasthttp's Serve takes for one (io.EOF, "use of closed network connection", as listeners
+// outside package net say it).
+func listenerClosed(err error) bool {
+	return errors.Is(err, net.ErrClosed) || errors.Is(err, io.EOF) || strings.Contains(err.Error(), "use of closed network connection")
+}
+
 // listener is a net.Listener whose Accept admits through conns: it returns only connections
 // within the limits, and no error but the listener's close: fasthttp's Serve takes any other for
 // fatal, and ends the daemon with it. Accept is called by one goroutine (Serve's); Close by any.
@@ -398,7 +407,7 @@ func (l *listener) Accept() (net.Conn, error) {
 			}
 			continue
 		}
-		if l.closed() || errors.Is(err, net.ErrClosed) {
+		if l.closed() || listenerClosed(err) {
 			return nil, err
 		}
 		l.c.acceptErrors.Add(1)
@@ -476,7 +485,7 @@ func (l *patientListener) Accept() (net.Conn, error) {
 			return nil, err
 		default:
 		}
-		if errors.Is(err, net.ErrClosed) {
+		if listenerClosed(err) {
 			return nil, err
 		}
 		n := l.errors.Add(1)

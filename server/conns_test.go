@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+	"github.com/valyala/fasthttp/fasthttputil"
 )
 
 // fakeConn is a connection from a client address that records what the server writes and
@@ -307,6 +308,11 @@ func TestKeepAccepting(t *testing.T) {
 	}
 	if _, err := ln.Accept(); !errors.Is(err, net.ErrClosed) {
 		t.Fatalf("Accept on a closed listener: %v, want net.ErrClosed", err)
+	}
+	// A listener outside package net says it is closed as fasthttp's Serve expects.
+	ln = KeepAccepting(newFakeListener(fasthttputil.ErrInmemoryListenerClosed), "admin", quietLog())
+	if _, err := ln.Accept(); err != fasthttputil.ErrInmemoryListenerClosed {
+		t.Fatalf("Accept on a closed in-memory listener: %v", err)
 	}
 
 	results := []any{}
