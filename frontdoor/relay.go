@@ -219,6 +219,9 @@ func (d *Door) send(o *outgoing, w *watcher) (*http.Response, error) {
 		req.Header["Authorization"] = []string{o.auth}
 	}
 	req.Header["X-Request-Id"] = []string{o.reqID}
+	// Replayable (the key itself is not sent): a request that failed on a kept-alive connection
+	// the worker had closed, before the worker read any of it, is sent again on a new one.
+	req.Header["X-Idempotency-Key"] = nil
 	req.Header["X-Data-Parallel-Rank"] = []string{strconv.FormatUint(uint64(o.rank), 10)}
 	resp, err := d.up.Do(req)
 	if err != nil {
