@@ -136,8 +136,9 @@ load-1cpu:
 	GOMAXPROCS=1 taskset -c $$(($$(nproc) - 1)) $(OUT)/kvrload --added --added-runs $(LOADRUNS) | tee $(OUT)/load-1cpu.txt
 
 # kvrouterd (the binary, its own process) under a paced mixed load for SOAK: routes, lifecycles,
-# KV events over NATS and /v1/events, workers leaving and coming back. Fails if its RSS or
-# goroutines grow after warm-up (docs/performance.md, "Soak"); the samples go to standard output.
+# KV events over NATS and /v1/events, workers leaving and coming back. Fails if its RSS, heap
+# in use, goroutines or file descriptors grow after warm-up (docs/performance.md, "Soak"); the
+# samples go to standard output. ARGS='--profiles DIR' also saves heap profiles to compare.
 SOAK ?= 3m
 soak:
 	mkdir -p $(OUT)

@@ -58,6 +58,7 @@ type fleet struct {
 	n       *counters
 	buf     []byte
 	batch   wire.EventBatch
+	lastID  uint64 // the highest worker id given out
 }
 
 func newFleet(cfg Config, c *client.Client, hc *fasthttp.HostClient, pub *ingest.Publisher, n *counters) *fleet {
@@ -73,6 +74,7 @@ func newFleet(cfg Config, c *client.Client, hc *fasthttp.HostClient, pub *ingest
 			w.ranks = make([]rank, nr)
 			f.workers = append(f.workers, w)
 			f.byID[w.id] = w
+			f.lastID = max(f.lastID, w.id)
 		}
 	}
 	return f
@@ -147,6 +149,12 @@ func (f *fleet) churn() {
 		return
 	}
 	w := f.absent[0]
+	if f.cfg.FreshIDs {
+		delete(f.byID, w.id)
+		f.lastID++
+		w.id = f.lastID
+		f.byID[w.id] = w
+	}
 	if f.register(w) == nil {
 		f.absent = f.absent[1:]
 	}

@@ -1,6 +1,7 @@
 // Command soak runs kvrouterd — the real binary, as a process of its own — under a steady mixed
-// load for a set time, and fails if the daemon's resident memory or goroutines grow after a
-// warm-up: `make soak` (SOAK=30m for a long run), and a 30-second version in `go test`.
+// load for a set time, and fails if the daemon's resident memory, heap in use, goroutines or
+// file descriptors grow after a warm-up: `make soak` (SOAK=30m for a long run), and a
+// 30-second version in `go test`.
 //
 // The load is paced, loopback only, and bounded: two models of eight workers each (every
 // fourth with two data-parallel ranks), a fixed set of prompts per model (documents shared by
@@ -10,18 +11,22 @@
 // completed without a prefill-done, some twice, some never, to expire), KV events (stored,
 // removed, cleared) through the NATS stream and through /v1/events in binary and JSON, load
 // reports, and malformed requests that must be refused; a worker leaves (DELETE
-// /v1/workers/{id}) or comes back every two seconds, about a quarter of them away at a time. A
+// /v1/workers/{id}) or comes back every two seconds, about a quarter of them away at a time
+// (with --fresh-ids under a new id, as an engine whose instance id is drawn at start). A
 // routed prompt is stored by the worker rank the router chose, so that later routes find it.
 //
-// Every Interval the soak reads the daemon's VmRSS from /proc/PID/status and go_goroutines from
-// /metrics, and prints them with the heap in use, the heap goal (twice the live heap), the
-// bookings held and the index's residencies. After the run it compares the median of the last
-// third of the samples taken after warm-up with the median of the first third (verdict.go),
-// checks the goroutines against an absolute bound, and exits 1 if either grew past its
-// tolerance or more than 1% of the calls failed. A warm-up shorter than five minutes ends
-// before a fresh daemon's RSS settles, and such a soak allows more growth (a gross-leak
-// check); SOAK=15m and longer judge at the fine tolerance. docs/performance.md ("Soak") gives
-// the reasons for the tolerances and a 30-minute run.
+// Every Interval the soak reads the daemon's VmRSS from /proc/PID/status, its open file
+// descriptors from /proc/PID/fd, and go_goroutines and go_memstats_heap_inuse_bytes from
+// /metrics, and prints them with the heap goal (twice the live heap), the bookings held and
+// the index's residencies. After the run it compares, for each of the four, the median of the
+// last third of the samples taken after warm-up with the median of the first third
+// (verdict.go), checks the goroutines and descriptors against absolute bounds, prints each
+// one's Theil–Sen slope, and exits 1 if any grew past its tolerance or more than 1% of the
+// calls failed. A warm-up shorter than five minutes ends before a fresh daemon's RSS settles,
+// and such a soak allows more growth (a gross-leak check); SOAK=15m and longer judge at the
+// fine tolerance. docs/performance.md ("Soak") gives the reasons for the tolerances and the
+// runs. --profiles DIR saves the daemon's heap profiles at the warm-up's end and the load's
+// end, for `go tool pprof -base DIR/heap-warm.pb.gz BIN DIR/heap-end.pb.gz`.
 //
 //	go run ./bench/soak                    # three minutes, one of warm-up
 //	go run ./bench/soak --duration 30m     # make soak SOAK=30m
@@ -50,8 +55,11 @@ func main() {
 	fs.IntVar(&cfg.Workers, "workers", 8, "workers per model")
 	fs.IntVar(&cfg.Models, "models", 2, "models")
 	fs.DurationVar(&cfg.Churn, "churn", 2*time.Second, "a worker leaves or comes back this often")
+	fs.BoolVar(&cfg.FreshIDs, "fresh-ids", false, "a worker comes back under a new id, as an engine whose instance id is drawn at start")
 	fs.IntVar(&cfg.Capacity, "capacity", 0, "blocks each worker rank holds before its engine evicts (default 256)")
 	fs.Int64Var(&cfg.MaxIndexBytes, "max-index-bytes", 0, "the daemon's --max-index-bytes (0: none); below capacity × workers × models × 64 B the soak runs at the bound")
+	fs.Int64Var(&cfg.StreamBytes, "stream-bytes", 0, "the daemon's --nats-max-bytes (0: 120000, about the largest with the file store's smallest blocks; -1: the daemon's default)")
+	fs.StringVar(&cfg.Profiles, "profiles", "", "directory for the daemon's heap profiles at the warm-up's end and the load's end (served by its --admin-addr)")
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		if err == flag.ErrHelp {
 			os.Exit(0)
@@ -83,18 +91,22 @@ func report(w io.Writer, res Result) bool {
 	}
 	num := func(s Stats) string { return fmt.Sprintf("%.0f / %.0f / %.0f", s.Min, s.Median, s.Max) }
 	after := len(res.Samples) - res.Warm
-	fmt.Fprintf(w, "\nidle (workers registered, no load): RSS %.1f MiB, %d goroutines\n",
-		float64(res.Idle.RSS)/(1<<20), res.Idle.Goroutines)
-	fmt.Fprintf(w, "judged: %d samples after %v of warm-up; thirds of %d samples (min / median / max)\n",
-		after, res.Config.Warmup, after/3)
+	fmt.Fprintf(w, "\nidle (workers registered, no load): RSS %.1f MiB, heap in use %.1f MiB, %d goroutines, %d fds\n",
+		float64(res.Idle.RSS)/(1<<20), float64(res.Idle.HeapInuse)/(1<<20), res.Idle.Goroutines, res.Idle.FDs)
+	fmt.Fprintf(w, "judged: %d samples after %v of warm-up; thirds of %d samples (min / median / max); slope over all %d (Theil-Sen)\n",
+		after, res.Config.Warmup, after/3, after)
 	if res.Config.Warmup < settle {
-		fmt.Fprintf(w, "warm-up shorter than %v, before a daemon's RSS settles: RSS may grow by %d MiB (at least %v of warm-up: %d MiB)\n",
-			settle, res.Config.Tolerance.RSSBytes>>20, settle, DefaultTolerance.RSSBytes>>20)
+		fmt.Fprintf(w, "warm-up shorter than %v, before a daemon's RSS settles: RSS may grow by %d MiB, heap in use by %d MiB (at least %v of warm-up: %d and %d MiB)\n",
+			settle, res.Config.Tolerance.RSSBytes>>20, res.Config.Tolerance.HeapBytes>>20, settle, DefaultTolerance.RSSBytes>>20, DefaultTolerance.HeapBytes>>20)
 	}
-	fmt.Fprintf(w, "RSS         first third %s, last third %s, limit on the last median %.1f MiB\n",
-		mib(v.RSS.First), mib(v.RSS.Last), v.RSS.Limit/(1<<20))
-	fmt.Fprintf(w, "goroutines  first third %s, last third %s, limit on the last median %.0f, never above %d\n",
-		num(v.Goroutines.First), num(v.Goroutines.Last), v.Goroutines.Limit, v.MaxGoroutines)
+	fmt.Fprintf(w, "RSS         first third %s, last third %s, limit on the last median %.1f MiB; slope %+.2f MiB/min\n",
+		mib(v.RSS.First), mib(v.RSS.Last), v.RSS.Limit/(1<<20), v.RSS.Slope/(1<<20))
+	fmt.Fprintf(w, "heap in use first third %s, last third %s, limit on the last median %.1f MiB; slope %+.2f MiB/min\n",
+		mib(v.Heap.First), mib(v.Heap.Last), v.Heap.Limit/(1<<20), v.Heap.Slope/(1<<20))
+	fmt.Fprintf(w, "goroutines  first third %s, last third %s, limit on the last median %.0f, never above %d; slope %+.2f/min\n",
+		num(v.Goroutines.First), num(v.Goroutines.Last), v.Goroutines.Limit, v.MaxGoroutines, v.Goroutines.Slope)
+	fmt.Fprintf(w, "fds         first third %s, last third %s, limit on the last median %.0f, never above %d; slope %+.2f/min\n",
+		num(v.FDs.First), num(v.FDs.Last), v.FDs.Limit, v.MaxFDs, v.FDs.Slope)
 	fmt.Fprintf(w, "calls: %s\n", res.Counts)
 	pass := v.Pass()
 	for _, f := range v.Failures {
@@ -105,7 +117,7 @@ func report(w io.Writer, res Result) bool {
 		pass = false
 	}
 	if pass {
-		fmt.Fprintln(w, "PASS: neither RSS nor goroutines grew after warm-up")
+		fmt.Fprintln(w, "PASS: neither RSS, heap in use, goroutines nor file descriptors grew after warm-up")
 	}
 	return pass
 }

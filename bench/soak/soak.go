@@ -34,10 +34,13 @@ type Config struct {
 	Warmup   time.Duration // not judged: a third of Duration, at most 5 minutes
 	Interval time.Duration // between samples: Duration / 360, from 1 s to 5 s
 
-	Routes   float64       // routes (and matches) per second, over Conns goroutines
-	Conns    int           // route goroutines, each with its own pace
-	Batches  float64       // event batches per second
-	Churn    time.Duration // a worker leaves or comes back this often
+	Routes  float64       // routes (and matches) per second, over Conns goroutines
+	Conns   int           // route goroutines, each with its own pace
+	Batches float64       // event batches per second
+	Churn   time.Duration // a worker leaves or comes back this often
+	// FreshIDs brings a worker back under a new id, as an engine whose instance id is drawn
+	// at start; otherwise it comes back under its old one.
+	FreshIDs bool
 	Models   int
 	Workers  int // per model
 	Capacity int // blocks each worker rank holds before its engine evicts
@@ -52,11 +55,30 @@ type Config struct {
 	// completed are freed after it; at most 20 s), Snapshots its --snapshot-interval (at most
 	// 15 s), StreamAge its --nats-max-age (the stream's retention; at most a minute).
 	Expiry, Snapshots, StreamAge time.Duration
+	// StreamBytes is the daemon's --nats-max-bytes, which also sizes the stream's file blocks
+	// and so the file store's cache of the block being written: 0 is streamBytes, so that the
+	// stream's memory is at its bound within seconds; negative leaves the daemon's default
+	// (4 GiB: 8 MiB blocks, whose cache climbs for minutes; docs/performance.md, "Soak").
+	StreamBytes int64
 
-	// Tolerance is DefaultTolerance's, with youngRSSBytes when Warmup is shorter than settle.
+	// Tolerance is DefaultTolerance's, with youngRSSBytes and youngHeapBytes when Warmup is
+	// shorter than settle.
 	Tolerance Tolerance
 	Log       io.Writer // progress and samples
+	// Profiles, if set, is a directory: the daemon serves pprof on an admin listener, and
+	// the soak saves its heap profile there when the warm-up ends (heap-warm.pb.gz) and when
+	// the load ends (heap-end.pb.gz), each after a collection, for `go tool pprof -base`.
+	Profiles string
 }
+
+// streamBytes is the soak's bound on the event stream: about the largest for which the NATS
+// file store writes blocks of its smallest size (32 kB: it aims for a quarter of the bound plus
+// one byte, rounded up to 100, and takes 32,000 bytes when that is no more), so that the cache
+// of the block being written is small and turns over every second or so at the soak's rate of
+// about 35 kB/s. Above it the blocks are 4 MiB, and from 32 MiB on 8 MiB: their cache steps up
+// through pooled buffers of 256 KiB, 1, 4 and 8 MiB as a block fills, for minutes at this
+// rate, which a soak would judge as growth.
+const streamBytes = 120_000
 
 func (c Config) withDefaults() Config {
 	if c.Duration <= 0 {
@@ -90,6 +112,9 @@ func (c Config) withDefaults() Config {
 	half(&c.Expiry, 20*time.Second)
 	half(&c.Snapshots, 15*time.Second)
 	half(&c.StreamAge, time.Minute)
+	if c.StreamBytes == 0 {
+		c.StreamBytes = streamBytes
+	}
 	def(&c.Conns, 3)
 	def(&c.Models, 2)
 	def(&c.Workers, 8)
@@ -100,6 +125,7 @@ func (c Config) withDefaults() Config {
 		c.Tolerance = DefaultTolerance
 		if c.Warmup < settle {
 			c.Tolerance.RSSBytes = youngRSSBytes
+			c.Tolerance.HeapBytes = youngHeapBytes
 		}
 	}
 	if c.Log == nil {
@@ -185,8 +211,9 @@ func run(ctx context.Context, cfg Config) (res Result, err error) {
 		wg.Wait()
 		return res, err
 	}
-	cfg.Tolerance.IdleGoroutines = res.Idle.Goroutines
-	logf("idle: RSS %.1f MiB, %d goroutines", float64(res.Idle.RSS)/(1<<20), res.Idle.Goroutines)
+	cfg.Tolerance.IdleGoroutines, cfg.Tolerance.IdleFDs = res.Idle.Goroutines, res.Idle.FDs
+	logf("idle: RSS %.1f MiB, heap in use %.1f MiB, %d goroutines, %d fds", float64(res.Idle.RSS)/(1<<20),
+		float64(res.Idle.HeapInuse)/(1<<20), res.Idle.Goroutines, res.Idle.FDs)
 
 	life := &lifecycle{}
 	wg.Go(func() { life.run(loadCtx, c, n) })
@@ -199,7 +226,7 @@ func run(ctx context.Context, cfg Config) (res Result, err error) {
 
 	start := time.Now()
 	logf("%d s of load (%d s warm-up), a sample every %v:", int(cfg.Duration.Seconds()), int(cfg.Warmup.Seconds()), cfg.Interval)
-	logf("%8s %9s %10s %10s %10s %8s %11s %9s", "t(s)", "rss(MiB)", "heap(MiB)", "goal(MiB)", "goroutines", "active", "residencies", "evicted")
+	logf("%8s %9s %10s %10s %10s %5s %8s %11s %9s", "t(s)", "rss(MiB)", "heap(MiB)", "goal(MiB)", "goroutines", "fds", "active", "residencies", "evicted")
 	tick := time.NewTicker(cfg.Interval)
 	defer tick.Stop()
 	for done := false; !done; {
@@ -232,9 +259,18 @@ func run(ctx context.Context, cfg Config) (res Result, err error) {
 		if at < cfg.Warmup {
 			mark = " warm-up"
 		}
-		logf("%8.0f %9.1f %10.1f %10.1f %10d %8d %11d %9d%s", s.At, float64(s.RSS)/(1<<20), float64(s.HeapInuse)/(1<<20),
-			float64(s.HeapGoal)/(1<<20), s.Goroutines, s.Active, s.Residencies, s.Evicted, mark)
+		logf("%8.0f %9.1f %10.1f %10.1f %10d %5d %8d %11d %9d%s", s.At, float64(s.RSS)/(1<<20), float64(s.HeapInuse)/(1<<20),
+			float64(s.HeapGoal)/(1<<20), s.Goroutines, s.FDs, s.Active, s.Residencies, s.Evicted, mark)
 		done = at >= cfg.Duration
+		if cfg.Profiles != "" && (len(res.Samples) == res.Warm+1 || done) {
+			name := "heap-warm.pb.gz"
+			if done {
+				name = "heap-end.pb.gz"
+			}
+			if perr := d.heapProfile(cfg.Profiles, name); perr != nil {
+				logf("error: %v", perr)
+			}
+		}
 	}
 	stopLoad()
 	wg.Wait()
@@ -293,6 +329,7 @@ func build(dir string) (string, error) {
 type daemon struct {
 	cmd        *exec.Cmd
 	addr, nats string
+	admin      string // the admin listener (pprof); empty when off
 	logs       *tail
 	exited     chan struct{}
 	waitErr    error
@@ -312,10 +349,20 @@ func startDaemon(cfg Config, dir string) (*daemon, error) {
 		return nil, err
 	}
 	d := &daemon{addr: addr, nats: natsAddr, logs: &tail{max: 64 << 10}, exited: make(chan struct{})}
-	d.cmd = exec.Command(cfg.Bin, "--http-addr", addr, "--nats-listen", natsAddr, "--data-dir", filepath.Join(dir, "data"),
+	args := []string{"--http-addr", addr, "--nats-listen", natsAddr, "--data-dir", filepath.Join(dir, "data"),
 		"--shards", "2", "--log-level", "warn", "--snapshot-interval", cfg.Snapshots.String(),
 		"--nats-max-age", cfg.StreamAge.String(), "--request-expiry", cfg.Expiry.String(), "--router-predicted-ttl", "2s", "--router-session-affinity-ttl", "5s",
-		"--max-index-bytes", strconv.FormatInt(cfg.MaxIndexBytes, 10))
+		"--max-index-bytes", strconv.FormatInt(cfg.MaxIndexBytes, 10)}
+	if cfg.StreamBytes >= 0 {
+		args = append(args, "--nats-max-bytes", strconv.FormatInt(cfg.StreamBytes, 10))
+	}
+	if cfg.Profiles != "" {
+		if d.admin, err = freeport.Addr(); err != nil {
+			return nil, err
+		}
+		args = append(args, "--admin-addr", d.admin)
+	}
+	d.cmd = exec.Command(cfg.Bin, args...)
 	d.cmd.Stdout, d.cmd.Stderr = d.logs, d.logs
 	d.cmd.SysProcAttr = daemonAttr()
 	if err := d.cmd.Start(); err != nil {
@@ -368,6 +415,9 @@ func (d *daemon) sample(at time.Duration) (Sample, error) {
 	if s.RSS, err = rss(d.cmd.Process.Pid); err != nil {
 		return s, err
 	}
+	if s.FDs, err = fds(d.cmd.Process.Pid); err != nil {
+		return s, err
+	}
 	resp, err := http.Get("http://" + d.addr + "/metrics")
 	if err != nil {
 		return s, fmt.Errorf("soak: /metrics: %w", err)
@@ -406,6 +456,32 @@ func (d *daemon) sample(at time.Duration) (Sample, error) {
 		return s, errors.New("soak: no go_goroutines in /metrics")
 	}
 	return s, nil
+}
+
+// heapProfile saves the daemon's heap profile, taken after a collection, as dir/name.
+func (d *daemon) heapProfile(dir, name string) error {
+	resp, err := http.Get("http://" + d.admin + "/debug/pprof/heap?gc=1")
+	if err != nil {
+		return fmt.Errorf("soak: heap profile: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("soak: heap profile: %s", resp.Status)
+	}
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return fmt.Errorf("soak: heap profile: %w", err)
+	}
+	return os.WriteFile(filepath.Join(dir, name), b, 0o644)
+}
+
+// fds is the number of file descriptors process pid has open.
+func fds(pid int) (int, error) {
+	ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	if err != nil {
+		return 0, fmt.Errorf("soak: the daemon's fds: %w", err)
+	}
+	return len(ents), nil
 }
 
 // rss is the resident set of process pid (VmRSS), in bytes.

@@ -11,22 +11,31 @@ import (
 	"time"
 )
 
-// series makes n samples, one a second, of RSS rss(i) bytes and g(i) goroutines.
+// series makes n samples, one a second, of RSS rss(i) bytes and g(i) goroutines, with a heap
+// in use of 40 % of the RSS and 30 file descriptors.
 func series(n int, rss func(i int) float64, g func(i int) int) []Sample {
 	s := make([]Sample, n)
 	for i := range s {
-		s[i] = Sample{At: float64(i), RSS: int64(rss(i)), Goroutines: g(i)}
+		s[i] = Sample{At: float64(i), RSS: int64(rss(i)), HeapInuse: int64(0.4 * rss(i)), Goroutines: g(i), FDs: 30}
+	}
+	return s
+}
+
+// with returns s with f applied to each sample and its index.
+func with(s []Sample, f func(i int, x *Sample)) []Sample {
+	for i := range s {
+		f(i, &s[i])
 	}
 	return s
 }
 
 // TestJudge: a steady daemon with the garbage collector's sawtooth and a snapshot's spike
-// passes; memory or goroutines that keep growing fail, and so do goroutines above the absolute
-// bound.
+// passes; RSS, heap, goroutines or file descriptors that keep growing fail, and so do
+// goroutines or descriptors above their absolute bounds.
 func TestJudge(t *testing.T) {
 	const mib = 1 << 20
 	tol := DefaultTolerance
-	tol.IdleGoroutines = 60
+	tol.IdleGoroutines, tol.IdleFDs = 60, 28
 	f := func(name string, s []Sample, want ...string) {
 		t.Helper()
 		v, err := judge(s, tol)
@@ -62,6 +71,10 @@ func TestJudge(t *testing.T) {
 	// 0.25 MiB a sample: 10 MiB between the thirds' centres of 60 samples, over the 8 MiB floor.
 	f("leak", series(60, func(i int) float64 { return saw(i) + float64(i)*mib/4 }, steady), "RSS grew")
 	f("slow leak within tolerance", series(60, func(i int) float64 { return saw(i) + float64(i)*mib/10 }, steady))
+	// The heap alone: 0.25 MiB a sample, while the RSS stays (a heap below its goal).
+	f("heap leak", with(series(60, saw, steady), func(i int, x *Sample) { x.HeapInuse += int64(i) * mib / 4 }), "heap in use grew")
+	f("fd leak", with(series(60, saw, steady), func(i int, x *Sample) { x.FDs += i / 2 }), "file descriptors grew")
+	f("fds over the bound", with(series(60, saw, steady), func(i int, x *Sample) { x.FDs = 140 }), "more than 128")
 	f("goroutine leak", series(60, saw, func(i int) int { return 66 + i/2 }), "goroutines grew")
 	f("over the bound", series(60, saw, func(i int) int { return 200 }), "more than 160")
 	f("burst of connections", series(60, saw, func(i int) int {
@@ -70,13 +83,21 @@ func TestJudge(t *testing.T) {
 		}
 		return 66
 	}))
+	// Theil–Sen: the slope of a line through the sawtooth and the spike is the line's.
+	v, err := judge(series(60, func(i int) float64 { return saw(i) + float64(i)*mib/10 }, steady), tol)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := v.RSS.Slope/mib, 6.0; math.Abs(got-want) > 0.5 {
+		t.Fatalf("RSS slope %.2f MiB/min, want about %.1f", got, want)
+	}
 	if _, err := judge(series(5, saw, steady), tol); !errors.Is(err, errFewSamples) {
 		t.Fatalf("5 samples: %v, want errFewSamples", err)
 	}
 }
 
 // TestSoak runs the daemon binary under the soak's load for 30 s (10 s of warm-up) and wants
-// neither its RSS nor its goroutines to grow. At this length it catches a gross leak only; `make
+// neither its RSS, heap in use, goroutines nor file descriptors to grow. At this length it catches a gross leak only; `make
 // soak SOAK=30m` is the real test. Its warm-up ends long before the daemon's RSS settles, and
 // at this load the garbage collector runs every 5 to 10 s, so a third of 20 judged seconds
 // holds one or two of its cycles: RSS may grow by youngRSSBytes, about 1.8 MiB a second between
