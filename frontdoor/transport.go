@@ -1,7 +1,6 @@
 package frontdoor
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -55,26 +54,10 @@ func (d *Door) TransportError(ctx *fasthttp.RequestCtx, err error) {
 		msg = "the request could not be read: " + err.Error()
 	}
 	path := transportPath(ctx.Path())
-	b, _ := json.Marshal(transportErrorBody{Error: transportErrorObject{Message: msg, Type: "invalid_request_error", Code: code}})
-	ctx.SetStatusCode(status)
-	ctx.SetContentType("application/json")
-	ctx.SetBody(append(b, '\n'))
+	writeError(ctx, status, apiError{Message: msg, Type: errorType(status), Code: &code})
 	d.m.requests.WithLabelValues(path, strconv.Itoa(status)).Inc()
 	d.refusals.Info("front door: request refused", "path", path, "status", status, "code", code, "msg", msg,
 		"remote", ctx.RemoteAddr().String())
-}
-
-// transportErrorBody is OpenAI's error object; param is always null here (no field is at
-// fault), and code a string, as OpenAI's are.
-type transportErrorBody struct {
-	Error transportErrorObject `json:"error"`
-}
-
-type transportErrorObject struct {
-	Message string  `json:"message"`
-	Type    string  `json:"type"`
-	Param   *string `json:"param"`
-	Code    string  `json:"code"`
 }
 
 // transportPath is the path label of a request refused in transport: one of the API's paths,
