@@ -909,6 +909,10 @@ func (d *Door) whole(ctx *fasthttp.RequestCtx, a *answer, w *watcher, ures *http
 func (a *answer) finish(end string, status int) {
 	d, q := a.d, a.q
 	_ = d.r.Complete(a.id)
+	if end == "upstream_error" {
+		// A broken answer is the worker's failure, as a reset before it would be.
+		d.r.UpstreamFailed(a.worker, a.rank, "reset")
+	}
 	d.m.ended.WithLabelValues(end).Inc()
 	d.m.requests.WithLabelValues(q.path, strconv.Itoa(status)).Inc()
 	ok := end == "done"
