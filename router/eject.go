@@ -425,8 +425,10 @@ func (r *Router) failLocked(w *rankWorker, reason int, now int64, probe bool) (e
 		return ejectEvent{}, false
 	}
 	if !probe && !r.mayEjectLocked(w, now) {
+		// Counted each time, logged the first: a rank refusing connections fails every
+		// request that still reaches it.
 		r.health.refused.Add(1)
-		return ejectEvent{w: w, reason: reason, failures: h.failures, refused: true}, true
+		return ejectEvent{w: w, reason: reason, failures: h.failures, refused: true}, h.failures == need
 	}
 	cfg := &r.cfg.Eject
 	o := h.out.Load()

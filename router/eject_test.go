@@ -342,6 +342,16 @@ func TestEjectMaxPercent(t *testing.T) {
 	if st := r.HealthStats(); st.Refused != 1 || st.Ejected != 2 {
 		t.Fatalf("stats %+v", st)
 	}
+	r.UpstreamFailed(3, 0, "connect")
+	if st := r.HealthStats(); st.Refused != 2 || st.Ejected != 2 {
+		t.Fatalf("stats %+v after another refusal", st)
+	}
+	// Once a rank is back, the next failure of the refused one ejects it.
+	r.UpstreamOK(1, 0)
+	r.UpstreamFailed(3, 0, "connect")
+	if h := health(t, r, 3, 0); h.Health != HealthEjected {
+		t.Fatalf("worker 3 with room to go: %+v", h)
+	}
 	// One worker of two may always go, even at 10 %.
 	r2, _ := ejectFleet(t, 2, Config{Eject: EjectConfig{MaxPercent: 10}})
 	r2.UpstreamFailed(1, 0, "connect")
