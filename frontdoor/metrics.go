@@ -3,6 +3,7 @@ package frontdoor
 import (
 	"strconv"
 	"sync"
+	"sync/atomic"
 
 	"github.com/kvrouterd/kvrouterd/router"
 	"github.com/prometheus/client_golang/prometheus"
@@ -39,7 +40,9 @@ type metrics struct {
 
 	// last holds each (worker, rank)'s last measured times, for Dynamo's per-worker gauges and
 	// for the router's cost to learn from (Door.Measured).
-	last sync.Map // rankKey → *Measured
+	last     sync.Map // rankKey → *Measured
+	observed atomic.Uint64
+	r        *router.Router
 }
 
 type rankKey struct {
@@ -110,6 +113,7 @@ func newMetrics(reg *prometheus.Registry, r *router.Router) *metrics {
 		dynISL: hist("dynamo_frontend_input_sequence_tokens", "Input sequence length (Dynamo frontend's histogram).", tokenBuckets(), "model"),
 		dynOSL: hist("dynamo_frontend_output_sequence_tokens", "Output sequence length (Dynamo frontend's histogram).", tokenBuckets(), "model"),
 	}
+	m.r = r
 	reg.MustRegister(m.requests, m.upstream, m.ended, m.migrations, m.disagg, m.ttft, m.itlH, m.duration, m.isl, m.osl,
 		m.dynRequests, m.dynInflight, m.dynDisconnected, m.dynCancelled, m.dynMigrations, m.dynOutputTokens,
 		m.dynTTFT, m.dynITL, m.dynDuration, m.dynISL, m.dynOSL, workerGauges{m, r})
@@ -142,7 +146,12 @@ func (m *metrics) model(name string) *modelMetrics {
 }
 
 // observe records a (worker, rank)'s answer: ttft and itl in seconds (itl < 0: none measured).
+// Every 4,096th forgets the ranks no longer registered, as a scrape does, so that a fleet's
+// churn leaves nothing behind where nobody scrapes.
 func (m *metrics) observe(k rankKey, ttft, itl float64, isl int) {
+	if m.observed.Add(1)%4096 == 0 {
+		m.forget()
+	}
 	v, _ := m.last.Load(k)
 	if v == nil {
 		v, _ = m.last.LoadOrStore(k, &Measured{})
@@ -212,13 +221,20 @@ func (g workerGauges) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descMeanITL
 }
 
+// forget drops the measurements of ranks no longer registered.
+func (m *metrics) forget() {
+	m.last.Range(func(k, _ any) bool {
+		if key := k.(rankKey); !m.r.HasRank(key.worker, key.rank) {
+			m.last.Delete(k)
+		}
+		return true
+	})
+}
+
 func (g workerGauges) Collect(ch chan<- prometheus.Metric) {
+	g.m.forget()
 	g.m.last.Range(func(k, v any) bool {
 		key := k.(rankKey)
-		if !g.r.HasRank(key.worker, key.rank) {
-			g.m.last.Delete(k)
-			return true
-		}
 		x := v.(*Measured)
 		x.mu.Lock()
 		defer x.mu.Unlock()

@@ -1,0 +1,45 @@
+package frontdoor
+
+import (
+	"io"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+// TestMeasured: an answer's time to first token, inter-token latency and lengths are measured
+// per model and per (worker, rank), under kvrouterd's names and Dynamo frontend's; a rank's
+// series go when it does.
+func TestMeasured(t *testing.T) {
+	e := startEngine(t, 3)
+	f := newFixture(t, Config{}, e)
+	resp := f.post(t, "/v1/chat/completions", chatBody)
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	f.waitIdle(t, "after the answer")
+	m, ok := f.d.Measured(1, 0)
+	if !ok || m.Answers != 1 || m.LastTTFT <= 0 || m.LastITL <= 0 || m.LastISL == 0 {
+		t.Fatalf("measured %+v %v", m, ok)
+	}
+	for _, name := range []string{"kvrouterd_frontdoor_time_to_first_token_seconds", "dynamo_frontend_time_to_first_token_seconds",
+		"dynamo_frontend_inter_token_latency_seconds", "dynamo_frontend_output_sequence_tokens", "dynamo_frontend_input_sequence_tokens"} {
+		if n := testutil.CollectAndCount(f.reg, name); n != 1 {
+			t.Errorf("%s: %d series", name, n)
+		}
+	}
+	if got := testutil.ToFloat64(f.d.m.dynOutputTokens.WithLabelValues("m")); got != 3 {
+		t.Errorf("output tokens %v, want the usage's 3", got)
+	}
+	want := `dynamo_frontend_worker_last_input_sequence_tokens{dp_rank="0",worker_id="1",worker_type="decode"} 7`
+	if err := testutil.GatherAndCompare(f.reg, strings.NewReader("# HELP dynamo_frontend_worker_last_input_sequence_tokens The last answered request's input tokens of each worker's rank (Dynamo frontend's gauge).\n# TYPE dynamo_frontend_worker_last_input_sequence_tokens gauge\n"+want+"\n"),
+		"dynamo_frontend_worker_last_input_sequence_tokens"); err != nil {
+		t.Error(err)
+	}
+	if err := f.r.Unregister(1); err != nil {
+		t.Fatal(err)
+	}
+	if n := testutil.CollectAndCount(f.reg, "dynamo_frontend_worker_last_time_to_first_token_seconds"); n != 0 {
+		t.Errorf("%d series of an unregistered worker", n)
+	}
+}
