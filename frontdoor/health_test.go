@@ -1,19 +1,24 @@
 package frontdoor
 
 import (
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/router"
+	"github.com/kvrouterd/kvrouterd/wire"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
+	"github.com/valyala/fasthttp"
 )
 
 // healthEngine is a fake engine's /health on a real socket: it answers status (200 unless
@@ -212,4 +217,70 @@ func metricValue(t *testing.T, reg *prometheus.Registry, name, label string) flo
 		}
 	}
 	return 0
+}
+
+// TestDoorEjectsDownWorker is the issue's case through the front door: worker 1 refuses
+// connections and holds nothing, so it wins the "fewest blocks" tie of every fresh request.
+// The first request tries it, migrates, and ejects it; the other seven go straight to the
+// others. The prober then finds it down, and once its engine is up again, brings it back.
+func TestDoorEjectsDownWorker(t *testing.T) {
+	engines := []*engine{startEngine(t, 1), startEngine(t, 1), startEngine(t, 1), startEngine(t, 1)}
+	downAddr := strings.TrimPrefix(engines[0].addr, "http://")
+	engines[0].ln.Close()
+	r := router.New(router.Config{BlockSize: bs, Shards: 1, Logger: slog.New(slog.DiscardHandler),
+		Eject: router.EjectConfig{BaseTime: 50 * time.Millisecond}})
+	t.Cleanup(r.Close)
+	for i, e := range engines {
+		if err := r.Register(router.Registration{ID: uint64(i + 1), Model: "m", BlockSize: bs, HTTPEndpoint: e.addr}); err != nil {
+			t.Fatal(err)
+		}
+		if i == 0 {
+			continue
+		}
+		// Workers 2 to 4 hold blocks of a prompt of their own; worker 1 none.
+		toks := make([]uint32, bs*i)
+		hashes := make([]uint64, i)
+		for k := range toks {
+			toks[k] = uint32(1000*(i+1) + k)
+		}
+		for k := range hashes {
+			hashes[k] = uint64(100*(i+1) + k)
+		}
+		if _, err := r.ApplyEvents(&wire.EventBatch{Worker: uint64(i + 1), Model: "m", Events: []kvevent.Event{
+			{Kind: kvevent.Stored, ID: 1, Hashes: hashes, Tokens: toks}}}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reg := prometheus.NewRegistry()
+	d := New(r, Config{Registry: reg, Retries: 2})
+	t.Cleanup(d.Close)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go (&fasthttp.Server{Handler: d.Handle}).Serve(ln)
+	t.Cleanup(func() { ln.Close() })
+
+	for i := range 8 {
+		body := fmt.Sprintf(`{"model":"m","max_tokens":1,"prompt":[%d,%d,%d,%d,%d]}`, 90000+i*10, 1, 2, 3, 4)
+		resp, err := http.Post("http://"+ln.Addr().String()+"/v1/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || resp.Header.Get("X-Kvrouterd-Worker") == "1" {
+			t.Fatalf("request %d: %d from worker %s: %s", i, resp.StatusCode, resp.Header.Get("X-Kvrouterd-Worker"), b)
+		}
+	}
+	connect := slices.Index(router.FailureReasons[:], "connect")
+	if st := r.HealthStats(); st.Failures[connect] != 1 || st.Ejections[connect] != 1 {
+		t.Fatalf("the down worker was tried %d times, ejected %d times; want once, once", st.Failures[connect], st.Ejections[connect])
+	}
+	eventually(t, "a failed probe", func() bool { return metricValue(t, reg, "kvrouterd_health_probes_total", "failed") >= 1 })
+	if h := healthOf(t, r, 1); h.Health != router.HealthEjected {
+		t.Fatalf("worker 1, probed down: %+v", h)
+	}
+	serveHealth(t, downAddr)
+	eventually(t, "worker 1 back in routing", func() bool { return healthOf(t, r, 1).Health == router.HealthSuspect })
 }
