@@ -133,6 +133,10 @@ func Start(ctx context.Context, c Config, stderr io.Writer) (_ *Daemon, err erro
 	if d.cred, err = c.Security.load(); err != nil {
 		return nil, err
 	}
+	if d.cred.keys != nil {
+		log.Info("worker API keys loaded; they win over the keys workers register (--worker-api-keys-file)",
+			"file", d.cred.keys.Path(), "keys", d.cred.keys.Len())
+	}
 	if err := checkDataDir(c.DataDir); err != nil {
 		return nil, err
 	}
@@ -185,6 +189,7 @@ func Start(ctx context.Context, c Config, stderr io.Writer) (_ *Daemon, err erro
 			Approximate:       c.approx(),
 			Endpoints:         watch,
 			Sources:           watch,
+			APIKeys:           d.cred.apiKeys(),
 			Logger:            log,
 		}
 		if share != nil {

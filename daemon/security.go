@@ -22,8 +22,11 @@ type Security struct {
 	AuthTokenFile string
 	TLSCertFile   string
 	TLSKeyFile    string
-	// ReloadInterval is how often the token, certificate and key files are looked at for a
-	// change (their size and modification time).
+	// WorkerAPIKeysFile holds the API keys the front door sends the workers' HTTP APIs, by
+	// worker id or http_endpoint (workerKeys); they win over the keys workers register.
+	WorkerAPIKeysFile string
+	// ReloadInterval is how often the token, certificate, key and worker-key files are looked
+	// at for a change (their size and modification time).
 	ReloadInterval time.Duration
 	AdminAddr      string
 	ControlRate    float64
@@ -45,7 +48,8 @@ func (s *Security) Flags(fs *flag.FlagSet) {
 	fs.StringVar(&s.AuthTokenFile, "auth-token-file", s.AuthTokenFile, "file of bearer tokens, one a line, \"read TOKEN\" for a read-only one (matches, queries, listings): once set, every endpoint of the API, the selection service and the front door but health, readiness and metrics needs Authorization: Bearer TOKEN; reloaded on change")
 	fs.StringVar(&s.TLSCertFile, "tls-cert-file", s.TLSCertFile, "PEM certificate (chain) for HTTPS on the API, the selection service and the front door, with --tls-key-file; reloaded on change")
 	fs.StringVar(&s.TLSKeyFile, "tls-key-file", s.TLSKeyFile, "PEM private key of --tls-cert-file")
-	fs.DurationVar(&s.ReloadInterval, "auth-reload-interval", s.ReloadInterval, "how often --auth-token-file, --tls-cert-file and --tls-key-file are checked for a change")
+	fs.StringVar(&s.WorkerAPIKeysFile, "worker-api-keys-file", s.WorkerAPIKeysFile, "file of the API keys the front door sends workers (Authorization: Bearer KEY), one \"WORKER_ID KEY\" or \"HTTP_ENDPOINT KEY\" a line, # comments: they win over a registration's api_key; never listed or logged; reloaded on change")
+	fs.DurationVar(&s.ReloadInterval, "auth-reload-interval", s.ReloadInterval, "how often --auth-token-file, --tls-cert-file, --tls-key-file and --worker-api-keys-file are checked for a change")
 	fs.StringVar(&s.AdminAddr, "admin-addr", s.AdminAddr, "address of the admin listener serving Go's pprof profiles under /debug/pprof/ (write token needed with --auth-token-file); empty: off. Bind it to loopback")
 	fs.Float64Var(&s.ControlRate, "control-rate-limit", s.ControlRate, "control-plane requests a second (registrations and their removals, peers, busy thresholds, snapshots, dumps; both APIs together); over it 429; 0: no limit")
 	fs.IntVar(&s.ControlBurst, "control-burst", s.ControlBurst, "control-plane requests allowed at once above --control-rate-limit (a fleet registering at start)")
@@ -66,10 +70,19 @@ func (s *Security) Check() error {
 	return nil
 }
 
-// credentials are the loaded token file and certificate, nil when not configured.
+// credentials are the loaded token file, certificate and worker keys, nil when not configured.
 type credentials struct {
 	tokens *bearer.Tokens
 	cert   *tlscert.Cert
+	keys   *workerKeys
+}
+
+// apiKeys is router.Config.APIKeys: the worker keys file's lookup, nil without one.
+func (cr credentials) apiKeys() func(id uint64, endpoint string) (string, bool) {
+	if cr.keys == nil {
+		return nil
+	}
+	return cr.keys.Lookup
 }
 
 // load reads the files s names; a file that does not load fails the start.
@@ -84,6 +97,11 @@ func (s *Security) load() (cr credentials, err error) {
 			return cr, fmt.Errorf("--tls-cert-file %s, --tls-key-file %s: %w", s.TLSCertFile, s.TLSKeyFile, err)
 		}
 	}
+	if s.WorkerAPIKeysFile != "" {
+		if cr.keys, err = loadWorkerKeys(s.WorkerAPIKeysFile); err != nil {
+			return cr, fmt.Errorf("--worker-api-keys-file: %w", err)
+		}
+	}
 	return cr, nil
 }
 
@@ -95,10 +113,10 @@ func (cr credentials) listen(ln net.Listener) net.Listener {
 	return tls.NewListener(ln, cr.cert.Config())
 }
 
-// watch reloads the token file and the certificate every interval until ctx ends; a file that
-// does not load is logged and the one in force kept.
+// watch reloads the token file, the certificate and the worker keys every interval until ctx
+// ends; a file that does not load is logged and the one in force kept.
 func (cr credentials) watch(ctx context.Context, every time.Duration, log *slog.Logger) {
-	if cr.tokens == nil && cr.cert == nil {
+	if cr.tokens == nil && cr.cert == nil && cr.keys == nil {
 		return
 	}
 	t := time.NewTicker(every)
@@ -123,6 +141,14 @@ func (cr credentials) watch(ctx context.Context, every time.Duration, log *slog.
 				log.Error("TLS certificate not reloaded; the one in force stays", "err", err)
 			case changed:
 				log.Info("TLS certificate reloaded")
+			}
+		}
+		if cr.keys != nil {
+			switch changed, err := cr.keys.Reload(); {
+			case err != nil:
+				log.Error("worker API keys file not reloaded; the keys in force stay", "err", err)
+			case changed:
+				log.Info("worker API keys file reloaded", "file", cr.keys.Path(), "keys", cr.keys.Len())
 			}
 		}
 	}

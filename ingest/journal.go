@@ -88,6 +88,10 @@ type registrationJSON struct {
 	Replay    string   `json:"replay_endpoint,omitempty"`
 	// HTTPEndpoint: a replica older than it ignores it (the worker's API then unknown there).
 	HTTPEndpoint string `json:"http_endpoint,omitempty"`
+	// APIKey is the worker's own API key, which every replica's front door sends it: the
+	// stream carries it as it carries the rest of the registration (docs/security.md,
+	// "Credentials at the front door"). A replica older than it ignores it.
+	APIKey string `json:"api_key,omitempty"`
 	// Weight: a replica older than it ignores it (the worker's weight then 1 there).
 	Weight float64 `json:"weight,omitempty"`
 	// Role: prefill, decode or both; absent keeps a registered worker's (Registration.KeepRole).
@@ -110,7 +114,7 @@ func (j *Journal) Register(g router.Registration) error {
 		return err
 	}
 	body, err := json.Marshal(registrationJSON{Worker: g.ID, Model: g.Model, BlockSize: g.BlockSize, Ranks: g.Ranks,
-		Capacity: g.Capacity, MaxTokens: g.MaxTokens, Endpoint: g.Endpoint, Replay: g.Replay, HTTPEndpoint: g.HTTPEndpoint, Weight: g.Weight,
+		Capacity: g.Capacity, MaxTokens: g.MaxTokens, Endpoint: g.Endpoint, Replay: g.Replay, HTTPEndpoint: g.HTTPEndpoint, APIKey: g.APIKey, Weight: g.Weight,
 		Role: roleJSON(g)})
 	if err != nil {
 		return err
@@ -301,7 +305,7 @@ func (c *Consumer) applyOp(op, model string, worker uint64, data []byte, w *wait
 			return err
 		}
 		return ch.Register(router.Registration{ID: j.Worker, Model: j.Model, BlockSize: j.BlockSize, Ranks: j.Ranks,
-			Capacity: j.Capacity, MaxTokens: j.MaxTokens, Endpoint: j.Endpoint, Replay: j.Replay, HTTPEndpoint: j.HTTPEndpoint, Weight: j.Weight,
+			Capacity: j.Capacity, MaxTokens: j.MaxTokens, Endpoint: j.Endpoint, Replay: j.Replay, HTTPEndpoint: j.HTTPEndpoint, APIKey: j.APIKey, Weight: j.Weight,
 			Role: role, KeepRole: j.Role == ""})
 	case OpUnregister:
 		return ch.Unregister(worker)

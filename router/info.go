@@ -32,6 +32,9 @@ type WorkerInfo struct {
 	Replay    string `json:"replay_endpoint,omitempty"`
 	// HTTPEndpoint is the worker's OpenAI-compatible API (every rank's).
 	HTTPEndpoint string `json:"http_endpoint,omitempty"`
+	// APIKeySet says whether the front door sends the worker's API a key of its own
+	// (registered, or from Config.APIKeys); the key itself is never listed.
+	APIKeySet bool `json:"api_key_set,omitempty"`
 	// Weight is the worker's device-aware weight (Registration.Weight), 0 when never set.
 	Weight float64 `json:"weight,omitempty"`
 	// Role is the worker's role: prefill, decode or both (role.go).
@@ -82,6 +85,7 @@ func (r *Router) Workers() []WorkerInfo {
 			})
 			if u := reg.http.Load(); u != nil {
 				out[len(out)-1].HTTPEndpoint = *u
+				out[len(out)-1].APIKeySet = r.apiKeyLocked(reg, *u) != ""
 			}
 			rws = append(rws, w)
 		}

@@ -128,6 +128,12 @@ type Config struct {
 	HitSample     int
 	ZeroHits      int64
 	ZeroHitBlocks int64
+	// APIKeys, if set, is asked for the API key of each worker HTTPWorkers returns, by its id
+	// and its http_endpoint: a key it has wins over the worker's registered one
+	// (Registration.APIKey). The daemon's is --worker-api-keys-file. Called under the
+	// registry's lock, from any goroutine: it must be safe for concurrent use and not call the
+	// Router.
+	APIKeys func(id uint64, endpoint string) (key string, ok bool)
 	// Eject configures outlier ejection: ranks that fail the front door's requests leave
 	// routing for a while (eject.go).
 	Eject EjectConfig
@@ -330,6 +336,9 @@ type registration struct {
 	model *model
 	ranks []*rankWorker          // by rank, at most wire.MaxSnapshotRanks
 	http  atomic.Pointer[string] // the OpenAI API's base URL; nil for none
+	// apiKey is the key the front door sends the worker's API (Registration.APIKey); nil for
+	// none. Never listed, logged or counted.
+	apiKey atomic.Pointer[string]
 
 	// Atomic, as the route path reads them without Router.mu for the busy thresholds
 	// (overload.go); written under Router.mu.
@@ -502,6 +511,13 @@ type Registration struct {
 	// HTTPEndpoint is the worker's OpenAI-compatible HTTP API (http://host:port), where the
 	// front door forwards the requests routed to it; "" leaves the worker's as it was.
 	HTTPEndpoint string
+	// APIKey is the worker's own API key, which the front door sends its HTTP API as
+	// Authorization: Bearer APIKEY (an engine started with --api-key requires it); "" leaves
+	// the worker's as it was. Printable ASCII, at most wire.MaxString bytes. It is never listed
+	// or logged (WorkerInfo.APIKeySet says whether there is one); it goes, as the rest of the
+	// registration, through the event stream and into snapshots, so that every replica, and a
+	// restarted one, forwards with it (docs/security.md).
+	APIKey string
 	// Weight is the worker's capacity relative to the others' for mode
 	// device_aware_weighted (weight.go): a finite number > 0; 0 leaves the worker's as it was
 	// (1 for a new worker).
@@ -605,6 +621,9 @@ func (g *Registration) check() ([]uint32, error) {
 			return nil, err
 		}
 	}
+	if err := checkAPIKey(g.APIKey); err != nil {
+		return nil, err
+	}
 	if g.BlockSize < 0 || g.BlockSize > wire.MaxBlockSize {
 		return nil, fieldErr(ErrInvalid, "block_size", "%d is out of range 1..%d", g.BlockSize, wire.MaxBlockSize)
 	}
@@ -656,6 +675,20 @@ func checkHTTPEndpoint(e string) error {
 	return nil
 }
 
+// checkAPIKey accepts an API key that fits an Authorization header: printable ASCII without
+// spaces, at most wire.MaxString bytes. Its errors never quote the key.
+func checkAPIKey(k string) error {
+	if len(k) > wire.MaxString {
+		return fieldErr(ErrTooLong, "api_key", "%d bytes, at most %d", len(k), wire.MaxString)
+	}
+	for i := 0; i < len(k); i++ {
+		if k[i] < 0x21 || k[i] > 0x7e {
+			return fieldErr(ErrInvalid, "api_key", "byte %d is not printable ASCII: a key goes in an Authorization header as it is", i)
+		}
+	}
+	return nil
+}
+
 // HTTPEndpoint returns the base URL of worker id's HTTP API, "" if it has none or is not
 // registered. Safe for concurrent use; it takes no lock the route path takes.
 func (r *Router) HTTPEndpoint(id uint64) string {
@@ -680,8 +713,9 @@ type HTTPWorker struct {
 }
 
 // HTTPWorkers appends to dst the workers of model that have an HTTP endpoint, by id, and
-// returns it. Safe for concurrent use; it holds the registry's lock for one pass over the
-// model's workers.
+// returns it, each with the API key the front door sends it: Config.APIKeys' for the worker if
+// it has one, else the worker's registered one. Safe for concurrent use; it holds the
+// registry's lock for one pass over the model's workers.
 func (r *Router) HTTPWorkers(model string, dst []HTTPWorker) []HTTPWorker {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -692,11 +726,25 @@ func (r *Router) HTTPWorkers(model string, dst []HTTPWorker) []HTTPWorker {
 	start := len(dst)
 	for id, reg := range m.regs {
 		if u := reg.http.Load(); u != nil {
-			dst = append(dst, HTTPWorker{ID: id, Endpoint: *u})
+			dst = append(dst, HTTPWorker{ID: id, Endpoint: *u, APIKey: r.apiKeyLocked(reg, *u)})
 		}
 	}
 	slices.SortFunc(dst[start:], func(a, b HTTPWorker) int { return cmp.Compare(a.ID, b.ID) })
 	return dst
+}
+
+// apiKeyLocked is the API key of reg, whose HTTP endpoint is endpoint: Config.APIKeys' if it
+// has one, else the registered one ("" for none). REQUIRES r.mu.
+func (r *Router) apiKeyLocked(reg *registration, endpoint string) string {
+	if r.cfg.APIKeys != nil {
+		if k, ok := r.cfg.APIKeys(reg.id, endpoint); ok {
+			return k
+		}
+	}
+	if k := reg.apiKey.Load(); k != nil {
+		return *k
+	}
+	return ""
 }
 
 // rankList is what a log line says of ranks: all of them when few.
@@ -814,6 +862,10 @@ func (r *Router) registerLocked(g Registration, eps []RankEndpoint, publish bool
 	if g.HTTPEndpoint != "" {
 		u := g.HTTPEndpoint
 		reg.http.Store(&u)
+	}
+	if g.APIKey != "" {
+		k := g.APIKey
+		reg.apiKey.Store(&k)
 	}
 	reg.ranks = slices.Grow(reg.ranks, len(add))
 	for i, key := range keys {

@@ -68,6 +68,9 @@ func (r *Router) Snapshot(chunkSize int, emit func(chunk []byte) error) (Snapsho
 		w := wire.SnapshotWorker{
 			ID: reg.id, Model: reg.model.name, BlockSize: reg.model.blockSize, Capacity: reg.capacity.Load(),
 			MaxTokens: reg.maxTokens.Load(), Reports: reg.heartbeat.Load(), HTTPEndpoint: deref(reg.http.Load()), Weight: reg.getWeight(), Role: uint8(reg.getRole()),
+			// The registered key, not Config.APIKeys': a replica or a restart forwards with it
+			// (docs/security.md, "Credentials at the front door").
+			APIKey: deref(reg.apiKey.Load()),
 		}
 		for _, rw := range reg.ranks {
 			w.Ranks = append(w.Ranks, wire.SnapshotRank{Rank: rw.key.Rank})
@@ -719,7 +722,7 @@ func (r *Router) restoreWorker(w *wire.SnapshotWorker, bulk func(*model) shard.S
 	// The decoded strings alias the chunk's buffer, which the next chunk reuses.
 	g := Registration{ID: w.ID, Model: strings.Clone(w.Model), BlockSize: w.BlockSize, Capacity: w.Capacity,
 		MaxTokens: w.MaxTokens, Endpoint: strings.Clone(w.Endpoint), Replay: strings.Clone(w.Replay),
-		HTTPEndpoint: strings.Clone(w.HTTPEndpoint), Weight: w.Weight, Role: Role(w.Role)}
+		HTTPEndpoint: strings.Clone(w.HTTPEndpoint), APIKey: strings.Clone(w.APIKey), Weight: w.Weight, Role: Role(w.Role)}
 	for _, rs := range w.Ranks {
 		g.Ranks = append(g.Ranks, rs.Rank)
 	}

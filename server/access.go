@@ -26,6 +26,8 @@ func apiAccess(path, method []byte) bearer.Class {
 		return bearer.None
 	case "/v1/match", "/query", "/query_by_hash":
 		return bearer.Read
+	case "/v1/snapshot":
+		return bearer.Write // it carries the workers' API keys (router.Registration.APIKey)
 	}
 	if readMethod(method) {
 		return bearer.Read

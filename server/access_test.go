@@ -119,6 +119,9 @@ func TestAuthTokens(t *testing.T) {
 	f("GET", "http://"+api+"/workers", "", nil, 401)
 	f("GET", "http://"+api+"/workers", readToken, nil, 200)
 	f("POST", "http://"+api+"/query", readToken, []byte(`{"token_ids":[1,2,3,4],"model_name":"m"}`), 200)
+	// The snapshot carries the workers' API keys: a write token's, as the keys are.
+	f("GET", "http://"+api+"/v1/snapshot", readToken, nil, 403)
+	f("GET", "http://"+api+"/v1/snapshot", writeToken, nil, 404) // this server keeps none
 	// Open to everyone: health, readiness, metrics.
 	f("GET", "http://"+api+"/healthz", "", nil, 200)
 	f("GET", "http://"+api+"/readyz", "", nil, 200)

@@ -68,8 +68,10 @@ type dynRegister struct {
 	// additional_salt (alias additionalsalt): accepted, not mixed into hashes (as Dynamo).
 	Salt      *string `json:"additional_salt"`
 	SaltAlias *string `json:"additionalsalt"`
-	// HTTP is kvrouterd's own: the worker's OpenAI-compatible API, for the front door.
-	HTTP string `json:"http_endpoint"`
+	// HTTP is kvrouterd's own: the worker's OpenAI-compatible API, for the front door, and
+	// APIKey the key the front door sends it (never listed).
+	HTTP   string `json:"http_endpoint"`
+	APIKey string `json:"api_key"`
 	// Weight and DeviceType are kvrouterd's own too: the worker's weight for mode
 	// device_aware_weighted (router.DeviceWeight).
 	Weight     float64 `json:"weight"`
@@ -247,7 +249,7 @@ func (s *Server) dynamoRegister(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	err := s.ch.Register(router.Registration{
-		ID: id, Model: key, BlockSize: bs, Ranks: []uint32{rank}, Endpoint: j.Endpoint, Replay: replay, HTTPEndpoint: j.HTTP,
+		ID: id, Model: key, BlockSize: bs, Ranks: []uint32{rank}, Endpoint: j.Endpoint, Replay: replay, HTTPEndpoint: j.HTTP, APIKey: j.APIKey,
 		Weight: router.DeviceWeight(j.DeviceType, j.Weight), KeepRole: true, // Dynamo's /register has no role
 	})
 	if err != nil {

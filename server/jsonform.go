@@ -37,6 +37,7 @@ var fieldForms = map[string]string{
 	"endpoint":               `a ZMQ endpoint, a string, e.g. "tcp://10.0.0.5:5557"`,
 	"replay_endpoint":        `a ZMQ endpoint, a string, e.g. "tcp://10.0.0.5:5558"`,
 	"http_endpoint":          `a base URL, a string, e.g. "http://10.0.0.5:8000"`,
+	"api_key":                `the worker's own API key, a string of printable ASCII`,
 	"generated_tokens":       "the tokens generated so far, an integer ≥ 0, e.g. 12",
 }
 

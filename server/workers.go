@@ -23,6 +23,8 @@ type registerJSON struct {
 	Replay    string   `json:"replay_endpoint"`
 	// HTTP is the worker's OpenAI-compatible API, where the front door forwards requests.
 	HTTP string `json:"http_endpoint"`
+	// APIKey is the worker's own API key, sent to HTTP as a bearer token; never listed.
+	APIKey string `json:"api_key"`
 	// Weight and DeviceType set the worker's weight for mode device_aware_weighted
 	// (router.DeviceWeight).
 	Weight     float64 `json:"weight"`
@@ -46,7 +48,7 @@ func (s *Server) registerWorker(ctx *fasthttp.RequestCtx) {
 	g := router.Registration{
 		ID: *j.Worker, Model: j.Model, BlockSize: j.BlockSize, Ranks: j.Ranks,
 		Capacity: j.Capacity, MaxTokens: j.MaxTokens, Endpoint: j.Endpoint, Replay: j.Replay, HTTPEndpoint: j.HTTP,
-		Weight: router.DeviceWeight(j.DeviceType, j.Weight), KeepRole: j.Role == nil,
+		APIKey: j.APIKey, Weight: router.DeviceWeight(j.DeviceType, j.Weight), KeepRole: j.Role == nil,
 	}
 	if j.Role != nil {
 		if g.Role, err = router.ParseRole(*j.Role); err != nil {

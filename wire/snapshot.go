@@ -27,6 +27,8 @@ type SnapshotWorker struct {
 	Reports  bool // the worker sends load reports (subject to the worker timeout)
 	// HTTPEndpoint is the worker's OpenAI-compatible API, "" for none (flags bit 3).
 	HTTPEndpoint string
+	// APIKey is the key the front door sends the worker's API, "" for none (flags bit 7).
+	APIKey string
 	// Weight is the worker's weight for mode device_aware_weighted, 0 for none (flags bit 4).
 	Weight float64
 	// Role is the worker's role, 0 for both (an aggregated worker), 1 prefill, 2 decode
@@ -71,7 +73,8 @@ const (
 	snapWeight      = 1 << 4 // the worker's weight (f64) follows the HTTP endpoint's place
 	snapRole        = 1 << 5 // the worker's role (u32) follows the weight's place
 	snapTiers       = 1 << 6 // each rank carries its blocks in the lower storage tiers
-	snapFlags       = snapReports | snapEndpoints | snapTree | snapHTTP | snapWeight | snapRole | snapTiers
+	snapAPIKey      = 1 << 7 // the worker's API key follows the role's place
+	snapFlags       = snapReports | snapEndpoints | snapTree | snapHTTP | snapWeight | snapRole | snapTiers | snapAPIKey
 )
 
 var (
@@ -83,7 +86,7 @@ var (
 // Validate reports the first field of w the format cannot carry (Offset -1).
 func (w *SnapshotWorker) Validate() error {
 	const m = "snapshot worker"
-	for _, f := range [...]struct{ name, v string }{{"model", w.Model}, {"endpoint", w.Endpoint}, {"replay", w.Replay}, {"http_endpoint", w.HTTPEndpoint}} {
+	for _, f := range [...]struct{ name, v string }{{"model", w.Model}, {"endpoint", w.Endpoint}, {"replay", w.Replay}, {"http_endpoint", w.HTTPEndpoint}, {"api_key", w.APIKey}} {
 		if err := validStr(m, f.name, f.v); err != nil {
 			return err
 		}
@@ -153,6 +156,9 @@ func (w *SnapshotWorker) size() int {
 	}
 	if w.Role != 0 {
 		n += 4
+	}
+	if w.APIKey != "" {
+		n += strSize(w.APIKey)
 	}
 	tree, tiers := w.hasTree(), w.hasTiers()
 	for i := range w.Ranks {
@@ -233,6 +239,9 @@ func AppendSnapshotWorker(dst []byte, w *SnapshotWorker) []byte {
 	if tiers {
 		flags |= snapTiers
 	}
+	if w.APIKey != "" {
+		flags |= snapAPIKey
+	}
 	dst = le.AppendUint32(dst, flags)
 	dst = le.AppendUint64(dst, uint64(w.Capacity))
 	dst = le.AppendUint64(dst, uint64(w.MaxTokens))
@@ -247,6 +256,9 @@ func AppendSnapshotWorker(dst []byte, w *SnapshotWorker) []byte {
 	}
 	if w.Role != 0 {
 		dst = le.AppendUint32(dst, uint32(w.Role))
+	}
+	if w.APIKey != "" {
+		dst = appendStr(dst, w.APIKey)
 	}
 	dst = appendCount(dst, len(w.Ranks))
 	for i := range w.Ranks {
@@ -353,6 +365,15 @@ func DecodeSnapshotWorker(b []byte, w *SnapshotWorker) error {
 			return d.errAt("role", d.off-4, ErrInvalid, "%d, want 1 (prefill) or 2 (decode): a worker of both roles clears flags bit 5", role)
 		}
 	}
+	var apiKey string
+	if flags&snapAPIKey != 0 {
+		if apiKey, err = d.str("api_key"); err != nil {
+			return err
+		}
+		if apiKey == "" {
+			return d.errAt("api_key", d.off-2, ErrInvalid, "empty: a worker without a key clears flags bit 7")
+		}
+	}
 	start := d.off
 	nr, err := d.count("n_ranks", "ranks", snapRankFixed)
 	if err != nil {
@@ -446,7 +467,7 @@ func DecodeSnapshotWorker(b []byte, w *SnapshotWorker) error {
 	}
 	w.ID, w.BlockSize, w.Reports = le.Uint64(p), int(bs), flags&snapReports != 0
 	w.Capacity, w.MaxTokens, w.Model, w.Endpoint, w.Replay = capacity, maxTokens, model, endpoint, replay
-	w.HTTPEndpoint, w.Weight, w.Role = httpEndpoint, weight, uint8(role)
+	w.HTTPEndpoint, w.Weight, w.Role, w.APIKey = httpEndpoint, weight, uint8(role), apiKey
 	return nil
 }
 

@@ -2,6 +2,7 @@ package wire_test
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -26,7 +27,7 @@ var goldenSnapshotWorker = wire.SnapshotWorker{
 func sameWorker(a, b *wire.SnapshotWorker) bool {
 	if a.ID != b.ID || a.Model != b.Model || a.BlockSize != b.BlockSize || a.Capacity != b.Capacity ||
 		a.MaxTokens != b.MaxTokens || a.Endpoint != b.Endpoint || a.Replay != b.Replay ||
-		a.Reports != b.Reports || a.HTTPEndpoint != b.HTTPEndpoint || a.Weight != b.Weight || a.Role != b.Role || len(a.Ranks) != len(b.Ranks) || !slices.Equal(a.Endpoints, b.Endpoints) {
+		a.Reports != b.Reports || a.HTTPEndpoint != b.HTTPEndpoint || a.APIKey != b.APIKey || a.Weight != b.Weight || a.Role != b.Role || len(a.Ranks) != len(b.Ranks) || !slices.Equal(a.Endpoints, b.Endpoints) {
 		return false
 	}
 	for i := range a.Ranks {
@@ -84,6 +85,9 @@ func randSnapshotWorker(r *rand.Rand) *wire.SnapshotWorker {
 		w.Weight = 0.125 + r.Float64()*8
 	}
 	w.Role = uint8(r.IntN(3))
+	if r.IntN(2) == 0 {
+		w.APIKey = fmt.Sprintf("sk-%016x", r.Uint64())
+	}
 	for rank := range r.IntN(4) {
 		if w.Endpoints != nil {
 			w.Endpoints = append(w.Endpoints, wire.SnapshotEndpoint{Endpoint: fmt.Sprintf("tcp://10.0.0.1:%d", 5557+rank)})
@@ -180,7 +184,7 @@ func TestSnapshotWorkerBad(t *testing.T) {
 		{"truncated in the ranks", golden[:len(golden)-20], "", wire.ErrTruncated},
 		{"wrong type", patch(6, 3), "type", wire.ErrType},
 		{"block size 0", patch(body+8, 0, 0, 0, 0), "block_size", wire.ErrInvalid},
-		{"unknown flag", patch(body+12, 129), "flags", wire.ErrInvalid},
+		{"unknown flag", patch(body+12, 0, 1), "flags", wire.ErrInvalid},
 		{"negative capacity", patch(body+16, 0, 0, 0, 0, 0, 0, 0, 0x80), "capacity", wire.ErrInvalid},
 		{"empty model", emptyModel(golden), "model", wire.ErrInvalid},
 		{"rank twice", patch(len(golden)-16, 0), "ranks[1].rank", wire.ErrInvalid},
@@ -271,5 +275,39 @@ func TestSnapshotWorkerRole(t *testing.T) {
 	w.Role = 3
 	if err := w.Validate(); err == nil {
 		t.Error("Validate accepted role 3")
+	}
+}
+
+// TestSnapshotWorkerAPIKey holds the API key to flags bit 7: a worker without one writes the
+// bytes of a snapshot before keys, and old snapshots restore without one; a key adds a str after
+// the role's place; bit 7 with an empty key is refused.
+func TestSnapshotWorkerAPIKey(t *testing.T) {
+	golden := readHex(t, "snapshot_worker.hex")
+	w := goldenSnapshotWorker
+	w.APIKey = "sk-worker-key"
+	b := wire.AppendSnapshotWorker(nil, &w)
+	if len(b) != len(golden)+2+len(w.APIKey) {
+		t.Fatalf("a key adds %d bytes, want %d", len(b)-len(golden), 2+len(w.APIKey))
+	}
+	var got wire.SnapshotWorker
+	if err := wire.DecodeSnapshotWorker(b, &got); err != nil || got.APIKey != w.APIKey || !sameWorker(&got, &w) {
+		t.Fatalf("decoded %+v, %v", got, err)
+	}
+	if err := wire.DecodeSnapshotWorker(golden, &got); err != nil || got.APIKey != "" {
+		t.Fatalf("a snapshot without bit 7 decoded key %q, %v", got.APIKey, err)
+	}
+	// The key's length 0, and the message shorter by the key's bytes.
+	at := bytes.Index(b, []byte(w.APIKey)) - 2
+	c := append(bytes.Clone(b[:at]), 0, 0)
+	c = append(c, b[at+2+len(w.APIKey):]...)
+	binary.LittleEndian.PutUint32(c[8:], binary.LittleEndian.Uint32(b[8:])-uint32(len(w.APIKey)))
+	err := wire.DecodeSnapshotWorker(c, &got)
+	var we *wire.Error
+	if !errors.As(err, &we) || we.Field != "api_key" || we.Offset != at {
+		t.Errorf("an empty key under bit 7: %v", err)
+	}
+	w.APIKey = strings.Repeat("k", wire.MaxString+1)
+	if err := w.Validate(); err == nil {
+		t.Error("Validate accepted a key over wire.MaxString")
 	}
 }
