@@ -481,7 +481,11 @@ func (d *Door) tokenize(ws []router.HTTPWorker, req []byte) ([]uint32, int, erro
 			return nil, status, err
 		}
 		d.m.upstream.WithLabelValues("tokenize").Inc()
-		d.r.UpstreamFailed(w.ID, 0, "tokenize")
+		reason := "tokenize"
+		if op := (*net.OpError)(nil); errors.As(err, &op) && op.Op == "dial" {
+			reason = "connect" // one refused connection ejects at once
+		}
+		d.r.UpstreamFailed(w.ID, 0, reason)
 		last = fmt.Errorf("worker %d: %w", w.ID, err)
 	}
 	return nil, fasthttp.StatusServiceUnavailable, fmt.Errorf("no worker could tokenize the prompt: %w", last)

@@ -40,7 +40,7 @@ type metrics struct {
 
 	// last holds each (worker, rank)'s last measured times, for Dynamo's per-worker gauges and
 	// for the router's cost to learn from (Door.Measured).
-	last     sync.Map // rankKey → *Measured
+	last     sync.Map // rankKey → *measured
 	observed atomic.Uint64
 	r        *router.Router
 }
@@ -55,11 +55,16 @@ type rankKey struct {
 // token, the mean inter-token latency and the input length of its last answer, and smoothed
 // times over its answers (exponentially weighted, α = 0.2). Read it with Door.Measured.
 type Measured struct {
-	mu                   sync.Mutex
-	LastTTFT, LastITL    float64 // seconds
-	LastISL              int
-	MeanTTFT, MeanITL    float64 // seconds, smoothed
-	Answers              int64
+	LastTTFT, LastITL float64 // seconds
+	LastISL           int
+	MeanTTFT, MeanITL float64 // seconds, smoothed
+	Answers           int64
+}
+
+// measured is a Measured under its lock.
+type measured struct {
+	mu sync.Mutex
+	Measured
 	hasMeanITL, hasMeanT bool
 }
 
@@ -154,9 +159,9 @@ func (m *metrics) observe(k rankKey, ttft, itl float64, isl int) {
 	}
 	v, _ := m.last.Load(k)
 	if v == nil {
-		v, _ = m.last.LoadOrStore(k, &Measured{})
+		v, _ = m.last.LoadOrStore(k, &measured{})
 	}
-	x := v.(*Measured)
+	x := v.(*measured)
 	const alpha = 0.2
 	x.mu.Lock()
 	defer x.mu.Unlock()
@@ -187,10 +192,10 @@ func (d *Door) Measured(worker uint64, rank uint32) (m Measured, ok bool) {
 	if !ok {
 		return Measured{}, false
 	}
-	x := v.(*Measured)
+	x := v.(*measured)
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	return Measured{LastTTFT: x.LastTTFT, LastITL: x.LastITL, LastISL: x.LastISL, MeanTTFT: x.MeanTTFT, MeanITL: x.MeanITL, Answers: x.Answers}, true
+	return x.Measured, true
 }
 
 var (
@@ -235,7 +240,7 @@ func (g workerGauges) Collect(ch chan<- prometheus.Metric) {
 	g.m.forget()
 	g.m.last.Range(func(k, v any) bool {
 		key := k.(rankKey)
-		x := v.(*Measured)
+		x := v.(*measured)
 		x.mu.Lock()
 		defer x.mu.Unlock()
 		w, r := strconv.FormatUint(key.worker, 10), strconv.FormatUint(uint64(key.rank), 10)

@@ -43,3 +43,24 @@ func TestMeasured(t *testing.T) {
 		t.Errorf("%d series of an unregistered worker", n)
 	}
 }
+
+// TestTokenizeRefused: a worker that refuses the /tokenize call's connection is ejected at once,
+// as one that refuses the request's.
+func TestTokenizeRefused(t *testing.T) {
+	down, up := startEngine(t, 1), startEngine(t, 1)
+	down.ln.Close()
+	f := newFixture(t, Config{}, down, up)
+	for range 2 { // the workers tokenize in turn: one of the two asks the down one first
+		resp := f.post(t, "/v1/chat/completions", chatBody)
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("status %d", resp.StatusCode)
+		}
+	}
+	for _, w := range f.r.Workers() {
+		if w.ID == 1 && w.Health != "ejected" {
+			t.Errorf("the worker refusing /tokenize: %q, want ejected", w.Health)
+		}
+	}
+}
