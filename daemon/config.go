@@ -125,9 +125,17 @@ type Config struct {
 	MinFreeDisk      int64
 
 	// Dynamo's selection service: its own listener, off when empty.
-	FrontendAddr             string
-	FrontendRetries          int
-	FrontendTimeout          time.Duration
+	FrontendAddr    string
+	FrontendRetries int
+	FrontendTimeout time.Duration
+	// Outlier ejection of failing workers (router.EjectConfig): off, the failures in a row
+	// that eject, the first ejection's length, the longest, and the most of a model's ranks
+	// out at once (percent).
+	WorkerEject              bool
+	WorkerEjectFailures      int
+	WorkerEjectBaseTime      time.Duration
+	WorkerEjectMaxTime       time.Duration
+	WorkerEjectMaxPercent    int
 	SelectionAddr            string
 	SelectionCacheTTL        time.Duration
 	SelectionCacheMaxEntries int
@@ -193,6 +201,11 @@ func Defaults() Config {
 		SnapshotKeep:             3,
 		MinFreeDisk:              64 << 20,
 		FrontendRetries:          2,
+		WorkerEject:              true,
+		WorkerEjectFailures:      3,
+		WorkerEjectBaseTime:      10 * time.Second,
+		WorkerEjectMaxTime:       300 * time.Second,
+		WorkerEjectMaxPercent:    50,
 		SelectionCacheTTL:        120 * time.Second,
 		SelectionCacheMaxEntries: 4096,
 		ApproxTTL:                120 * time.Second,
@@ -211,6 +224,11 @@ func (c *Config) Flags(fs *flag.FlagSet) {
 	fs.StringVar(&c.FrontendAddr, "frontend-addr", c.FrontendAddr, "address of the OpenAI-compatible front door (/v1/chat/completions, /v1/completions, /v1/models; Dynamo's frontend serves it on :8000): each request tokenized by a worker, routed and forwarded to the chosen worker's http_endpoint; empty: off")
 	fs.IntVar(&c.FrontendRetries, "frontend-retries", c.FrontendRetries, "front door: other workers a request is sent to after one refuses the connection or answers 5xx before its first byte (Dynamo's migration limit); 0: none")
 	fs.DurationVar(&c.FrontendTimeout, "frontend-timeout", c.FrontendTimeout, "front door: the longest a request may take, first byte to last (its booking is freed then); 0: no limit")
+	fs.BoolVar(&c.WorkerEject, "worker-eject", c.WorkerEject, "front door: take a worker rank that keeps failing out of routing for a while, and probe its /health to bring it back (Envoy's outlier detection); false: failures are only counted")
+	fs.IntVar(&c.WorkerEjectFailures, "worker-eject-failures", c.WorkerEjectFailures, "front door: 5xx answers, resets, timeouts or failed /tokenize calls in a row that eject a worker rank (one refused connection does)")
+	fs.DurationVar(&c.WorkerEjectBaseTime, "worker-eject-base-time", c.WorkerEjectBaseTime, "front door: how long a first ejection lasts; each later one lasts this times the ejections so far")
+	fs.DurationVar(&c.WorkerEjectMaxTime, "worker-eject-max-time", c.WorkerEjectMaxTime, "front door: the longest an ejection lasts")
+	fs.IntVar(&c.WorkerEjectMaxPercent, "worker-eject-max-percent", c.WorkerEjectMaxPercent, "front door: the most of a model's worker ranks out of routing at once, in percent (the first ejection is always allowed)")
 	fs.StringVar(&c.SelectionAddr, "selection-addr", c.SelectionAddr, "address of NVIDIA Dynamo's selection-service API (python -m dynamo.select_service; its default port is 8092: :8092), over the same router and bookings as the HTTP API; empty: off")
 	fs.DurationVar(&c.SelectionCacheTTL, "selection-cache-ttl", c.SelectionCacheTTL, "selection service: how long a /select with a selection_id is kept for its POST /reservations")
 	fs.IntVar(&c.SelectionCacheMaxEntries, "selection-cache-max-entries", c.SelectionCacheMaxEntries, "selection service: selections kept for a POST /reservations at most; past it the oldest go")
@@ -346,6 +364,12 @@ func (c *Config) Check() error {
 		return fmt.Errorf("--frontend-retries %d: want 0 to 16", c.FrontendRetries)
 	case c.FrontendTimeout < 0:
 		return fmt.Errorf("--frontend-timeout %v: must not be negative", c.FrontendTimeout)
+	case c.WorkerEjectFailures < 1 || c.WorkerEjectFailures > 1000:
+		return fmt.Errorf("--worker-eject-failures %d: want 1 to 1000", c.WorkerEjectFailures)
+	case c.WorkerEjectBaseTime <= 0 || c.WorkerEjectMaxTime < c.WorkerEjectBaseTime:
+		return fmt.Errorf("--worker-eject-base-time %v, --worker-eject-max-time %v: want a positive base, the max at least the base", c.WorkerEjectBaseTime, c.WorkerEjectMaxTime)
+	case c.WorkerEjectMaxPercent < 1 || c.WorkerEjectMaxPercent > 100:
+		return fmt.Errorf("--worker-eject-max-percent %d: want 1 to 100", c.WorkerEjectMaxPercent)
 	case c.SelectionCacheTTL <= 0 || c.SelectionCacheMaxEntries < 1 || c.SelectionCacheMaxEntries > 1<<24:
 		return fmt.Errorf("--selection-cache-ttl %v, --selection-cache-max-entries %d: want a positive duration and 1 to 16777216 entries", c.SelectionCacheTTL, c.SelectionCacheMaxEntries)
 	case c.ZMQStaleAfter <= 0:

@@ -190,7 +190,9 @@ func Start(ctx context.Context, c Config, stderr io.Writer) (_ *Daemon, err erro
 			Endpoints:         watch,
 			Sources:           watch,
 			APIKeys:           d.cred.apiKeys(),
-			Logger:            log,
+			Eject: router.EjectConfig{Off: !c.WorkerEject, Consecutive: c.WorkerEjectFailures,
+				BaseTime: c.WorkerEjectBaseTime, MaxTime: c.WorkerEjectMaxTime, MaxPercent: c.WorkerEjectMaxPercent},
+			Logger: log,
 		}
 		if share != nil {
 			cfg.Share = share // never a typed nil

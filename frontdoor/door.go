@@ -298,6 +298,10 @@ func (d *Door) generate(ctx *fasthttp.RequestCtx, path, reqID string) {
 	if hints.CacheSalt == "" {
 		_ = json.Unmarshal(body["cache_salt"], &hints.CacheSalt) // vLLM's own field
 	}
+	if d.cfg.Tokens == nil {
+		// Without kvrouterd's own tokens the client's credential is the workers' to read.
+		q.auth = string(ctx.Request.Header.Peek(fasthttp.HeaderAuthorization))
+	}
 	var toks []uint32
 	var rewrite bool
 	var status int
@@ -305,7 +309,7 @@ func (d *Door) generate(ctx *fasthttp.RequestCtx, path, reqID string) {
 	if len(hints.TokenData) > 0 {
 		toks = hints.TokenData // Dynamo's pre-tokenized prompt
 	} else {
-		toks, rewrite, status, err = d.tokens(ws, q.model, q.chat, body)
+		toks, rewrite, status, err = d.tokens(ws, q, body)
 	}
 	if err != nil {
 		code := "invalid_prompt"
@@ -331,10 +335,6 @@ func (d *Door) generate(ctx *fasthttp.RequestCtx, path, reqID string) {
 	so["include_usage"] = json.RawMessage("true")
 	body["stream_options"], _ = json.Marshal(so)
 	out, _ := json.Marshal(body)
-	if d.cfg.Tokens == nil {
-		// Without kvrouterd's own tokens the client's credential is the workers' to read.
-		q.auth = string(ctx.Request.Header.Peek(fasthttp.HeaderAuthorization))
-	}
 	d.forward(ctx, q, ws, toks, &hints, out)
 }
 
@@ -399,7 +399,8 @@ func (h *nvext) routeRequest(rr *wire.RouteRequest, toks []uint32, bs int) {
 
 // tokens returns the ids of the request's prompt: a completion's own ids, or a worker's
 // /tokenize of its prompt or messages. rewrite says to forward the ids as the prompt.
-func (d *Door) tokens(ws []router.HTTPWorker, model string, chat bool, body map[string]json.RawMessage) (toks []uint32, rewrite bool, status int, err error) {
+func (d *Door) tokens(ws []router.HTTPWorker, q *request, body map[string]json.RawMessage) (toks []uint32, rewrite bool, status int, err error) {
+	chat := q.chat
 	tb := map[string]json.RawMessage{"model": body["model"]}
 	if chat {
 		if len(body["messages"]) == 0 {
@@ -443,13 +444,13 @@ func (d *Door) tokens(ws []router.HTTPWorker, model string, chat bool, body map[
 		}
 	}
 	req, _ := json.Marshal(tb)
-	toks, status, err = d.tokenize(ws, req)
+	toks, status, err = d.tokenize(ws, q, req)
 	return toks, rewrite, status, err
 }
 
 // tokenize asks the model's workers in turn for req's token ids until one answers: a 4xx
 // answer is the request's fault and ends the search.
-func (d *Door) tokenize(ws []router.HTTPWorker, req []byte) ([]uint32, int, error) {
+func (d *Door) tokenize(ws []router.HTTPWorker, q *request, req []byte) ([]uint32, int, error) {
 	start := int(d.turn.Add(1))
 	// Workers out of routing are asked last: an unreachable one would cost the request its
 	// connection's timeout.
@@ -473,7 +474,7 @@ func (d *Door) tokenize(ws []router.HTTPWorker, req []byte) ([]uint32, int, erro
 	}
 	var last error
 	for _, w := range order[:min(len(order), 3)] {
-		toks, status, err := d.tokenizeAt(w.Endpoint, req)
+		toks, status, err := d.tokenizeAt(w.Endpoint, authFor(q, w), req)
 		if err == nil {
 			return toks, 0, nil
 		}
@@ -491,12 +492,15 @@ func (d *Door) tokenize(ws []router.HTTPWorker, req []byte) ([]uint32, int, erro
 	return nil, fasthttp.StatusServiceUnavailable, fmt.Errorf("no worker could tokenize the prompt: %w", last)
 }
 
-func (d *Door) tokenizeAt(endpoint string, body []byte) ([]uint32, int, error) {
+func (d *Door) tokenizeAt(endpoint, auth string, body []byte) ([]uint32, int, error) {
 	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
 	req.SetRequestURI(strings.TrimRight(endpoint, "/") + "/tokenize")
 	req.Header.SetMethod(fasthttp.MethodPost)
+	if auth != "" {
+		req.Header.Set(fasthttp.HeaderAuthorization, auth)
+	}
 	req.Header.SetContentType("application/json")
 	req.SetBodyRaw(body)
 	if err := d.tok.DoTimeout(req, resp, d.cfg.TokenizeTimeout); err != nil {
