@@ -50,8 +50,11 @@ func TestTokenizeRefused(t *testing.T) {
 	down, up := startEngine(t, 1), startEngine(t, 1)
 	down.ln.Close()
 	f := newFixture(t, Config{}, down, up)
-	for range 2 { // the workers tokenize in turn: one of the two asks the down one first
-		resp := f.post(t, "/v1/chat/completions", chatBody)
+	// Pinned to the working one: only /tokenize meets the down one. The workers tokenize in
+	// turn, so one of the two requests asks the down one first.
+	pinned := strings.TrimSuffix(chatBody, "}") + `,"nvext":{"backend_instance_id":2}}`
+	for range 2 {
+		resp := f.post(t, "/v1/chat/completions", pinned)
 		io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
 		if resp.StatusCode != 200 {
