@@ -3,7 +3,9 @@ package mocker
 import (
 	"bufio"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"math/rand/v2"
 	"net"
@@ -14,6 +16,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/kvrouterd/kvrouterd/internal/freelist"
 	"github.com/kvrouterd/kvrouterd/internal/peer"
 )
 
@@ -38,6 +41,7 @@ type api struct {
 
 	// inflight counts the handlers running and the streams being written.
 	inflight atomic.Int64
+	streams  *freelist.List[eventStream] // spare stream bodies, their buffers kept
 
 	// generations counts the generate requests that arrived, for Config.DieAfter; crash is
 	// what the one past it calls (Mocker.crash).
@@ -341,14 +345,7 @@ func (a *api) generate(ctx *fasthttp.RequestCtx, g *generation) {
 	if g.stream {
 		ctx.SetContentType("text/event-stream; charset=utf-8")
 		ctx.Response.ImmediateHeaderFlush = true
-		a.inflight.Add(1) // until the stream ends, after the handler has returned
-		ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
-			defer a.inflight.Add(-1)
-			if pull {
-				g.remote = a.pull(g.prompt, g.kv)
-			}
-			a.stream(w, g, a.eng.submit(g.prompt, g.output, g.remote, false), conn)
-		})
+		ctx.SetBodyStream(a.newEventStream(g, nil, conn), -1)
 		return
 	}
 	if pull {
@@ -408,68 +405,171 @@ func (a *api) generate(ctx *fasthttp.RequestCtx, g *generation) {
 	}
 }
 
-// stream writes r's tokens as vLLM's Server-Sent Events, flushing after each step that brought
-// some, one event per token (its text empty while a stop string may be forming), and aborts r
-// when the client is gone: a write or flush fails, or the connection (conn) is seen closed
-// while the request waits.
-func (a *api) stream(w *bufio.Writer, g *generation, r *request, conn net.Conn) {
+// maxKeptBuffer is the capacity beyond which a stream's buffer is not kept for the next: a long
+// answer's text, or many steps' events at a high speedup.
+const maxKeptBuffer = 64 << 10
+
+// errClientGone ends a stream whose client was seen gone while its request waited.
+var errClientGone = errors.New("mocker: client gone")
+
+// eventStream is a stream's body, vLLM's Server-Sent Events of one request's tokens: one event
+// per token (its text empty while a stop string may be forming), those of the steps that
+// brought some since the last Read together. Not safe for concurrent use: fasthttp's
+// connection goroutine calls Read and Close in turn.
+//
+// fasthttp reads it once the headers are flushed and writes and flushes one chunk per Read, so
+// a step's events cost no hand-off to another goroutine, as a StreamWriter's would (its own
+// goroutine and a pipe). Read submits the request first, after the headers as vLLM adds a
+// streamed request to its engine, then waits for it, looking at the connection every
+// goneEvery. Close, which fasthttp calls when the response ends or fails, aborts a request
+// that has not ended: its client went away (a write failed, or it was seen gone).
+type eventStream struct {
+	a       *api
+	g       *generation
+	r       *request // nil until the first Read submits g
+	conn    net.Conn
+	d       detokenizer
+	poll    *time.Ticker // kept with s; running from the first wait until Close (ticking)
+	buf     []byte       // events not read yet, from off
+	off     int
+	over    bool // r has ended, its last events in buf, or was aborted
+	ticking bool
+}
+
+// newEventStream returns the body of a stream of g, whose request is r or, if nil, submitted
+// by the first Read. The stream counts as in flight until Close.
+func (a *api) newEventStream(g *generation, r *request, conn net.Conn) *eventStream {
+	a.inflight.Add(1)
+	s := a.streams.Get()
 	d := g.detokenizer()
-	var buf []byte
-	poll := time.NewTicker(goneEvery)
-	defer poll.Stop()
-	for {
+	d.text = s.d.text[:0]
+	*s = eventStream{a: a, g: g, r: r, conn: conn, d: *d, poll: s.poll, buf: s.buf[:0]}
+	return s
+}
+
+// Read returns events not read yet, waiting for the engine when there are none; io.EOF once
+// the last has been read, errClientGone if the client was seen gone meanwhile.
+func (s *eventStream) Read(p []byte) (int, error) {
+	for s.off == len(s.buf) {
+		if s.over {
+			return 0, io.EOF
+		}
+		s.buf, s.off = s.buf[:0], 0
+		if err := s.next(); err != nil {
+			return 0, err
+		}
+	}
+	n := copy(p, s.buf[s.off:])
+	s.off += n
+	return n, nil
+}
+
+// next waits for r to progress and appends the events of what it brought to buf: none while
+// the engine has nothing new.
+func (s *eventStream) next() error {
+	a, g := s.a, s.g
+	if s.r == nil {
+		if g.kv != nil && g.kv.DoRemotePrefill {
+			g.remote = a.pull(g.prompt, g.kv)
+		}
+		s.r = a.eng.submit(g.prompt, g.output, g.remote, false)
+	}
+	r := s.r
+	select {
+	case <-r.wake:
+	default:
+		switch {
+		case s.poll == nil:
+			s.poll = time.NewTicker(goneEvery)
+		case !s.ticking:
+			s.poll.Reset(goneEvery)
+		}
+		s.ticking = true
 		select {
 		case <-r.wake:
-		case <-poll.C:
-			if peer.Gone(conn) {
+		case <-s.poll.C:
+			if peer.Gone(s.conn) {
 				a.log.Debug("client gone: aborting", "id", g.id)
 				a.eng.abort(r)
+				s.over = true
+				return errClientGone
+			}
+			return nil
+		}
+	}
+	n, cached, e, err := r.progress()
+	d, buf := &s.d, s.buf
+	for d.n < n {
+		if g.chat && d.n == 0 {
+			buf = g.appendRoleChunk(buf)
+		}
+		d.add()
+		last := d.n == g.output
+		finish := ""
+		if last {
+			finish = d.finish()
+		}
+		buf = g.appendTokenChunk(buf, d.delta(last), finish, d.reason)
+	}
+	switch e {
+	case endAborted:
+		buf = g.appendFinishChunk(buf, d.delta(true), "abort")
+	case endFailed:
+		buf = append(buf, "data: "...)
+		buf = badRequest("%v", err).appendJSON(buf, true)
+		buf = append(buf, "\n\n"...)
+	}
+	if e != endNone {
+		if g.usage && e != endFailed {
+			buf = g.appendUsageChunk(buf, n, cached)
+		}
+		buf = append(buf, "data: [DONE]\n\n"...)
+		s.over = true
+	}
+	s.buf = buf
+	return nil
+}
+
+// Close aborts the request if it has not ended (the stream was cut before its last event) and
+// keeps s for another stream: neither s nor what Read returned may be used after.
+func (s *eventStream) Close() error {
+	if s.ticking {
+		s.poll.Stop()
+	}
+	if s.r != nil && !s.over {
+		s.a.log.Debug("client gone: aborting", "id", s.g.id)
+		s.a.eng.abort(s.r)
+	}
+	a, text, buf := s.a, s.d.text[:0], s.buf[:0]
+	if cap(text) > maxKeptBuffer {
+		text = nil
+	}
+	if cap(buf) > maxKeptBuffer {
+		buf = nil
+	}
+	*s = eventStream{d: detokenizer{text: text}, poll: s.poll, buf: buf}
+	a.streams.Put(s)
+	a.inflight.Add(-1)
+	return nil
+}
+
+// stream writes r's events to w as fasthttp writes a stream's body, without the chunks'
+// framing: what each Read returns, then a flush. For tests that read a stream's bytes.
+func (a *api) stream(w *bufio.Writer, g *generation, r *request, conn net.Conn) {
+	s := a.newEventStream(g, r, conn)
+	defer s.Close()
+	p := make([]byte, 4096)
+	for {
+		n, err := s.Read(p)
+		if n > 0 {
+			if _, werr := w.Write(p[:n]); werr != nil {
 				return
 			}
-			continue
-		}
-		n, cached, e, err := r.progress()
-		buf = buf[:0]
-		for d.n < n {
-			if g.chat && d.n == 0 {
-				buf = g.appendRoleChunk(buf)
-			}
-			d.add()
-			last := d.n == g.output
-			finish := ""
-			if last {
-				finish = d.finish()
-			}
-			buf = g.appendTokenChunk(buf, d.delta(last), finish, d.reason)
-		}
-		switch e {
-		case endAborted:
-			buf = g.appendFinishChunk(buf, d.delta(true), "abort")
-		case endFailed:
-			buf = append(buf, "data: "...)
-			buf = badRequest("%v", err).appendJSON(buf, true)
-			buf = append(buf, "\n\n"...)
-		}
-		if e != endNone {
-			if g.usage && e != endFailed {
-				buf = g.appendUsageChunk(buf, n, cached)
-			}
-			buf = append(buf, "data: [DONE]\n\n"...)
-		}
-		if len(buf) > 0 {
-			if _, werr := w.Write(buf); werr == nil {
-				werr = w.Flush()
-				if werr != nil && e == endNone {
-					a.log.Debug("client gone: aborting", "id", g.id, "err", werr)
-					a.eng.abort(r)
-					return
-				}
-			} else if e == endNone {
-				a.eng.abort(r)
+			if werr := w.Flush(); werr != nil {
 				return
 			}
 		}
-		if e != endNone {
+		if err != nil {
 			return
 		}
 	}

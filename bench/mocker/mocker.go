@@ -21,6 +21,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/kvrouterd/kvrouterd/bench/sim"
+	"github.com/kvrouterd/kvrouterd/internal/freelist"
 )
 
 // Mocker is one running mock engine: its worker, its KV-event sockets and its HTTP API. Start
@@ -162,7 +163,8 @@ func Start(cfg Config, logw io.Writer) (*Mocker, error) {
 	var nonce [8]byte
 	_, _ = rand.Read(nonce[:])
 	a := &api{cfg: cfg, eng: m.eng, log: log, maxLen: cfg.maxModelLen(),
-		nonce: binary.LittleEndian.Uint64(nonce[:]), started: time.Now().Unix(), held: newHeld(m.eng, &cfg)}
+		nonce: binary.LittleEndian.Uint64(nonce[:]), started: time.Now().Unix(), held: newHeld(m.eng, &cfg),
+		streams: freelist.New[eventStream]()}
 	a.engineID = fmt.Sprintf("kvr-mock-%d-%016x", cfg.WorkerID, a.nonce)
 	if u, err := url.Parse(m.httpEndpoint); err == nil {
 		a.xferHost = u.Hostname()

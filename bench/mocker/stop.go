@@ -106,7 +106,7 @@ func (d *detokenizer) add() bool {
 	id := OutputToken(d.seed, i)
 	s := d.stop
 	if s == nil {
-		d.text = append(d.text, OutputText(id, i)...)
+		d.text = appendOutputText(d.text, id, i)
 		return false
 	}
 	// The engine checks the length before the stop tokens: the last allowed token ends the
@@ -114,7 +114,7 @@ func (d *detokenizer) add() bool {
 	byID := d.n < d.limit && slices.Contains(s.ids, id)
 	from := len(d.text)
 	if !byID || s.include {
-		d.text = append(d.text, OutputText(id, i)...)
+		d.text = appendOutputText(d.text, id, i)
 	}
 	if byID {
 		d.reason = strconv.AppendUint(nil, uint64(id), 10)

@@ -171,6 +171,14 @@ func OutputText(id uint32, i int) string {
 	return " " + TokenText(id)
 }
 
+// appendOutputText appends OutputText(id, i) to dst, without building the string.
+func appendOutputText(dst []byte, id uint32, i int) []byte {
+	if i > 0 {
+		dst = append(dst, ' ')
+	}
+	return append(dst, TokenText(id)...)
+}
+
 // Message is one chat message: a role and its text.
 type Message struct {
 	Role    string

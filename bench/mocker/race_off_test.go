@@ -1,0 +1,5 @@
+//go:build !race
+
+package mocker
+
+const raceEnabled = false
