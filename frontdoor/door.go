@@ -328,13 +328,27 @@ func (d *Door) generate(ctx *fasthttp.RequestCtx, path, reqID string) {
 	// The engine always streams, with the usage chunk, whatever the client asked: the
 	// booking, the measured times and the client's presence follow the stream, and a
 	// non-streaming client gets the answer assembled.
-	body["stream"] = json.RawMessage("true")
-	if so == nil {
-		so = map[string]json.RawMessage{}
+	var out []byte
+	_, hasStream := body["stream"]
+	if !rewrite && so == nil && (!hasStream || q.stream) {
+		// The client's body with the fields added before its closing brace: no key twice,
+		// and no second encoding of the whole body.
+		add := `,"stream":true,"stream_options":{"include_usage":true}}`
+		if hasStream {
+			add = `,"stream_options":{"include_usage":true}}`
+		}
+		in := bytes.TrimRight(ctx.PostBody(), " \t\r\n")
+		out = make([]byte, 0, len(in)+len(add))
+		out = append(append(out, in[:len(in)-1]...), add...)
+	} else {
+		body["stream"] = json.RawMessage("true")
+		if so == nil {
+			so = map[string]json.RawMessage{}
+		}
+		so["include_usage"] = json.RawMessage("true")
+		body["stream_options"], _ = json.Marshal(so)
+		out, _ = json.Marshal(body)
 	}
-	so["include_usage"] = json.RawMessage("true")
-	body["stream_options"], _ = json.Marshal(so)
-	out, _ := json.Marshal(body)
 	d.forward(ctx, q, ws, toks, &hints, out)
 }
 

@@ -283,7 +283,7 @@ func TestChatStreams(t *testing.T) {
 	f.waitIdle(t, "after the answer")
 	// The engine got the request as the client sent it, streamed with the usage chunk (which
 	// the client, not asking for it, did not get), with the rank the router chose.
-	if got := <-e.received; string(got) != `{"messages":[{"role":"user","content":"hello there, how are you"}],"model":"m","stream":true,"stream_options":{"include_usage":true}}` {
+	if got := <-e.received; string(got) != `{"model":"m","stream":true,"messages":[{"role":"user","content":"hello there, how are you"}],"stream_options":{"include_usage":true}}` {
 		t.Errorf("the engine got %s", got)
 	}
 	if rank := <-e.ranks; rank != "0" {

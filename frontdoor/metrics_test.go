@@ -67,3 +67,24 @@ func TestTokenizeRefused(t *testing.T) {
 		}
 	}
 }
+
+// TestStreamAsked: whatever the client says of streaming, the engine is asked to stream with
+// the usage chunk, each key once, and the client's other stream options kept.
+func TestStreamAsked(t *testing.T) {
+	e := startEngine(t, 1)
+	f := newFixture(t, Config{}, e)
+	for body, want := range map[string]string{
+		`{"model":"m","prompt":[1,2,3,4,5]}`:                                                                `{"model":"m","prompt":[1,2,3,4,5],"stream":true,"stream_options":{"include_usage":true}}`,
+		`{"model":"m","prompt":[1,2,3,4,5],"stream":true} `:                                                 `{"model":"m","prompt":[1,2,3,4,5],"stream":true,"stream_options":{"include_usage":true}}`,
+		`{"model":"m","prompt":[1,2,3,4,5],"stream":false}`:                                                 `{"model":"m","prompt":[1,2,3,4,5],"stream":true,"stream_options":{"include_usage":true}}`,
+		`{"model":"m","prompt":[1,2,3,4,5],"stream":true,"stream_options":{"continuous_usage_stats":true}}`: `{"model":"m","prompt":[1,2,3,4,5],"stream":true,"stream_options":{"continuous_usage_stats":true,"include_usage":true}}`,
+	} {
+		resp := f.post(t, "/v1/completions", body)
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		<-e.ranks
+		if got := string(<-e.received); got != want {
+			t.Errorf("%s: the engine got %s, want %s", body, got, want)
+		}
+	}
+}
