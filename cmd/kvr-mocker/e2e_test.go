@@ -106,10 +106,11 @@ func until(t *testing.T, what string, poke func(), cond func() bool) {
 }
 
 type workerView struct {
-	ID    uint64 `json:"worker_id"`
-	State string `json:"state"`
-	HTTP  string `json:"http_endpoint"`
-	Role  string `json:"role"`
+	ID     uint64 `json:"worker_id"`
+	State  string `json:"state"`
+	HTTP   string `json:"http_endpoint"`
+	Role   string `json:"role"`
+	Health string `json:"health"`
 }
 
 // metric reads one of a mocker's /metrics values.
@@ -315,5 +316,54 @@ func TestDieAfterExits(t *testing.T) {
 	}
 	if _, err := http.Get("http://" + addr + "/health"); err == nil {
 		t.Error("the port still answers")
+	}
+}
+
+// TestFailingMockersThroughFrontDoor: kvrouterd's front door over three mockers, one failing
+// every request (--fail-rate 1) and one dying after its first (--die-after 1): every client
+// request is answered, by the one that works, and the other two leave routing.
+func TestFailingMockersThroughFrontDoor(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs kvrouterd and kvr-mocker")
+	}
+	dir := t.TempDir()
+	kvr, mock := build(t, dir, "../kvrouterd"), build(t, dir, ".")
+	kaddr, front := freeport.TB(t), freeport.TB(t)
+	run(t, kvr, "--http-addr", kaddr, "--shards", "2", "--nats-listen", "127.0.0.1:0",
+		"--data-dir", filepath.Join(dir, "data"), "--frontend-addr", front, "--frontend-retries", "2")
+	until(t, "kvrouterd ready", nil, func() bool {
+		resp, err := http.Get("http://" + kaddr + "/readyz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == 200
+	})
+	for id, extra := range map[uint64][]string{1: nil, 2: {"--fail-rate", "1"}, 3: {"--die-after", "1"}} {
+		args := append([]string{"--http-addr", freeport.TB(t), "--worker-id", fmt.Sprint(id), "--model", "m",
+			"--kv-events-addr", "tcp://127.0.0.1:0", "--register", "http://" + kaddr, "--speedup", "100"}, extra...)
+		run(t, mock, args...)
+	}
+	workers := func() map[uint64]workerView {
+		var v struct {
+			Workers []workerView `json:"workers"`
+		}
+		call(t, "GET", "http://"+kaddr+"/v1/workers", "", &v)
+		out := map[uint64]workerView{}
+		for _, w := range v.Workers {
+			out[w.ID] = w
+		}
+		return out
+	}
+	until(t, "three mockers registered", nil, func() bool { return len(workers()) == 3 })
+	for i := range 12 {
+		body := fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":"question %d"}],"max_tokens":3}`, i)
+		if code := call(t, "POST", "http://"+front+"/v1/chat/completions", body, nil); code != 200 {
+			t.Fatalf("request %d: %d", i, code)
+		}
+	}
+	ws := workers()
+	if ws[1].Health != "ok" || ws[2].Health == "ok" || ws[3].Health == "ok" {
+		t.Errorf("health: working %q, failing %q, dead %q", ws[1].Health, ws[2].Health, ws[3].Health)
 	}
 }
