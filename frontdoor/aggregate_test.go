@@ -140,3 +140,19 @@ func TestEngineError(t *testing.T) {
 	f(500, "<html>m7</html>", "<html>m7</html>", "")
 	f(502, "", "the worker answered 502 Bad Gateway with no message", "")
 }
+
+// TestIsErrorEvent: an engine's in-stream error in the shapes vLLM writes, and chunks that only
+// mention errors.
+func TestIsErrorEvent(t *testing.T) {
+	for data, want := range map[string]bool{
+		`{"error": {"message": "m", "type": "BadRequestError", "code": 400}}`: true,
+		`{"error":{"message":"m"}}`:                        true,
+		`{"object": "error", "message": "m", "code": 500}`: true,
+		`{"object":"chat.completion.chunk","choices":[{"delta":{"content":"\"object\":\"error\""}}]}`: false,
+		`{"id":"x","choices":[{"text":"error"}]}`:                                                     false,
+	} {
+		if got := isErrorEvent([]byte(data)); got != want {
+			t.Errorf("%s: %v", data, got)
+		}
+	}
+}

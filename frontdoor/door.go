@@ -178,15 +178,19 @@ func requestID(ctx *fasthttp.RequestCtx) string {
 			return string(id)
 		}
 	}
-	var b [16]byte
-	for i := range 2 {
+	b := make([]byte, 0, 36)
+	b = append(b, "kvr-"...)
+	for range 2 {
 		v := rand.Uint64()
 		for j := range 8 {
-			b[i*8+j] = byte(v >> (8 * j))
+			c := byte(v >> (8 * j))
+			b = append(b, hexDigits[c>>4], hexDigits[c&15])
 		}
 	}
-	return fmt.Sprintf("kvr-%x", b)
+	return string(b)
 }
+
+const hexDigits = "0123456789abcdef"
 
 // fail answers OpenAI's error shape (type from the status, code the reason), counts it and
 // logs it.

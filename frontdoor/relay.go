@@ -307,7 +307,7 @@ func (a *answer) event(data []byte) bool {
 			}
 		}
 	}
-	if bytes.HasPrefix(data, []byte(`{"error"`)) || bytes.Contains(data, []byte(`"object":"error"`)) {
+	if isErrorEvent(data) {
 		a.errEv = bytes.Clone(data)
 		return true
 	}
@@ -328,6 +328,19 @@ func (a *answer) event(data []byte) bool {
 		_ = a.d.r.OutputTokens(a.id, a.oc.generated())
 	}
 	return true
+}
+
+// isErrorEvent says whether an event's data is an engine's error: {"error": …}, or older vLLM's
+// {"object": "error", …}, as pydantic or json.dumps writes them (the key first).
+func isErrorEvent(data []byte) bool {
+	d := bytes.TrimLeft(data, " \t")
+	switch {
+	case bytes.HasPrefix(d, []byte(`{"error"`)):
+		return true
+	case bytes.HasPrefix(d, []byte(`{"object"`)):
+		return gjson.GetBytes(d, "object").Str == "error"
+	}
+	return false
 }
 
 // whole says whether the answer ended as a whole answer ends: [DONE], or every choice
