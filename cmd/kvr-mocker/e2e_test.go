@@ -134,6 +134,38 @@ func metric(t *testing.T, addr, name string) float64 {
 	return 0
 }
 
+// startKvrouterd runs the kvrouterd binary with its front door and waits until it is ready; it
+// returns the process, the API's address and the front door's.
+func startKvrouterd(t *testing.T, kvr, dir string, extra ...string) (d *proc, api, front string) {
+	t.Helper()
+	api, front = freeport.TB(t), freeport.TB(t)
+	d = run(t, kvr, append([]string{"--http-addr", api, "--shards", "2", "--nats-listen", "127.0.0.1:0",
+		"--data-dir", filepath.Join(dir, "data"), "--frontend-addr", front}, extra...)...)
+	until(t, "kvrouterd ready", nil, func() bool {
+		resp, err := http.Get("http://" + api + "/readyz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == 200
+	})
+	return d, api, front
+}
+
+// workersOf is kvrouterd's /v1/workers, by worker id.
+func workersOf(t *testing.T, api string) map[uint64]workerView {
+	t.Helper()
+	var v struct {
+		Workers []workerView `json:"workers"`
+	}
+	call(t, "GET", "http://"+api+"/v1/workers", "", &v)
+	out := map[uint64]workerView{}
+	for _, w := range v.Workers {
+		out[w.ID] = w
+	}
+	return out
+}
+
 // TestWithKvrouterd runs kvrouterd and two kvr-mockers as processes: the mockers register
 // themselves (with their OpenAI address), kvrouterd's own ZMQ subscriber reads their KV events
 // so that Dynamo's /query finds a prompt's blocks on the mocker that served it, kvrouterd's
@@ -146,17 +178,7 @@ func TestWithKvrouterd(t *testing.T) {
 	}
 	dir := t.TempDir()
 	kvr, mock := build(t, dir, "../kvrouterd"), build(t, dir, ".")
-	kaddr, front := freeport.TB(t), freeport.TB(t)
-	d := run(t, kvr, "--http-addr", kaddr, "--shards", "2", "--nats-listen", "127.0.0.1:0",
-		"--data-dir", filepath.Join(dir, "data"), "--frontend-addr", front)
-	until(t, "kvrouterd ready", nil, func() bool {
-		resp, err := http.Get("http://" + kaddr + "/readyz")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == 200
-	})
+	d, kaddr, front := startKvrouterd(t, kvr, dir)
 
 	mockers := map[uint64]*proc{}
 	addrs := map[uint64]string{}
@@ -166,17 +188,7 @@ func TestWithKvrouterd(t *testing.T) {
 			"--kv-events-addr", "tcp://127.0.0.1:0", "--replay-addr", "tcp://127.0.0.1:0",
 			"--register", "http://"+kaddr, "--speedup", "100", "--blocks", "2048")
 	}
-	workers := func() map[uint64]workerView {
-		var v struct {
-			Workers []workerView `json:"workers"`
-		}
-		call(t, "GET", "http://"+kaddr+"/v1/workers", "", &v)
-		out := map[uint64]workerView{}
-		for _, w := range v.Workers {
-			out[w.ID] = w
-		}
-		return out
-	}
+	workers := func() map[uint64]workerView { return workersOf(t, kaddr) }
 	until(t, "both mockers registered and connected", nil, func() bool {
 		ws := workers()
 		return ws[1].State == "active" && ws[2].State == "active"
@@ -328,33 +340,13 @@ func TestFailingMockersThroughFrontDoor(t *testing.T) {
 	}
 	dir := t.TempDir()
 	kvr, mock := build(t, dir, "../kvrouterd"), build(t, dir, ".")
-	kaddr, front := freeport.TB(t), freeport.TB(t)
-	run(t, kvr, "--http-addr", kaddr, "--shards", "2", "--nats-listen", "127.0.0.1:0",
-		"--data-dir", filepath.Join(dir, "data"), "--frontend-addr", front, "--frontend-retries", "2")
-	until(t, "kvrouterd ready", nil, func() bool {
-		resp, err := http.Get("http://" + kaddr + "/readyz")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == 200
-	})
+	_, kaddr, front := startKvrouterd(t, kvr, dir, "--frontend-retries", "2")
 	for id, extra := range map[uint64][]string{1: nil, 2: {"--fail-rate", "1"}, 3: {"--die-after", "1"}} {
 		args := append([]string{"--http-addr", freeport.TB(t), "--worker-id", fmt.Sprint(id), "--model", "m",
 			"--kv-events-addr", "tcp://127.0.0.1:0", "--register", "http://" + kaddr, "--speedup", "100"}, extra...)
 		run(t, mock, args...)
 	}
-	workers := func() map[uint64]workerView {
-		var v struct {
-			Workers []workerView `json:"workers"`
-		}
-		call(t, "GET", "http://"+kaddr+"/v1/workers", "", &v)
-		out := map[uint64]workerView{}
-		for _, w := range v.Workers {
-			out[w.ID] = w
-		}
-		return out
-	}
+	workers := func() map[uint64]workerView { return workersOf(t, kaddr) }
 	until(t, "three mockers registered", nil, func() bool { return len(workers()) == 3 })
 	for i := range 12 {
 		body := fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":"question %d"}],"max_tokens":3}`, i)

@@ -355,9 +355,10 @@ func TestFrontDoorCredentials(t *testing.T) {
 	front := freeport.TB(t)
 	d := startDaemon(t, buildDaemon(t), "--data-dir", t.TempDir(), "--nats-listen", "127.0.0.1:0", "--frontend-addr", front, "--auth-token-file", tokens)
 	defer d.cmd.Process.Kill()
-	call := func(path, body string, want int) {
+	// call posts body to url with kvrouterd's token, and wants status want.
+	call := func(url, body string, want int) {
 		t.Helper()
-		req, _ := http.NewRequest("POST", "http://"+d.addr+path, strings.NewReader(body))
+		req, _ := http.NewRequest("POST", url, strings.NewReader(body))
 		req.Header.Set("Authorization", "Bearer "+token)
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
@@ -366,24 +367,14 @@ func TestFrontDoorCredentials(t *testing.T) {
 		b, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
 		if resp.StatusCode != want {
-			t.Fatalf("%s: %d %s", path, resp.StatusCode, b)
+			t.Fatalf("%s: %d %s", url, resp.StatusCode, b)
 		}
 	}
-	call("/v1/workers", fmt.Sprintf(`{"worker_id":1,"model":"m","block_size":4,"http_endpoint":"http://%s"}`, plain.addr), 201)
-	call("/v1/workers", fmt.Sprintf(`{"worker_id":2,"model":"m","block_size":4,"http_endpoint":"http://%s","api_key":"engine-secret-2"}`, keyed.addr), 201)
+	api := "http://" + d.addr + "/v1/workers"
+	call(api, fmt.Sprintf(`{"worker_id":1,"model":"m","block_size":4,"http_endpoint":"http://%s"}`, plain.addr), 201)
+	call(api, fmt.Sprintf(`{"worker_id":2,"model":"m","block_size":4,"http_endpoint":"http://%s","api_key":"engine-secret-2"}`, keyed.addr), 201)
 	for w := 1; w <= 2; w++ {
-		req, _ := http.NewRequest("POST", "http://"+front+"/v1/chat/completions",
-			strings.NewReader(hostileChat+fmt.Sprintf(`,"nvext":{"backend_instance_id":%d}}`, w)))
-		req.Header.Set("Authorization", "Bearer "+token)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != 200 {
-			t.Fatalf("worker %d: %d %s", w, resp.StatusCode, b)
-		}
+		call("http://"+front+"/v1/chat/completions", hostileChat+fmt.Sprintf(`,"nvext":{"backend_instance_id":%d}}`, w), 200)
 	}
 	for _, h := range plain.headers() {
 		if a := h.Get("Authorization"); a != "" {
