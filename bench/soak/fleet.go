@@ -33,6 +33,7 @@ type simWorker struct {
 	present  bool
 	ranks    []rank
 	jsonTurn bool
+	http     string // the http_endpoint it registers with; "" for none
 }
 
 // stored is a route's outcome handed to the fleet: the chosen worker rank now computes the
@@ -90,8 +91,22 @@ func (f *fleet) register(w *simWorker) error {
 		ranks[r] = uint32(r)
 		w.ranks[r] = rank{next: 1, held: map[uint64]bool{}}
 	}
-	err := f.c.Register(client.Worker{ID: w.id, Model: modelName(w.model), BlockSize: blockSize, Ranks: ranks,
-		Capacity: int64(f.cfg.Capacity), MaxTokens: 8192})
+	reg := client.Worker{ID: w.id, Model: modelName(w.model), BlockSize: blockSize, Ranks: ranks,
+		Capacity: int64(f.cfg.Capacity), MaxTokens: 8192}
+	var err error
+	if w.http == "" {
+		err = f.c.Register(reg)
+	} else {
+		// client.Worker has no http_endpoint: the registration as /v1/workers reads it.
+		var body []byte
+		body, err = json.Marshal(struct {
+			client.Worker
+			HTTP string `json:"http_endpoint"`
+		}{reg, w.http})
+		if err == nil {
+			err = post(f.hc, "/v1/workers", body, fasthttp.StatusCreated)
+		}
+	}
 	if f.n.count(&f.n.registers, err) == nil {
 		w.present = true
 	}

@@ -14,6 +14,14 @@
 // /v1/workers/{id}) or comes back every two seconds, about a quarter of them away at a time
 // (with --fresh-ids under a new id, as an engine whose instance id is drawn at start). A
 // routed prompt is stored by the worker rank the router chose, so that later routes find it.
+// Through the front door (--frontend-addr; --frontdoor sets its rate, 0 turns it off) go
+// chat and text completions, streamed and whole, and clients that give up before the answer
+// or after its first event, to a fake vLLM in the soak's process (front.go) that three workers
+// in four name as their http_endpoint, churning with the others; one of its answers in 100
+// breaks off mid-stream and one in 100 is a 500, and in turn each of those workers fails
+// everything for 15 s of every 40, /health included, so that the front door migrates,
+// ejects and probes all along. Its answers are counted by outcome; one that is neither 2xx
+// nor an error the engine or the client caused fails the soak.
 //
 // Every Interval the soak reads the daemon's VmRSS from /proc/PID/status, its open file
 // descriptors from /proc/PID/fd, and go_goroutines and go_memstats_heap_inuse_bytes from
@@ -52,6 +60,7 @@ func main() {
 	fs.DurationVar(&cfg.Interval, "interval", 0, "time between samples (default: --duration / 360, from 1s to 5s)")
 	fs.Float64Var(&cfg.Routes, "routes", 150, "routes and matches per second")
 	fs.Float64Var(&cfg.Batches, "batches", 30, "event batches per second")
+	front := fs.Float64("frontdoor", 20, "front-door requests per second (--frontend-addr, to a fake engine in the soak); 0: none")
 	fs.IntVar(&cfg.Workers, "workers", 8, "workers per model")
 	fs.IntVar(&cfg.Models, "models", 2, "models")
 	fs.DurationVar(&cfg.Churn, "churn", 2*time.Second, "a worker leaves or comes back this often")
@@ -65,6 +74,10 @@ func main() {
 			os.Exit(0)
 		}
 		os.Exit(2)
+	}
+	cfg.Front = *front
+	if *front <= 0 {
+		cfg.Front = -1
 	}
 	cfg.Log = os.Stdout
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -108,12 +121,20 @@ func report(w io.Writer, res Result) bool {
 	fmt.Fprintf(w, "fds         first third %s, last third %s, limit on the last median %.0f, never above %d; slope %+.2f/min\n",
 		num(v.FDs.First), num(v.FDs.Last), v.FDs.Limit, v.MaxFDs, v.FDs.Slope)
 	fmt.Fprintf(w, "calls: %s\n", res.Counts)
+	if res.Front != "" {
+		fmt.Fprintf(w, "front door: %s\n", res.Front)
+		fmt.Fprintf(w, "front door, the daemon's counters:\n%s", res.FrontMetrics)
+	}
 	pass := v.Pass()
 	for _, f := range v.Failures {
 		fmt.Fprintf(w, "FAIL: %s\n", f)
 	}
 	if res.Calls == 0 || float64(res.Failed) > maxFailed*float64(res.Calls) {
 		fmt.Fprintf(w, "FAIL: %d of %d calls failed\n", res.Failed, res.Calls)
+		pass = false
+	}
+	if res.FrontUnexpected > 0 {
+		fmt.Fprintf(w, "FAIL: %d front-door answers neither 2xx nor an error the engine or the client caused\n", res.FrontUnexpected)
 		pass = false
 	}
 	if pass {

@@ -49,6 +49,11 @@ type Config struct {
 	MaxIndexBytes int64
 	Docs          int // documents per model
 	Questions     int // questions per document
+	// Front is the front door's requests per second, over FrontConns goroutines (0: 20;
+	// negative: no front door). Three workers in four have the soak's fake engine as their
+	// http_endpoint (front.go).
+	Front      float64
+	FrontConns int
 
 	// The daemon's state that time bounds turns over within half the warm-up, so that it is
 	// steady before the judged time: Expiry is its --request-expiry (the bookings never
@@ -101,6 +106,9 @@ func (c Config) withDefaults() Config {
 	if c.Batches <= 0 {
 		c.Batches = 30
 	}
+	if c.Front == 0 {
+		c.Front = 20
+	}
 	if c.Churn <= 0 {
 		c.Churn = 2 * time.Second
 	}
@@ -116,6 +124,7 @@ func (c Config) withDefaults() Config {
 		c.StreamBytes = streamBytes
 	}
 	def(&c.Conns, 3)
+	def(&c.FrontConns, 4)
 	def(&c.Models, 2)
 	def(&c.Workers, 8)
 	def(&c.Capacity, 256)
@@ -144,6 +153,11 @@ type Result struct {
 	Counts  string // the calls made, by kind
 	Failed  int64  // calls that failed unexpectedly
 	Calls   int64
+	// Front is the front door's answers by outcome, FrontMetrics the daemon's front-door and
+	// ejection counters at the end, FrontUnexpected the answers that were neither 2xx nor an
+	// error the engine or the client caused; empty and 0 without the front door.
+	Front, FrontMetrics string
+	FrontUnexpected     int64
 }
 
 // run builds (unless given) and starts the daemon, drives the load for cfg.Duration while
@@ -190,6 +204,20 @@ func run(ctx context.Context, cfg Config) (res Result, err error) {
 	hc := &fasthttp.HostClient{Addr: d.addr, MaxConns: 2 * cfg.Conns, ReadTimeout: 5 * time.Second, WriteTimeout: 5 * time.Second}
 	n := &counters{errLog: func(s string) { logf("error: %s", s) }}
 	f := newFleet(cfg, c, hc, pub, n)
+	var eng *engine
+	var sickIdx []int
+	if cfg.Front > 0 {
+		if eng, err = startEngine(); err != nil {
+			return res, err
+		}
+		defer eng.close()
+		for i, w := range f.workers {
+			if i%4 != 0 {
+				w.http = eng.endpoint(i)
+				sickIdx = append(sickIdx, i)
+			}
+		}
+	}
 
 	loadCtx, stopLoad := context.WithCancel(ctx)
 	defer stopLoad()
@@ -218,6 +246,17 @@ func run(ctx context.Context, cfg Config) (res Result, err error) {
 	life := &lifecycle{}
 	wg.Go(func() { life.run(loadCtx, c, n) })
 	var seq atomic.Uint64
+	fc := &frontCounts{errLog: func(s string) { logf("error: %s", s) }}
+	if eng != nil {
+		wg.Go(func() { eng.sicken(loadCtx, sickIdx) })
+		hcl := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: cfg.FrontConns}}
+		defer hcl.CloseIdleConnections()
+		var fseq atomic.Uint64
+		for i := range cfg.FrontConns {
+			l := &frontLoop{cfg: cfg, addr: d.front, hc: hcl, eng: eng, n: fc, seq: &fseq, rng: rand.New(rand.NewPCG(uint64(i), 11))}
+			wg.Go(func() { l.run(loadCtx) })
+		}
+	}
 	for i := range cfg.Conns {
 		r := &routeLoop{cfg: cfg, c: c, hc: hc, life: life, fleet: f.routed, n: n, seq: &seq,
 			rng: rand.New(rand.NewPCG(uint64(i), 7))}
@@ -276,6 +315,14 @@ func run(ctx context.Context, cfg Config) (res Result, err error) {
 	wg.Wait()
 
 	res.Counts, res.Calls, res.Failed = n.summary()
+	if eng != nil {
+		res.Front = fmt.Sprintf("%s; engine: %d streams, %d broken off, %d answered 500 (%d of them by a sick worker), %d /tokenize, %d /health",
+			fc, eng.streams.Load(), eng.broken.Load(), eng.failed.Load()+eng.sickFailed.Load(), eng.sickFailed.Load(), eng.tokenizes.Load(), eng.probes.Load())
+		res.FrontUnexpected = fc.unexpected.Load()
+		if res.FrontMetrics, err = d.frontMetrics(); err != nil {
+			return res, err
+		}
+	}
 	if life.dropped.Load() > 0 {
 		res.Counts += fmt.Sprintf("; %d lifecycle calls dropped (queue full)", life.dropped.Load())
 	}
@@ -330,6 +377,7 @@ type daemon struct {
 	cmd        *exec.Cmd
 	addr, nats string
 	admin      string // the admin listener (pprof); empty when off
+	front      string // the front door's listener; empty when off
 	logs       *tail
 	exited     chan struct{}
 	waitErr    error
@@ -355,6 +403,12 @@ func startDaemon(cfg Config, dir string) (*daemon, error) {
 		"--max-index-bytes", strconv.FormatInt(cfg.MaxIndexBytes, 10)}
 	if cfg.StreamBytes >= 0 {
 		args = append(args, "--nats-max-bytes", strconv.FormatInt(cfg.StreamBytes, 10))
+	}
+	if cfg.Front > 0 {
+		if d.front, err = freeport.Addr(); err != nil {
+			return nil, err
+		}
+		args = append(args, "--frontend-addr", d.front)
 	}
 	if cfg.Profiles != "" {
 		if d.admin, err = freeport.Addr(); err != nil {
@@ -456,6 +510,33 @@ func (d *daemon) sample(at time.Duration) (Sample, error) {
 		return s, errors.New("soak: no go_goroutines in /metrics")
 	}
 	return s, nil
+}
+
+// frontMetrics is the daemon's front-door and outlier-ejection counters, from /metrics, one
+// "name{labels} value" a line.
+func (d *daemon) frontMetrics() (string, error) {
+	resp, err := http.Get("http://" + d.addr + "/metrics")
+	if err != nil {
+		return "", fmt.Errorf("soak: /metrics: %w", err)
+	}
+	page, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		return "", fmt.Errorf("soak: /metrics: %w", err)
+	}
+	var b strings.Builder
+	for line := range strings.SplitSeq(string(page), "\n") {
+		for _, p := range []string{"kvrouterd_frontdoor_requests_total{", "kvrouterd_frontdoor_streams_total{",
+			"kvrouterd_frontdoor_migrations_total ", "kvrouterd_frontdoor_upstream_errors_total{", "kvrouterd_worker_ejections_total",
+			"kvrouterd_worker_failures_total{", "kvrouterd_worker_ejections_refused_total ", "kvrouterd_route_panic_total ",
+			"kvrouterd_health_probes_total{"} {
+			if strings.HasPrefix(line, p) && !strings.HasSuffix(line, " 0") {
+				b.WriteString(line)
+				b.WriteByte('\n')
+			}
+		}
+	}
+	return b.String(), nil
 }
 
 // heapProfile saves the daemon's heap profile, taken after a collection, as dir/name.
