@@ -688,6 +688,14 @@ func (d *Door) early(ctx *fasthttp.RequestCtx, q *request, w *watcher, err error
 	d.m.dynDisconnected.Inc()
 	q.mm.cancelled.Inc()
 	d.log.Info("front door: the client went away before the answer began", "model", q.model, "request_id", q.reqID)
+	goneAnswer(ctx)
+}
+
+// goneAnswer is the answer to a client taken for gone: nobody should read it, but should the
+// client still be there it reads an error, not an empty success.
+func goneAnswer(ctx *fasthttp.RequestCtx) {
+	writeError(ctx, 499, apiError{Message: "the client went away; the request was cancelled", Type: "invalid_request_error", Code: ptr("client_gone")})
+	ctx.SetConnectionClose()
 }
 
 // answer relays a worker's answer (its headers in): an error answer in OpenAI's shape; an
@@ -872,6 +880,7 @@ func (d *Door) assemble(ctx *fasthttp.RequestCtx, a *answer, w *watcher, src io.
 	end := a.end(w, err)
 	switch {
 	case end == "client_gone":
+		goneAnswer(ctx)
 		a.finish(end, 499)
 		return
 	case a.errEv != nil:
@@ -911,6 +920,7 @@ func (d *Door) whole(ctx *fasthttp.RequestCtx, a *answer, w *watcher, ures *http
 	}
 	switch end {
 	case "client_gone":
+		goneAnswer(ctx)
 		a.finish(end, 499)
 		return
 	case "done":

@@ -2,8 +2,15 @@ package frontdoor
 
 import (
 	"io"
+	"log/slog"
+	"net"
+	"net/http"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/kvrouterd/kvrouterd/router"
+	"github.com/valyala/fasthttp"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
@@ -86,5 +93,48 @@ func TestStreamAsked(t *testing.T) {
 		if got := string(<-e.received); got != want {
 			t.Errorf("%s: the engine got %s, want %s", body, got, want)
 		}
+	}
+}
+
+// TestSlowEngineOutlivesReadTimeout: a request whose engine takes longer than the server's read
+// timeout to answer is served, not taken for a client gone (the timeout's deadline stays on the
+// client's connection while the handler runs).
+func TestSlowEngineOutlivesReadTimeout(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go http.Serve(ln, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/tokenize" {
+			io.WriteString(w, `{"tokens":[1,2,3,4,5,6,7,8]}`)
+			return
+		}
+		time.Sleep(700 * time.Millisecond)
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, "data: "+chunkJSON(true, 0, 1)+"\n\ndata: [DONE]\n\n")
+	}))
+	r := router.New(router.Config{BlockSize: bs, Shards: 1, Logger: slog.New(slog.DiscardHandler)})
+	defer r.Close()
+	if err := r.Register(router.Registration{ID: 1, Model: "m", BlockSize: bs, HTTPEndpoint: "http://" + ln.Addr().String()}); err != nil {
+		t.Fatal(err)
+	}
+	d := New(r, Config{})
+	defer d.Close()
+	fln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fln.Close()
+	go (&fasthttp.Server{Handler: d.Handle, ReadTimeout: 200 * time.Millisecond}).Serve(fln)
+	resp, err := http.Post("http://"+fln.Addr().String()+"/v1/chat/completions", "application/json",
+		strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"hi"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !strings.Contains(string(b), `"content":"t0"`) {
+		t.Fatalf("%d %q", resp.StatusCode, b)
 	}
 }

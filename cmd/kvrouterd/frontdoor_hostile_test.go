@@ -652,3 +652,42 @@ func TestFrontDoorEjection(t *testing.T) {
 		})
 	}
 }
+
+// TestFrontDoorQueueFull: a request that finds the router queue full gets 429 with Retry-After
+// and a message about the queue, not about a field of the request.
+func TestFrontDoorQueueFull(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the binary")
+	}
+	silent := newRawEngine(t, func(c net.Conn, _ *http.Request, _ []byte) { c.(*watchedConn).waitClosed() })
+	d, front := frontDaemon(t, []string{"--router-queue-threshold", "0.5", "--router-queue-max-requests", "1"})
+	daemonCall(t, d.addr, "POST", "/v1/workers",
+		fmt.Sprintf(`{"worker_id":1,"model":"m","block_size":4,"max_batched_tokens":16,"http_endpoint":"http://%s"}`, silent.addr), 201)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	post := func(ctx context.Context) (*http.Response, []byte, error) {
+		req, _ := http.NewRequestWithContext(ctx, "POST", front+"/v1/chat/completions", strings.NewReader(hostileChat+`}`))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return nil, nil, err
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		return resp, b, err
+	}
+	// The first holds the worker (its prefill never ends), the second waits in the queue.
+	for range 2 {
+		go post(ctx)
+		time.Sleep(300 * time.Millisecond)
+	}
+	tctx, tcancel := context.WithTimeout(ctx, 10*time.Second)
+	defer tcancel()
+	resp, b, err := post(tctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != 429 || resp.Header.Get("Retry-After") == "" || !strings.Contains(string(b), `"code":"queue_full"`) ||
+		strings.Contains(string(b), `field \"model\"`) {
+		t.Fatalf("%d %v %s", resp.StatusCode, resp.Header, b)
+	}
+}

@@ -72,3 +72,21 @@ func TestGoneUnwraps(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// TestGoneDeadline: a read deadline that has passed (a server's read timeout, set for the
+// request, still on the connection while the request is served) does not make a present client
+// look gone.
+func TestGoneDeadline(t *testing.T) {
+	client, server := pair(t)
+	if err := server.SetReadDeadline(time.Now().Add(-time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if Gone(server) {
+		t.Fatal("an open connection past its read deadline is gone")
+	}
+	client.Close()
+	time.Sleep(20 * time.Millisecond)
+	if !Gone(server) {
+		t.Fatal("a closed connection past its read deadline is not gone")
+	}
+}

@@ -31,7 +31,10 @@ func Gone(c net.Conn) bool {
 	}
 	gone := false
 	var buf [1]byte
-	err = raw.Read(func(fd uintptr) bool {
+	// Control, not Read: Read first checks the connection's read deadline, and a server's read
+	// timeout set for the request long past (fasthttp's ReadTimeout stays on the connection while
+	// the handler runs) would make every client look gone once it passed.
+	err = raw.Control(func(fd uintptr) {
 		n, _, err := syscall.Recvfrom(int(fd), buf[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
 		switch {
 		case n > 0:
@@ -41,7 +44,6 @@ func Gone(c net.Conn) bool {
 		default: // reset, or another error the next read would meet
 			gone = true
 		}
-		return true // never wait for readiness
 	})
-	return gone || err != nil
+	return gone || err != nil // err: the connection is closed
 }
