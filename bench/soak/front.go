@@ -22,15 +22,17 @@ import (
 	"time"
 )
 
-// The engine's answers: engineTokens tokens, the first after engineFirst (headers included, so
-// that a client giving up within it leaves before the first byte), the others engineGap apart.
+// The engine's answers: engineTokens tokens, the first after engineFirst (headers included), the
+// others engineGap apart. engineFirst is over two of the front door's 50 ms polls of its
+// clients, so that a client giving up within 20 ms is found gone, and the engine's request
+// cancelled, before the answer's first byte (the front door's 499).
 // One answer in breakOneIn breaks off after its second token and one in failOneIn answers 500
 // before any byte; every sickEvery, from sickFirst on, one worker with an endpoint (in turn)
 // answers 500 to everything, /health included, for sickFor: three failures in a row eject it,
 // its first probe (after 10 s) fails, its second (20 s later) brings it back.
 const (
 	engineTokens = 6
-	engineFirst  = 30 * time.Millisecond
+	engineFirst  = 120 * time.Millisecond
 	engineGap    = 5 * time.Millisecond
 	breakOneIn   = 100
 	failOneIn    = 100
@@ -57,7 +59,8 @@ type engine struct {
 	sick   atomic.Int64 // the index + 1 of the worker that fails everything; 0 for none
 	faults sync.Map     // X-Request-Id → fault; the client takes its own out
 	// What it answered, for the report.
-	streams, broken, failed, sickFailed, probes, tokenizes atomic.Int64
+	// cancelled: requests whose connection closed before their first byte.
+	streams, cancelled, broken, failed, sickFailed, probes, tokenizes atomic.Int64
 }
 
 func startEngine() (*engine, error) {
@@ -190,6 +193,7 @@ func (e *engine) complete(w http.ResponseWriter, r *http.Request, chat bool) {
 		breakAt = 2
 	}
 	if !sleep(r.Context(), engineFirst) {
+		e.cancelled.Add(1)
 		return
 	}
 	e.streams.Add(1)
@@ -365,7 +369,7 @@ func (l *frontLoop) one(ctx context.Context, kind frontKind) {
 	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	if kind == goneBefore {
-		// Within the engine's first 30 ms: before the answer's first byte.
+		// Within 20 ms, before the engine's first byte.
 		t := time.AfterFunc(time.Duration(5+l.rng.IntN(15))*time.Millisecond, cancel)
 		defer t.Stop()
 	}

@@ -316,8 +316,8 @@ func run(ctx context.Context, cfg Config) (res Result, err error) {
 
 	res.Counts, res.Calls, res.Failed = n.summary()
 	if eng != nil {
-		res.Front = fmt.Sprintf("%s; engine: %d streams, %d broken off, %d answered 500 (%d of them by a sick worker), %d /tokenize, %d /health",
-			fc, eng.streams.Load(), eng.broken.Load(), eng.failed.Load()+eng.sickFailed.Load(), eng.sickFailed.Load(), eng.tokenizes.Load(), eng.probes.Load())
+		res.Front = fmt.Sprintf("%s; engine: %d streams, %d cancelled before the first byte, %d broken off, %d answered 500 (%d of them by a sick worker), %d /tokenize, %d /health",
+			fc, eng.streams.Load(), eng.cancelled.Load(), eng.broken.Load(), eng.failed.Load()+eng.sickFailed.Load(), eng.sickFailed.Load(), eng.tokenizes.Load(), eng.probes.Load())
 		res.FrontUnexpected = fc.unexpected.Load()
 		if res.FrontMetrics, err = d.frontMetrics(); err != nil {
 			return res, err
