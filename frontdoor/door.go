@@ -27,6 +27,7 @@ import (
 	"github.com/kvrouterd/kvrouterd/router"
 	"github.com/kvrouterd/kvrouterd/wire"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/tidwall/gjson"
 	"github.com/valyala/fasthttp"
 )
 
@@ -240,7 +241,11 @@ func (d *Door) models(ctx *fasthttp.RequestCtx, one string) {
 	}
 	ctx.SetContentType("application/json")
 	ctx.SetBody(b)
-	d.m.requests.WithLabelValues(map[bool]string{true: "/v1/models/{id}", false: "/v1/models"}[one != ""], "200").Inc()
+	path := "/v1/models"
+	if one != "" {
+		path = "/v1/models/{id}"
+	}
+	d.m.requests.WithLabelValues(path, "200").Inc()
 }
 
 // generate serves /v1/completions and /v1/chat/completions: tokenize, route, forward.
@@ -932,6 +937,10 @@ func (d *Door) whole(ctx *fasthttp.RequestCtx, a *answer, w *watcher, ures *http
 		return
 	}
 	a.first, a.last = time.Now(), time.Now()
+	if u := gjson.GetBytes(b, "usage"); u.IsObject() {
+		a.usage.Prompt, a.usage.Completion = u.Get("prompt_tokens").Int(), u.Get("completion_tokens").Int()
+		a.hasUsage = true
+	}
 	_ = d.r.PrefillDone(a.id)
 	ctx.SetStatusCode(status)
 	if ct := ures.Header.Get("Content-Type"); ct != "" {

@@ -275,12 +275,10 @@ type answer struct {
 	done     bool      // "data: [DONE]" seen
 	finished bool      // a choice's finish_reason seen
 	errEv    []byte    // an in-stream error event's JSON, if the engine sent one
-	oc       outputCounter
+	events   int64     // token events (chunks with choices)
+	reported int64     // tokens last told the router (output tracking)
 	track    bool
-	usage    struct {
-		Prompt     int64 `json:"prompt_tokens"`
-		Completion int64 `json:"completion_tokens"`
-	}
+	usage    struct{ Prompt, Completion int64 }
 	hasUsage bool
 }
 
@@ -300,9 +298,7 @@ func (a *answer) event(data []byte) bool {
 			a.usage.Prompt, a.usage.Completion = u.Get("prompt_tokens").Int(), u.Get("completion_tokens").Int()
 			a.hasUsage = true
 			if gjson.GetBytes(data, "choices.#").Int() == 0 {
-				if a.track && a.oc.scan(data) {
-					_ = a.d.r.OutputTokens(a.id, a.oc.generated())
-				}
+				a.report()
 				return a.q.usage
 			}
 		}
@@ -323,11 +319,17 @@ func (a *answer) event(data []byte) bool {
 		a.q.mm.dynITL.Observe(gap)
 	}
 	a.last = now
-	a.oc.events++
-	if a.track && a.oc.scan(data) {
-		_ = a.d.r.OutputTokens(a.id, a.oc.generated())
-	}
+	a.events++
+	a.report()
 	return true
+}
+
+// report tells the router the tokens generated so far when they grew, with output tracking.
+func (a *answer) report() {
+	if n := a.tokens(); a.track && n > a.reported {
+		a.reported = n
+		_ = a.d.r.OutputTokens(a.id, n)
+	}
 }
 
 // isErrorEvent says whether an event's data is an engine's error: {"error": …}, or older vLLM's
@@ -347,13 +349,9 @@ func isErrorEvent(data []byte) bool {
 // finished.
 func (a *answer) whole() bool { return a.done || a.finished }
 
-// tokens is the answer's output tokens: the engine's usage, or its token events.
-func (a *answer) tokens() int64 {
-	if a.hasUsage && a.usage.Completion > 0 {
-		return a.usage.Completion
-	}
-	return a.oc.events
-}
+// tokens is the answer's output tokens so far: its token events (vLLM and SGLang stream one
+// token a chunk), or the engine's usage when it counts more.
+func (a *answer) tokens() int64 { return max(a.events, a.usage.Completion) }
 
 // readEvent reads the next server-sent event from src: its raw bytes (its lines and the blank
 // line that ends it) and its data (the first data line's value; nil for an event of comments
