@@ -937,10 +937,7 @@ func (d *Door) whole(ctx *fasthttp.RequestCtx, a *answer, w *watcher, ures *http
 		return
 	}
 	a.first, a.last = time.Now(), time.Now()
-	if u := gjson.GetBytes(b, "usage"); u.IsObject() {
-		a.usage.Prompt, a.usage.Completion = u.Get("prompt_tokens").Int(), u.Get("completion_tokens").Int()
-		a.hasUsage = true
-	}
+	a.readUsage(gjson.GetBytes(b, "usage"))
 	_ = d.r.PrefillDone(a.id)
 	ctx.SetStatusCode(status)
 	if ct := ures.Header.Get("Content-Type"); ct != "" {
@@ -1021,7 +1018,7 @@ func (d *Door) prefillStage(ctx *fasthttp.RequestCtx, q *request, id string, rs 
 		`"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}`)
 	pb, _ := json.Marshal(req)
 	began := time.Now()
-	params, gone, err := d.prefillCall(strings.TrimRight(pw.Endpoint, "/")+q.path, rs.PrefillRank, authFor(q, pw), q.reqID, pb, q.deadline, w)
+	params, gone, err := d.prefillCall(strings.TrimRight(pw.Endpoint, "/")+q.path, rs.PrefillRank, authFor(q, pw), q.reqID, pb, w)
 	_ = d.r.PrefillDone(id)
 	if gone {
 		_ = d.r.Complete(id)
@@ -1051,13 +1048,8 @@ func (d *Door) prefillStage(ctx *fasthttp.RequestCtx, q *request, id string, rs 
 // prefillCall posts a prefill request and returns its answer's kv_transfer_params. When the
 // watcher fires meanwhile (the client left, or the deadline passed), the call is cancelled (the
 // prefill worker sees its connection close and drops the request) and gone is true.
-func (d *Door) prefillCall(url string, rank uint32, auth, reqID string, body []byte, deadline time.Time, w *watcher) (params json.RawMessage, gone bool, err error) {
-	c, cancel := context.WithCancel(context.Background())
-	if !deadline.IsZero() {
-		c, cancel = context.WithDeadline(context.Background(), deadline)
-	}
-	defer cancel()
-	req, err := http.NewRequestWithContext(c, http.MethodPost, url, bytes.NewReader(body))
+func (d *Door) prefillCall(url string, rank uint32, auth, reqID string, body []byte, w *watcher) (params json.RawMessage, gone bool, err error) {
+	req, err := http.NewRequestWithContext(w.call(), http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
 		return nil, false, err
 	}
@@ -1067,23 +1059,11 @@ func (d *Door) prefillCall(url string, rank uint32, auth, reqID string, body []b
 	}
 	req.Header.Set("X-Request-Id", reqID)
 	req.Header.Set("X-Data-Parallel-Rank", strconv.FormatUint(uint64(rank), 10))
-	type result struct {
-		params json.RawMessage
-		err    error
-	}
-	done := make(chan result, 1)
-	go func() {
-		p, err := d.prefillDo(req)
-		done <- result{p, err}
-	}()
-	select {
-	case r := <-done:
-		return r.params, false, r.err
-	case <-w.gone:
-		cancel()
-		<-done
+	params, err = d.prefillDo(req)
+	if w.err() != nil {
 		return nil, true, nil
 	}
+	return params, false, err
 }
 
 func (d *Door) prefillDo(req *http.Request) (json.RawMessage, error) {

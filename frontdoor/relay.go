@@ -294,9 +294,7 @@ func (a *answer) event(data []byte) bool {
 	// The usage chunk (choices empty) and, with continuous usage stats, every chunk carry
 	// usage; only the chunk with no choices is the front door's own to drop.
 	if bytes.Contains(data, []byte(`"usage"`)) {
-		if u := gjson.GetBytes(data, "usage"); u.IsObject() {
-			a.usage.Prompt, a.usage.Completion = u.Get("prompt_tokens").Int(), u.Get("completion_tokens").Int()
-			a.hasUsage = true
+		if a.readUsage(gjson.GetBytes(data, "usage")) {
 			if gjson.GetBytes(data, "choices.#").Int() == 0 {
 				a.report()
 				return a.q.usage
@@ -321,6 +319,16 @@ func (a *answer) event(data []byte) bool {
 	a.last = now
 	a.events++
 	a.report()
+	return true
+}
+
+// readUsage takes an engine's usage object, and reports whether u is one.
+func (a *answer) readUsage(u gjson.Result) bool {
+	if !u.IsObject() {
+		return false
+	}
+	a.usage.Prompt, a.usage.Completion = u.Get("prompt_tokens").Int(), u.Get("completion_tokens").Int()
+	a.hasUsage = true
 	return true
 }
 
