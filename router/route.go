@@ -48,6 +48,7 @@ type scratch struct {
 	rows   []busyRow
 	tab    []cost
 	wtab   []wireCost // tab as records carry it
+	have   []bool     // which depths of tab a formula other than CostV1 filled
 	heap   []ranked
 	bounds []float64
 	pool   []ranked
@@ -165,6 +166,9 @@ func (r *Router) params(m *model, req *wire.RouteRequest, prefix bool, p *scorin
 		Formula:      r.cfg.Cost,
 		Terms:        *r.cfg.Terms,
 		Tiers:        *r.cfg.TierCredit,
+	}
+	if p.Formula == scoring.CostTTFT {
+		p.Step, p.CacheWeight, p.Now = *m.step.Load(), r.cfg.CacheWeight, r.cfg.Now()
 	}
 	if p.Mode == scoring.Default {
 		p.Mode = r.cfg.Mode
@@ -363,6 +367,10 @@ func (r *Router) pick(s *scratch, m *model, list *workerList, p *scoring.Params,
 		s.eject = eject
 		pos, cached, encoded = s.scoreKV(r, m.ix, list, p, req, resp, limit, book, enc)
 		s.eject = false
+		if book && pos >= 0 && p.Formula == scoring.CostTTFT {
+			c := s.chosenCandidate(pos)
+			resp.PredictedTTFT = p.PredictTTFT(c.Cached, c.Shared, c.Ext, c.ActiveBlocks, c.ActivePrefill, c.ActiveRequests)
+		}
 		return pos, cached, encoded, nil
 	}
 	if book {
@@ -378,6 +386,10 @@ func (r *Router) pick(s *scratch, m *model, list *workerList, p *scoring.Params,
 		pos, cached = s.worker(chosen), s.cands[chosen].Cached
 	}
 	s.fill(resp, req, p, chosen, book, limit)
+	if book && p.Formula == scoring.CostTTFT {
+		c := &s.cands[chosen]
+		resp.PredictedTTFT = p.PredictTTFT(c.Cached, c.Shared, c.Ext, c.ActiveBlocks, c.ActivePrefill, c.ActiveRequests)
+	}
 	return pos, cached, false, nil
 }
 
@@ -443,7 +455,7 @@ func (s *scratch) general(r *Router, ix *radix.Index, list *workerList, p *scori
 	} else {
 		r.tracker.Match(s.seqs, &s.am)
 	}
-	if err := s.candidates(r, ix, list, req); err != nil {
+	if err := s.candidates(r, ix, list, p, req); err != nil {
 		return 0, err
 	}
 	for i, slot := range s.m.Slots {
@@ -518,7 +530,7 @@ func tierExt(x *radix.TierMatch, cached int32) scoring.TierExt {
 
 // candidates fills s.cands with the allowed workers of list and their loads, less the
 // overloaded ones when s.th is set.
-func (s *scratch) candidates(r *Router, ix *radix.Index, list *workerList, req *wire.RouteRequest) error {
+func (s *scratch) candidates(r *Router, ix *radix.Index, list *workerList, p *scoring.Params, req *wire.RouteRequest) error {
 	n := len(list.keys)
 	s.tree = slices.Grow(s.tree[:0], n)[:n]
 	ix.FillBlocks(list.slots, s.tree)
@@ -537,7 +549,7 @@ func (s *scratch) candidates(r *Router, ix *radix.Index, list *workerList, req *
 		for i, k := range list.keys {
 			l, c := list.loads[i], &s.cands[i]
 			c.Worker, c.Rank, c.Cached, c.Ext, c.Shared, c.Tree = k.ID, k.Rank, 0, scoring.TierExt{}, 0, s.tree[i]
-			c.ActiveBlocks, c.ActivePrefill, c.ActiveRequests = l.ActiveBlocks(), l.ActivePrefill(), l.Requests()
+			c.ActiveBlocks, c.ActivePrefill, c.ActiveRequests = l.ActiveBlocks(), s.activePrefill(l, p), l.Requests()
 			c.DeviceWeight = list.ws[i].reg.getWeight()
 		}
 		if n == 0 {
@@ -587,7 +599,7 @@ again:
 			Rank:           k.Rank,
 			Tree:           s.tree[i],
 			ActiveBlocks:   l.ActiveBlocks(),
-			ActivePrefill:  l.ActivePrefill(),
+			ActivePrefill:  s.activePrefill(l, p),
 			ActiveRequests: l.Requests(),
 			DeviceWeight:   list.ws[i].reg.getWeight(),
 		})
@@ -659,6 +671,7 @@ func fillHeader(resp *wire.RouteResponse, req *wire.RouteRequest, p *scoring.Par
 	resp.Tiers = resp.Tiers[:0]
 	resp.Cached = 0
 	resp.Prefill, resp.PrefillWorker, resp.PrefillRank = false, 0, 0
+	resp.PredictedTTFT = 0
 }
 
 func appendCandidate(dst []wire.Candidate, c *scoring.Candidate) []wire.Candidate {
@@ -705,4 +718,13 @@ func (r *Router) logDecision(req *wire.RouteRequest, p *scoring.Params, cands []
 			"decision", formatDecision(c, p),
 			"chosen", book && i == chosen)
 	}
+}
+
+// activePrefill is worker load l's active prefill tokens as p's formula sees them: under
+// CostTTFT, decayed by the time its oldest prefill has run until p.Now.
+func (s *scratch) activePrefill(l *scoring.Load, p *scoring.Params) int64 {
+	if p.Formula != scoring.CostTTFT {
+		return l.ActivePrefill()
+	}
+	return p.Step.Decayed(l.ActivePrefill(), l.PrefillSince(), p.Now)
 }

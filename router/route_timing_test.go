@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/kvrouterd/kvrouterd/kvevent"
+	"github.com/kvrouterd/kvrouterd/scoring"
 	"github.com/kvrouterd/kvrouterd/shard"
 	"github.com/kvrouterd/kvrouterd/wire"
 )
@@ -20,13 +21,19 @@ import (
 // loaded router (kvrload keeps 32 in flight; with GOMAXPROCS=2 so does this). A phase observer
 // is set, as the server sets one, so that the sampled requests' phase timing is counted.
 func BenchmarkRoute(b *testing.B) {
-	for _, bc := range []struct{ workers, max int }{{8, 0}, {1000, 0}, {1000, 8}} {
+	for _, bc := range []struct {
+		workers, max int
+		cost         scoring.CostModel
+	}{{8, 0, scoring.CostV1}, {1000, 0, scoring.CostV1}, {1000, 8, scoring.CostV1}, {8, 0, scoring.CostTTFT}, {1000, 0, scoring.CostTTFT}} {
 		name := fmt.Sprintf("workers=%d", bc.workers)
 		if bc.max > 0 {
 			name += fmt.Sprintf("/candidates=%d", bc.max)
 		}
+		if bc.cost != scoring.CostV1 {
+			name += "/cost=" + bc.cost.String()
+		}
 		b.Run(name, func(b *testing.B) {
-			r := fleet(b, bc.workers)
+			r := fleetWith(b, bc.workers, Config{Shards: 2, Logger: quiet(), Cost: bc.cost})
 			r.SetPhaseObserver(&phaseSums{}) // as the server does: sampled requests are timed
 			var reqs [][]byte
 			for i := range 64 {

@@ -43,6 +43,12 @@ type Config struct {
 	// credit.
 	Cost  scoring.CostModel
 	Terms *scoring.Terms
+	// Step is scoring.CostTTFT's prior of the workers' step times (nil:
+	// scoring.DefaultStepModel); a model's workers that register their KV capacity and max
+	// batched tokens set those of its model. CacheWeight is CostTTFT's cache weight
+	// (scoring.Params.CacheWeight; 0: scoring.DefaultCacheWeight, negative: none).
+	Step        *scoring.StepModel
+	CacheWeight float64
 	// TierCredit weighs the blocks the lower storage tiers (host, disk, external) add to a
 	// worker's device prefix, in both formulas (nil: Dynamo's defaults, 0.75 for host and 0.25
 	// for disk and external; {0, 0} indexes the tiers without crediting them).
@@ -157,6 +163,16 @@ func (c *Config) defaults() {
 	if c.Terms == nil {
 		t := scoring.DefaultTerms()
 		c.Terms = &t
+	}
+	if c.Step == nil {
+		m := scoring.DefaultStepModel()
+		c.Step = &m
+	}
+	switch {
+	case c.CacheWeight == 0:
+		c.CacheWeight = scoring.DefaultCacheWeight
+	case c.CacheWeight < 0:
+		c.CacheWeight = 0
 	}
 	if c.TierCredit == nil {
 		t := scoring.DefaultTierCredit()
@@ -293,6 +309,11 @@ type model struct {
 	queue *modelQueue // nil without Config.Queue
 	pred  *predicted  // nil without Config.PredictedTTL
 
+	// step is scoring.CostTTFT's model of the model's workers: Config.Step with the KV
+	// capacity and max batched tokens its latest registration stating them gave. The workers
+	// of a model are taken as alike.
+	step atomic.Pointer[scoring.StepModel]
+
 	health modelHealth // outlier ejection (eject.go)
 }
 
@@ -386,7 +407,7 @@ func New(cfg Config) *Router {
 	r := &Router{
 		cfg:          cfg,
 		set:          shard.New(shard.Config{Shards: cfg.Shards, QueueLen: cfg.QueueLen, MaxBlocks: cfg.residencyBudget(), Evict: cfg.MaxIndexBytes > 0, Observer: cfg.Observer, ClearOnGap: cfg.ClearOnGap, KeepTree: cfg.KeepTree}),
-		tracker:      scoring.NewTracker(),
+		tracker:      newTracker(cfg.Now),
 		routed:       xsync.NewCounter(),
 		matched:      xsync.NewCounter(),
 		promptTokens: xsync.NewCounter(),
@@ -804,6 +825,8 @@ func (r *Router) registerLocked(g Registration, eps []RankEndpoint, publish bool
 			ix.TrackMatches() // eviction spares what matches use
 		}
 		m = &model{name: g.Model, ix: ix, blockSize: bs, regs: make(map[uint64]*registration), pred: r.newPredicted(bs)}
+		st := *r.cfg.Step
+		m.step.Store(&st)
 		if r.cfg.Queue != nil {
 			m.queue = &modelQueue{}
 		}
@@ -855,6 +878,16 @@ func (r *Router) registerLocked(g Registration, eps []RankEndpoint, publish bool
 	}
 	if g.MaxTokens != 0 {
 		reg.maxTokens.Store(g.MaxTokens)
+	}
+	if g.Capacity != 0 || g.MaxTokens != 0 {
+		st := *m.step.Load()
+		if g.Capacity != 0 {
+			st.Capacity = g.Capacity
+		}
+		if g.MaxTokens != 0 {
+			st.MaxBatched = g.MaxTokens
+		}
+		m.step.Store(&st)
 	}
 	if g.Weight != 0 {
 		reg.setWeight(g.Weight)
@@ -1069,4 +1102,11 @@ func (r *Router) drop(reg *registration, ws []*rankWorker, remove func(*shard.Ap
 		return ErrClosed
 	}
 	return nil
+}
+
+// newTracker returns a Tracker on clock now, which CostTTFT's decay reads.
+func newTracker(now func() int64) *scoring.Tracker {
+	t := scoring.NewTracker()
+	t.Now = now
+	return t
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kvrouterd/kvrouterd/kvevent"
+	"github.com/kvrouterd/kvrouterd/scoring"
 	"github.com/kvrouterd/kvrouterd/shard"
 	"github.com/kvrouterd/kvrouterd/wire"
 )
@@ -28,7 +29,13 @@ func seq(from, n int) []uint32 {
 // 16-block prefix and a 128-block prompt of its own family.
 func fleet(tb testing.TB, n int) *Router {
 	tb.Helper()
-	r := New(Config{Shards: 2, Logger: quiet()})
+	return fleetWith(tb, n, Config{Shards: 2, Logger: quiet()})
+}
+
+// fleetWith is fleet with a Router of cfg.
+func fleetWith(tb testing.TB, n int, cfg Config) *Router {
+	tb.Helper()
+	r := New(cfg)
 	tb.Cleanup(r.Close)
 	for id := uint64(1); id <= uint64(n); id++ {
 		if err := r.Register(Registration{ID: id, Model: "m", BlockSize: 16}); err != nil {
@@ -56,7 +63,13 @@ func familyPrompt(fam int) []uint32 {
 // TestRouteAllocs checks that the request path — decode, route, book, encode, complete —
 // allocates nothing once warm.
 func TestRouteAllocs(t *testing.T) {
-	r := fleet(t, 8)
+	for _, cost := range []scoring.CostModel{scoring.CostV1, scoring.CostTTFT} {
+		t.Run(cost.String(), func(t *testing.T) { testRouteAllocs(t, cost) })
+	}
+}
+
+func testRouteAllocs(t *testing.T, cost scoring.CostModel) {
+	r := fleetWith(t, 8, Config{Shards: 2, Logger: quiet(), Cost: cost})
 	in := wire.AppendRouteRequest(nil, &wire.RouteRequest{RequestID: "req-1", Model: "m", Tokens: familyPrompt(3)})
 	var req wire.RouteRequest
 	var resp wire.RouteResponse

@@ -112,7 +112,7 @@ func (s *scratch) scoreKV(r *Router, ix *radix.Index, list *workerList, p *scori
 		active, booked := l.Blocks()
 		rows = append(rows, busyRow{pos: pos, booked: booked, c: scoring.Candidate{
 			Worker: k.ID, Rank: k.Rank, Cached: depth[pos],
-			ActiveBlocks: active, ActivePrefill: l.ActivePrefill(), ActiveRequests: l.Requests(),
+			ActiveBlocks: active, ActivePrefill: s.activePrefill(l, p), ActiveRequests: l.Requests(),
 		}})
 		depth[pos] = ^depth[pos]
 	}
@@ -133,14 +133,24 @@ func (s *scratch) scoreKV(r *Router, ix *radix.Index, list *workerList, p *scori
 	tab := slices.Grow(s.tab[:0], nt)[:nt]
 	wtab := slices.Grow(s.wtab[:0], nt)[:nt]
 	v1 := p.Formula == scoring.CostV1 // CostV1 inlines; Cost does not
-	for d := range tab {
-		var c cost
-		if v1 {
+	if v1 {
+		for d := range tab {
+			var c cost
 			c.prefill, c.decode, c.logit = p.CostV1(int32(d), 0, 0, 0)
-		} else {
-			c = idleCost(p, int32(d))
+			tab[d], wtab[d] = c, wireCost{clampU32(c.prefill), clampU32(c.decode), c.logit}
 		}
-		tab[d], wtab[d] = c, wireCost{clampU32(c.prefill), clampU32(c.decode), c.logit}
+	} else {
+		// A formula that costs more than a few operations is computed for the depths idle
+		// workers have only; the loops below read no other.
+		have := slices.Grow(s.have[:0], nt)[:nt]
+		clear(have)
+		for _, d := range depth {
+			if d >= 0 && int(d) < nt && !have[d] {
+				c := idleCost(p, d)
+				tab[d], wtab[d], have[d] = c, wireCost{clampU32(c.prefill), clampU32(c.decode), c.logit}, true
+			}
+		}
+		s.have = have
 	}
 	s.tab, s.wtab = tab, wtab
 
@@ -596,4 +606,16 @@ func down(h []ranked, i int) {
 		h[i], h[c] = h[c], h[i]
 		i = c
 	}
+}
+
+// chosenCandidate returns the inputs scoreKV scored the worker at list position pos with: its
+// busy row's (shared blocks looked up if they were), or an idle worker's, which has only its
+// cached depth.
+func (s *scratch) chosenCandidate(pos int32) scoring.Candidate {
+	for i := range s.rows {
+		if s.rows[i].pos == pos {
+			return s.rows[i].c
+		}
+	}
+	return scoring.Candidate{Cached: s.depth[pos]}
 }

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"reflect"
 	"slices"
+	"sync/atomic"
 	"testing"
 
 	"github.com/kvrouterd/kvrouterd/kvevent"
@@ -36,11 +37,21 @@ func TestScoreKVMatchesGeneral(t *testing.T) {
 		case 2:
 			cfg.OverlapWeight = 4
 		}
-		if rng.IntN(2) == 0 { // Dynamo main's cost, its terms at random
+		// The clock steps with the test, so that both answers to a request see one time.
+		var clock atomic.Int64
+		clock.Store(1)
+		cfg.Now = clock.Load
+		switch rng.IntN(3) {
+		case 0: // Dynamo main's cost, its terms at random
 			pick := func(v ...float64) float64 { return v[rng.IntN(len(v))] }
 			cfg.Cost = scoring.CostMain
 			cfg.Terms = &scoring.Terms{Credit: pick(1, 0.5, 0), CreditDecay: pick(0, 0.5, 3),
 				LoadScale: pick(1, 2, 0.3), RequestWeight: pick(0, 0.5, 3)}
+		case 1: // the predicted time to first token, small steps so that prefill queues
+			cfg.Cost = scoring.CostTTFT
+			st := scoring.DefaultStepModel()
+			st.MaxBatched, st.Capacity = int64(4+rng.IntN(40)), int64(rng.IntN(200))
+			cfg.Step, cfg.CacheWeight = &st, []float64{0, -1, 0.5}[rng.IntN(3)]
 		}
 		cfg.NoAssumeReuse = rng.IntN(4) == 0
 		cfg.TrackOutputBlocks = rng.IntN(2) == 0
@@ -106,6 +117,7 @@ func TestScoreKVMatchesGeneral(t *testing.T) {
 		var msg []byte
 		var scratchResp wire.RouteResponse
 		for step := range steps {
+			clock.Add(int64(rng.IntN(3)) * 1e6)
 			if other && len(r.ModelWorkers("o")) > 0 && rng.IntN(4) == 0 { // busy workers of model o
 				id := fmt.Sprintf("o%d", step)
 				if err := r.Route(&wire.RouteRequest{RequestID: id, Model: "o", Tokens: prompt(0, 3)}, &wire.RouteResponse{}); err != nil {
@@ -166,6 +178,7 @@ func TestScoreKVMatchesGeneral(t *testing.T) {
 						t.Fatalf("round %d step %d: the encoded answer does not decode: %v", round, step, err)
 					}
 					resp.Cached = scratchResp.Cached // not in the format
+					resp.PredictedTTFT = scratchResp.PredictedTTFT
 				}
 			}
 			book := rng.IntN(3) != 0
@@ -180,6 +193,9 @@ func TestScoreKVMatchesGeneral(t *testing.T) {
 			} else {
 				answer(false, &fast, false)
 				answer(true, &slow, false)
+			}
+			if book && cfg.Cost == scoring.CostTTFT && !(fast.PredictedTTFT > 0) {
+				t.Fatalf("round %d step %d: a CostTTFT route predicts no TTFT: %+v", round, step, fast)
 			}
 			if !reflect.DeepEqual(fast, slow) {
 				t.Fatalf("round %d step %d (%d workers, cap %d, book %v, encoded %v):\nscoreKV %+v\ngeneral %+v",

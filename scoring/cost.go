@@ -66,6 +66,15 @@ type Params struct {
 	// MinActivePrefill is the least active prefill among the request's candidates, which
 	// CostMain's credit decay measures backlogs from; set it when NeedsMinPrefill.
 	MinActivePrefill int64
+	// Step is CostTTFT's model of the workers' steps (and PredictTTFT's).
+	Step StepModel
+	// CacheWeight is CostTTFT's price of a computed prompt token beyond its own prefill time,
+	// in multiples of it: a computed block is a second copy of a prefix cached elsewhere or
+	// a new one, and either pushes blocks other requests would hit out of the worker's cache.
+	CacheWeight float64
+	// Now is the clock reading (ns, the Tracker's clock) against which the caller decayed
+	// the candidates' active prefill for CostTTFT (StepModel.Decayed).
+	Now int64
 }
 
 // Errors of Choose.
@@ -73,6 +82,7 @@ var (
 	ErrNoWorkers   = errors.New("scoring: no worker to route to")
 	ErrTemperature = errors.New("scoring: temperature must be a finite number ≥ 0")
 	ErrWeight      = errors.New("scoring: overlap score weight must be a finite number ≥ 0")
+	ErrCacheWeight = errors.New("scoring: cache weight must be a finite number ≥ 0")
 )
 
 // Check reports whether the numbers in p can be scored.
@@ -91,6 +101,12 @@ func (p *Params) Check() error {
 	}
 	if p.Formula == CostMain {
 		return p.Terms.Check()
+	}
+	if p.Formula == CostTTFT {
+		if !finiteNonNeg(p.CacheWeight) {
+			return ErrCacheWeight
+		}
+		return p.Step.Check()
 	}
 	if p.Formula >= numCosts {
 		return ErrCost
@@ -133,8 +149,11 @@ func MinPrefill(c []Candidate) int64 {
 // that scores workers its own way calls Cost, so that its numbers are Score's to the bit.
 func (p *Params) Cost(cached, shared int32, activeBlocks, activePrefill, activeRequests int64) (prefill, decode int64, logit float64) {
 	prefill, decode, logit = p.CostV1(cached, shared, activeBlocks, activePrefill)
-	if p.Formula == CostMain {
+	switch p.Formula {
+	case CostMain:
 		logit = p.mainLogit(cached, 0, decode, activePrefill, activeRequests)
+	case CostTTFT:
+		logit = p.ttftLogit(cached, shared, TierExt{}, decode, activePrefill, activeRequests)
 	}
 	return prefill, decode, logit
 }
@@ -153,6 +172,9 @@ func (p *Params) Cost(cached, shared int32, activeBlocks, activePrefill, activeR
 // lower tier is work the engine does, but not prefill.
 func (p *Params) CostExt(cached int32, ext TierExt, shared int32, activeBlocks, activePrefill, activeRequests int64) (prefill, decode int64, logit float64) {
 	prefill, decode, logit = p.CostV1(cached, shared, activeBlocks, activePrefill)
+	if p.Formula == CostTTFT {
+		return prefill, decode, p.ttftLogit(cached, shared, ext, decode, activePrefill, activeRequests)
+	}
 	if ext == (TierExt{}) && p.Formula != CostMain {
 		return prefill, decode, logit
 	}

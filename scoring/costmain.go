@@ -18,10 +18,15 @@ const (
 	// for a worker whose prefill backlog exceeds the least loaded one's, the adjusted prefill
 	// scaled, and each active request weighed on top of the decode blocks. See Terms.
 	CostMain
+	// CostTTFT is kvrouterd's own (costtime.go): the request's predicted time to first token
+	// on the worker, in ms, from the prompt-side work queued there (decayed by the time since
+	// it started) and its own uncached prompt, plus CacheWeight × the prefill time of the
+	// prompt tokens it computes there.
+	CostTTFT
 	numCosts
 )
 
-var costNames = [numCosts]string{"v1", "main"}
+var costNames = [numCosts]string{"v1", "main", "ttft"}
 
 func (c CostModel) String() string {
 	if c < numCosts {
@@ -33,14 +38,14 @@ func (c CostModel) String() string {
 // ErrCost reports an unknown cost formula.
 var ErrCost = errors.New("scoring: unknown cost formula")
 
-// ParseCost parses a formula's name: v1 or main.
+// ParseCost parses a formula's name: v1, main or ttft.
 func ParseCost(s string) (CostModel, error) {
 	for i, n := range costNames {
 		if n == s {
 			return CostModel(i), nil
 		}
 	}
-	return 0, fmt.Errorf("%w %q (want v1 or main)", ErrCost, s)
+	return 0, fmt.Errorf("%w %q (want v1, main or ttft)", ErrCost, s)
 }
 
 // Terms are the weights of CostMain, a plain value. Dynamo main's names and defaults

@@ -51,6 +51,9 @@ type Tracker struct {
 	// busy has bit s set while the worker of slot s has requests booked, so that a caller can
 	// find the few busy workers of a large fleet without reading every worker's load.
 	busy [(radix.MaxSlots/64 + busyWords - 1) / busyWords]atomic.Pointer[[busyWords]atomic.Uint64]
+
+	// Now, if set, is the clock of Load.PrefillSince; set it before the first booking.
+	Now func() int64
 }
 
 // busyWords is the 64-bit words per chunk of the busy bitmap (4,096 slots).
@@ -113,7 +116,14 @@ type Load struct {
 	disc     atomic.Int64
 	prefill  atomic.Int64
 	requests atomic.Int64
+	// since is when the worker's oldest prefill not yet done started: when the booking that
+	// took its prefill from none was made, or the latest prefill-done that left some.
+	since atomic.Int64
 }
+
+// PrefillSince returns when the worker's oldest prefill not yet done started (Tracker.Now's
+// clock; 0 without a clock).
+func (l *Load) PrefillSince() int64 { return l.since.Load() }
 
 // NewTracker returns an empty Tracker.
 func NewTracker() *Tracker {
@@ -504,7 +514,9 @@ func (t *Tracker) book(id string, l *Load, seqs []uint64, prefill int64, deadlin
 		t.setBusy(l.slot, true)
 	}
 	l.blocks.Add(added)
-	l.prefill.Add(prefill)
+	if prefill > 0 && l.prefill.Add(prefill) == prefill && t.Now != nil {
+		l.since.Store(t.Now())
+	}
 	l.requests.Add(1)
 	if stage {
 		t.stages.Add(1)
@@ -540,7 +552,9 @@ func (t *Tracker) PrefillDone(id string) error {
 	if !done {
 		l.mu.Lock()
 		if !l.gone {
-			l.prefill.Add(-p)
+			if l.prefill.Add(-p) > 0 && t.Now != nil {
+				l.since.Store(t.Now())
+			}
 		}
 		l.mu.Unlock()
 	}

@@ -239,6 +239,10 @@ func appendRouteJSON(b []byte, r *wire.RouteResponse) []byte {
 		b = append(b, `,"prefill_dp_rank":`...)
 		b = strconv.AppendUint(b, uint64(r.PrefillRank), 10)
 	}
+	if r.PredictedTTFT > 0 {
+		b = append(b, `,"predicted_ttft_ms":`...)
+		b = strconv.AppendFloat(b, r.PredictedTTFT, 'f', 1, 64)
+	}
 	b = append(b, `,"blocks":`...)
 	b = strconv.AppendUint(b, uint64(r.Blocks), 10)
 	b = append(b, `,"isl":`...)

@@ -82,6 +82,10 @@ type RouteResponse struct {
 	// extension. JSON answers carry it; the binary format does not (SPEC.md §4), and a decoded
 	// answer has none.
 	Tiers []CandidateTiers
+	// PredictedTTFT is, with Chosen, the chosen worker's predicted time to first token in ms
+	// (scoring.CostTTFT's prediction; 0: none). JSON answers carry it as predicted_ttft_ms;
+	// the binary format does not, and a decoded answer has 0.
+	PredictedTTFT float64
 }
 
 // CandidateTiers is how many blocks the lower storage tiers add to a candidate's cached

@@ -63,8 +63,10 @@ type Config struct {
 	OverlapWeight float64
 	Temperature   float64
 	NoPrefill     bool // Dynamo's track_prefill_tokens=false: routing on load alone
-	Worker        sim.WorkerConfig
-	Seed          uint64
+	// Cost is the router's cost formula (scoring.CostV1 by default).
+	Cost   scoring.CostModel
+	Worker sim.WorkerConfig
+	Seed   uint64
 	// Sample, if > 0, records every worker's running and waiting requests every Sample of
 	// simulated time.
 	Sample time.Duration
@@ -200,6 +202,10 @@ func (t Transfer) Time(tokens int) time.Duration {
 type Result struct {
 	Requests  int
 	TTFT, E2E []time.Duration // per request, in the trace's order
+	// PredErr holds, per request served whose route answer predicted its TTFT (a router
+	// with scoring.CostTTFT), predicted / simulated TTFT − 1, in the order of first tokens;
+	// Run only.
+	PredErr []float64
 	// Arrival is each request's arrival (from the trace's start): its trace time, or, closed
 	// loop, when its session let it come.
 	Arrival []time.Duration
@@ -396,6 +402,7 @@ func run(cfg Config, src trace.Source, n int) (*Result, error) {
 			OverlapWeight:  cfg.OverlapWeight, // 0: the router's default, 1.0
 			Temperature:    cfg.Temperature,
 			NoTrackPrefill: cfg.NoPrefill,
+			Cost:           cfg.Cost,
 			RequestExpiry:  24 * time.Hour,
 			Shards:         1,
 			Logger:         slog.New(slog.NewTextHandler(io.Discard, nil)),
@@ -426,7 +433,7 @@ func run(cfg Config, src trace.Source, n int) (*Result, error) {
 		id := uint64(i + 1)
 		ws[i] = &worker{id: id, w: sim.NewWorker(id, wc)}
 		g := router.Registration{ID: id, Model: model, BlockSize: wc.BlockSize,
-			MaxTokens: int64(ws[i].w.Config().MaxBatchedTokens)}
+			Capacity: int64(ws[i].w.Config().Blocks), MaxTokens: int64(ws[i].w.Config().MaxBatchedTokens)}
 		if cfg.PrefillWorkers > 0 {
 			g.Role = router.RoleDecode
 			if i < cfg.PrefillWorkers {
@@ -517,6 +524,7 @@ func run(cfg Config, src trace.Source, n int) (*Result, error) {
 			return
 		}
 		fl := fls[i]
+		fl.pred = resp.PredictedTTFT
 		q := &fl.req
 		w := ws[worker-1]
 		res.PerWorker[worker-1]++
@@ -590,6 +598,9 @@ func run(cfg Config, src trace.Source, n int) (*Result, error) {
 				continue
 			}
 			fl.ttft = d.At - fl.arrival
+			if fl.pred > 0 && keep {
+				res.PredErr = append(res.PredErr, fl.pred*1e6/float64(fl.ttft)-1)
+			}
 			res.TTFTHist.Add(time.Duration(fl.ttft))
 			if keep {
 				res.TTFT[d.ID] = time.Duration(fl.ttft)
@@ -866,7 +877,8 @@ type flight struct {
 	req     trace.Request
 	id      string // its request id at the router
 	arrival int64
-	ttft    int64 // time to its first token; 0 until then
+	ttft    int64   // time to its first token; 0 until then
+	pred    float64 // its route answer's predicted TTFT, ms (0: none)
 	stage   stage
 	ticket  *router.Ticket // waiting in the router queue
 }

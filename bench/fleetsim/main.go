@@ -44,6 +44,7 @@ package main
 import (
 	"flag"
 	"fmt"
+	"math"
 	"os"
 	"slices"
 	"strings"
@@ -71,6 +72,7 @@ func main() {
 		blocks    = flag.Int("kv-blocks", 16384, "KV cache per worker, in blocks")
 		seed      = flag.Uint64("seed", 1, "seed of the router's tie-breaks")
 		weight    = flag.Float64("overlap-weight", 1, "the router's overlap score weight")
+		costName  = flag.String("router-cost", "v1", "the kv mode's cost formula: v1, main or ttft (as kvrouterd's --router-cost)")
 		temp      = flag.Float64("temperature", 0, "the router's softmax temperature (0: the lowest cost)")
 		inProc    = flag.Bool("e2e", false, "route through a kvrouterd started in process (HTTP + embedded NATS) instead of the router alone")
 		addr      = flag.String("addr", "", "route through the running kvrouterd at this HTTP host:port (needs --nats-url)")
@@ -127,6 +129,11 @@ func main() {
 		dc = &router.DisaggConfig{Policy: p}
 	}
 	var credit *scoring.TierCredit
+	cost, err := scoring.ParseCost(*costName)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "fleetsim: --router-cost:", err)
+		os.Exit(2)
+	}
 	if *hostW >= 0 {
 		c := scoring.DefaultTierCredit()
 		c.Host = *hostW
@@ -138,7 +145,7 @@ func main() {
 			os.Exit(2)
 		}
 		streamRun(syn, *path, *traceBS, *timeUnit, *timeScale, *modes, func(name string) fleet.Config {
-			fc, err := modeConfig(name, fleet.Config{Workers: *workers, Worker: wc, Seed: *seed, OverlapWeight: *weight, Temperature: *temp,
+			fc, err := modeConfig(name, fleet.Config{Workers: *workers, Worker: wc, Seed: *seed, OverlapWeight: *weight, Cost: cost, Temperature: *temp,
 				Queue: queue, PrefillWorkers: *prefillN, Disagg: dc, TierCredit: credit, EventDelay: *evDelay,
 				PredictedTTL: time.Duration(*predTTL * float64(time.Second)), ClosedLoop: true})
 			if err != nil {
@@ -151,7 +158,6 @@ func main() {
 	}
 	t0 := time.Now()
 	var reqs []trace.Request
-	var err error
 	if *burst {
 		reqs = trace.Scale(trace.Burst(trace.DefaultBurst()), *timeScale)
 	} else if *path != "" {
@@ -199,7 +205,7 @@ func main() {
 	fmt.Println(rule)
 	for _, name := range strings.Split(*modes, ",") {
 		t1 := time.Now()
-		fc := fleet.Config{Workers: *workers, Worker: wc, Seed: *seed, Pace: *pace, OverlapWeight: *weight, Temperature: *temp,
+		fc := fleet.Config{Workers: *workers, Worker: wc, Seed: *seed, Pace: *pace, OverlapWeight: *weight, Cost: cost, Temperature: *temp,
 			Queue: queue, PrefillWorkers: *prefillN, Disagg: dc, TierCredit: credit, EventDelay: *evDelay,
 			PredictedTTL: time.Duration(*predTTL * float64(time.Second)), ClosedLoop: closed}
 		if _, ok := fleet.ParsePeer(name); ok && e2eMode {
@@ -247,6 +253,16 @@ func main() {
 				er.Published.Errors, ms(res.MaxLag), ms(er.Drain))
 		}
 		fmt.Println()
+		if len(res.PredErr) > 0 {
+			e := make([]float64, len(res.PredErr))
+			signed := slices.Clone(res.PredErr)
+			for i, v := range res.PredErr {
+				e[i] = math.Abs(v)
+			}
+			slices.Sort(e)
+			slices.Sort(signed)
+			fmt.Fprintf(os.Stderr, "fleetsim: %s: prediction |error| median %.1f %% p90 %.1f %%; signed median %+.1f %%\n", name, 100*e[len(e)/2], 100*e[len(e)*9/10], 100*signed[len(e)/2])
+		}
 		fmt.Fprintf(os.Stderr, "fleetsim: %s: workers' step time %.0f %% prefill; %d requests split into prefill and decode stages\n", name,
 			100*float64(res.PrefillBusy)/float64(max(1, res.PrefillBusy+res.DecodeBusy)), res.Split)
 		if queue != nil {

@@ -1,0 +1,146 @@
+package scoring
+
+import (
+	"errors"
+	"math"
+	"testing"
+)
+
+func near(a, b float64) bool { return math.Abs(a-b) <= 1e-9*max(1, math.Abs(b)) }
+
+func TestStepModelTTFT(t *testing.T) {
+	m := DefaultStepModel()
+	// An idle worker: one step computing the own tokens, which yields the first token.
+	if got, want := m.TTFT(1000, 0, 0, 100), m.PrefillMs(1000)+m.DecodeMs(100.0/16384); !near(got, want) {
+		t.Fatalf("idle: %v, want %v", got, want)
+	}
+	// 20,000 tokens queued and 1,000 own on a worker decoding 192 requests: budget 8,000 per
+	// step, 3 steps, each paying its decode part.
+	u := 8000.0 / 16384
+	want := 2*m.PrefillMs(8000) + m.PrefillMs(5000) + 3*m.DecodeMs(u)
+	if got := m.TTFT(1000, 20000, 192, 8000); !near(got, want) {
+		t.Fatalf("queued: %v, want %v", got, want)
+	}
+	// More work ahead, more own work, more blocks held: never sooner.
+	base := m.TTFT(500, 3000, 10, 2000)
+	for _, x := range []float64{m.TTFT(600, 3000, 10, 2000), m.TTFT(500, 9000, 10, 2000), m.TTFT(500, 3000, 10, 9000)} {
+		if x < base {
+			t.Fatalf("more load predicted sooner: %v < %v", x, base)
+		}
+	}
+	// The budget never falls under half a step however many requests decode, and a full
+	// cache counts as full.
+	if got, want := m.TTFT(100, 0, 1e6, 1e9), m.PrefillMs(100)+m.DecodeMs(1); !near(got, want) {
+		t.Fatalf("saturated: %v, want %v", got, want)
+	}
+	// Unknown capacity: decode at an empty cache.
+	m.Capacity = 0
+	if got, want := m.TTFT(100, 0, 0, 5000), m.PrefillMs(100)+m.DecodeMs(0); !near(got, want) {
+		t.Fatalf("no capacity: %v, want %v", got, want)
+	}
+}
+
+func TestStepModelDecayed(t *testing.T) {
+	m := DefaultStepModel()
+	perMs := 8192 / (m.PrefillMs(8192) + m.DecodeMs(0.5))
+	const ms = int64(1e6)
+	if got, want := m.Decayed(10000, 5*ms, 105*ms), 10000-int64(100*perMs); got != want {
+		t.Fatalf("decayed %d, want %d", got, want)
+	}
+	for _, c := range []struct{ active, since, now, want int64 }{
+		{10000, 5 * ms, 5 * ms, 10000},   // no time passed
+		{10000, 0, 100 * ms, 10000},      // no clock
+		{10000, 5 * ms, 3 * ms, 10000},   // a clock behind the booking
+		{10000, 1 * ms, 10000 * ms, 0},   // all done
+		{0, 1 * ms, 10 * ms, 0},          // nothing booked
+		{-5, 1 * ms, 10 * ms, -5},        // whatever the tracker says when it says less
+		{500, 1 * ms, 1*ms + 1, 500 - 0}, // a nanosecond computes nothing
+		{8192, 1 * ms, 1*ms + 10*ms, 8192 - int64(10*perMs)},
+	} {
+		if got := m.Decayed(c.active, c.since, c.now); got != c.want {
+			t.Errorf("Decayed(%d, %d, %d) = %d, want %d", c.active, c.since, c.now, got, c.want)
+		}
+	}
+}
+
+// TestCostTTFT checks the logit against the model by hand, and that a prefix is worth its
+// prefill time (and the cache weight's multiple of it) against a queue.
+func TestCostTTFT(t *testing.T) {
+	p := Params{Mode: KV, BlockSize: 64, ISL: 6400, Blocks: 100, TrackPrefill: true, Formula: CostTTFT,
+		Step: DefaultStepModel(), CacheWeight: 2, Weight: 1}
+	if err := p.Check(); err != nil {
+		t.Fatal(err)
+	}
+	m := &p.Step
+	// 60 blocks cached, 1,000 tokens queued on a worker with 4 requests and 500 blocks.
+	_, decode, logit := p.Cost(60, 0, 500, 1000, 4)
+	own := 6400.0 - 60*64
+	want := m.TTFT(int64(own), 1000, 4, decode) + 2*m.PrefillMs(own)
+	if decode != 600 || !near(logit, want) {
+		t.Fatalf("logit %v decode %d, want %v and 600", logit, decode, want)
+	}
+	if pr := p.PredictTTFT(60, 0, TierExt{}, 500, 1000, 4); !near(pr, m.TTFT(int64(own), 1000, 4, decode)) {
+		t.Fatalf("prediction %v", pr)
+	}
+	// Blocks booked on the worker by a request ahead count as computed by the time this one
+	// runs.
+	_, _, withShared := p.Cost(10, 60, 500, 1000, 4)
+	_, decode2, _ := p.Cost(10, 60, 500, 1000, 4)
+	if want := m.TTFT(int64(own), 1000, 4, decode2) + 2*m.PrefillMs(own); !near(withShared, want) {
+		t.Fatalf("shared: %v, want %v", withShared, want)
+	}
+	// The host tier's blocks are loaded, not computed.
+	host := TierExt{Host: 30}
+	_, _, lh := p.CostExt(60, host, 0, 500, 1000, 4)
+	own2 := 6400.0 - 90*64
+	want = m.TTFT(int64(own2), 1000, 4, decode) + 30*64*m.HostMsPerToken + 2*m.PrefillMs(own2)
+	if !near(lh, want) {
+		t.Fatalf("host: %v, want %v", lh, want)
+	}
+	// A worker holding the prefix behind a short queue beats an idle one without it; a long
+	// enough queue turns that round.
+	c := []Candidate{{Worker: 1, Cached: 90, ActivePrefill: 2000, ActiveRequests: 3, ActiveBlocks: 300}, {Worker: 2}}
+	var ch Chooser
+	if i, err := ch.Choose(c, &p, nil); err != nil || i != 0 {
+		t.Fatalf("short queue: chose %d (%v), logits %v %v", i, err, c[0].Logit, c[1].Logit)
+	}
+	c[0].ActivePrefill = 200000
+	if i, err := ch.Choose(c, &p, nil); err != nil || i != 1 {
+		t.Fatalf("long queue: chose %d (%v), logits %v %v", i, err, c[0].Logit, c[1].Logit)
+	}
+	// Untracked prefill: only the load ahead counts.
+	p.TrackPrefill = false
+	_, _, l0 := p.Cost(0, 0, 0, 0, 0)
+	_, _, l90 := p.Cost(90, 0, 0, 0, 0)
+	if l0 != l90 {
+		t.Fatalf("untracked prefill: the cache changed the logit: %v %v", l0, l90)
+	}
+}
+
+func TestCostTTFTCheck(t *testing.T) {
+	p := Params{Mode: KV, BlockSize: 64, Formula: CostTTFT, Step: DefaultStepModel()}
+	if err := p.Check(); err != nil {
+		t.Fatal(err)
+	}
+	p.CacheWeight = -1
+	if err := p.Check(); !errors.Is(err, ErrCacheWeight) {
+		t.Fatalf("negative cache weight: %v", err)
+	}
+	p.CacheWeight = 0
+	for _, bad := range []func(*StepModel){
+		func(m *StepModel) { m.MaxBatched = 0 },
+		func(m *StepModel) { m.P1 = math.NaN() },
+		func(m *StepModel) { m.D0 = math.Inf(1) },
+		func(m *StepModel) { m.Capacity = -1 },
+		func(m *StepModel) { m.HostMsPerToken = -1 },
+	} {
+		p.Step = DefaultStepModel()
+		bad(&p.Step)
+		if err := p.Check(); !errors.Is(err, ErrStepModel) {
+			t.Fatalf("%+v: %v", p.Step, err)
+		}
+	}
+	if c, err := ParseCost("ttft"); err != nil || c != CostTTFT || c.String() != "ttft" {
+		t.Fatalf("ParseCost(ttft) = %v, %v", c, err)
+	}
+}
