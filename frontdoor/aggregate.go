@@ -1,12 +1,12 @@
 package frontdoor
 
 import (
-	"bytes"
-	"encoding/json"
+	"cmp"
 	"slices"
 	"strconv"
 	"strings"
 	"unicode/utf8"
+	"unsafe"
 
 	"github.com/tidwall/gjson"
 )
@@ -16,67 +16,149 @@ import (
 // chat.completion.chunk deltas into a chat.completion's messages (content, reasoning, refusal
 // and tool calls concatenated; tool calls by index), text_completion chunks into their choices'
 // text; logprobs' lists concatenated; the last finish_reason, stop_reason and usage; the rest of
-// the first chunk's fields (id, created, model, system_fingerprint, …) as they are. It belongs
-// to one answer's goroutine.
+// the first chunk's fields (id, created, model, system_fingerprint, …) as they are. The
+// answer's keys are sorted, as encoding/json writes a map's.
+//
+// Every token of an assembled answer passes through it, so it reads each chunk in place
+// (gjson, without a copy), keeps what it needs in one arena, and writes the answer into a
+// buffer of its own, without maps: reset readies it for another answer with its buffers, and
+// the Door pools it. It belongs to one answer's goroutine.
 type aggregate struct {
 	chat    bool
-	top     map[string]json.RawMessage // the first chunk's other fields
-	choices []*choice
-	usage   json.RawMessage
+	arena   []byte   // the kept values: the chunk's bytes are the reader's, reused for the next
+	top     []member // the first chunk's other fields, and those of later chunks it lacked
+	choices []choice
+	usage   []byte // nil: none
+	out     []byte // the assembled answer
 }
 
 type choice struct {
 	index    int
 	role     string
-	text     map[string]*bytes.Buffer // content, reasoning_content, reasoning, refusal; text for completions
-	textKeys []string                 // in the order first seen
+	text     []textField // content, reasoning_content, reasoning, refusal; text for completions
 	tools    []*toolCall
-	logprobs map[string][]json.RawMessage // lists concatenated
-	lpKeys   []string
-	lpNull   bool                       // every chunk's logprobs null
-	other    map[string]json.RawMessage // finish_reason, stop_reason, …: the last non-null
+	logprobs []lpList // lists concatenated
+	lpNull   bool     // every chunk's logprobs null
+	other    []member // finish_reason, stop_reason, …: the last non-null
+}
+
+type textField struct {
+	k string
+	v []byte
+}
+
+type lpList struct {
+	k     string
+	items [][]byte
 }
 
 type toolCall struct {
 	index     int
-	id, typ   json.RawMessage
+	id, typ   []byte
 	name      string
-	arguments bytes.Buffer
+	arguments []byte
 }
 
+// member is a member of a JSON object: its key and raw value, or what writes its value.
+type member struct {
+	k    string
+	v    []byte // raw; for mText the string's bytes
+	kind uint8
+}
+
+const (
+	mRaw      uint8 = iota
+	mText           // v, written as a JSON string
+	mChoices        // the aggregate's choices
+	mMessage        // a chat choice's message
+	mLogprobs       // a choice's logprobs object
+	mTools          // a message's tool calls
+)
+
+var jsonNull = []byte("null")
+
+// reset readies g for another answer, keeping its buffers.
+func (g *aggregate) reset(chat bool) {
+	g.chat = chat
+	g.arena = g.arena[:0]
+	clear(g.top)
+	g.top = g.top[:0]
+	g.choices = g.choices[:0]
+	g.usage = nil
+	g.out = g.out[:0]
+}
+
+// held is the bytes g's buffers hold.
+func (g *aggregate) held() int {
+	n := cap(g.arena) + cap(g.out)
+	for _, c := range g.choices[:cap(g.choices)] {
+		for _, t := range c.text[:cap(c.text)] {
+			n += cap(t.v)
+		}
+	}
+	return n
+}
+
+// keep copies s into the arena. The slice it returns is never appended to, so it stays valid
+// when the arena grows.
+func (g *aggregate) keep(s string) []byte {
+	start := len(g.arena)
+	g.arena = append(g.arena, s...)
+	return g.arena[start:len(g.arena):len(g.arena)]
+}
+
+// names are the keys and roles engines write, as strings of their own.
+var names = func() map[string]string {
+	m := map[string]string{}
+	for _, k := range []string{"id", "object", "created", "model", "system_fingerprint", "service_tier",
+		"choices", "usage", "prompt_logprobs", "prompt_token_ids", "kv_transfer_params", "index",
+		"finish_reason", "stop_reason", "logprobs", "text", "message", "delta", "token_ids", "content",
+		"reasoning_content", "reasoning", "refusal", "role", "assistant", "tokens", "token_logprobs",
+		"top_logprobs", "text_offset"} {
+		m[k] = k
+	}
+	return m
+}()
+
+// name returns k as a string of its own (k may be the chunk's bytes): one of names, or a copy.
+func name(k string) string {
+	if n, ok := names[k]; ok {
+		return n
+	}
+	return strings.Clone(k)
+}
+
+// unsafeString is b as a string, without a copy: b must not change while it is used.
+func unsafeString(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b)) }
+
 // add takes one chunk (an event's data). It returns false when the chunk is not a JSON
-// object. It reads the chunk in place (gjson): an assembled answer reads every token's chunk,
-// which decoding into maps made the front door's largest cost.
+// object. Nothing it keeps refers to data.
 func (g *aggregate) add(data []byte) bool {
 	if !gjson.ValidBytes(data) {
 		return false
 	}
-	c := gjson.ParseBytes(data)
+	c := gjson.Parse(unsafeString(data))
 	if !c.IsObject() {
 		return false
 	}
-	if g.top == nil {
-		g.top = map[string]json.RawMessage{}
-	}
 	c.ForEach(func(k, v gjson.Result) bool {
-		key := k.String()
-		switch {
+		switch key := k.Str; {
 		case key == "choices":
 			v.ForEach(func(_, ch gjson.Result) bool {
 				if ch.IsObject() {
-					g.choice(int(ch.Get("index").Int())).add(ch, g.chat)
+					g.choice(int(ch.Get("index").Int())).add(g, ch)
 				}
 				return true
 			})
 		case key == "usage":
 			if v.Type != gjson.Null {
-				g.usage = json.RawMessage(v.Raw)
+				g.usage = g.keep(v.Raw)
 			}
 		case strings.EqualFold(key, "choices"), strings.EqualFold(key, "object"), strings.EqualFold(key, "usage"):
 			// The assembled answer's own; a case variant would shadow it for a lenient reader.
 		default:
-			if _, ok := g.top[key]; !ok {
-				g.top[key] = json.RawMessage(v.Raw)
+			if !slices.ContainsFunc(g.top, func(m member) bool { return m.k == key }) {
+				g.top = append(g.top, member{k: name(key), v: g.keep(v.Raw)})
 			}
 		}
 		return true
@@ -84,14 +166,25 @@ func (g *aggregate) add(data []byte) bool {
 	return true
 }
 
+// choice returns the choice of index idx, added if new (its buffers kept from an earlier
+// answer). The pointer is good until the next call.
 func (g *aggregate) choice(idx int) *choice {
-	for _, c := range g.choices {
-		if c.index == idx {
-			return c
+	for i := range g.choices {
+		if g.choices[i].index == idx {
+			return &g.choices[i]
 		}
 	}
-	c := &choice{index: idx, text: map[string]*bytes.Buffer{}, other: map[string]json.RawMessage{}, lpNull: true}
-	g.choices = append(g.choices, c)
+	n := len(g.choices)
+	if n < cap(g.choices) {
+		g.choices = g.choices[:n+1]
+	} else {
+		g.choices = append(g.choices, choice{})
+	}
+	c := &g.choices[n]
+	for i := range c.text {
+		c.text[i].v = c.text[i].v[:0]
+	}
+	*c = choice{index: idx, lpNull: true, text: c.text[:0], other: c.other[:0], logprobs: c.logprobs[:0]}
 	return c
 }
 
@@ -99,44 +192,52 @@ func (c *choice) appendText(k string, v gjson.Result) {
 	if v.Type != gjson.String {
 		return
 	}
-	b := c.text[k]
-	if b == nil {
-		b = &bytes.Buffer{}
-		c.text[k] = b
-		c.textKeys = append(c.textKeys, k)
+	i := slices.IndexFunc(c.text, func(t textField) bool { return t.k == k })
+	if i < 0 {
+		i = len(c.text)
+		if i < cap(c.text) {
+			c.text = c.text[:i+1]
+			c.text[i].k, c.text[i].v = name(k), c.text[i].v[:0]
+		} else {
+			c.text = append(c.text, textField{k: name(k)})
+		}
 	}
-	b.WriteString(v.Str)
+	c.text[i].v = append(c.text[i].v, v.Str...)
 }
 
-func (c *choice) add(ch gjson.Result, chat bool) {
+func (c *choice) add(g *aggregate, ch gjson.Result) {
 	ch.ForEach(func(k, v gjson.Result) bool {
-		switch key := k.String(); key {
+		switch key := k.Str; key {
 		case "index":
 		case "delta":
 			v.ForEach(func(dk, dv gjson.Result) bool {
-				switch dkey := dk.String(); dkey {
+				switch dk.Str {
 				case "role":
 					if dv.Type == gjson.String {
-						c.role = dv.Str
+						c.role = name(dv.Str)
 					}
 				case "tool_calls":
 					c.addTools(dv)
 				default:
-					c.appendText(dkey, dv)
+					c.appendText(dk.Str, dv)
 				}
 				return true
 			})
 		case "text":
-			if !chat {
+			if !g.chat {
 				c.appendText("text", v)
 			}
 		case "logprobs":
-			c.addLogprobs(v)
+			c.addLogprobs(g, v)
 		default:
-			if v.Type != gjson.Null {
-				c.other[key] = json.RawMessage(v.Raw)
-			} else if _, ok := c.other[key]; !ok {
-				c.other[key] = json.RawMessage("null")
+			i := slices.IndexFunc(c.other, func(m member) bool { return m.k == key })
+			switch {
+			case v.Type != gjson.Null && i >= 0:
+				c.other[i].v = g.keep(v.Raw)
+			case v.Type != gjson.Null:
+				c.other = append(c.other, member{k: name(key), v: g.keep(v.Raw)})
+			case i < 0:
+				c.other = append(c.other, member{k: name(key), v: jsonNull})
 			}
 		}
 		return true
@@ -156,16 +257,16 @@ func (c *choice) addTools(ds gjson.Result) {
 		}
 		t := c.tools[i]
 		if id := d.Get("id"); id.Exists() && id.Type != gjson.Null {
-			t.id = json.RawMessage(id.Raw)
+			t.id = []byte(id.Raw)
 		}
 		if typ := d.Get("type"); typ.Exists() && typ.Type != gjson.Null {
-			t.typ = json.RawMessage(typ.Raw)
+			t.typ = []byte(typ.Raw)
 		}
 		if n := d.Get("function.name"); n.Type == gjson.String && n.Str != "" {
-			t.name = n.Str
+			t.name = strings.Clone(n.Str)
 		}
 		if a := d.Get("function.arguments"); a.Type == gjson.String {
-			t.arguments.WriteString(a.Str)
+			t.arguments = append(t.arguments, a.Str...)
 		}
 		return true
 	})
@@ -173,179 +274,239 @@ func (c *choice) addTools(ds gjson.Result) {
 
 // addLogprobs concatenates an object of lists (chat's content and refusal, completions'
 // tokens, token_logprobs, top_logprobs and text_offset).
-func (c *choice) addLogprobs(v gjson.Result) {
+func (c *choice) addLogprobs(g *aggregate, v gjson.Result) {
 	if !v.IsObject() {
 		return
 	}
 	c.lpNull = false
-	if c.logprobs == nil {
-		c.logprobs = map[string][]json.RawMessage{}
-	}
 	v.ForEach(func(k, list gjson.Result) bool {
 		if !list.IsArray() {
 			return true
 		}
-		key := k.String()
-		if _, ok := c.logprobs[key]; !ok {
-			c.lpKeys = append(c.lpKeys, key)
+		key := k.Str
+		i := slices.IndexFunc(c.logprobs, func(l lpList) bool { return l.k == key })
+		if i < 0 {
+			i = len(c.logprobs)
+			if i < cap(c.logprobs) {
+				c.logprobs = c.logprobs[:i+1]
+				c.logprobs[i].k, c.logprobs[i].items = name(key), c.logprobs[i].items[:0]
+			} else {
+				c.logprobs = append(c.logprobs, lpList{k: name(key)})
+			}
 		}
-		l := c.logprobs[key]
+		l := &c.logprobs[i]
 		list.ForEach(func(_, e gjson.Result) bool {
-			l = append(l, json.RawMessage(e.Raw))
+			l.items = append(l.items, g.keep(e.Raw))
 			return true
 		})
-		c.logprobs[key] = l
 		return true
 	})
 }
 
-// bytes returns the assembled answer, its keys in order as encoding/json orders a map's.
+// bytes returns the assembled answer, good until reset.
 func (g *aggregate) bytes() []byte {
-	slices.SortFunc(g.choices, func(a, b *choice) int { return a.index - b.index })
-	var chs []byte
-	chs = append(chs, '[')
-	for i, c := range g.choices {
-		if i > 0 {
-			chs = append(chs, ',')
-		}
-		chs = c.appendTo(chs, g.chat)
-	}
-	chs = append(chs, ']')
-	var o object
-	for k, v := range g.top {
-		o.raw(k, v)
-	}
-	o.raw("choices", chs)
+	slices.SortFunc(g.choices, func(a, b choice) int { return cmp.Compare(a.index, b.index) })
+	var arr [16]member
+	ms := append(arr[:0], g.top...)
+	object := "text_completion"
 	if g.chat {
-		o.str("object", "chat.completion")
-	} else {
-		o.str("object", "text_completion")
+		object = "chat.completion"
 	}
-	if g.usage != nil {
-		o.raw("usage", g.usage)
-	} else {
-		o.raw("usage", []byte("null"))
+	usage := g.usage
+	if usage == nil {
+		usage = jsonNull
 	}
-	return o.appendTo(make([]byte, 0, 256+len(chs)))
+	ms = append(ms, member{k: "choices", kind: mChoices}, member{k: "object", v: []byte(object), kind: mText},
+		member{k: "usage", v: usage})
+	g.out = g.appendObject(g.out[:0], ms, nil)
+	return g.out
 }
 
-func (c *choice) appendTo(b []byte, chat bool) []byte {
-	var o object
-	o.raw("index", strconv.AppendInt(nil, int64(c.index), 10))
-	for k, v := range c.other {
-		o.raw(k, v)
-	}
-	if _, ok := c.other["finish_reason"]; !ok {
-		o.raw("finish_reason", []byte("null"))
-	}
-	if c.lpNull {
-		o.raw("logprobs", []byte("null"))
-	} else {
-		var lp object
-		for _, k := range c.lpKeys {
-			l := append([]byte(nil), '[')
-			for i, e := range c.logprobs[k] {
-				if i > 0 {
-					l = append(l, ',')
-				}
-				l = append(l, e...)
-			}
-			lp.raw(k, append(l, ']'))
-		}
-		o.raw("logprobs", lp.appendTo(nil))
-	}
-	if !chat {
-		text := ""
-		if t := c.text["text"]; t != nil {
-			text = t.String()
-		}
-		o.str("text", text)
-		return o.appendTo(b)
-	}
-	var msg object
-	role := c.role
-	if role == "" {
-		role = "assistant"
-	}
-	msg.str("role", role)
-	msg.raw("content", []byte("null"))
-	for _, k := range c.textKeys {
-		msg.str(k, c.text[k].String())
-	}
-	if len(c.tools) > 0 {
-		slices.SortFunc(c.tools, func(a, b *toolCall) int { return a.index - b.index })
-		calls := append([]byte(nil), '[')
-		for i, t := range c.tools {
-			if i > 0 {
-				calls = append(calls, ',')
-			}
-			var call, fn object
-			fn.str("name", t.name)
-			fn.str("arguments", t.arguments.String())
-			call.raw("function", fn.appendTo(nil))
-			if t.id != nil {
-				call.raw("id", t.id)
-			} else {
-				call.raw("id", []byte("null"))
-			}
-			if t.typ != nil {
-				call.raw("type", t.typ)
-			} else {
-				call.str("type", "function")
-			}
-			calls = call.appendTo(calls)
-		}
-		msg.raw("tool_calls", append(calls, ']'))
-	}
-	o.raw("message", msg.appendTo(nil))
-	return o.appendTo(b)
-}
-
-// object builds a JSON object of raw values; a later value of a key replaces an earlier one,
-// and appendTo writes the keys sorted.
-type object struct{ kv []field }
-
-type field struct {
-	k string
-	v []byte
-}
-
-func (o *object) raw(k string, v []byte) {
-	for i := range o.kv {
-		if o.kv[i].k == k {
-			o.kv[i].v = v
-			return
-		}
-	}
-	o.kv = append(o.kv, field{k, v})
-}
-
-func (o *object) str(k, v string) { o.raw(k, appendString(nil, v)) }
-
-func (o *object) appendTo(b []byte) []byte {
-	slices.SortFunc(o.kv, func(a, b field) int { return strings.Compare(a.k, b.k) })
+// appendObject appends the object of ms, its keys sorted; c is the choice whose message,
+// logprobs or tool calls ms may hold.
+func (g *aggregate) appendObject(b []byte, ms []member, c *choice) []byte {
+	slices.SortFunc(ms, func(a, b member) int { return strings.Compare(a.k, b.k) })
 	b = append(b, '{')
-	for i, f := range o.kv {
+	for i, m := range ms {
 		if i > 0 {
 			b = append(b, ',')
 		}
-		b = appendString(b, f.k)
+		b = appendString(b, m.k)
 		b = append(b, ':')
-		b = append(b, f.v...)
+		switch m.kind {
+		case mRaw:
+			b = append(b, m.v...)
+		case mText:
+			b = appendString(b, unsafeString(m.v))
+		case mChoices:
+			b = append(b, '[')
+			for j := range g.choices {
+				if j > 0 {
+					b = append(b, ',')
+				}
+				b = g.appendChoice(b, &g.choices[j])
+			}
+			b = append(b, ']')
+		case mMessage:
+			b = g.appendMessage(b, c)
+		case mLogprobs:
+			b = appendLogprobs(b, c)
+		case mTools:
+			b = appendTools(b, c)
+		}
 	}
 	return append(b, '}')
 }
 
-// appendString appends s as a JSON string, as encoding/json writes it (HTML characters and
-// invalid UTF-8 included).
-func appendString(b []byte, s string) []byte {
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; c < 0x20 || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' || c >= utf8.RuneSelf {
-			q, _ := json.Marshal(s)
-			return append(b, q...)
+func (g *aggregate) appendChoice(b []byte, c *choice) []byte {
+	var arr [12]member
+	var num [20]byte
+	ms := append(arr[:0], member{k: "index", v: strconv.AppendInt(num[:0], int64(c.index), 10)})
+	finish := false
+	for _, m := range c.other {
+		if g.chat && m.k == "message" {
+			continue // the assembled message's place
 		}
+		finish = finish || m.k == "finish_reason"
+		ms = append(ms, m)
 	}
+	if !finish {
+		ms = append(ms, member{k: "finish_reason", v: jsonNull})
+	}
+	if c.lpNull {
+		ms = append(ms, member{k: "logprobs", v: jsonNull})
+	} else {
+		ms = append(ms, member{k: "logprobs", kind: mLogprobs})
+	}
+	if g.chat {
+		ms = append(ms, member{k: "message", kind: mMessage})
+	} else {
+		var text []byte
+		if i := slices.IndexFunc(c.text, func(t textField) bool { return t.k == "text" }); i >= 0 {
+			text = c.text[i].v
+		}
+		ms = append(ms, member{k: "text", v: text, kind: mText})
+	}
+	return g.appendObject(b, ms, c)
+}
+
+func (g *aggregate) appendMessage(b []byte, c *choice) []byte {
+	var arr [8]member
+	role := c.role
+	if role == "" {
+		role = "assistant"
+	}
+	ms := append(arr[:0], member{k: "role", v: unsafe.Slice(unsafe.StringData(role), len(role)), kind: mText})
+	if !slices.ContainsFunc(c.text, func(t textField) bool { return t.k == "content" }) {
+		ms = append(ms, member{k: "content", v: jsonNull})
+	}
+	for _, t := range c.text {
+		ms = append(ms, member{k: t.k, v: t.v, kind: mText})
+	}
+	if len(c.tools) > 0 {
+		ms = append(ms, member{k: "tool_calls", kind: mTools})
+	}
+	return g.appendObject(b, ms, c)
+}
+
+// appendLogprobs appends a choice's logprobs object, its lists' keys sorted.
+func appendLogprobs(b []byte, c *choice) []byte {
+	slices.SortFunc(c.logprobs, func(a, b lpList) int { return strings.Compare(a.k, b.k) })
+	b = append(b, '{')
+	for i, l := range c.logprobs {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = appendString(b, l.k)
+		b = append(b, ':', '[')
+		for j, e := range l.items {
+			if j > 0 {
+				b = append(b, ',')
+			}
+			b = append(b, e...)
+		}
+		b = append(b, ']')
+	}
+	return append(b, '}')
+}
+
+// appendTools appends a message's tool calls by index, each {"function":{"arguments","name"},
+// "id","type"}.
+func appendTools(b []byte, c *choice) []byte {
+	slices.SortFunc(c.tools, func(a, b *toolCall) int { return cmp.Compare(a.index, b.index) })
+	b = append(b, '[')
+	for i, t := range c.tools {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, `{"function":{"arguments":`...)
+		b = appendString(b, unsafeString(t.arguments))
+		b = append(b, `,"name":`...)
+		b = appendString(b, t.name)
+		b = append(b, `},"id":`...)
+		if t.id != nil {
+			b = append(b, t.id...)
+		} else {
+			b = append(b, jsonNull...)
+		}
+		b = append(b, `,"type":`...)
+		if t.typ != nil {
+			b = append(b, t.typ...)
+		} else {
+			b = append(b, `"function"`...)
+		}
+		b = append(b, '}')
+	}
+	return append(b, ']')
+}
+
+// appendString appends s as a JSON string, as encoding/json writes it: HTML characters, U+2028
+// and U+2029 escaped, invalid UTF-8 as U+FFFD.
+func appendString(b []byte, s string) []byte {
 	b = append(b, '"')
-	b = append(b, s...)
+	start := 0
+	for i := 0; i < len(s); {
+		if c := s[i]; c < utf8.RuneSelf {
+			if c >= 0x20 && c != '"' && c != '\\' && c != '<' && c != '>' && c != '&' {
+				i++
+				continue
+			}
+			b = append(b, s[start:i]...)
+			switch c {
+			case '\\', '"':
+				b = append(b, '\\', c)
+			case '\b':
+				b = append(b, '\\', 'b')
+			case '\f':
+				b = append(b, '\\', 'f')
+			case '\n':
+				b = append(b, '\\', 'n')
+			case '\r':
+				b = append(b, '\\', 'r')
+			case '\t':
+				b = append(b, '\\', 't')
+			default:
+				b = append(b, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xF])
+			}
+			i++
+			start = i
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case r == utf8.RuneError && size == 1:
+			b = append(b, s[start:i]...)
+			b = append(b, `\ufffd`...)
+		case r == '\u2028' || r == '\u2029':
+			b = append(b, s[start:i]...)
+			b = append(b, '\\', 'u', '2', '0', '2', hexDigits[r&0xF])
+		default:
+			i += size
+			continue
+		}
+		i += size
+		start = i
+	}
+	b = append(b, s[start:]...)
 	return append(b, '"')
 }

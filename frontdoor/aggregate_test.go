@@ -156,3 +156,46 @@ func TestIsErrorEvent(t *testing.T) {
 		}
 	}
 }
+
+// TestAggregateAgainstReference: the aggregation answers byte for byte what the reference model
+// (maps and encoding/json) answers, for the shapes engines write and odd ones, and an aggregate
+// reset for another answer keeps nothing of the one before.
+func TestAggregateAgainstReference(t *testing.T) {
+	var streams [][]string
+	var chunks []string
+	for line := range strings.Lines(mockerChat) {
+		if d, ok := strings.CutPrefix(strings.TrimSpace(line), "data: "); ok && d != "[DONE]" {
+			chunks = append(chunks, d)
+		}
+	}
+	streams = append(streams, chunks,
+		[]string{`{"id":"c1","object":"chat.completion.chunk","created":5,"model":"m","system_fingerprint":"fp","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}`,
+			`{"id":"c1","object":"chat.completion.chunk","created":5,"model":"m","choices":[{"index":1,"delta":{"role":"assistant","reasoning_content":"hm"},"logprobs":null,"finish_reason":null}]}`,
+			`{"id":"c1","object":"chat.completion.chunk","created":5,"model":"m","choices":[{"index":0,"delta":{"content":"Hel\n\u2028<é>"},"logprobs":{"content":[{"token":"Hel","logprob":-0.1}]},"finish_reason":null}]}`,
+			`{"id":"c1","object":"chat.completion.chunk","created":5,"model":"m","choices":[{"index":1,"delta":{"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"get","arguments":"{\"a\""}}]},"logprobs":null,"finish_reason":null}]}`,
+			`{"id":"c1","object":"chat.completion.chunk","created":5,"model":"m","choices":[{"index":0,"delta":{"content":"lo\u0001\b\f\t\\"},"logprobs":{"content":[{"token":"lo","logprob":-0.2}]},"finish_reason":"stop","stop_reason":null,"message":{"x":1}}]}`,
+			`{"id":"c1","object":"chat.completion.chunk","created":5,"model":"m","choices":[{"index":1,"delta":{"tool_calls":[{"index":0,"function":{"arguments":":1}"}},{"index":1,"function":{"name":"b"}}]},"logprobs":null,"finish_reason":"tool_calls"}]}`,
+			`{"id":"c1","object":"chat.completion.chunk","created":5,"model":"m","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":4,"total_tokens":7}}`},
+		[]string{`{"id":"x","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":"a","logprobs":{"tokens":["a"],"token_logprobs":[-1],"top_logprobs":[null],"text_offset":[0]},"finish_reason":null}]}`,
+			`{"id":"x","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":"b","logprobs":{"tokens":["b"],"token_logprobs":[-2],"top_logprobs":[null],"text_offset":[1]},"finish_reason":"length"}]}`},
+		[]string{`{"Object":"x","CHOICES":[],"e\u0301":1,"a":{"b":[1,"]"]},"choices":[{"index":"1","text":"t","delta":{"role":"user","x":"y"},"logprobs":{}},{"index":0,"finish_reason":null,"stop_reason":7}]}`,
+			`not json`, `[1]`, `{"choices":[{"index":0,"finish_reason":"stop","stop_reason":null,"text":null}],"usage":null,"model":"later"}`},
+	)
+	var g aggregate
+	for _, chat := range []bool{true, false} {
+		for _, s := range streams {
+			ref := refAggregate{chat: chat}
+			g.reset(chat)
+			for _, c := range s {
+				b := []byte(c)
+				if got, want := g.add(b), ref.add([]byte(c)); got != want {
+					t.Fatalf("add(%s): %v, want %v", c, got, want)
+				}
+				clear(b) // the reader's buffer is reused: nothing may refer to it
+			}
+			if got, want := string(g.bytes()), string(ref.bytes()); got != want {
+				t.Errorf("chat %v:\ngot  %s\nwant %s", chat, got, want)
+			}
+		}
+	}
+}

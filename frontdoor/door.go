@@ -14,6 +14,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -56,9 +57,11 @@ type Door struct {
 	r   *router.Router
 	cfg Config
 	log *slog.Logger
-	// up calls the workers' APIs: net/http's, as its calls can be cancelled at any moment,
-	// before the answer's headers as during its body, which closes the connection and so
-	// ends the engine's request (fasthttp's cannot be cancelled).
+	// eng forwards the requests to the workers' http:// APIs; its calls can be cancelled at
+	// any moment, before the answer's headers as during its body, which closes the connection
+	// and so ends the engine's request (fasthttp's cannot be cancelled).
+	eng upstream
+	// up calls them for the prefill stage and over https://: net/http's, cancellable too.
 	up  *http.Client
 	tok *fasthttp.Client // /tokenize, answers buffered
 	m   *metrics
@@ -70,6 +73,7 @@ type Door struct {
 	turn   atomic.Uint64 // which worker tokenizes next
 	bufs   sync.Pool     // *bufio.Reader, for reading streamed answers
 	evs    sync.Pool     // *[]byte, an event being read
+	aggs   sync.Pool     // *aggregate, assembling an answer
 	probe  prober        // the workers' health probes (health.go)
 	poll   poller        // the clients of the requests in flight
 }
@@ -107,6 +111,7 @@ func New(r *router.Router, cfg Config) *Door {
 	}
 	d.bufs.New = func() any { return bufio.NewReaderSize(nil, 32<<10) }
 	d.evs.New = func() any { b := make([]byte, 0, 4<<10); return &b }
+	d.aggs.New = func() any { return new(aggregate) }
 	d.startHealth()
 	return d
 }
@@ -367,7 +372,7 @@ func (d *Door) generate(ctx *fasthttp.RequestCtx, path, reqID string) {
 type nvext struct {
 	BackendInstanceID *uint64        `json:"backend_instance_id"`
 	DPRank            *uint32        `json:"dp_rank"`
-	TokenData         []uint32       `json:"token_data"`
+	TokenData         tokenIDs       `json:"token_data"`
 	CacheSalt         string         `json:"cache_salt"`
 	Override          *wire.Override `json:"router_config_override"`
 	// Queue order and the expected output (Dynamo's AgentHints): priority (seconds ahead, its
@@ -437,8 +442,8 @@ func (d *Door) tokens(ws []router.HTTPWorker, q *request, body map[string]json.R
 		}
 	} else {
 		p := body["prompt"]
-		var ids []uint32
-		if json.Unmarshal(p, &ids) == nil && len(ids) > 0 {
+		var ids tokenIDs // p and batch[0] are JSON: the map's decoding checked them
+		if ids.UnmarshalJSON(p) == nil && len(ids) > 0 {
 			return ids, false, 0, nil
 		}
 		var text string
@@ -451,7 +456,7 @@ func (d *Door) tokens(ws []router.HTTPWorker, q *request, body map[string]json.R
 			if json.Unmarshal(p, &batch) != nil || len(batch) == 0 {
 				return nil, false, fasthttp.StatusBadRequest, errors.New("prompt is required: a string, token ids, or a list of either")
 			}
-			if json.Unmarshal(batch[0], &ids) == nil && len(ids) > 0 {
+			if ids.UnmarshalJSON(batch[0]) == nil && len(ids) > 0 {
 				return ids, false, 0, nil
 			}
 			if json.Unmarshal(batch[0], &text) != nil {
@@ -533,7 +538,7 @@ func (d *Door) tokenizeAt(endpoint, auth string, body []byte) ([]uint32, int, er
 		return nil, code, fmt.Errorf("/tokenize answered %d: %.200s", code, resp.Body())
 	}
 	var out struct {
-		Tokens []uint32 `json:"tokens"`
+		Tokens tokenIDs `json:"tokens"`
 	}
 	if err := json.Unmarshal(resp.Body(), &out); err != nil {
 		return nil, fasthttp.StatusBadGateway, fmt.Errorf("/tokenize answered what is not its JSON: %w", err)
@@ -626,7 +631,7 @@ func (d *Door) forward(ctx *fasthttp.RequestCtx, q *request, ws []router.HTTPWor
 				return
 			}
 		}
-		o := &outgoing{url: strings.TrimRight(hw.Endpoint, "/") + q.path, rank: rank, auth: authFor(q, hw), reqID: q.reqID, body: out}
+		o := &outgoing{endpoint: hw.Endpoint, path: q.path, rank: rank, auth: authFor(q, hw), reqID: q.reqID, body: out}
 		ures, err := d.send(o, w)
 		if err == nil {
 			d.r.UpstreamOK(worker, rank)
@@ -736,7 +741,7 @@ func (d *Door) answer(ctx *fasthttp.RequestCtx, q *request, w *watcher, ures *ht
 	}
 	ctx.SetStatusCode(status)
 	ctx.SetContentType("text/event-stream")
-	sb := &streamBody{d: d, a: a, w: w, status: status, release: release,
+	sb := &streamBody{d: d, a: a, w: w, status: status, release: release, src: src,
 		rd: d.bufs.Get().(*bufio.Reader), evb: d.evs.Get().(*[]byte)}
 	sb.rd.Reset(src)
 	ctx.SetBodyStream(sb, -1)
@@ -760,6 +765,7 @@ type streamBody struct {
 	w       *watcher
 	status  int
 	release func()
+	src     io.Reader // the worker's answer's body
 	rd      *bufio.Reader
 	evb     *[]byte
 	out     []byte // what is to go to the client
@@ -784,7 +790,16 @@ func (s *streamBody) Read(p []byte) (int, error) {
 func (s *streamBody) next() {
 	s.out, s.off = s.out[:0], 0
 	for {
-		raw, data, err := readEvent(s.rd, s.evb)
+		var raw, data []byte
+		var err error
+		if s.a.done {
+			// [DONE] has gone on: the answer is whole, its body's end is read by the
+			// connection's next call.
+			wholeBody(s.src)
+			err = io.EOF
+		} else {
+			raw, data, err = readEvent(s.rd, s.evb)
+		}
 		if err != nil {
 			if err == io.EOF {
 				err = nil
@@ -835,7 +850,7 @@ func (a *answer) end(w *watcher, err error) string {
 	switch {
 	case errors.Is(w.err(), errClientGone):
 		return "client_gone"
-	case errors.Is(w.err(), errDeadline) || errors.Is(err, context.DeadlineExceeded):
+	case errors.Is(w.err(), errDeadline) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded):
 		return "timeout"
 	case err != nil || !a.whole():
 		return "upstream_error"
@@ -858,7 +873,9 @@ func (a *answer) cutMessage(end string, err error) string {
 // assemble reads the worker's event stream whole and answers a non-streaming client with the
 // assembled answer, or with an error when the stream broke off or carried one.
 func (d *Door) assemble(ctx *fasthttp.RequestCtx, a *answer, w *watcher, src io.Reader) {
-	agg := aggregate{chat: a.q.chat}
+	agg := d.aggs.Get().(*aggregate)
+	defer d.putAggregate(agg)
+	agg.reset(a.q.chat)
 	rd := d.bufs.Get().(*bufio.Reader)
 	rd.Reset(src)
 	evb := d.evs.Get().(*[]byte)
@@ -872,7 +889,12 @@ func (d *Door) assemble(ctx *fasthttp.RequestCtx, a *answer, w *watcher, src io.
 			continue
 		}
 		a.event(data)
-		if string(data) != "[DONE]" && a.errEv == nil {
+		if a.done {
+			// The answer is whole: its body's end is read by the connection's next call.
+			wholeBody(src)
+			break
+		}
+		if a.errEv == nil {
 			agg.add(data)
 		}
 	}
@@ -914,6 +936,24 @@ func (d *Door) assemble(ctx *fasthttp.RequestCtx, a *answer, w *watcher, src io.
 	ctx.SetContentType("application/json")
 	ctx.SetBody(agg.bytes())
 	a.finish(end, fasthttp.StatusOK)
+}
+
+// maxKeptAggregate is the size beyond which an aggregate's buffers are not kept for the next
+// answer: a long answer's.
+const maxKeptAggregate = 256 << 10
+
+func (d *Door) putAggregate(g *aggregate) {
+	if g.held() <= maxKeptAggregate {
+		g.reset(false)
+		d.aggs.Put(g)
+	}
+}
+
+// wholeBody tells the worker's answer's body, if it can be told, that the answer is whole.
+func wholeBody(body io.Reader) {
+	if b, ok := body.(interface{ Whole() }); ok {
+		b.Whole()
+	}
 }
 
 // whole relays an answer that is not an event stream, as it is, once it has all of it.

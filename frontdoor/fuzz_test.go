@@ -66,15 +66,21 @@ func FuzzEngineError(f *testing.F) {
 	})
 }
 
-// FuzzAggregate: any chunks assemble into a JSON object with choices; never a panic.
+// FuzzAggregate: any chunks assemble into a JSON object with choices, the reference model's
+// answer byte for byte; never a panic.
 func FuzzAggregate(f *testing.F) {
 	f.Add([]byte(`{"id":"c","choices":[{"index":0,"delta":{"content":"a","tool_calls":[{"index":0,"function":{"arguments":"x"}}]},"logprobs":{"content":[1]}}]}`),
 		[]byte(`{"choices":[{"index":0,"text":"b","finish_reason":"stop"}],"usage":{"completion_tokens":1}}`), true)
 	f.Add([]byte(`{"choices":[{"index":-3,"text":null,"logprobs":[]}]}`), []byte(`[]`), false)
 	f.Fuzz(func(t *testing.T, a, b []byte, chat bool) {
-		g := aggregate{chat: chat}
-		g.add(a)
-		g.add(b)
+		g, ref := aggregate{chat: chat}, refAggregate{chat: chat}
+		g.add(bytes.Clone(a))
+		g.add(bytes.Clone(b))
+		ref.add(a)
+		ref.add(b)
+		if got, want := g.bytes(), ref.bytes(); !bytes.Equal(got, want) {
+			t.Fatalf("got  %s\nwant %s", got, want)
+		}
 		var out struct {
 			Choices []json.RawMessage `json:"choices"`
 		}

@@ -61,14 +61,15 @@ func (d *Door) startHealth() {
 	go d.probeLoop()
 }
 
-// Close stops the Door's background work. The Door must not serve after it. Safe to call
-// more than once.
+// Close stops the Door's background work and closes its idle connections to the workers.
+// The Door must not serve after it. Safe to call more than once.
 func (d *Door) Close() {
 	p := &d.probe
 	p.once.Do(func() {
 		p.cancel()
 		<-p.done
 		d.r.SetProber(0)
+		d.eng.closeIdle()
 	})
 }
 

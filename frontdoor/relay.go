@@ -9,7 +9,9 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -35,7 +37,7 @@ type watcher struct {
 	gone     chan struct{} // closed when the client has gone or the deadline passed
 	why      atomic.Int32  // endGone or endTimeout, once gone is closed
 	mu       sync.Mutex
-	cancel   context.CancelFunc // the call in flight's; nil between calls
+	cancel   func() // the call in flight's; nil between calls
 	ended    bool
 }
 
@@ -150,6 +152,22 @@ func (w *watcher) call() context.Context {
 	return c
 }
 
+// attach makes cancel the call in flight's, in place of the one before: the watcher's firing
+// calls it, at once if it has fired.
+func (w *watcher) attach(cancel func()) {
+	w.mu.Lock()
+	if w.cancel != nil {
+		w.cancel()
+	}
+	w.cancel = cancel
+	w.mu.Unlock()
+	select {
+	case <-w.gone:
+		cancel()
+	default:
+	}
+}
+
 // end stops watching and releases the call's context. It may be called more than once.
 func (w *watcher) end() {
 	w.p.mu.Lock()
@@ -198,18 +216,49 @@ func (e *errUpstream) reason() string {
 
 // outgoing is what send needs of a request.
 type outgoing struct {
-	url   string
-	rank  uint32
-	auth  string // Authorization to send, "" for none
-	reqID string
-	body  []byte
+	endpoint string // the worker's http_endpoint
+	path     string
+	rank     uint32
+	auth     string // Authorization to send, "" for none
+	reqID    string
+	body     []byte
 }
 
-// send posts o and returns the worker's answer with its body still to read, under the
-// watcher's call context; a 5xx answer or no answer is an *errUpstream, and the watcher's
+// send posts o and returns the worker's answer with its body still to read; the watcher's
+// firing cancels the call. A 5xx answer or no answer is an *errUpstream, and the watcher's
 // firing returns its error.
 func (d *Door) send(o *outgoing, w *watcher) (*http.Response, error) {
-	req, err := http.NewRequestWithContext(w.call(), http.MethodPost, o.url, bytes.NewReader(o.body))
+	var resp *http.Response
+	var err error
+	if addr, host, prefix, ok := splitEndpoint(o.endpoint); ok {
+		resp, err = d.eng.do(addr, host, prefix+o.path, o, w.deadline, w.attach)
+	} else {
+		resp, err = d.sendHTTP(o, w) // https://
+	}
+	if err != nil {
+		if werr := w.err(); werr != nil {
+			return nil, werr
+		}
+		if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded) ||
+			(!w.deadline.IsZero() && !time.Now().Before(w.deadline)) {
+			return nil, errDeadline
+		}
+		if _, ok := err.(*errUpstream); ok {
+			return nil, err
+		}
+		return nil, &errUpstream{err: err}
+	}
+	if resp.StatusCode >= 500 {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+		resp.Body.Close()
+		return nil, &errUpstream{status: resp.StatusCode, apiErr: engineError(resp.StatusCode, b)}
+	}
+	return resp, nil
+}
+
+// sendHTTP is send through net/http's client, for workers whose endpoint is not http://.
+func (d *Door) sendHTTP(o *outgoing, w *watcher) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(w.call(), http.MethodPost, strings.TrimRight(o.endpoint, "/")+o.path, bytes.NewReader(o.body))
 	if err != nil {
 		return nil, &errUpstream{err: err}
 	}
@@ -223,22 +272,7 @@ func (d *Door) send(o *outgoing, w *watcher) (*http.Response, error) {
 	// the worker had closed, before the worker read any of it, is sent again on a new one.
 	req.Header["X-Idempotency-Key"] = nil
 	req.Header["X-Data-Parallel-Rank"] = []string{strconv.FormatUint(uint64(o.rank), 10)}
-	resp, err := d.up.Do(req)
-	if err != nil {
-		if werr := w.err(); werr != nil {
-			return nil, werr
-		}
-		if errors.Is(err, context.DeadlineExceeded) {
-			return nil, errDeadline
-		}
-		return nil, &errUpstream{err: err}
-	}
-	if resp.StatusCode >= 500 {
-		b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-		resp.Body.Close()
-		return nil, &errUpstream{status: resp.StatusCode, apiErr: engineError(resp.StatusCode, b)}
-	}
-	return resp, nil
+	return d.up.Do(req)
 }
 
 // hopByHop are the headers of one connection, never passed on (RFC 9110 §7.6.1), with those
