@@ -66,6 +66,10 @@ type Config struct {
 	// Cost is the router's cost formula (scoring.CostV1 by default).
 	Cost   scoring.CostModel
 	Worker sim.WorkerConfig
+	// Speeds, if set, makes the fleet heterogeneous: worker i+1 runs at Speeds[i] of
+	// Worker's speed (its every step Worker.Timing's time / Speeds[i]); a missing or
+	// non-positive entry is 1. The router is not told.
+	Speeds []float64
 	Seed   uint64
 	// Sample, if > 0, records every worker's running and waiting requests every Sample of
 	// simulated time.
@@ -431,7 +435,14 @@ func run(cfg Config, src trace.Source, n int) (*Result, error) {
 	ws := make([]*worker, cfg.Workers)
 	for i := range ws {
 		id := uint64(i + 1)
-		ws[i] = &worker{id: id, w: sim.NewWorker(id, wc)}
+		wci := wc
+		if i < len(cfg.Speeds) && cfg.Speeds[i] > 0 && cfg.Speeds[i] != 1 {
+			if wci.Timing == (sim.Timing{}) {
+				wci.Timing = sim.DefaultTiming()
+			}
+			wci.Timing = wci.Timing.Slowed(1 / cfg.Speeds[i])
+		}
+		ws[i] = &worker{id: id, w: sim.NewWorker(id, wci)}
 		g := router.Registration{ID: id, Model: model, BlockSize: wc.BlockSize,
 			Capacity: int64(ws[i].w.Config().Blocks), MaxTokens: int64(ws[i].w.Config().MaxBatchedTokens)}
 		if cfg.PrefillWorkers > 0 {

@@ -47,6 +47,7 @@ import (
 	"math"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -72,6 +73,7 @@ func main() {
 		blocks    = flag.Int("kv-blocks", 16384, "KV cache per worker, in blocks")
 		seed      = flag.Uint64("seed", 1, "seed of the router's tie-breaks")
 		weight    = flag.Float64("overlap-weight", 1, "the router's overlap score weight")
+		speeds    = flag.String("worker-speeds", "", "a heterogeneous fleet: comma-separated speeds of the first workers relative to the others (0.5,0.5: two at half speed)")
 		costName  = flag.String("router-cost", "v1", "the kv mode's cost formula: v1, main or ttft (as kvrouterd's --router-cost)")
 		temp      = flag.Float64("temperature", 0, "the router's softmax temperature (0: the lowest cost)")
 		inProc    = flag.Bool("e2e", false, "route through a kvrouterd started in process (HTTP + embedded NATS) instead of the router alone")
@@ -129,6 +131,15 @@ func main() {
 		dc = &router.DisaggConfig{Policy: p}
 	}
 	var credit *scoring.TierCredit
+	var speedList []float64
+	for _, f := range strings.FieldsFunc(*speeds, func(r rune) bool { return r == ',' }) {
+		v, err := strconv.ParseFloat(strings.TrimSpace(f), 64)
+		if err != nil || !(v > 0) || math.IsInf(v, 0) {
+			fmt.Fprintf(os.Stderr, "fleetsim: --worker-speeds: %q is not a speed > 0\n", f)
+			os.Exit(2)
+		}
+		speedList = append(speedList, v)
+	}
 	cost, err := scoring.ParseCost(*costName)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "fleetsim: --router-cost:", err)
@@ -145,7 +156,7 @@ func main() {
 			os.Exit(2)
 		}
 		streamRun(syn, *path, *traceBS, *timeUnit, *timeScale, *modes, func(name string) fleet.Config {
-			fc, err := modeConfig(name, fleet.Config{Workers: *workers, Worker: wc, Seed: *seed, OverlapWeight: *weight, Cost: cost, Temperature: *temp,
+			fc, err := modeConfig(name, fleet.Config{Workers: *workers, Worker: wc, Seed: *seed, OverlapWeight: *weight, Cost: cost, Speeds: speedList, Temperature: *temp,
 				Queue: queue, PrefillWorkers: *prefillN, Disagg: dc, TierCredit: credit, EventDelay: *evDelay,
 				PredictedTTL: time.Duration(*predTTL * float64(time.Second)), ClosedLoop: true})
 			if err != nil {
@@ -205,7 +216,7 @@ func main() {
 	fmt.Println(rule)
 	for _, name := range strings.Split(*modes, ",") {
 		t1 := time.Now()
-		fc := fleet.Config{Workers: *workers, Worker: wc, Seed: *seed, Pace: *pace, OverlapWeight: *weight, Cost: cost, Temperature: *temp,
+		fc := fleet.Config{Workers: *workers, Worker: wc, Seed: *seed, Pace: *pace, OverlapWeight: *weight, Cost: cost, Speeds: speedList, Temperature: *temp,
 			Queue: queue, PrefillWorkers: *prefillN, Disagg: dc, TierCredit: credit, EventDelay: *evDelay,
 			PredictedTTL: time.Duration(*predTTL * float64(time.Second)), ClosedLoop: closed}
 		if _, ok := fleet.ParsePeer(name); ok && e2eMode {

@@ -56,3 +56,14 @@ func (t Timing) StepTime(prefillTokens int, u float64, decoding bool) time.Durat
 	}
 	return time.Duration(math.Round(ms * 1e6))
 }
+
+// Slowed returns t with every step taking factor times as long (a worker at 1/factor of the
+// speed t models); factor ≤ 0 or 1 returns t.
+func (t Timing) Slowed(factor float64) Timing {
+	if factor <= 0 || factor == 1 {
+		return t
+	}
+	t.P2, t.P1, t.P0 = t.P2*factor, t.P1*factor, t.P0*factor
+	t.D2, t.D1, t.D0, t.DecodeFloor = t.D2*factor, t.D1*factor, t.D0*factor, t.DecodeFloor*factor
+	return t
+}

@@ -999,3 +999,19 @@ func TestTimingBlocks(t *testing.T) {
 		t.Errorf("u over 1: %v, want the decode at u = 1, %v", got, want)
 	}
 }
+
+func TestTimingSlowed(t *testing.T) {
+	d := DefaultTiming()
+	for _, c := range []struct {
+		tokens  int
+		u       float64
+		decodes bool
+	}{{0, 0.3, true}, {4096, 0, false}, {8192, 0.9, true}} {
+		if got, want := d.Slowed(2).StepTime(c.tokens, c.u, c.decodes), 2*d.StepTime(c.tokens, c.u, c.decodes); got-want > 1 || want-got > 1 {
+			t.Fatalf("%+v: half speed %v, want %v", c, got, want)
+		}
+	}
+	if d.Slowed(1) != d || d.Slowed(0) != d {
+		t.Fatal("a factor of 1 or 0 changed the timing")
+	}
+}
