@@ -137,33 +137,46 @@ func (g *aggregate) add(data []byte) bool {
 	if !gjson.ValidBytes(data) {
 		return false
 	}
-	c := gjson.Parse(unsafeString(data))
-	if !c.IsObject() {
+	d := unsafeString(data)
+	if i := skipSpace(data, 0); i == len(d) || d[i] != '{' {
 		return false
 	}
-	c.ForEach(func(k, v gjson.Result) bool {
-		switch key := k.Str; {
+	eachMember(d, func(k, v string) bool {
+		switch key := keyString(k); {
 		case key == "choices":
-			v.ForEach(func(_, ch gjson.Result) bool {
-				if ch.IsObject() {
-					g.choice(int(ch.Get("index").Int())).add(g, ch)
+			eachElem(v, func(ch string) bool {
+				if ch[0] == '{' {
+					g.choice(choiceIndex(ch)).add(g, ch)
 				}
 				return true
 			})
 		case key == "usage":
-			if v.Type != gjson.Null {
-				g.usage = g.keep(v.Raw)
+			if v != "null" {
+				g.usage = g.keep(v)
 			}
 		case strings.EqualFold(key, "choices"), strings.EqualFold(key, "object"), strings.EqualFold(key, "usage"):
 			// The assembled answer's own; a case variant would shadow it for a lenient reader.
 		default:
 			if !slices.ContainsFunc(g.top, func(m member) bool { return m.k == key }) {
-				g.top = append(g.top, member{k: name(key), v: g.keep(v.Raw)})
+				g.top = append(g.top, member{k: name(key), v: g.keep(v)})
 			}
 		}
 		return true
 	})
 	return true
+}
+
+// choiceIndex is a choice's index (its first "index" member, read as gjson reads an int).
+func choiceIndex(ch string) int {
+	idx := 0
+	eachMember(ch, func(k, v string) bool {
+		if keyString(k) == "index" {
+			idx = int(gjson.Parse(v).Int())
+			return false
+		}
+		return true
+	})
+	return idx
 }
 
 // choice returns the choice of index idx, added if new (its buffers kept from an earlier
@@ -188,8 +201,9 @@ func (g *aggregate) choice(idx int) *choice {
 	return c
 }
 
-func (c *choice) appendText(k string, v gjson.Result) {
-	if v.Type != gjson.String {
+// appendText appends the raw JSON value v to the choice's text k, if it is a string.
+func (c *choice) appendText(k, v string) {
+	if v[0] != '"' {
 		return
 	}
 	i := slices.IndexFunc(c.text, func(t textField) bool { return t.k == k })
@@ -202,24 +216,24 @@ func (c *choice) appendText(k string, v gjson.Result) {
 			c.text = append(c.text, textField{k: name(k)})
 		}
 	}
-	c.text[i].v = append(c.text[i].v, v.Str...)
+	c.text[i].v = append(c.text[i].v, stringValue(v)...)
 }
 
-func (c *choice) add(g *aggregate, ch gjson.Result) {
-	ch.ForEach(func(k, v gjson.Result) bool {
-		switch key := k.Str; key {
+func (c *choice) add(g *aggregate, ch string) {
+	eachMember(ch, func(k, v string) bool {
+		switch key := keyString(k); key {
 		case "index":
 		case "delta":
-			v.ForEach(func(dk, dv gjson.Result) bool {
-				switch dk.Str {
+			eachMember(v, func(dk, dv string) bool {
+				switch dkey := keyString(dk); dkey {
 				case "role":
-					if dv.Type == gjson.String {
-						c.role = name(dv.Str)
+					if dv[0] == '"' {
+						c.role = name(stringValue(dv))
 					}
 				case "tool_calls":
-					c.addTools(dv)
+					c.addTools(gjson.Parse(dv))
 				default:
-					c.appendText(dk.Str, dv)
+					c.appendText(dkey, dv)
 				}
 				return true
 			})
@@ -228,14 +242,14 @@ func (c *choice) add(g *aggregate, ch gjson.Result) {
 				c.appendText("text", v)
 			}
 		case "logprobs":
-			c.addLogprobs(g, v)
+			c.addLogprobs(g, gjson.Parse(v))
 		default:
 			i := slices.IndexFunc(c.other, func(m member) bool { return m.k == key })
 			switch {
-			case v.Type != gjson.Null && i >= 0:
-				c.other[i].v = g.keep(v.Raw)
-			case v.Type != gjson.Null:
-				c.other = append(c.other, member{k: name(key), v: g.keep(v.Raw)})
+			case v != "null" && i >= 0:
+				c.other[i].v = g.keep(v)
+			case v != "null":
+				c.other = append(c.other, member{k: name(key), v: g.keep(v)})
 			case i < 0:
 				c.other = append(c.other, member{k: name(key), v: jsonNull})
 			}
@@ -459,6 +473,124 @@ func appendTools(b []byte, c *choice) []byte {
 	}
 	return append(b, ']')
 }
+
+// The chunks' members are read by a scanner of valid JSON (add checks it first): one pass
+// over a chunk where gjson's ForEach read every value twice.
+
+// eachMember calls f with each member of the JSON object d, its key as written (quoted) and its
+// raw value, until f returns false.
+func eachMember(d string, f func(k, v string) bool) {
+	i := skipSpaceString(d, 0)
+	if i == len(d) || d[i] != '{' {
+		return
+	}
+	for i++; ; i++ {
+		i = skipSpaceString(d, i)
+		if i == len(d) || d[i] != '"' {
+			return
+		}
+		ks := i
+		i = skipString(d, i)
+		k := d[ks:i]
+		if i = skipSpaceString(d, i); i == len(d) || d[i] != ':' {
+			return
+		}
+		vs := skipSpaceString(d, i+1)
+		i = skipValue(d, vs)
+		if vs == i || !f(k, d[vs:i]) {
+			return
+		}
+		if i = skipSpaceString(d, i); i == len(d) || d[i] != ',' {
+			return
+		}
+	}
+}
+
+// eachElem calls f with each element of the JSON array d, raw, until f returns false.
+func eachElem(d string, f func(v string) bool) {
+	i := skipSpaceString(d, 0)
+	if i == len(d) || d[i] != '[' {
+		return
+	}
+	for i++; ; i++ {
+		vs := skipSpaceString(d, i)
+		i = skipValue(d, vs)
+		if vs == i || !f(d[vs:i]) {
+			return
+		}
+		if i = skipSpaceString(d, i); i == len(d) || d[i] != ',' {
+			return
+		}
+	}
+}
+
+// skipValue returns the end of the JSON value at d[i:] (i itself where there is none).
+func skipValue(d string, i int) int {
+	if i == len(d) {
+		return i
+	}
+	switch d[i] {
+	case '"':
+		return skipString(d, i)
+	case '{', '[':
+		depth := 0
+		for ; i < len(d); i++ {
+			switch d[i] {
+			case '"':
+				i = skipString(d, i) - 1
+			case '{', '[':
+				depth++
+			case '}', ']':
+				if depth--; depth == 0 {
+					return i + 1
+				}
+			}
+		}
+		return i
+	case '}', ']', ',', ':':
+		return i
+	}
+	for i < len(d) && d[i] != ',' && d[i] != '}' && d[i] != ']' && d[i] != ' ' && d[i] != '\t' && d[i] != '\n' && d[i] != '\r' {
+		i++
+	}
+	return i
+}
+
+// skipString returns the end of the JSON string at d[i:], its closing quote included.
+func skipString(d string, i int) int {
+	for i++; ; i++ {
+		j := strings.IndexByte(d[i:], '"')
+		if j < 0 {
+			return len(d)
+		}
+		i += j
+		n := 0 // the backslashes before the quote: an odd number escapes it
+		for k := i - 1; d[k] == '\\'; k-- {
+			n++
+		}
+		if n%2 == 0 {
+			return i + 1
+		}
+	}
+}
+
+func skipSpaceString(d string, i int) int {
+	for i < len(d) && (d[i] == ' ' || d[i] == '\t' || d[i] == '\n' || d[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// stringValue is the JSON string v's value: v without its quotes when nothing is escaped.
+func stringValue(v string) string {
+	if strings.IndexByte(v, '\\') < 0 {
+		return v[1 : len(v)-1]
+	}
+	return gjson.Parse(v).Str
+}
+
+// keyString is a member's key as written, unquoted and unescaped.
+func keyString(k string) string { return stringValue(k) }
 
 // appendString appends s as a JSON string, as encoding/json writes it: HTML characters, U+2028
 // and U+2029 escaped, invalid UTF-8 as U+FFFD.
