@@ -262,8 +262,8 @@ func (d *Door) generate(ctx *fasthttp.RequestCtx, path, reqID string) {
 	if d.cfg.Timeout > 0 {
 		q.deadline = q.start.Add(d.cfg.Timeout)
 	}
-	var body map[string]json.RawMessage
-	if err := json.Unmarshal(ctx.PostBody(), &body); err != nil || body == nil {
+	body, err := decodeObject(ctx.PostBody())
+	if err != nil || body == nil {
 		msg := "the body is not a JSON object"
 		if err != nil {
 			msg += ": " + err.Error()
@@ -319,7 +319,6 @@ func (d *Door) generate(ctx *fasthttp.RequestCtx, path, reqID string) {
 	var toks []uint32
 	var rewrite bool
 	var status int
-	var err error
 	if len(hints.TokenData) > 0 {
 		toks = hints.TokenData // Dynamo's pre-tokenized prompt
 	} else {
@@ -712,9 +711,9 @@ func goneAnswer(ctx *fasthttp.RequestCtx) {
 // event stream to a streaming client as it comes, or assembled into one JSON answer for the
 // others; a whole JSON answer as it is. It reports whether the answer was handed to the
 // response's stream writer, which then owns ures, the watcher and the booking.
-func (d *Door) answer(ctx *fasthttp.RequestCtx, q *request, w *watcher, ures *http.Response, id string, worker uint64, rank uint32) bool {
+func (d *Door) answer(ctx *fasthttp.RequestCtx, q *request, w *watcher, ures *upAnswer, id string, worker uint64, rank uint32) bool {
 	a := &answer{d: d, q: q, id: id, worker: worker, rank: rank, track: d.r.TracksOutput()}
-	status := ures.StatusCode
+	status := ures.status
 	ctx.Response.Header.Set("X-Kvrouterd-Worker", strconv.FormatUint(worker, 10))
 	release := func() { _ = ures.Body.Close() }
 	if status >= 300 {
@@ -726,9 +725,9 @@ func (d *Door) answer(ctx *fasthttp.RequestCtx, q *request, w *watcher, ures *ht
 		d.m.dynRequests.WithLabelValues(q.model, q.endpoint, requestType(q), "error").Inc()
 		return false
 	}
-	passHeaders(ctx, ures.Header)
+	passHeaders(ctx, ures)
 	src := ures.Body
-	if !strings.HasPrefix(ures.Header.Get("Content-Type"), "text/event-stream") {
+	if !strings.HasPrefix(ures.ctype, "text/event-stream") {
 		// An engine that answered whole although asked to stream: relayed as it is, if whole.
 		d.whole(ctx, a, w, ures, status)
 		release()
@@ -957,7 +956,7 @@ func wholeBody(body io.Reader) {
 }
 
 // whole relays an answer that is not an event stream, as it is, once it has all of it.
-func (d *Door) whole(ctx *fasthttp.RequestCtx, a *answer, w *watcher, ures *http.Response, status int) {
+func (d *Door) whole(ctx *fasthttp.RequestCtx, a *answer, w *watcher, ures *upAnswer, status int) {
 	b, err := io.ReadAll(io.LimitReader(ures.Body, 256<<20))
 	end := a.end(w, err)
 	if end == "upstream_error" && err == nil {
@@ -980,7 +979,7 @@ func (d *Door) whole(ctx *fasthttp.RequestCtx, a *answer, w *watcher, ures *http
 	a.readUsage(gjson.GetBytes(b, "usage"))
 	_ = d.r.PrefillDone(a.id)
 	ctx.SetStatusCode(status)
-	if ct := ures.Header.Get("Content-Type"); ct != "" {
+	if ct := ures.ctype; ct != "" {
 		ctx.Response.Header.SetContentType(ct)
 	}
 	ctx.SetBody(b)

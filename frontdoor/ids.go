@@ -3,6 +3,10 @@ package frontdoor
 import (
 	"encoding/json"
 	"math"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/tidwall/gjson"
 )
 
 // tokenIDs is a list of token ids in JSON (nvext.token_data, a completion's prompt, /tokenize's
@@ -71,4 +75,39 @@ func skipSpace(b []byte, i int) int {
 		i++
 	}
 	return i
+}
+
+// decodeObject decodes a request body, a JSON object, into its members' raw values, as
+// json.Unmarshal into a map[string]json.RawMessage does (the last of a key twice wins; a body
+// of null is a nil map), in one pass of gjson: encoding/json's reflection took most of a
+// request's decoding. What gjson finds invalid, or is not an object, goes to json.Unmarshal,
+// for its answer and its error.
+func decodeObject(b []byte) (map[string]json.RawMessage, error) {
+	if !gjson.ValidBytes(b) {
+		return decodeObjectJSON(b)
+	}
+	root := gjson.Parse(unsafeString(b))
+	if !root.IsObject() {
+		return decodeObjectJSON(b)
+	}
+	m := make(map[string]json.RawMessage, 8)
+	odd := false
+	root.ForEach(func(k, v gjson.Result) bool {
+		if strings.IndexByte(k.Raw, '\\') >= 0 || !utf8.ValidString(k.Raw) {
+			odd = true // a key escaped or not UTF-8: encoding/json's reading of it is the one
+			return false
+		}
+		m[strings.Clone(k.Str)] = json.RawMessage(v.Raw) // copies: b is the request's
+		return true
+	})
+	if odd {
+		return decodeObjectJSON(b)
+	}
+	return m, nil
+}
+
+func decodeObjectJSON(b []byte) (map[string]json.RawMessage, error) {
+	var m map[string]json.RawMessage
+	err := json.Unmarshal(b, &m)
+	return m, err
 }

@@ -39,3 +39,39 @@ func FuzzTokenIDs(f *testing.F) {
 	}
 	f.Fuzz(checkTokenIDs)
 }
+
+// objectCases are request bodies and what is not one.
+var objectCases = []string{`{}`, ` {"model":"m","stream":true,"nvext":{"token_data":[1,2]}} `, `{"a":1,"a":2}`,
+	`{"a\u0041":"\u00e9","b":[1,{"c":null}]}`, `null`, `[]`, `"x"`, `{"a":01}`, `{"a":1,}`, `{"a":"\x01"}`,
+	"{\"a\":\"\xff\"}", `{"a":1}x`, `{`, ``, `{"a":1e400}`, `{"a":-0.0e-0}`, `{"a":tru}`}
+
+// TestDecodeObject: decodeObject answers as json.Unmarshal into a map of raw values does, errors
+// alike.
+func TestDecodeObject(t *testing.T) {
+	for _, c := range objectCases {
+		checkDecodeObject(t, []byte(c))
+	}
+}
+
+func checkDecodeObject(t *testing.T, b []byte) {
+	t.Helper()
+	var want map[string]json.RawMessage
+	wantErr := json.Unmarshal(b, &want)
+	got, err := decodeObject(b)
+	if (err != nil) != (wantErr != nil) || (got == nil) != (want == nil) || len(got) != len(want) {
+		t.Fatalf("%q: %v %v, want %v %v", b, got, err, want, wantErr)
+	}
+	for k, v := range want {
+		if string(got[k]) != string(v) {
+			t.Fatalf("%q: %q is %q, want %q", b, k, got[k], v)
+		}
+	}
+}
+
+// FuzzDecodeObject: decodeObject agrees with json.Unmarshal on any bytes.
+func FuzzDecodeObject(f *testing.F) {
+	for _, c := range objectCases {
+		f.Add([]byte(c))
+	}
+	f.Fuzz(checkDecodeObject)
+}

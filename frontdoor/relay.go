@@ -227,8 +227,8 @@ type outgoing struct {
 // send posts o and returns the worker's answer with its body still to read; the watcher's
 // firing cancels the call. A 5xx answer or no answer is an *errUpstream, and the watcher's
 // firing returns its error.
-func (d *Door) send(o *outgoing, w *watcher) (*http.Response, error) {
-	var resp *http.Response
+func (d *Door) send(o *outgoing, w *watcher) (*upAnswer, error) {
+	var resp *upAnswer
 	var err error
 	if addr, host, prefix, ok := splitEndpoint(o.endpoint); ok {
 		resp, err = d.eng.do(addr, host, prefix+o.path, o, w.deadline, w.attach)
@@ -248,16 +248,16 @@ func (d *Door) send(o *outgoing, w *watcher) (*http.Response, error) {
 		}
 		return nil, &errUpstream{err: err}
 	}
-	if resp.StatusCode >= 500 {
+	if resp.status >= 500 {
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
 		resp.Body.Close()
-		return nil, &errUpstream{status: resp.StatusCode, apiErr: engineError(resp.StatusCode, b)}
+		return nil, &errUpstream{status: resp.status, apiErr: engineError(resp.status, b)}
 	}
 	return resp, nil
 }
 
 // sendHTTP is send through net/http's client, for workers whose endpoint is not http://.
-func (d *Door) sendHTTP(o *outgoing, w *watcher) (*http.Response, error) {
+func (d *Door) sendHTTP(o *outgoing, w *watcher) (*upAnswer, error) {
 	req, err := http.NewRequestWithContext(w.call(), http.MethodPost, strings.TrimRight(o.endpoint, "/")+o.path, bytes.NewReader(o.body))
 	if err != nil {
 		return nil, &errUpstream{err: err}
@@ -272,7 +272,11 @@ func (d *Door) sendHTTP(o *outgoing, w *watcher) (*http.Response, error) {
 	// the worker had closed, before the worker read any of it, is sent again on a new one.
 	req.Header["X-Idempotency-Key"] = nil
 	req.Header["X-Data-Parallel-Rank"] = []string{strconv.FormatUint(uint64(o.rank), 10)}
-	return d.up.Do(req)
+	resp, err := d.up.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	return &upAnswer{status: resp.StatusCode, ctype: resp.Header.Get("Content-Type"), hh: resp.Header, Body: resp.Body}, nil
 }
 
 // hopByHop are the headers of one connection, never passed on (RFC 9110 §7.6.1), with those
@@ -285,8 +289,16 @@ var hopByHop = map[string]bool{
 }
 
 // passHeaders copies the worker's answer's end-to-end headers to the client's.
-func passHeaders(ctx *fasthttp.RequestCtx, h http.Header) {
-	for k, vs := range h {
+func passHeaders(ctx *fasthttp.RequestCtx, a *upAnswer) {
+	if a.hdr != nil {
+		for k, v := range a.hdr.All() {
+			if !hopByHop[string(k)] {
+				ctx.Response.Header.AddBytesKV(k, v)
+			}
+		}
+		return
+	}
+	for k, vs := range a.hh {
 		if hopByHop[k] {
 			continue
 		}

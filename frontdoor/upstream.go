@@ -2,6 +2,7 @@ package frontdoor
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -12,6 +13,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/valyala/fasthttp"
 )
 
 // upstream is the front door's HTTP/1.1 client for the requests it forwards to the workers'
@@ -39,7 +42,8 @@ type upConn struct {
 	c    net.Conn
 	br   *bufio.Reader
 	bw   *bufio.Writer
-	host string // host:port
+	hdr  fasthttp.ResponseHeader // the answer's in reading: fasthttp's parser allocates nothing
+	host string                  // host:port
 	used time.Time
 	// rest is the end of an answer that was whole before its body ended (an event stream's
 	// "data: [DONE]" seen; its last chunk and trailer to come): read by the connection's next
@@ -104,15 +108,34 @@ func (c *upCall) release(reuse bool, rest io.Reader) {
 	}
 }
 
-// upBody is an answer's body: reading it to its end, or to its whole answer's end (Whole),
-// makes the connection reusable, and closing it releases the call (without reading the rest:
-// a worker's stream may be long).
+// upAnswer is a worker's answer: its status and headers, and its body still to read.
+type upAnswer struct {
+	status int
+	ctype  string                   // Content-Type
+	hdr    *fasthttp.ResponseHeader // http:// workers: good until Body is closed
+	hh     http.Header              // https:// workers
+	Body   io.ReadCloser
+}
+
+// Body framings.
+const (
+	bodyChunked = iota // Transfer-Encoding: chunked
+	bodyLength         // Content-Length
+	bodyClose          // to the connection's end
+)
+
+// upBody is an answer's body, unframed from the connection as it is read. Reading it to its
+// end, or to its whole answer's end (Whole), makes the connection reusable, and closing it
+// releases the call (without reading the rest: a worker's stream may be long).
 type upBody struct {
-	call  *upCall
-	body  io.ReadCloser
-	keep  bool // the worker did not ask to close the connection
-	ended bool
-	whole bool
+	call    *upCall
+	br      *bufio.Reader
+	framing int
+	n       int64 // bytes left: of the current chunk, or of a Content-Length body
+	inChunk bool  // a chunk's data begun, its CRLF to come
+	err     error // once the body ended: io.EOF, or why it broke off
+	keep    bool  // the worker did not ask to close the connection
+	whole   bool
 }
 
 // Whole says that the answer is whole although its body has not ended: an event stream's
@@ -120,19 +143,119 @@ type upBody struct {
 func (b *upBody) Whole() { b.whole = true }
 
 func (b *upBody) Read(p []byte) (int, error) {
-	n, err := b.body.Read(p)
+	if b.err != nil {
+		return 0, b.err
+	}
+	switch b.framing {
+	case bodyChunked:
+		if b.n == 0 {
+			if err := b.nextChunk(); err != nil {
+				b.err = err
+				return 0, err
+			}
+		}
+	case bodyLength:
+		if b.n == 0 {
+			b.err = io.EOF
+			return 0, io.EOF
+		}
+	case bodyClose:
+		n, err := b.br.Read(p)
+		if err != nil {
+			b.err = err
+		}
+		return n, err
+	}
+	if int64(len(p)) > b.n {
+		p = p[:b.n]
+	}
+	n, err := b.br.Read(p)
+	b.n -= int64(n)
 	if err == io.EOF {
-		b.ended = true
+		err = io.ErrUnexpectedEOF
+	}
+	if err != nil {
+		b.err = err
 	}
 	return n, err
 }
 
-func (b *upBody) Close() error {
-	var rest io.Reader
-	if !b.ended && b.whole {
-		rest = b.body
+var errChunk = errors.New("frontdoor: malformed chunked encoding in the worker's answer")
+
+// nextChunk reads up to the next chunk's data: the CRLF that ends the last, the next's size
+// line, and at the last chunk its trailer (io.EOF then).
+func (b *upBody) nextChunk() error {
+	if b.inChunk {
+		line, err := b.line()
+		if err != nil {
+			return err
+		}
+		if len(line) != 0 {
+			return errChunk
+		}
+		b.inChunk = false
 	}
-	b.call.release((b.ended || b.whole) && b.keep, rest)
+	line, err := b.line()
+	if err != nil {
+		return err
+	}
+	if i := bytes.IndexByte(line, ';'); i >= 0 {
+		line = line[:i] // chunk extensions
+	}
+	line = bytes.TrimRight(line, " \t")
+	if len(line) == 0 || len(line) > 15 {
+		return errChunk
+	}
+	var size int64
+	for _, c := range line {
+		switch {
+		case c >= '0' && c <= '9':
+			c -= '0'
+		case c >= 'a' && c <= 'f':
+			c -= 'a' - 10
+		case c >= 'A' && c <= 'F':
+			c -= 'A' - 10
+		default:
+			return errChunk
+		}
+		size = size<<4 | int64(c)
+	}
+	if size > 0 {
+		b.n, b.inChunk = size, true
+		return nil
+	}
+	for { // the trailer, up to its blank line
+		line, err := b.line()
+		if err != nil {
+			return err
+		}
+		if len(line) == 0 {
+			return io.EOF
+		}
+	}
+}
+
+// line reads a line of the chunked framing, without its CRLF.
+func (b *upBody) line() ([]byte, error) {
+	line, err := b.br.ReadSlice('\n')
+	switch {
+	case err == io.EOF:
+		return nil, io.ErrUnexpectedEOF
+	case err == bufio.ErrBufferFull:
+		return nil, errChunk
+	case err != nil:
+		return nil, err
+	}
+	return bytes.TrimRight(line, "\r\n"), nil
+}
+
+func (b *upBody) Close() error {
+	ended := b.err == io.EOF
+	var rest io.Reader
+	if !ended && b.whole {
+		rest = b
+	}
+	b.call.release((ended || b.whole) && b.keep, rest)
 	return nil
 }
 
@@ -162,7 +285,7 @@ func splitEndpoint(endpoint string) (addr, host, prefix string, ok bool) {
 // answer's body is the call's, and closing it releases the call. Reads and writes end at
 // deadline, when it is set. A request that failed on a reused connection before any byte of its
 // answer came (the worker had closed it meanwhile) is sent again once, on a new connection.
-func (u *upstream) do(addr, host, path string, o *outgoing, deadline time.Time, attach func(func())) (*http.Response, error) {
+func (u *upstream) do(addr, host, path string, o *outgoing, deadline time.Time, attach func(func())) (*upAnswer, error) {
 	call := &upCall{u: u}
 	attach(call.cancel)
 	for try := 0; ; try++ {
@@ -175,10 +298,9 @@ func (u *upstream) do(addr, host, path string, o *outgoing, deadline time.Time, 
 			call.release(false, nil)
 			return nil, err
 		}
-		resp, stale, err := conn.roundTrip(host, path, o)
+		a, stale, err := conn.roundTrip(call, host, path, o)
 		if err == nil {
-			resp.Body = &upBody{call: call, body: resp.Body, keep: !resp.Close}
-			return resp, nil
+			return a, nil
 		}
 		call.mu.Lock()
 		call.conn = nil
@@ -236,7 +358,7 @@ func (u *upstream) conn(call *upCall, addr string, deadline time.Time, fresh boo
 
 // roundTrip writes the request and reads its answer's headers. stale says that it failed as a
 // connection the worker had closed fails, before any byte of the answer came.
-func (c *upConn) roundTrip(host, path string, o *outgoing) (resp *http.Response, stale bool, err error) {
+func (c *upConn) roundTrip(call *upCall, host, path string, o *outgoing) (a *upAnswer, stale bool, err error) {
 	w := c.bw
 	w.WriteString("POST ")
 	w.WriteString(path)
@@ -262,13 +384,26 @@ func (c *upConn) roundTrip(host, path string, o *outgoing) (resp *http.Response,
 		if _, err := c.br.Peek(1); err != nil {
 			return nil, isStale(err), err
 		}
-		if resp, err = http.ReadResponse(c.br, nil); err != nil {
+		h := &c.hdr
+		if err := h.Read(c.br); err != nil {
 			return nil, false, err
 		}
-		if resp.StatusCode >= 100 && resp.StatusCode < 200 && resp.StatusCode != http.StatusSwitchingProtocols {
+		status := h.StatusCode()
+		if status >= 100 && status < 200 && status != http.StatusSwitchingProtocols {
 			continue // 100 Continue and the like: the answer follows
 		}
-		return resp, false, nil
+		b := &upBody{call: call, br: c.br, keep: !h.ConnectionClose()}
+		switch n := h.ContentLength(); {
+		case status == http.StatusNoContent || status == http.StatusNotModified:
+			b.framing = bodyLength
+		case n == -1:
+			b.framing = bodyChunked
+		case n >= 0:
+			b.framing, b.n = bodyLength, int64(n)
+		default:
+			b.framing, b.keep = bodyClose, false
+		}
+		return &upAnswer{status: status, ctype: string(h.ContentType()), hdr: h, Body: b}, false, nil
 	}
 }
 

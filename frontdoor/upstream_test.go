@@ -2,9 +2,11 @@ package frontdoor
 
 import (
 	"bufio"
+	"bytes"
 	"io"
 	"net"
 	"net/http"
+	"net/http/httputil"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -203,4 +205,29 @@ func TestUpstreamWhole(t *testing.T) {
 	}
 	f("0\r\n\r\n", 1)
 	f("", 3)
+}
+
+// FuzzUpBody: a chunked body, as net/http writes one, reads back whole, its trailer read; any
+// bytes read as a chunked body end in an answer or an error, never a panic.
+func FuzzUpBody(f *testing.F) {
+	f.Add([]byte("data: [DONE]\n\n"), []byte("5\r\nhello\r\n0\r\nX-T: 1\r\n\r\n"))
+	f.Add([]byte(""), []byte("fffffffffffffff\r\n"))
+	f.Add([]byte("a"), []byte("1;ext=1\r\na\r\n0\r\n\r\n"))
+	read := func(b []byte) ([]byte, error) {
+		body := &upBody{br: bufio.NewReaderSize(bytes.NewReader(b), 16), framing: bodyChunked}
+		return io.ReadAll(body)
+	}
+	f.Fuzz(func(t *testing.T, data, raw []byte) {
+		var enc bytes.Buffer
+		cw := httputil.NewChunkedWriter(&enc)
+		for p := data; len(p) > 0; p = p[min(len(p), 7):] {
+			cw.Write(p[:min(len(p), 7)])
+		}
+		cw.Close()
+		enc.WriteString("\r\n")
+		if got, err := read(enc.Bytes()); err != nil || !bytes.Equal(got, data) {
+			t.Fatalf("%q: %q %v", enc.Bytes(), got, err)
+		}
+		_, _ = read(raw)
+	})
 }
