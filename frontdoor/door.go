@@ -300,7 +300,7 @@ func (d *Door) generate(ctx *fasthttp.RequestCtx, path, reqID string) {
 		return
 	}
 	var hints nvext
-	if raw, ok := body["nvext"]; ok && json.Unmarshal(raw, &hints) != nil {
+	if raw, ok := body["nvext"]; ok && hints.decode(raw) != nil {
 		d.fail(ctx, path, fasthttp.StatusBadRequest, "invalid_type", "nvext", "nvext is not Dynamo's extension object")
 		return
 	}
@@ -389,6 +389,29 @@ type nvext struct {
 	} `json:"session_control"`
 }
 
+// decode reads raw, nvext's JSON (checked valid), as json.Unmarshal does: by hand when it holds
+// token_data alone (Dynamo's pre-tokenized prompt, the common case), which reflection made a
+// large part of a request's decoding; else by encoding/json.
+func (h *nvext) decode(raw json.RawMessage) error {
+	d := unsafeString(raw)
+	if i := skipSpace(d, 0); i < len(d) && d[i] == '{' {
+		plain := true
+		eachMember(d, func(k, _ string) bool {
+			plain = k == `"token_data"`
+			return plain
+		})
+		if plain {
+			var err error
+			eachMember(d, func(_, v string) bool {
+				err = h.TokenData.UnmarshalJSON([]byte(v))
+				return err == nil
+			})
+			return err
+		}
+	}
+	return json.Unmarshal(raw, h)
+}
+
 // routeRequest is the route of toks under the hints: by local hashes when the prompt is salted
 // (the router's own hashing of token ids knows no salt), pinned when the request names a worker.
 func (h *nvext) routeRequest(rr *wire.RouteRequest, toks []uint32, bs int) {
@@ -428,7 +451,9 @@ func (h *nvext) routeRequest(rr *wire.RouteRequest, toks []uint32, bs int) {
 // /tokenize of its prompt or messages. rewrite says to forward the ids as the prompt.
 func (d *Door) tokens(ws []router.HTTPWorker, q *request, body map[string]json.RawMessage) (toks []uint32, rewrite bool, status int, err error) {
 	chat := q.chat
-	tb := map[string]json.RawMessage{"model": body["model"]}
+	// The /tokenize request: the body's own members, raw, in key order.
+	var arr [10]member
+	tb := append(arr[:0], member{k: "model", v: body["model"]})
 	if chat {
 		if len(body["messages"]) == 0 {
 			return nil, false, fasthttp.StatusBadRequest, errors.New("messages is required")
@@ -436,7 +461,7 @@ func (d *Door) tokens(ws []router.HTTPWorker, q *request, body map[string]json.R
 		for _, k := range []string{"messages", "add_generation_prompt", "continue_final_message", "add_special_tokens",
 			"chat_template", "chat_template_kwargs", "tools", "mm_processor_kwargs"} {
 			if v, ok := body[k]; ok {
-				tb[k] = v
+				tb = append(tb, member{k: k, v: v})
 			}
 		}
 	} else {
@@ -465,12 +490,25 @@ func (d *Door) tokens(ws []router.HTTPWorker, q *request, body map[string]json.R
 		if text == "" {
 			return nil, false, fasthttp.StatusBadRequest, errors.New("prompt must not be empty")
 		}
-		tb["prompt"], _ = json.Marshal(text)
+		tb = append(tb, member{k: "prompt", v: appendString(nil, text)})
 		if v, ok := body["add_special_tokens"]; ok {
-			tb["add_special_tokens"] = v
+			tb = append(tb, member{k: "add_special_tokens", v: v})
 		}
 	}
-	req, _ := json.Marshal(tb)
+	slices.SortFunc(tb, func(a, b member) int { return strings.Compare(a.k, b.k) })
+	n := 2
+	for _, m := range tb {
+		n += len(m.k) + len(m.v) + 4
+	}
+	req := append(make([]byte, 0, n), '{')
+	for i, m := range tb {
+		if i > 0 {
+			req = append(req, ',')
+		}
+		req = append(appendString(req, m.k), ':')
+		req = append(req, m.v...)
+	}
+	req = append(req, '}')
 	toks, status, err = d.tokenize(ws, q, req)
 	return toks, rewrite, status, err
 }
@@ -536,16 +574,25 @@ func (d *Door) tokenizeAt(endpoint, auth string, body []byte) ([]uint32, int, er
 	if code := resp.StatusCode(); code != fasthttp.StatusOK {
 		return nil, code, fmt.Errorf("/tokenize answered %d: %.200s", code, resp.Body())
 	}
-	var out struct {
-		Tokens tokenIDs `json:"tokens"`
+	// The ids read in place when they are a plain list, else by encoding/json, errors and all.
+	b := resp.Body()
+	var toks []uint32
+	if t := gjson.Get(unsafeString(b), "tokens"); t.IsArray() && gjson.ValidBytes(b) {
+		toks, _ = appendIDs(nil, t.Raw)
 	}
-	if err := json.Unmarshal(resp.Body(), &out); err != nil {
-		return nil, fasthttp.StatusBadGateway, fmt.Errorf("/tokenize answered what is not its JSON: %w", err)
+	if toks == nil {
+		var out struct {
+			Tokens tokenIDs `json:"tokens"`
+		}
+		if err := json.Unmarshal(b, &out); err != nil {
+			return nil, fasthttp.StatusBadGateway, fmt.Errorf("/tokenize answered what is not its JSON: %w", err)
+		}
+		toks = out.Tokens
 	}
-	if len(out.Tokens) == 0 {
+	if len(toks) == 0 {
 		return nil, fasthttp.StatusBadRequest, errors.New("the prompt has no tokens")
 	}
-	return out.Tokens, 0, nil
+	return toks, 0, nil
 }
 
 // authFor is the Authorization header a worker is sent: its own API key when it has one, else

@@ -29,7 +29,7 @@ func (t *tokenIDs) UnmarshalJSON(b []byte) error {
 
 // appendIDs appends the ids of b, a JSON list of integers in [0, 2^32), to dst; ok is false
 // when b is anything else.
-func appendIDs(dst []uint32, b []byte) (ids []uint32, ok bool) {
+func appendIDs[B ~string | ~[]byte](dst []uint32, b B) (ids []uint32, ok bool) {
 	i := skipSpace(b, 0)
 	if i == len(b) || b[i] != '[' {
 		return nil, false
@@ -70,7 +70,7 @@ func appendIDs(dst []uint32, b []byte) (ids []uint32, ok bool) {
 	}
 }
 
-func skipSpace(b []byte, i int) int {
+func skipSpace[B ~string | ~[]byte](b B, i int) int {
 	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
 		i++
 	}

@@ -2,6 +2,7 @@ package frontdoor
 
 import (
 	"encoding/json"
+	"reflect"
 	"slices"
 	"testing"
 )
@@ -74,4 +75,18 @@ func FuzzDecodeObject(f *testing.F) {
 		f.Add([]byte(c))
 	}
 	f.Fuzz(checkDecodeObject)
+}
+
+// TestNvextDecode: nvext's decoding answers as json.Unmarshal does, by hand or not.
+func TestNvextDecode(t *testing.T) {
+	for _, c := range []string{`{"token_data":[1,2]}`, ` { "token_data" : [ 3 ] } `, `{"token_data":[1],"token_data":[2,3]}`,
+		`{"token_data":[1,2],"cache_salt":"x"}`, `{"Token_Data":[1]}`, `null`, `5`, `[]`, `{}`, `{"token_data":"x"}`,
+		`{"token_data":[-1]}`, `{"token_data":null}`, `{"backend_instance_id":7,"token_data":[4]}`} {
+		var want, got nvext
+		wantErr := json.Unmarshal([]byte(c), &want)
+		err := got.decode(json.RawMessage(c))
+		if (err != nil) != (wantErr != nil) || (wantErr == nil && !reflect.DeepEqual(got, want)) {
+			t.Errorf("%s: %+v %v, want %+v %v", c, got, err, want, wantErr)
+		}
+	}
 }
