@@ -31,6 +31,9 @@ type Config struct {
 	// The load model: Dynamo main's cost formula and its terms (--router-cost main), booking
 	// without assumed reuse, output blocks.
 	RouterCost                string
+	CacheWeight               float64
+	LoadAware, Agentic        bool
+	PrefillLoadModel          string
 	OverlapScoreCredit        float64
 	OverlapScoreCreditDecay   float64
 	PrefillLoadScale          float64
@@ -166,7 +169,9 @@ func Defaults() Config {
 		OverlapScoreWeight:       1.0,
 		RouterTemperature:        0.0,
 		TrackPrefillTokens:       true,
-		RouterCost:               "v1",
+		RouterCost:               "auto",
+		CacheWeight:              scoring.DefaultCacheWeight,
+		PrefillLoadModel:         "none",
 		OverlapScoreCredit:       1.0,
 		PrefillLoadScale:         1.0,
 		HostCacheHitWeight:       0.75,
@@ -251,7 +256,11 @@ func (c *Config) Flags(fs *flag.FlagSet) {
 	fs.StringVar(&c.SessionAffinityMode, "router-session-affinity-mode", c.SessionAffinityMode, "session affinity: hard (a session leaves its worker only when the worker is gone) or soft (also when it is overloaded)")
 	fs.DurationVar(&c.RouterQueueMaxWait, "router-queue-max-wait", c.RouterQueueMaxWait, "router queue: the longest a request waits when it does not say (max_wait_ms); past it, 503")
 	fs.BoolVar(&c.TrackPrefillTokens, "track-prefill-tokens", c.TrackPrefillTokens, "charge and book each request's uncached prompt tokens as prefill; false routes on decode load alone, as Dynamo's decode stage")
-	fs.StringVar(&c.RouterCost, "router-cost", c.RouterCost, "cost formula of the kv mode: v1 (--overlap-score-weight × prefill blocks + decode blocks, Dynamo's releases) or main (Dynamo's main branch: cached blocks a credit against the prompt, the rest scaled, active requests weighed; the --router-kv-overlap-score-credit, --router-kv-overlap-score-credit-decay, --router-prefill-load-scale and --router-decode-active-request-weight terms)")
+	fs.StringVar(&c.RouterCost, "router-cost", c.RouterCost, "cost formula of the kv mode: ttft (the predicted time to first token on each worker, plus --router-cache-weight × the prefill time of the tokens it computes: kvrouterd's own), v1 (--overlap-score-weight × prefill blocks + decode blocks, Dynamo's releases), main (Dynamo's main branch: cached blocks a credit against the prompt, the rest scaled, active requests weighed; the --router-kv-overlap-score-credit, --router-kv-overlap-score-credit-decay, --router-prefill-load-scale and --router-decode-active-request-weight terms), or auto: ttft, unless --overlap-score-weight (v1) or one of main's terms (main) is given other than its default, or a preset is")
+	fs.Float64Var(&c.CacheWeight, "router-cache-weight", c.CacheWeight, "--router-cost ttft: what each prompt token a worker computes costs beyond its own prefill time, in multiples of it (a second copy of a prefix, blocks others would hit pushed out)")
+	fs.BoolVar(&c.LoadAware, "load-aware", c.LoadAware, "Dynamo's load-aware preset: --router-cost main with no overlap credit, bookings without assumed reuse, prefill tokens tracked (routing on load alone)")
+	fs.BoolVar(&c.Agentic, "agentic", c.Agentic, "Dynamo's agentic preset: --router-cost main with overlap credit 2, prefill load scale 4 and 64 blocks per active request, over those flags")
+	fs.StringVar(&c.PrefillLoadModel, "router-prefill-load-model", c.PrefillLoadModel, "none, or aic (Dynamo's): a worker's booked prefill tokens decay as its oldest prefill runs, at the rate of the step model's full steps (Dynamo asks AIC for each request's prefill time instead); --router-cost ttft always decays")
 	fs.Float64Var(&c.OverlapScoreCredit, "router-kv-overlap-score-credit", c.OverlapScoreCredit, "--router-cost main: share of each cached block taken off the prompt's prefill blocks, 0 to 1")
 	fs.Float64Var(&c.OverlapScoreCreditDecay, "router-kv-overlap-score-credit-decay", c.OverlapScoreCreditDecay, "--router-cost main: shrink a worker's credit by 1 / (1 + decay × its prefill backlog above the least loaded worker's, in request sizes); 0: no decay")
 	fs.Float64Var(&c.HostCacheHitWeight, "router-host-cache-hit-weight", c.HostCacheHitWeight, "share of a cached block credited for each block the host tier (CPU memory) adds to a worker's device prefix, in both cost formulas; 0 indexes the tier without crediting it")
@@ -385,8 +394,20 @@ func (c *Config) Check() error {
 	case c.BootstrapFrom != "" && c.NoSnapshots:
 		return fmt.Errorf("--bootstrap-from needs snapshots; drop --no-snapshots")
 	}
-	if _, err := scoring.ParseCost(c.RouterCost); err != nil {
-		return fmt.Errorf("--router-cost %q: want v1 or main", c.RouterCost)
+	if c.RouterCost != "auto" {
+		if _, err := scoring.ParseCost(c.RouterCost); err != nil {
+			return fmt.Errorf("--router-cost %q: want auto, ttft, v1 or main", c.RouterCost)
+		}
+	}
+	switch {
+	case c.LoadAware && c.Agentic:
+		return fmt.Errorf("--load-aware and --agentic: give one preset at most")
+	case (c.LoadAware || c.Agentic) && c.RouterCost != "auto" && c.RouterCost != "main":
+		return fmt.Errorf("--router-cost %s: a preset (--load-aware, --agentic) sets Dynamo main's cost; drop --router-cost or give main", c.RouterCost)
+	case !(c.CacheWeight >= 0) || c.CacheWeight > 1e9:
+		return fmt.Errorf("--router-cache-weight %v: want a finite number ≥ 0", c.CacheWeight)
+	case c.PrefillLoadModel != "none" && c.PrefillLoadModel != "aic":
+		return fmt.Errorf("--router-prefill-load-model %q: want none or aic", c.PrefillLoadModel)
 	}
 	if t := c.terms(); t.Check() != nil {
 		err := t.Check()
@@ -488,6 +509,17 @@ func (l *SourceList) Set(v string) error {
 func (c *Config) terms() scoring.Terms {
 	t := scoring.Terms{Credit: c.OverlapScoreCredit, CreditDecay: c.OverlapScoreCreditDecay,
 		LoadScale: c.PrefillLoadScale, RequestWeight: c.DecodeActiveRequestWeight}
+	switch {
+	case c.Agentic:
+		// Dynamo main's agentic preset (docs/components/router/router-presets.md): over the
+		// individual flags, and the deprecated weight cleared.
+		t.Credit, t.LoadScale, t.RequestWeight = 2, 4, 64
+		return t
+	case c.LoadAware:
+		// Dynamo's load-aware preset (kv_router_args.py, _LOAD_AWARE_KWARG_OVERRIDES): no
+		// overlap credit; the other terms as given.
+		t.Credit = 0
+	}
 	if c.OverlapScoreWeight != 1 {
 		t.LoadScale = c.OverlapScoreWeight
 		if c.OverlapScoreWeight == 0 {
@@ -496,6 +528,29 @@ func (c *Config) terms() scoring.Terms {
 	}
 	return t
 }
+
+// cost is the kv mode's cost formula: --router-cost's, or for auto, kvrouterd's own (ttft)
+// unless a preset or one of Dynamo's weights other than its default asks for Dynamo's: the
+// overlap score weight for v1, a term of main's for main. A team that tuned Dynamo's router
+// keeps what it tuned.
+func (c *Config) cost() scoring.CostModel {
+	if c.RouterCost != "auto" {
+		m, _ := scoring.ParseCost(c.RouterCost)
+		return m
+	}
+	switch {
+	case c.LoadAware || c.Agentic || c.OverlapScoreCredit != 1 || c.OverlapScoreCreditDecay != 0 ||
+		c.PrefillLoadScale != 1 || c.DecodeActiveRequestWeight != 0:
+		return scoring.CostMain
+	case c.OverlapScoreWeight != 1:
+		return scoring.CostV1
+	}
+	return scoring.CostTTFT
+}
+
+// CostModel returns the kv mode's cost formula and its terms as the router gets them (for
+// the simulator, which routes as the daemon's defaults do).
+func (c *Config) CostModel() (scoring.CostModel, scoring.Terms) { return c.cost(), c.terms() }
 
 // tierCredit are the lower storage tiers' weights.
 func (c *Config) tierCredit() scoring.TierCredit {

@@ -145,7 +145,10 @@ func Start(ctx context.Context, c Config, stderr io.Writer) (_ *Daemon, err erro
 		return nil, fmt.Errorf("%w: the embedded NATS server could store no event; free space, or give --nats-url", full)
 	}
 	mode, _ := scoring.ParseMode(c.RouterMode)
-	cost, _ := scoring.ParseCost(c.RouterCost)
+	cost := c.cost()
+	if c.RouterCost == "auto" && cost != scoring.CostTTFT {
+		log.Info("--router-cost auto: a Dynamo weight or preset is given, so the kv mode's cost is Dynamo's", "cost", cost.String())
+	}
 	terms := c.terms()
 	disagg, err := c.disagg()
 	if err != nil {
@@ -169,8 +172,10 @@ func Start(ctx context.Context, c Config, stderr io.Writer) (_ *Daemon, err erro
 			NoTrackPrefill:    !c.TrackPrefillTokens,
 			Cost:              cost,
 			Terms:             &terms,
+			CacheWeight:       cacheWeight(c.CacheWeight),
+			DecayPrefill:      c.PrefillLoadModel == "aic",
 			TierCredit:        &tierCredit,
-			NoAssumeReuse:     c.NoAssumeKVReuse,
+			NoAssumeReuse:     c.NoAssumeKVReuse || c.LoadAware,
 			TrackOutputBlocks: c.TrackOutputBlocks,
 			Queue:             c.queue(),
 			Affinity:          c.affinity(),
@@ -318,7 +323,7 @@ func Start(ctx context.Context, c Config, stderr io.Writer) (_ *Daemon, err erro
 		d.srv.AdoptFrontDoor(d.fd)
 	}
 	maxConns, perIP := d.srv.ConnLimits()
-	log.Info("kvrouterd ready", "version", build.Version, "http", d.ln.Addr().String(), "selection", d.selectionAddr(), "frontend", c.FrontendAddr, "nats", streamURL(d.st), "resume_after_seq", d.seq,
+	log.Info("kvrouterd ready", "version", build.Version, "cost", c.cost().String(), "http", d.ln.Addr().String(), "selection", d.selectionAddr(), "frontend", c.FrontendAddr, "nats", streamURL(d.st), "resume_after_seq", d.seq,
 		"http_max_conns", maxConns, "http_max_conns_per_ip", perIP, "shards", c.Shards, "mode", c.RouterMode, "block_size", c.BlockSize, "data_dir", c.DataDir,
 		"since_start", time.Since(processStart))
 	d.serving = 1
@@ -534,4 +539,12 @@ func (c *Config) approx() *approx.Config {
 		return nil
 	}
 	return &approx.Config{TTL: c.ApproxTTL, MaxBlocks: c.ApproxMaxBlocks, PruneTarget: c.ApproxPruneTarget}
+}
+
+// cacheWeight is --router-cache-weight as router.Config takes it: 0 is none.
+func cacheWeight(w float64) float64 {
+	if w == 0 {
+		return -1
+	}
+	return w
 }

@@ -18,6 +18,29 @@ func formatDecision(c *scoring.Candidate, p *scoring.Params) string {
 	}
 	b = append(b, ": logit "...)
 	b = strconv.AppendFloat(b, c.Logit, 'f', 3, 64)
+	if p.Formula == scoring.CostTTFT {
+		// "worker 2: logit 71.813 = predicted TTFT 40.0 ms (queued 0 + own 1 tokens) + cache
+		// 3.0 × 10.6 ms (cached blocks 2)"
+		pred := p.PredictTTFT(c.Cached, c.Shared, c.Ext, c.ActiveBlocks, c.ActivePrefill, c.ActiveRequests)
+		b = append(b, " = predicted TTFT "...)
+		b = strconv.AppendFloat(b, pred, 'f', 1, 64)
+		b = append(b, " ms (queued "...)
+		b = strconv.AppendInt(b, c.ActivePrefill, 10)
+		b = append(b, " + own "...)
+		b = strconv.AppendInt(b, max(c.PrefillTokens-c.ActivePrefill, 0), 10)
+		b = append(b, " tokens) + cache "...)
+		b = strconv.AppendFloat(b, p.CacheWeight, 'f', 1, 64)
+		b = append(b, " × "...)
+		cache := 0.0
+		if p.CacheWeight > 0 {
+			cache = (c.Logit - pred) / p.CacheWeight
+		}
+		b = strconv.AppendFloat(b, cache, 'f', 1, 64)
+		b = append(b, " ms (cached blocks "...)
+		b = strconv.AppendInt(b, int64(c.Cached), 10)
+		b = append(b, ')')
+		return string(b)
+	}
 	if p.Formula == scoring.CostMain {
 		// Dynamo main's terms: prefill_load_scale × adjusted prefill blocks + decode blocks +
 		// decode_active_request_weight × active requests.

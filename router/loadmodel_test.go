@@ -138,8 +138,12 @@ func TestRouteCostMainOverrides(t *testing.T) {
 	f("scale 2", wire.RouteRequest{HasLoadScale: true, PrefillLoadScale: 2}, 12)
 	f("weight 0.5 is the scale", wire.RouteRequest{HasWeight: true, Weight: 0.5, HasLoadScale: true, PrefillLoadScale: 2}, 6)
 	f("weight 0", wire.RouteRequest{HasWeight: true, Weight: 0}, 4)
-	if err := r.Match(&wire.RouteRequest{Model: "m", Tokens: prompt, HasCredit: true, OverlapCredit: 1.5}, &wire.RouteResponse{}); err == nil {
-		t.Error("credit 1.5 taken")
+	// Nothing is cached, so a credit above 1 (Dynamo's agentic preset gives 2) changes nothing.
+	f("credit 2", wire.RouteRequest{HasCredit: true, OverlapCredit: 2}, 8)
+	for _, bad := range []float64{-0.5, math.Inf(1), math.NaN()} {
+		if err := r.Match(&wire.RouteRequest{Model: "m", Tokens: prompt, HasCredit: true, OverlapCredit: bad}, &wire.RouteResponse{}); err == nil {
+			t.Errorf("credit %v taken", bad)
+		}
 	}
 }
 

@@ -167,8 +167,9 @@ func (r *Router) params(m *model, req *wire.RouteRequest, prefix bool, p *scorin
 		Terms:        *r.cfg.Terms,
 		Tiers:        *r.cfg.TierCredit,
 	}
-	if p.Formula == scoring.CostTTFT {
+	if p.Formula == scoring.CostTTFT || r.cfg.DecayPrefill {
 		p.Step, p.CacheWeight, p.Now = *m.step.Load(), r.cfg.CacheWeight, r.cfg.Now()
+		p.Decay = true
 	}
 	if p.Mode == scoring.Default {
 		p.Mode = r.cfg.Mode
@@ -177,8 +178,8 @@ func (r *Router) params(m *model, req *wire.RouteRequest, prefix bool, p *scorin
 		return fieldErr(ErrInvalid, "mode", "unknown mode %d", req.Mode)
 	}
 	if req.HasCredit {
-		if !(req.OverlapCredit >= 0 && req.OverlapCredit <= 1) {
-			return fieldErr(ErrInvalid, "overlap_score_credit", "%v: want 0.0 to 1.0", req.OverlapCredit)
+		if !(req.OverlapCredit >= 0) || math.IsInf(req.OverlapCredit, 1) {
+			return fieldErr(ErrInvalid, "overlap_score_credit", "%v is not a finite number ≥ 0", req.OverlapCredit)
 		}
 		p.Credit = req.OverlapCredit
 	}
@@ -550,6 +551,7 @@ func (s *scratch) candidates(r *Router, ix *radix.Index, list *workerList, p *sc
 			l, c := list.loads[i], &s.cands[i]
 			c.Worker, c.Rank, c.Cached, c.Ext, c.Shared, c.Tree = k.ID, k.Rank, 0, scoring.TierExt{}, 0, s.tree[i]
 			c.ActiveBlocks, c.ActivePrefill, c.ActiveRequests = l.ActiveBlocks(), s.activePrefill(l, p), l.Requests()
+			c.Pending = l.Pending()
 			c.DeviceWeight = list.ws[i].reg.getWeight()
 		}
 		if n == 0 {
@@ -601,6 +603,7 @@ again:
 			ActiveBlocks:   l.ActiveBlocks(),
 			ActivePrefill:  s.activePrefill(l, p),
 			ActiveRequests: l.Requests(),
+			Pending:        l.Pending(),
 			DeviceWeight:   list.ws[i].reg.getWeight(),
 		})
 	}
@@ -720,11 +723,11 @@ func (r *Router) logDecision(req *wire.RouteRequest, p *scoring.Params, cands []
 	}
 }
 
-// activePrefill is worker load l's active prefill tokens as p's formula sees them: under
-// CostTTFT, decayed by the time its oldest prefill has run until p.Now.
+// activePrefill is worker load l's active prefill tokens as p's formula sees them: with
+// p.Decay, decayed by the time its oldest prefill has run until p.Now.
 func (s *scratch) activePrefill(l *scoring.Load, p *scoring.Params) int64 {
-	if p.Formula != scoring.CostTTFT {
+	if !p.Decay {
 		return l.ActivePrefill()
 	}
-	return p.Step.Decayed(l.ActivePrefill(), l.PrefillSince(), p.Now)
+	return p.Step.Decayed(l.ActivePrefill(), l.PrefillSince(), p.Now, l.Requests(), l.ActiveBlocks())
 }

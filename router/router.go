@@ -49,6 +49,10 @@ type Config struct {
 	// (scoring.Params.CacheWeight; 0: scoring.DefaultCacheWeight, negative: none).
 	Step        *scoring.StepModel
 	CacheWeight float64
+	// DecayPrefill decays every worker's booked prefill tokens by the time its oldest prefill
+	// has run (scoring.StepModel.Decayed) under the other formulas too: Dynamo's
+	// --router-prefill-load-model, with the step model's rate for AIC's prediction.
+	DecayPrefill bool
 	// TierCredit weighs the blocks the lower storage tiers (host, disk, external) add to a
 	// worker's device prefix, in both formulas (nil: Dynamo's defaults, 0.75 for host and 0.25
 	// for disk and external; {0, 0} indexes the tiers without crediting them).

@@ -112,11 +112,19 @@ func (s *scratch) scoreKV(r *Router, ix *radix.Index, list *workerList, p *scori
 		active, booked := l.Blocks()
 		rows = append(rows, busyRow{pos: pos, booked: booked, c: scoring.Candidate{
 			Worker: k.ID, Rank: k.Rank, Cached: depth[pos],
-			ActiveBlocks: active, ActivePrefill: s.activePrefill(l, p), ActiveRequests: l.Requests(),
+			ActiveBlocks: active, ActivePrefill: s.activePrefill(l, p), ActiveRequests: l.Requests(), Pending: l.Pending(),
 		}})
 		depth[pos] = ^depth[pos]
 	}
 	s.rows = rows
+	if p.Formula == scoring.CostTTFT {
+		// Score's Backlog over every worker: the idle ones have none.
+		var sum int64
+		for i := range rows {
+			sum += max(rows[i].c.Pending, 0)
+		}
+		p.Backlog = scoring.BacklogOf(sum, n)
+	}
 	if p.NeedsMinPrefill() {
 		// The least active prefill among the candidates: an idle worker's 0, if there is one.
 		p.MinActivePrefill = 0

@@ -93,6 +93,9 @@ func (r *Router) selectWith(req *wire.RouteRequest, o SelectOptions, sel *Select
 	if o.TrackPrefill != nil {
 		p.TrackPrefill = *o.TrackPrefill
 	}
+	// Dynamo's selection service reports the booked prefill tokens as they are, decayed only
+	// by its prefill load model (Config.DecayPrefill): so do these answers, under any cost.
+	p.Decay = r.cfg.DecayPrefill
 	s := r.scratch.Get()
 	defer r.scratch.Put(s)
 	s.noReuse = false // Book books Selection.Seqs, the real hashes

@@ -29,6 +29,8 @@ type Candidate struct {
 	ActiveBlocks   int64
 	ActivePrefill  int64
 	ActiveRequests int64
+	// Pending is the worker's booked requests whose prefill is not done (Load.Pending).
+	Pending int64
 	// DeviceWeight is the worker's capacity relative to the others' for DeviceAwareWeighted
 	// (0 counts as 1).
 	DeviceWeight float64
@@ -72,9 +74,13 @@ type Params struct {
 	// in multiples of it: a computed block is a second copy of a prefix cached elsewhere or
 	// a new one, and either pushes blocks other requests would hit out of the worker's cache.
 	CacheWeight float64
-	// Now is the clock reading (ns, the Tracker's clock) against which the caller decayed
-	// the candidates' active prefill for CostTTFT (StepModel.Decayed).
-	Now int64
+	// Backlog is the fleet's requests waiting for their first token per worker, which
+	// CostTTFT adds to CacheWeight; Score sets it from the candidates (see Backlog).
+	Backlog float64
+	// Decay says the caller decayed the candidates' active prefill (StepModel.Decayed) to
+	// Now, a reading of the Tracker's clock (ns): always under CostTTFT.
+	Decay bool
+	Now   int64
 }
 
 // Errors of Choose.
@@ -103,7 +109,7 @@ func (p *Params) Check() error {
 		return p.Terms.Check()
 	}
 	if p.Formula == CostTTFT {
-		if !finiteNonNeg(p.CacheWeight) {
+		if !finiteNonNeg(p.CacheWeight) || !finiteNonNeg(p.Backlog) {
 			return ErrCacheWeight
 		}
 		return p.Step.Check()
@@ -115,10 +121,14 @@ func (p *Params) Check() error {
 }
 
 // Score computes PrefillTokens, DecodeBlocks and Logit for every candidate; for a formula that
-// needs it, it sets p.MinActivePrefill from c first (c being every candidate of the request).
+// needs them, it sets p.MinActivePrefill or p.Backlog from c first (c being every candidate
+// of the request).
 func Score(c []Candidate, p *Params) {
 	if p.NeedsMinPrefill() {
 		p.MinActivePrefill = MinPrefill(c)
+	}
+	if p.Formula == CostTTFT {
+		p.Backlog = Backlog(c)
 	}
 	for i := range c {
 		x := &c[i]

@@ -52,7 +52,8 @@ func ParseCost(s string) (CostModel, error) {
 // (lib/kv-router/src/scheduling/config.rs, KvRouterConfig): overlap_score_credit 1.0,
 // overlap_score_credit_decay 0.0, prefill_load_scale 1.0, decode_active_request_weight 0.0.
 type Terms struct {
-	// Credit is the share of a cached block taken off the prompt's prefill blocks, 0 to 1.
+	// Credit is the share of a cached block taken off the prompt's prefill blocks, ≥ 0 (Dynamo
+	// main took 0 to 1 until its agentic preset's credit of 2).
 	Credit float64
 	// CreditDecay shrinks the credit of a worker with more active prefill than the least
 	// loaded candidate: credit / (1 + decay × excess prefill blocks / request blocks). 0: none.
@@ -70,7 +71,7 @@ func DefaultTerms() Terms {
 
 // Errors of Terms.Check, named by Dynamo's field names.
 var (
-	ErrCredit        = errors.New("scoring: overlap_score_credit must be between 0.0 and 1.0")
+	ErrCredit        = errors.New("scoring: overlap_score_credit must be a finite number ≥ 0")
 	ErrCreditDecay   = errors.New("scoring: overlap_score_credit_decay must be a finite number ≥ 0")
 	ErrLoadScale     = errors.New("scoring: prefill_load_scale must be a finite number ≥ 0")
 	ErrRequestWeight = errors.New("scoring: decode_active_request_weight must be a finite number ≥ 0")
@@ -79,7 +80,7 @@ var (
 // Check reports the first weight of t out of range.
 func (t *Terms) Check() error {
 	switch {
-	case !(t.Credit >= 0 && t.Credit <= 1):
+	case !finiteNonNeg(t.Credit):
 		return ErrCredit
 	case !finiteNonNeg(t.CreditDecay):
 		return ErrCreditDecay

@@ -117,7 +117,7 @@ func TestTermsCheck(t *testing.T) {
 		}
 	}
 	f(func(*Terms) {}, nil)
-	f(func(t *Terms) { t.Credit = 1.5 }, ErrCredit)
+	f(func(t *Terms) { t.Credit = -0.5 }, ErrCredit)
 	f(func(t *Terms) { t.Credit = math.NaN() }, ErrCredit)
 	f(func(t *Terms) { t.CreditDecay = -1 }, ErrCreditDecay)
 	f(func(t *Terms) { t.LoadScale = math.Inf(1) }, ErrLoadScale)

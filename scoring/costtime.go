@@ -83,22 +83,32 @@ func (m *StepModel) TTFT(own, ahead, requests, blocks int64) float64 {
 		u = min(1, float64(max(blocks, 0))/float64(m.Capacity))
 	}
 	if requests > 0 {
-		return ms + steps*m.DecodeMs(u)
+		// A request arrives during a step, on average halfway through it; it waits for the
+		// step's end.
+		return ms + (steps+0.5)*m.DecodeMs(u)
 	}
 	return ms + m.DecodeMs(u)
 }
 
 // Decayed returns active prompt tokens booked on a worker less what it has computed of them
-// since since (ns, the clock of now): the worker is taken to have prefilled at the rate of
-// full steps from the moment its oldest prefill not yet done started. Dynamo main's prefill
-// load model decays a worker's oldest prefill by elapsed time the same way.
-func (m *StepModel) Decayed(active, since, now int64) int64 {
+// since since (ns, the clock of now): the worker is taken to have prefilled at the rate of its
+// steps from the moment its oldest prefill not yet done started, each step computing the budget
+// its requests active leave and decoding at the usage of blocks (TTFT's steps). Dynamo main's
+// prefill load model decays a worker's oldest prefill by elapsed time the same way.
+func (m *StepModel) Decayed(active, since, now, requests, blocks int64) int64 {
 	if active <= 0 || since <= 0 || now <= since {
 		return active
 	}
-	b := float64(max(m.MaxBatched, 1))
-	perMs := b / (m.PrefillMs(b) + m.DecodeMs(0.5))
-	return max(active-int64(float64(now-since)/1e6*perMs), 0)
+	budget := float64(max(m.MaxBatched-requests, m.MaxBatched/2, 1))
+	u := 0.0
+	if m.Capacity > 0 {
+		u = min(1, float64(max(blocks, 0))/float64(m.Capacity))
+	}
+	step := m.PrefillMs(budget)
+	if requests > 0 {
+		step += m.DecodeMs(u)
+	}
+	return max(active-int64(float64(now-since)/1e6*budget/step), 0)
 }
 
 // DefaultCacheWeight is CostTTFT's cache weight: how many times more a computed prompt token
@@ -116,14 +126,34 @@ func (p *Params) ttftOwn(cached, shared int32, lower float64) float64 {
 	return max(float64(p.ISL)-have*float64(p.BlockSize), 0)
 }
 
-// ttftLogit is CostTTFT's logit: the predicted time to first token plus CacheWeight × the
-// prefill time of the tokens computed, in ms.
+// ttftLogit is CostTTFT's logit: the predicted time to first token plus (CacheWeight +
+// Backlog) × the prefill time of the tokens computed, in ms.
 func (p *Params) ttftLogit(cached, shared int32, ext TierExt, decode, activePrefill, activeRequests int64) float64 {
 	host := float64(ext.Host)
 	lower := host + p.Tiers.Disk*float64(ext.Disk+ext.External)
 	own := p.ttftOwn(cached, shared, lower)
 	ms := p.Step.TTFT(int64(own), activePrefill, activeRequests, decode) + host*float64(p.BlockSize)*p.Step.HostMsPerToken
-	return ms + p.CacheWeight*p.Step.PrefillMs(max(own, 1))
+	return ms + (p.CacheWeight+p.Backlog)*p.Step.PrefillMs(max(own, 1))
+}
+
+// Backlog is the fleet's prompt-side queue: the requests waiting for their first token
+// (Candidate.Pending) per candidate. A request's computed tokens delay the requests that will
+// queue behind them at its worker; under load, about this many. CostTTFT weighs the prefill
+// time of a request's computed tokens by CacheWeight + Backlog.
+func Backlog(c []Candidate) float64 {
+	var sum int64
+	for i := range c {
+		sum += max(c[i].Pending, 0)
+	}
+	return BacklogOf(sum, len(c))
+}
+
+// BacklogOf is Backlog from the candidates' summed pending requests and their count.
+func BacklogOf(sum int64, n int) float64 {
+	if n <= 0 {
+		return 0
+	}
+	return float64(sum) / float64(n)
 }
 
 // PredictTTFT is the time to first token, in ms, CostTTFT predicts for the request on a worker
@@ -131,7 +161,7 @@ func (p *Params) ttftLogit(cached, shared int32, ext TierExt, decode, activePref
 // Any formula may ask; Step must be set.
 func (p *Params) PredictTTFT(cached, shared int32, ext TierExt, activeBlocks, activePrefill, activeRequests int64) float64 {
 	q := *p
-	q.CacheWeight = 0
+	q.CacheWeight, q.Backlog = 0, 0
 	_, decode, _ := p.CostV1(cached, shared, activeBlocks, activePrefill)
 	return q.ttftLogit(cached, shared, ext, decode, activePrefill, activeRequests)
 }

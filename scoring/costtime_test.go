@@ -17,7 +17,7 @@ func TestStepModelTTFT(t *testing.T) {
 	// 20,000 tokens queued and 1,000 own on a worker decoding 192 requests: budget 8,000 per
 	// step, 3 steps, each paying its decode part.
 	u := 8000.0 / 16384
-	want := 2*m.PrefillMs(8000) + m.PrefillMs(5000) + 3*m.DecodeMs(u)
+	want := 2*m.PrefillMs(8000) + m.PrefillMs(5000) + 3.5*m.DecodeMs(u) // and half a step it arrives in
 	if got := m.TTFT(1000, 20000, 192, 8000); !near(got, want) {
 		t.Fatalf("queued: %v, want %v", got, want)
 	}
@@ -30,7 +30,7 @@ func TestStepModelTTFT(t *testing.T) {
 	}
 	// The budget never falls under half a step however many requests decode, and a full
 	// cache counts as full.
-	if got, want := m.TTFT(100, 0, 1e6, 1e9), m.PrefillMs(100)+m.DecodeMs(1); !near(got, want) {
+	if got, want := m.TTFT(100, 0, 1e6, 1e9), m.PrefillMs(100)+1.5*m.DecodeMs(1); !near(got, want) {
 		t.Fatalf("saturated: %v, want %v", got, want)
 	}
 	// Unknown capacity: decode at an empty cache.
@@ -42,22 +42,27 @@ func TestStepModelTTFT(t *testing.T) {
 
 func TestStepModelDecayed(t *testing.T) {
 	m := DefaultStepModel()
-	perMs := 8192 / (m.PrefillMs(8192) + m.DecodeMs(0.5))
 	const ms = int64(1e6)
-	if got, want := m.Decayed(10000, 5*ms, 105*ms), 10000-int64(100*perMs); got != want {
+	// An idle worker but for the prefill: full steps of 8,192 tokens, no decode part.
+	perMs := 8192 / m.PrefillMs(8192)
+	if got, want := m.Decayed(10000, 5*ms, 105*ms, 0, 0), 10000-int64(100*perMs); got != want {
 		t.Fatalf("decayed %d, want %d", got, want)
 	}
+	// 192 requests decoding at half the cache: steps of 8,000 tokens with a decode part.
+	busy := 8000 / (m.PrefillMs(8000) + m.DecodeMs(0.5))
+	if got, want := m.Decayed(10000, 5*ms, 105*ms, 192, 8192), 10000-int64(100*busy); got != want {
+		t.Fatalf("busy worker: decayed %d, want %d", got, want)
+	}
 	for _, c := range []struct{ active, since, now, want int64 }{
-		{10000, 5 * ms, 5 * ms, 10000},   // no time passed
-		{10000, 0, 100 * ms, 10000},      // no clock
-		{10000, 5 * ms, 3 * ms, 10000},   // a clock behind the booking
-		{10000, 1 * ms, 10000 * ms, 0},   // all done
-		{0, 1 * ms, 10 * ms, 0},          // nothing booked
-		{-5, 1 * ms, 10 * ms, -5},        // whatever the tracker says when it says less
-		{500, 1 * ms, 1*ms + 1, 500 - 0}, // a nanosecond computes nothing
-		{8192, 1 * ms, 1*ms + 10*ms, 8192 - int64(10*perMs)},
+		{10000, 5 * ms, 5 * ms, 10000}, // no time passed
+		{10000, 0, 100 * ms, 10000},    // no clock
+		{10000, 5 * ms, 3 * ms, 10000}, // a clock behind the booking
+		{10000, 1 * ms, 10000 * ms, 0}, // all done
+		{0, 1 * ms, 10 * ms, 0},        // nothing booked
+		{-5, 1 * ms, 10 * ms, -5},      // whatever the tracker says when it says less
+		{500, 1 * ms, 1*ms + 1, 500},   // a nanosecond computes nothing
 	} {
-		if got := m.Decayed(c.active, c.since, c.now); got != c.want {
+		if got := m.Decayed(c.active, c.since, c.now, 0, 0); got != c.want {
 			t.Errorf("Decayed(%d, %d, %d) = %d, want %d", c.active, c.since, c.now, got, c.want)
 		}
 	}
@@ -142,5 +147,58 @@ func TestCostTTFTCheck(t *testing.T) {
 	}
 	if c, err := ParseCost("ttft"); err != nil || c != CostTTFT || c.String() != "ttft" {
 		t.Fatalf("ParseCost(ttft) = %v, %v", c, err)
+	}
+}
+
+// TestTrackerPendingAndSince: the requests waiting for their first token, and when the
+// oldest prefill not yet done started, through bookings, prefill-done and completion.
+func TestTrackerPendingAndSince(t *testing.T) {
+	tr := NewTracker()
+	var now int64 = 100
+	tr.Now = func() int64 { return now }
+	w := mustRegister(t, tr, 1)
+	check := func(pending, since int64) {
+		t.Helper()
+		if w.Pending() != pending || w.PrefillSince() != since {
+			t.Fatalf("pending %d since %d, want %d %d", w.Pending(), w.PrefillSince(), pending, since)
+		}
+	}
+	if err := tr.Book("cached", w, []uint64{1}, 0, 1e12); err != nil { // nothing to compute
+		t.Fatal(err)
+	}
+	check(0, 0)
+	if err := tr.Book("a", w, []uint64{2}, 500, 1e12); err != nil {
+		t.Fatal(err)
+	}
+	check(1, 100)
+	now = 150
+	if err := tr.Book("b", w, []uint64{3}, 700, 1e12); err != nil { // queued behind a: since stays
+		t.Fatal(err)
+	}
+	check(2, 100)
+	now = 200
+	if err := tr.PrefillDone("a"); err != nil { // b's prefill starts now
+		t.Fatal(err)
+	}
+	check(1, 200)
+	if err := tr.PrefillDone("a"); err != nil { // a second call changes nothing
+		t.Fatal(err)
+	}
+	check(1, 200)
+	if err := tr.Complete("b"); err != nil { // completed before its first token
+		t.Fatal(err)
+	}
+	check(0, 200)
+	for _, id := range []string{"a", "cached"} {
+		if err := tr.Complete(id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	check(0, 200)
+	if got := Backlog([]Candidate{{Pending: 3}, {Pending: 0}, {Pending: 1}, {Pending: -1}}); got != 4.0/4 {
+		t.Fatalf("backlog %v", got)
+	}
+	if Backlog(nil) != 0 {
+		t.Fatal("backlog of no candidate")
 	}
 }

@@ -116,10 +116,16 @@ type Load struct {
 	disc     atomic.Int64
 	prefill  atomic.Int64
 	requests atomic.Int64
+	// pending counts the requests booked with prefill tokens whose prefill is not done.
+	pending atomic.Int64
 	// since is when the worker's oldest prefill not yet done started: when the booking that
 	// took its prefill from none was made, or the latest prefill-done that left some.
 	since atomic.Int64
 }
+
+// Pending returns the worker's booked requests with prompt tokens to compute whose prefill is
+// not done: those waiting for their first token.
+func (l *Load) Pending() int64 { return l.pending.Load() }
 
 // PrefillSince returns when the worker's oldest prefill not yet done started (Tracker.Now's
 // clock; 0 without a clock).
@@ -514,8 +520,11 @@ func (t *Tracker) book(id string, l *Load, seqs []uint64, prefill int64, deadlin
 		t.setBusy(l.slot, true)
 	}
 	l.blocks.Add(added)
-	if prefill > 0 && l.prefill.Add(prefill) == prefill && t.Now != nil {
-		l.since.Store(t.Now())
+	if prefill > 0 {
+		l.pending.Add(1)
+		if l.prefill.Add(prefill) == prefill && t.Now != nil {
+			l.since.Store(t.Now())
+		}
 	}
 	l.requests.Add(1)
 	if stage {
@@ -552,6 +561,9 @@ func (t *Tracker) PrefillDone(id string) error {
 	if !done {
 		l.mu.Lock()
 		if !l.gone {
+			if p > 0 {
+				l.pending.Add(-1)
+			}
 			if l.prefill.Add(-p) > 0 && t.Now != nil {
 				l.since.Store(t.Now())
 			}
@@ -598,6 +610,9 @@ func (t *Tracker) release(b *booking) {
 		l.blocks.Add(-freed)
 		if !b.prefillDone {
 			l.prefill.Add(-b.prefill)
+			if b.prefill > 0 {
+				l.pending.Add(-1)
+			}
 		}
 		last := len(l.active) - 1
 		l.active[b.at], l.active[last].at = l.active[last], b.at

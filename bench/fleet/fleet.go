@@ -63,9 +63,15 @@ type Config struct {
 	OverlapWeight float64
 	Temperature   float64
 	NoPrefill     bool // Dynamo's track_prefill_tokens=false: routing on load alone
-	// Cost is the router's cost formula (scoring.CostV1 by default).
-	Cost   scoring.CostModel
-	Worker sim.WorkerConfig
+	// Cost is the router's cost formula (scoring.CostV1 by default), Terms CostMain's terms
+	// (nil: Dynamo main's defaults), NoAssumeReuse Dynamo's router_assume_kv_reuse=false
+	// (Policy sets the three).
+	Cost          scoring.CostModel
+	Terms         *scoring.Terms
+	NoAssumeReuse bool
+	// CacheWeight is CostTTFT's cache weight (router.Config.CacheWeight; 0: its default).
+	CacheWeight float64
+	Worker      sim.WorkerConfig
 	// Speeds, if set, makes the fleet heterogeneous: worker i+1 runs at Speeds[i] of
 	// Worker's speed (its every step Worker.Timing's time / Speeds[i]); a missing or
 	// non-positive entry is 1. The router is not told.
@@ -407,6 +413,9 @@ func run(cfg Config, src trace.Source, n int) (*Result, error) {
 			Temperature:    cfg.Temperature,
 			NoTrackPrefill: cfg.NoPrefill,
 			Cost:           cfg.Cost,
+			Terms:          cfg.Terms,
+			NoAssumeReuse:  cfg.NoAssumeReuse,
+			CacheWeight:    cfg.CacheWeight,
 			RequestExpiry:  24 * time.Hour,
 			Shards:         1,
 			Logger:         slog.New(slog.NewTextHandler(io.Discard, nil)),

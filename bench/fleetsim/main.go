@@ -64,7 +64,7 @@ func main() {
 	var (
 		path      = flag.String("trace", "", "JSON-lines trace (Mooncake's form, with hash ids of --block-size tokens or token ids; see bench/trace); empty: the built-in synthetic workload")
 		workers   = flag.Int("workers", 8, "simulated workers")
-		modes     = flag.String("modes", "kv,round_robin,random,least_loaded", "routing modes to compare, comma-separated: kvrouterd's (kv, round_robin, random, least_loaded) or a simulated peer's policy (llmd, sglang, gie; in process only)")
+		modes     = flag.String("modes", "kv,round_robin,random,least_loaded", "routing modes to compare, comma-separated: kvrouterd's (kv, round_robin, random, least_loaded), Dynamo's cost formulas and presets in kvrouterd (dynamo_v1, dynamo_main, dynamo_agentic, dynamo_load_aware), or a simulated peer's policy (llmd, sglang, gie; in process only)")
 		timeScale = flag.Float64("time-scale", 1, "multiply arrival times (below 1: more load)")
 		limit     = flag.Int("limit", 0, "first N trace rows (0: all)")
 		traceBS   = flag.Int("block-size", 0, "tokens per hash id of --trace (0: the trace's block_size, else Mooncake's 512)")
@@ -73,8 +73,9 @@ func main() {
 		blocks    = flag.Int("kv-blocks", 16384, "KV cache per worker, in blocks")
 		seed      = flag.Uint64("seed", 1, "seed of the router's tie-breaks")
 		weight    = flag.Float64("overlap-weight", 1, "the router's overlap score weight")
+		cacheW    = flag.Float64("router-cache-weight", 0, "--router-cost ttft's cache weight (0: the router's default; negative: none)")
 		speeds    = flag.String("worker-speeds", "", "a heterogeneous fleet: comma-separated speeds of the first workers relative to the others (0.5,0.5: two at half speed)")
-		costName  = flag.String("router-cost", "v1", "the kv mode's cost formula: v1, main or ttft (as kvrouterd's --router-cost)")
+		costName  = flag.String("router-cost", "ttft", "the kv mode's cost formula: ttft (kvrouterd's default), v1 or main (as kvrouterd's --router-cost); the modes dynamo_v1, dynamo_main, dynamo_agentic and dynamo_load_aware set their own")
 		temp      = flag.Float64("temperature", 0, "the router's softmax temperature (0: the lowest cost)")
 		inProc    = flag.Bool("e2e", false, "route through a kvrouterd started in process (HTTP + embedded NATS) instead of the router alone")
 		addr      = flag.String("addr", "", "route through the running kvrouterd at this HTTP host:port (needs --nats-url)")
@@ -156,7 +157,7 @@ func main() {
 			os.Exit(2)
 		}
 		streamRun(syn, *path, *traceBS, *timeUnit, *timeScale, *modes, func(name string) fleet.Config {
-			fc, err := modeConfig(name, fleet.Config{Workers: *workers, Worker: wc, Seed: *seed, OverlapWeight: *weight, Cost: cost, Speeds: speedList, Temperature: *temp,
+			fc, err := modeConfig(name, fleet.Config{Workers: *workers, Worker: wc, Seed: *seed, OverlapWeight: *weight, Cost: cost, CacheWeight: *cacheW, Speeds: speedList, Temperature: *temp,
 				Queue: queue, PrefillWorkers: *prefillN, Disagg: dc, TierCredit: credit, EventDelay: *evDelay,
 				PredictedTTL: time.Duration(*predTTL * float64(time.Second)), ClosedLoop: true})
 			if err != nil {
@@ -216,7 +217,7 @@ func main() {
 	fmt.Println(rule)
 	for _, name := range strings.Split(*modes, ",") {
 		t1 := time.Now()
-		fc := fleet.Config{Workers: *workers, Worker: wc, Seed: *seed, Pace: *pace, OverlapWeight: *weight, Cost: cost, Speeds: speedList, Temperature: *temp,
+		fc := fleet.Config{Workers: *workers, Worker: wc, Seed: *seed, Pace: *pace, OverlapWeight: *weight, Cost: cost, CacheWeight: *cacheW, Speeds: speedList, Temperature: *temp,
 			Queue: queue, PrefillWorkers: *prefillN, Disagg: dc, TierCredit: credit, EventDelay: *evDelay,
 			PredictedTTL: time.Duration(*predTTL * float64(time.Second)), ClosedLoop: closed}
 		if _, ok := fleet.ParsePeer(name); ok && e2eMode {
@@ -294,6 +295,10 @@ func main() {
 func modeConfig(name string, fc fleet.Config) (fleet.Config, error) {
 	if p, ok := fleet.ParsePeer(name); ok {
 		fc.Peer, fc.Queue, fc.PrefillWorkers, fc.Disagg, fc.TierCredit, fc.PredictedTTL = p, nil, 0, nil, nil, 0
+		return fc, nil
+	}
+	if p, ok := fleet.ParsePolicy(name); ok && name != "kv" {
+		p.Apply(&fc)
 		return fc, nil
 	}
 	var err error

@@ -57,6 +57,7 @@ func (r *report) e2eTrace(name, about string, reqs []trace.Request, closed bool)
 	wc := sim.DefaultWorkerConfig()
 	wc.BlockSize, wc.Blocks = blockSize, kvBlocks
 	fc := fleet.Config{Workers: fleetWorkers, Mode: scoring.KV, Worker: wc, Seed: r.cfg.Seed, ClosedLoop: closed}
+	kvDefault(&fc) // the daemon's default, as the daemon below routes
 	t0 := time.Now()
 	local, err := fleet.Run(fc, reqs)
 	if err != nil {

@@ -66,7 +66,7 @@ func (r *report) features(conv *loadedSet) error {
 // kvRun returns set's kv run.
 func kvRun(set *loadedSet) qualityRun {
 	for _, q := range set.runs {
-		if q.mode == scoring.KV {
+		if q.mode == scoring.KV && q.peer == "" && q.policy == "" {
 			return q
 		}
 	}

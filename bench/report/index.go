@@ -55,7 +55,9 @@ func (r *report) indexTrace(name, about string, reqs []trace.Request, closed boo
 	wc := sim.DefaultWorkerConfig()
 	wc.BlockSize, wc.Blocks = blockSize, kvBlocks
 	t0 := time.Now()
-	s, err := replay.Record(reqs, fleet.Config{Workers: fleetWorkers, Mode: scoring.KV, Worker: wc, Seed: r.cfg.Seed, ClosedLoop: closed})
+	fc := fleet.Config{Workers: fleetWorkers, Mode: scoring.KV, Worker: wc, Seed: r.cfg.Seed, ClosedLoop: closed}
+	kvDefault(&fc)
+	s, err := replay.Record(reqs, fc)
 	if err != nil {
 		return err
 	}

@@ -98,12 +98,12 @@ func knee(at float64, points []sweepPoint) (load float64, below, above bool) {
 
 // knees sweeps every mode on w, reports each knee (quality.NAME.knee.MODE, requests/s), and
 // draws p99 TTFT and hit rate against offered load.
-func (r *report) knees(w workload, blocks int) error {
+func (r *report) knees(w workload, blocks int) ([]kneeResult, error) {
 	var ks []kneeResult
 	for _, rt := range routings {
 		k, err := r.sweep(w, rt, blocks)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		ks = append(ks, k)
 	}
@@ -124,7 +124,7 @@ func (r *report) knees(w workload, blocks int) error {
 			fmt.Sprintf("%s; %d simulated workers × %d blocks of %d tokens; the offered load at which %s's p99 TTFT is %d× its unloaded %.0f ms%s; seed %d",
 				w.about, fleetWorkers, blocks, blockSize, k.routing, kneeFactor, k.unloadedP99, note, r.cfg.Seed))
 	}
-	return r.sweepPlots(w, ks)
+	return ks, r.sweepPlots(w, ks)
 }
 
 // sweepPlots draws p99 TTFT (log) and hit rate against offered load, a line per mode, each

@@ -226,6 +226,8 @@ type measurement struct {
 	Value      float64 `json:"value"`
 	Unit       string  `json:"unit"`
 	Conditions string  `json:"conditions"`
+	// Text, for a row that says something in words (a verdict), is what it says.
+	Text string `json:"text,omitempty"`
 }
 
 // report accumulates the markdown and the measurements; used by one goroutine.
@@ -257,6 +259,11 @@ func (r *report) logf(format string, args ...any) {
 // add records a measurement; name is dotted and unique within the report.
 func (r *report) add(name string, value float64, unit, conditions string) {
 	r.ms = append(r.ms, measurement{Name: name, Value: value, Unit: unit, Conditions: conditions})
+}
+
+// addText adds a row that says text, its value a count of what it names.
+func (r *report) addText(name string, value float64, unit, conditions, text string) {
+	r.ms = append(r.ms, measurement{Name: name, Value: value, Unit: unit, Conditions: conditions, Text: text})
 }
 
 // mdf appends to the markdown; numbers get thousands separators (12,031 requests).

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"math"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -26,19 +27,42 @@ const (
 type routing struct {
 	mode scoring.Mode
 	peer fleet.Peer
+	// policy, with mode kv, is one of fleet.Policies other than kv (Dynamo's formulas and
+	// presets); "" is kv, the daemon's default.
+	policy string
 }
 
 func (r routing) String() string {
-	if r.peer != "" {
+	switch {
+	case r.peer != "":
 		return string(r.peer)
+	case r.policy != "":
+		return r.policy
 	}
 	return r.mode.String()
 }
 
-// routings are the routings compared, kv first: kvrouterd's modes, then the policies of the
-// routers users would otherwise run.
+// routings are the routings compared, kv (the daemon's default) first: kvrouterd's modes,
+// Dynamo's cost formulas and presets in kvrouterd, then the policies of the routers users
+// would otherwise run.
 var routings = []routing{{mode: scoring.KV}, {mode: scoring.RoundRobin}, {mode: scoring.Random}, {mode: scoring.LeastLoaded},
+	{mode: scoring.KV, policy: "dynamo_v1"}, {mode: scoring.KV, policy: "dynamo_main"}, {mode: scoring.KV, policy: "dynamo_agentic"},
+	{mode: scoring.KV, policy: "dynamo_load_aware"},
 	{peer: fleet.LLMD}, {peer: fleet.SGLang}, {peer: fleet.GIE}}
+
+// kvDefault makes fc, if it routes by kv with no policy applied (Terms nil), route as the
+// daemon does by default (fleet.Policies' kv), its other settings kept. Every simulation of
+// the report goes through it, so that "kv" is the daemon's default throughout.
+func kvDefault(fc *fleet.Config) {
+	if fc.Peer == "" && fc.Mode == scoring.KV && fc.Terms == nil {
+		p, _ := fleet.ParsePolicy("kv")
+		w := fc.OverlapWeight
+		p.Apply(fc)
+		if w != 0 {
+			fc.OverlapWeight = w
+		}
+	}
+}
 
 // ladder is the arrival-time scales tried, lightest load first, for the loaded point: the first
 // at which round robin's mean TTFT is at least 10× its unloaded value.
@@ -117,12 +141,14 @@ func (r *report) extra(t namedTrace) (workload, error) {
 
 // qualityRun is one simulation and its summary.
 type qualityRun struct {
-	mode  scoring.Mode
-	peer  fleet.Peer // set: the run routed by this peer's policy (mode unused)
-	scale float64
-	res   *fleet.Result
-	ttft  dist
-	e2e   dist
+	mode scoring.Mode
+	peer fleet.Peer // set: the run routed by this peer's policy (mode unused)
+	// policy is the fleet.Policies entry of a kv run other than the daemon's default.
+	policy string
+	scale  float64
+	res    *fleet.Result
+	ttft   dist
+	e2e    dist
 }
 
 // simulate runs one fleet simulation of w at arrival scale s.
@@ -130,7 +156,11 @@ type qualityRun struct {
 // settings and seed, and the loaded point, the tables and the load sweep ask for many of the
 // same ones.
 func (r *report) simulate(w workload, mode scoring.Mode, s float64, blocks int, weight float64, sample time.Duration) (qualityRun, error) {
-	return r.simulateKept(w, routing{mode: mode}, s, blocks, weight, sample)
+	rt := routing{mode: mode}
+	if mode == scoring.KV && weight != 0 && weight != 1 {
+		rt.policy = "dynamo_v1" // an overlap weight is Dynamo v1's
+	}
+	return r.simulateKept(w, rt, s, blocks, weight, sample)
 }
 
 // simulateKept runs one simulation of w at scale s routed by rt, or returns the kept run of
@@ -141,10 +171,21 @@ func (r *report) simulateKept(w workload, rt routing, s float64, blocks int, wei
 		return q, nil
 	}
 	fc := fleet.Config{Mode: rt.mode, OverlapWeight: weight, Sample: sample}
-	if rt.peer != "" {
+	switch {
+	case rt.peer != "":
 		fc = fleet.Config{Peer: rt.peer, Sample: sample}
+	case rt.policy != "":
+		p, ok := fleet.ParsePolicy(rt.policy)
+		if !ok {
+			return qualityRun{}, fmt.Errorf("quality: no policy %q", rt.policy)
+		}
+		p.Apply(&fc)
+		if weight != 0 {
+			fc.OverlapWeight = weight
+		}
 	}
 	q, err := r.simulateFleet(w, s, fc, blocks, rt.String())
+	q.policy = rt.policy
 	if err == nil && sample == 0 {
 		if r.sims == nil {
 			r.sims = map[simKey]qualityRun{}
@@ -169,7 +210,7 @@ func (r *report) simulateRouting(w workload, rt routing, s float64, blocks int, 
 }
 
 // name is the run's routing, as the report's rows and plots name it.
-func (q qualityRun) name() string { return routing{q.mode, q.peer}.String() }
+func (q qualityRun) name() string { return routing{q.mode, q.peer, q.policy}.String() }
 
 // simulateFleet runs one fleet simulation of w at arrival scale s with fc's routing, queue and
 // fleet settings (its workers, worker model — but for fc.Worker.HostBlocks — and seed are the
@@ -178,6 +219,7 @@ func (r *report) simulateFleet(w workload, s float64, fc fleet.Config, blocks in
 	wc := sim.DefaultWorkerConfig()
 	wc.BlockSize, wc.Blocks, wc.HostBlocks, wc.TimingBlocks = blockSize, blocks, fc.Worker.HostBlocks, fc.Worker.TimingBlocks
 	fc.Workers, fc.Worker, fc.Seed, fc.ClosedLoop = fleetWorkers, wc, r.cfg.Seed, w.closedLoop
+	kvDefault(&fc)
 	t0 := time.Now()
 	res, err := fleet.Run(fc, trace.Scale(w.reqs, s))
 	if err != nil {
@@ -274,6 +316,7 @@ func (r *report) qualityWorkload(w workload, blocks int) (*loadedSet, error) {
 			w.about, st.Requests, s, fleetWorkers, blocks, blockSize, r.cfg.Seed)
 	}
 	r.add(fmt.Sprintf("quality.%s.round_robin.ttft_unloaded_mean", w.name), ms(unloaded.ttft.mean), "ms", cond(unloadedScale))
+	slo := kneeFactor * ms(unloaded.ttft.p99) // the TTFT goodput counts within
 	r.add(fmt.Sprintf("quality.%s.bound_infinite", w.name), 100*inf, "%", cond(1))
 	r.add(fmt.Sprintf("quality.%s.bound_pooled", w.name), 100*pooled, "%", cond(1))
 	r.mdf("| load | mode | TTFT mean / p50 / p99 ms | e2e mean / p99 s | hit rate | of bound | of pooled | output tok/s | imbalance |\n")
@@ -311,6 +354,12 @@ func (r *report) qualityWorkload(w workload, blocks int) (*loadedSet, error) {
 			r.add(key+"hit_rate_of_pooled", 100*hit/pooled, "%", c)
 			r.add(key+"output_throughput", tput, "tokens/s", c)
 			r.add(key+"imbalance", res.Imbalance(), "max/mean requests", c)
+			r.add(key+"hit_of_bound", 100*hit/inf, "%", c)
+			r.add(key+"goodput", goodput(res, slo), "requests/s",
+				fmt.Sprintf("%s; requests whose TTFT is within %.0f ms (%d× round robin's unloaded p99) per second of the run", c, slo, kneeFactor))
+			if pe, ok := predictionError(res); ok {
+				r.add(key+"prediction_error", pe, "%", c+"; median of |predicted − simulated| / simulated TTFT over the requests the router predicted")
+			}
 			if pt.scale != 1 {
 				set.runs = append(set.runs, q)
 			}
@@ -320,9 +369,11 @@ func (r *report) qualityWorkload(w workload, blocks int) (*loadedSet, error) {
 	if err := r.qualityPlots(w, set, inf, pooled); err != nil {
 		return nil, err
 	}
-	if err := r.knees(w, blocks); err != nil {
+	ks, err := r.knees(w, blocks)
+	if err != nil {
 		return nil, err
 	}
+	r.beats(w, set, ks, inf)
 	return set, nil
 }
 
@@ -330,10 +381,10 @@ func (r *report) qualityWorkload(w workload, blocks int) (*loadedSet, error) {
 func (r *report) verdict(w workload, set *loadedSet, inf float64) {
 	var kv, rr qualityRun
 	for _, q := range set.runs {
-		switch q.mode {
-		case scoring.KV:
+		switch {
+		case q.mode == scoring.KV && q.peer == "" && q.policy == "":
 			kv = q
-		case scoring.RoundRobin:
+		case q.mode == scoring.RoundRobin && q.peer == "":
 			rr = q
 		}
 	}
@@ -352,36 +403,95 @@ func (r *report) verdict(w workload, set *loadedSet, inf float64) {
 		mdPrinter.Sprintf("%.1f %%, %.0f %% of %.1f %%", 100*kv.res.HitRate(), of, 100*inf), target(w, "≥ 80 % of the bound"), r.command("quality"))
 	c := fmt.Sprintf("%s at the loaded point ×%g; %d workers × %d blocks", w.about, kv.scale, fleetWorkers, kvBlocks)
 	r.add(fmt.Sprintf("quality.%s.loaded.kv_over_round_robin_ttft_mean", w.name), ratio, "ratio", c)
-	r.peerVerdict(kv, set)
 }
 
-// peerVerdict says, at the loaded point, where a peer's policy did better than kv: mean or p99
-// TTFT, or hit rate.
-func (r *report) peerVerdict(kv qualityRun, set *loadedSet) {
-	var better []string
+// beats says where any other routing does better than kv, by the bars kv is held to: at the
+// loaded point a lower mean TTFT, a p99 TTFT under kv's / 1.1, a hit rate of the bound more
+// than 3 points above kv's; in the load sweep a higher knee. The row quality.NAME.verdict
+// counts the routings that do, and says where in words.
+func (r *report) beats(w workload, set *loadedSet, ks []kneeResult, inf float64) {
+	var kv qualityRun
 	for _, q := range set.runs {
-		if q.peer == "" {
-			continue
-		}
-		var on []string
-		if q.ttft.mean < kv.ttft.mean {
-			on = append(on, fmt.Sprintf("mean TTFT %.0f ms against kv's %.0f", ms(q.ttft.mean), ms(kv.ttft.mean)))
-		}
-		if q.ttft.p99 < kv.ttft.p99 {
-			on = append(on, fmt.Sprintf("p99 TTFT %.0f ms against %.0f", ms(q.ttft.p99), ms(kv.ttft.p99)))
-		}
-		if q.res.HitRate() > kv.res.HitRate() {
-			on = append(on, fmt.Sprintf("hit rate %.1f %% against %.1f %%", 100*q.res.HitRate(), 100*kv.res.HitRate()))
-		}
-		if len(on) > 0 {
-			better = append(better, fmt.Sprintf("%s (%s)", q.name(), strings.Join(on, "; ")))
+		if q.mode == scoring.KV && q.peer == "" && q.policy == "" {
+			kv = q
 		}
 	}
-	if len(better) == 0 {
-		r.mdf("No peer's policy beats kv here on mean TTFT, p99 TTFT or hit rate.\n")
+	if kv.res == nil {
 		return
 	}
-	r.mdf("Where a peer's policy beats kv here: %s.\n", strings.Join(better, ", "))
+	var kvKnee kneeResult
+	for _, k := range ks {
+		if k.routing == (routing{mode: scoring.KV}) {
+			kvKnee = k
+		}
+	}
+	on := map[string][]string{}
+	var names []string
+	note := func(name, what string) {
+		if _, ok := on[name]; !ok {
+			names = append(names, name)
+		}
+		on[name] = append(on[name], what)
+	}
+	kvHit := 100 * kv.res.HitRate() / inf
+	for _, q := range set.runs {
+		if q.name() == "kv" {
+			continue
+		}
+		if q.ttft.mean < kv.ttft.mean {
+			note(q.name(), fmt.Sprintf("mean TTFT %.0f ms against kv's %.0f", ms(q.ttft.mean), ms(kv.ttft.mean)))
+		}
+		if 1.1*float64(q.ttft.p99) < float64(kv.ttft.p99) {
+			note(q.name(), fmt.Sprintf("p99 TTFT %.0f ms against kv's %.0f (more than 1.1×)", ms(q.ttft.p99), ms(kv.ttft.p99)))
+		}
+		if h := 100 * q.res.HitRate() / inf; h > kvHit+3 {
+			note(q.name(), fmt.Sprintf("hit rate %.0f %% of the bound against kv's %.0f %% (more than 3 points)", h, kvHit))
+		}
+	}
+	for _, k := range ks {
+		if k.routing.String() != "kv" && k.knee > kvKnee.knee && !k.below && !kvKnee.above {
+			note(k.routing.String(), fmt.Sprintf("knee %.2f requests/s against kv's %.2f", k.knee, kvKnee.knee))
+		}
+	}
+	text := "No routing beats kv here: not on mean TTFT, p99 TTFT (by more than 1.1×) or hit rate (by more than 3 points of the bound) at the loaded point, nor on the knee of the load sweep."
+	if len(names) > 0 {
+		var parts []string
+		for _, n := range names {
+			parts = append(parts, fmt.Sprintf("%s (%s)", n, strings.Join(on[n], "; ")))
+		}
+		text = "Where another routing beats kv here: " + strings.Join(parts, ", ") + "."
+	}
+	r.mdf("\n%s\n", text)
+	r.addText(fmt.Sprintf("quality.%s.verdict", w.name), float64(len(names)), "routings beating kv",
+		fmt.Sprintf("%s at the loaded point ×%g and the load sweep; %d workers × %d blocks; seed %d", w.about, kv.scale, fleetWorkers, kvBlocks, r.cfg.Seed), text)
+}
+
+// goodput is the requests of res whose TTFT is within slo ms, per second of its makespan.
+func goodput(res *fleet.Result, slo float64) float64 {
+	n := 0
+	for _, t := range res.TTFT {
+		if t > 0 && ms(t) <= slo {
+			n++
+		}
+	}
+	if res.Makespan <= 0 {
+		return 0
+	}
+	return float64(n) / res.Makespan.Seconds()
+}
+
+// predictionError is the median of |predicted / simulated − 1| over res's predicted requests,
+// in %; false if the router predicted none.
+func predictionError(res *fleet.Result) (float64, bool) {
+	if len(res.PredErr) == 0 {
+		return 0, false
+	}
+	e := make([]float64, len(res.PredErr))
+	for i, v := range res.PredErr {
+		e[i] = math.Abs(v)
+	}
+	slices.Sort(e)
+	return 100 * e[len(e)/2], true
 }
 
 // target is t for the conversation trace, the one the targets are set on, and "—" otherwise.
@@ -426,11 +536,11 @@ func (r *report) sensitivity(set *loadedSet) error {
 			timed, suffix = fmt.Sprintf("%d blocks", timing), fmt.Sprintf("decode%d.", timing)
 			cond = fmt.Sprintf("; decode timed as a %d-block GPU (usage of %d blocks, at most 1)", timing, timing)
 		}
-		r.mdf("| %d | %g | %s | %g | %s | %.0f / %.0f | %.1f %% | %.0f %% | %.0f %% |\n", blocks, q.scale, q.mode, weight, timed,
+		r.mdf("| %d | %g | %s | %g | %s | %.0f / %.0f | %.1f %% | %.0f %% | %.0f %% |\n", blocks, q.scale, q.name(), weight, timed,
 			ms(q.ttft.mean), ms(q.ttft.p99), 100*hit, 100*hit/inf, 100*hit/pooled)
 		c := fmt.Sprintf("%s, arrival times ×%g; %d workers × %d blocks of %d tokens; overlap weight %g%s", w.about, q.scale,
 			fleetWorkers, blocks, blockSize, weight, cond)
-		key := fmt.Sprintf("quality.conversation.blocks%d.x%g.%s.w%g.%s", blocks, q.scale, q.mode, weight, suffix)
+		key := fmt.Sprintf("quality.conversation.blocks%d.x%g.%s.w%g.%s", blocks, q.scale, q.name(), weight, suffix)
 		r.add(key+"ttft_mean", ms(q.ttft.mean), "ms", c)
 		r.add(key+"hit_rate_of_bound", 100*hit/inf, "%", c)
 	}
@@ -451,7 +561,7 @@ func (r *report) sensitivity(set *loadedSet) error {
 	}
 	scale := set.runs[0].scale
 	for _, q := range set.runs {
-		if q.mode == scoring.KV || q.mode == scoring.RoundRobin {
+		if q.peer == "" && q.policy == "" && (q.mode == scoring.KV || q.mode == scoring.RoundRobin) {
 			row(q, kvBlocks, 1, 0)
 		}
 	}

@@ -46,8 +46,8 @@ func TestQuickReportGenerated(t *testing.T) {
 	}
 	seen := map[string]bool{}
 	for _, m := range ms {
-		if len(m) != 4 {
-			t.Errorf("%v: want exactly name, value, unit, conditions", m)
+		if _, text := m["text"]; len(m) != 4 && !(len(m) == 5 && text) {
+			t.Errorf("%v: want exactly name, value, unit, conditions (and text, for a verdict)", m)
 		}
 		name, _ := m["name"].(string)
 		unit, _ := m["unit"].(string)
@@ -65,7 +65,11 @@ func TestQuickReportGenerated(t *testing.T) {
 		"quality.generated.predict.on.hit_rate", "quality.generated.predict.on.ttft_mean",
 		"quality.generated.loaded.llmd.ttft_mean", "quality.generated.loaded.sglang.ttft_p99", "quality.generated.loaded.gie.hit_rate",
 		"quality.generated.knee.kv", "quality.generated.knee.round_robin", "quality.generated.knee.llmd",
-		"quality.generated.knee.sglang", "quality.generated.knee.gie"} {
+		"quality.generated.knee.sglang", "quality.generated.knee.gie", "quality.generated.verdict",
+		"quality.generated.loaded.kv.hit_of_bound", "quality.generated.loaded.kv.goodput", "quality.generated.loaded.kv.prediction_error",
+		"quality.generated.loaded.dynamo_v1.ttft_mean", "quality.generated.loaded.dynamo_main.ttft_p99",
+		"quality.generated.loaded.dynamo_agentic.e2e_mean", "quality.generated.loaded.dynamo_load_aware.goodput",
+		"quality.generated.knee.dynamo_v1"} {
 		if !seen[name] {
 			t.Errorf("no %s", name)
 		}

@@ -15,7 +15,7 @@ func TestLoadModelFlags(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.RouterCost != "v1" || c.OverlapScoreCredit != 1 || c.PrefillLoadScale != 1 || c.OverlapScoreCreditDecay != 0 ||
+	if c.RouterCost != "auto" || c.OverlapScoreCredit != 1 || c.PrefillLoadScale != 1 || c.OverlapScoreCreditDecay != 0 ||
 		c.DecodeActiveRequestWeight != 0 || c.NoAssumeKVReuse || c.TrackOutputBlocks {
 		t.Fatalf("defaults: %+v", c)
 	}
@@ -40,8 +40,10 @@ func TestLoadModelFlags(t *testing.T) {
 	if c, err = parseConfig([]string{"--no-router-assume-kv-reuse", "--router-assume-kv-reuse"}, env(nil), io.Discard); err != nil || c.NoAssumeKVReuse {
 		t.Fatalf("Dynamo's positive form after ours: %v %+v", err, c.NoAssumeKVReuse)
 	}
-	for _, bad := range [][]string{{"--router-cost", "v2"}, {"--router-kv-overlap-score-credit", "1.5"},
-		{"--router-prefill-load-scale", "-1"}, {"--router-kv-overlap-score-credit-decay", "-1"}} {
+	for _, bad := range [][]string{{"--router-cost", "v2"}, {"--router-kv-overlap-score-credit", "-0.5"},
+		{"--router-prefill-load-scale", "-1"}, {"--router-kv-overlap-score-credit-decay", "-1"},
+		{"--load-aware", "--agentic"}, {"--agentic", "--router-cost", "v1"}, {"--router-cache-weight", "-1"},
+		{"--router-prefill-load-model", "ais"}} {
 		if _, err := parseConfig(bad, env(nil), io.Discard); err == nil {
 			t.Errorf("%v taken", bad)
 		}

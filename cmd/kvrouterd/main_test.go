@@ -139,8 +139,10 @@ func TestDaemonOverTCP(t *testing.T) {
 	if err := c.Route(&wire.RouteRequest{RequestID: "r1", Model: "m", Tokens: toks}, &resp); err != nil {
 		t.Fatal(err)
 	}
-	// Worker 2: 1 token to prefill (0.25 blocks) + 2 blocks = 2.25; worker 1: 9/4 + 2 = 4.25.
-	if resp.Worker != 2 || len(resp.Candidates) != 2 || resp.Candidates[1].Logit != 2.25 || resp.Candidates[0].Logit != 4.25 {
+	// The default cost (ttft): worker 2 has 1 token to prefill, worker 1 all 9, so worker 2
+	// is predicted sooner; both logits are times (ms), above the step model's fixed cost.
+	if resp.Worker != 2 || len(resp.Candidates) != 2 || !(resp.Candidates[1].Logit < resp.Candidates[0].Logit) ||
+		!(resp.Candidates[1].Logit > 16) || resp.Candidates[1].PrefillTokens != 1 || resp.Candidates[0].PrefillTokens != 9 {
 		t.Fatalf("route: %+v", resp)
 	}
 	if err := c.PrefillDone("r1"); err != nil {
@@ -251,7 +253,7 @@ func TestDaemonOverTCP(t *testing.T) {
 	case <-time.After(15 * time.Second):
 		t.Fatalf("no exit 15 s after SIGTERM\n%s", logs.String())
 	}
-	for _, want := range []string{"worker 2: logit 2.250 = 1.0 × 0.250 + 2.0 (cached blocks 2)", "shutting down", "stopped",
+	for _, want := range []string{"worker 2: logit ", "= predicted TTFT ", " ms (queued 0 + own 1 tokens) + cache 3.0 × ", "(cached blocks 2)", "shutting down", "stopped",
 		"--nats-user-file " + pubFile} {
 		if !strings.Contains(logs.String(), want) {
 			t.Fatalf("log lacks %q:\n%s", want, logs.String())

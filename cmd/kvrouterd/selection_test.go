@@ -50,7 +50,9 @@ func TestDaemonSelection(t *testing.T) {
 		t.Skip("builds and runs the binary")
 	}
 	sel := freeport.TB(t)
-	d := startDaemon(t, buildDaemon(t), "--nats-listen", freeport.TB(t), "--data-dir", t.TempDir(), "--selection-addr", sel)
+	// Dynamo's v1 cost, whose choices the reservations below are written for: the default cost
+	// would send the second 2-token prefill to the idle rank rather than queue it.
+	d := startDaemon(t, buildDaemon(t), "--nats-listen", freeport.TB(t), "--data-dir", t.TempDir(), "--selection-addr", sel, "--router-cost", "v1")
 	defer func() { d.cmd.Process.Kill() }()
 	call := func(method, path, body string, code int) string {
 		t.Helper()
