@@ -210,7 +210,7 @@ func (r *Router) routeDisagg(s *scratch, m *model, full *workerList, p *scoring.
 		}
 		return err
 	}
-	r.noteRouted(p.ISL, pcached, m.blockSize)
+	r.noteRouted(m, s, p.ISL, pcached)
 	r.disagg[DisaggDisaggregated].Add(1)
 	if req.SessionID != "" && r.aff != nil && (sticky || !req.HasPinned) {
 		r.bind(m.name, req.SessionID, dw.key)
@@ -264,7 +264,7 @@ func (r *Router) bookWhole(s *scratch, m *model, serve *workerList, pos, cached 
 	if err := r.bookStage(s, m, w, p, req, req.RequestID, cached, s.noReuse, true); err != nil {
 		return err
 	}
-	r.noteRouted(p.ISL, cached, m.blockSize)
+	r.noteRouted(m, s, p.ISL, cached)
 	r.disagg[outcome].Add(1)
 	if req.SessionID != "" && r.aff != nil && (sticky || !req.HasPinned) {
 		r.bind(m.name, req.SessionID, w.key)

@@ -321,7 +321,7 @@ func (r *Router) route(req *wire.RouteRequest, resp *wire.RouteResponse, book bo
 	if err := r.bookStage(s, m, w, &p, req, req.RequestID, cached, s.noReuse, true); err != nil {
 		return err
 	}
-	r.noteRouted(p.ISL, cached, m.blockSize)
+	r.noteRouted(m, s, p.ISL, cached)
 	if req.SessionID != "" && r.aff != nil && (sticky || !req.HasPinned) {
 		r.bind(m.name, req.SessionID, w.key)
 	}
@@ -335,12 +335,22 @@ func (r *Router) route(req *wire.RouteRequest, resp *wire.RouteResponse, book bo
 	return nil
 }
 
-// noteRouted counts a routed request of isl prompt tokens whose worker holds cached blocks of
-// bs tokens of it.
-func (r *Router) noteRouted(isl int, cached int32, bs int) {
+// noteRouted counts a routed request of model m of isl prompt tokens whose worker holds cached
+// blocks of it, against the deepest prefix any worker held (s's match): the hit achieved and
+// the hit available.
+func (r *Router) noteRouted(m *model, s *scratch, isl int, cached int32) {
+	bs := int64(m.blockSize)
+	achieved := min(int64(cached)*bs, int64(isl))
 	r.routed.Inc()
 	r.promptTokens.Add(int64(isl))
-	r.cachedTokens.Add(min(int64(cached)*int64(bs), int64(isl)))
+	r.cachedTokens.Add(achieved)
+	deepest := cached
+	for _, d := range s.m.Depth {
+		deepest = max(deepest, d)
+	}
+	m.hits.prompt.Add(int64(isl))
+	m.hits.achieved.Add(achieved)
+	m.hits.available.Add(min(int64(deepest)*bs, int64(isl)))
 }
 
 // pick scores req against list's workers with p and answers in resp; with book it chooses one

@@ -318,6 +318,8 @@ type model struct {
 	// of a model are taken as alike.
 	step atomic.Pointer[scoring.StepModel]
 
+	hits modelHits
+
 	health modelHealth // outlier ejection (eject.go)
 }
 
@@ -831,6 +833,7 @@ func (r *Router) registerLocked(g Registration, eps []RankEndpoint, publish bool
 		m = &model{name: g.Model, ix: ix, blockSize: bs, regs: make(map[uint64]*registration), pred: r.newPredicted(bs)}
 		st := *r.cfg.Step
 		m.step.Store(&st)
+		m.hits = modelHits{xsync.NewCounter(), xsync.NewCounter(), xsync.NewCounter()}
 		if r.cfg.Queue != nil {
 			m.queue = &modelQueue{}
 		}
@@ -1113,4 +1116,29 @@ func newTracker(now func() int64) *scoring.Tracker {
 	t := scoring.NewTracker()
 	t.Now = now
 	return t
+}
+
+// modelHits counts a model's routed prompt tokens, and of them the tokens of the longest prefix
+// cached anywhere in its fleet (available) and on the worker chosen (achieved).
+// Striped counters, as the router's own: every route of the model adds to them.
+type modelHits struct {
+	prompt, available, achieved *xsync.Counter
+}
+
+// ModelHit is one model's hit counters (Router.ModelHits): its routed requests' prompt tokens,
+// the tokens of the longest prefix of each cached on any of the model's workers (Available,
+// the best any routing could have done), and on the worker chosen (Achieved). A plain value.
+type ModelHit struct {
+	Model                       string
+	Prompt, Available, Achieved int64
+}
+
+// ModelHits appends every model's hit counters to dst, by model name. Safe for concurrent use.
+func (r *Router) ModelHits(dst []ModelHit) []ModelHit {
+	start := len(dst)
+	for name, m := range *r.models.Load() {
+		dst = append(dst, ModelHit{Model: name, Prompt: m.hits.prompt.Value(), Available: m.hits.available.Value(), Achieved: m.hits.achieved.Value()})
+	}
+	slices.SortFunc(dst[start:], func(a, b ModelHit) int { return cmp.Compare(a.Model, b.Model) })
+	return dst
 }

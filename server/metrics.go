@@ -124,12 +124,16 @@ var (
 	descWorkerPrefill = prometheus.NewDesc("kvrouterd_worker_active_prefill_tokens", "Prompt tokens a worker rank has to prefill for its active requests, not yet prefilled (prefill load).", []string{"model", "worker", "dp_rank"}, nil)
 	descWorkerReqs    = prometheus.NewDesc("kvrouterd_worker_active_requests", "Requests routed to a worker rank and not completed yet.", []string{"model", "worker", "dp_rank"}, nil)
 	descPromptTokens  = prometheus.NewDesc("kvrouterd_routed_prompt_tokens_total", "Prompt tokens of the requests routed (the HTTP API and the front door).", nil, nil)
+	descModelPrompt   = prometheus.NewDesc("kvrouterd_model_prompt_tokens_total", "Prompt tokens of a model's routed requests.", []string{"model"}, nil)
+	descAvailableHit  = prometheus.NewDesc("kvrouterd_model_available_hit_tokens_total", "Of a model's routed prompt tokens, those of the longest prefix of each request cached on any of the model's workers: the hit the best placement would have had.", []string{"model"}, nil)
+	descAchievedHit   = prometheus.NewDesc("kvrouterd_model_achieved_hit_tokens_total", "Of a model's routed prompt tokens, those cached on the worker chosen (the prefill worker, for a disaggregated request): against kvrouterd_model_available_hit_tokens_total, what routing gave up for load.", []string{"model"}, nil)
 	descCachedTokens  = prometheus.NewDesc("kvrouterd_routed_cached_tokens_total", "Prompt tokens of the requests routed that were cached on the device of the worker chosen (the prefill worker, for a disaggregated request): rate of this over rate of kvrouterd_routed_prompt_tokens_total is the hit rate.", nil, nil)
 )
 
 func (c *routerCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descEvents, descEventsBy, descBlocks, descGaps, descQueue, descWaits, descRequests, descActive, descPredicted, descRaised, descEntries, descResidency, descEvicted, descMaxBytes, descTierRes, descMembers, descWorker, descMisconfig, descRefused, descUnmatched,
-		descWorkerCached, descWorkerBlocks, descWorkerPrefill, descWorkerReqs, descPromptTokens, descCachedTokens} {
+		descWorkerCached, descWorkerBlocks, descWorkerPrefill, descWorkerReqs, descPromptTokens, descCachedTokens,
+		descModelPrompt, descAvailableHit, descAchievedHit} {
 		ch <- d
 	}
 }
@@ -157,6 +161,11 @@ func (c *routerCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descRequests, prometheus.CounterValue, float64(st.Expired), "expired")
 	ch <- prometheus.MustNewConstMetric(descPromptTokens, prometheus.CounterValue, float64(st.PromptTokens))
 	ch <- prometheus.MustNewConstMetric(descCachedTokens, prometheus.CounterValue, float64(st.CachedTokens))
+	for _, h := range c.r.ModelHits(nil) {
+		ch <- prometheus.MustNewConstMetric(descModelPrompt, prometheus.CounterValue, float64(h.Prompt), h.Model)
+		ch <- prometheus.MustNewConstMetric(descAvailableHit, prometheus.CounterValue, float64(h.Available), h.Model)
+		ch <- prometheus.MustNewConstMetric(descAchievedHit, prometheus.CounterValue, float64(h.Achieved), h.Model)
+	}
 	ch <- prometheus.MustNewConstMetric(descActive, prometheus.GaugeValue, float64(st.ActiveRequests))
 	ch <- prometheus.MustNewConstMetric(descPredicted, prometheus.GaugeValue, float64(st.Predictions))
 	ch <- prometheus.MustNewConstMetric(descRaised, prometheus.CounterValue, float64(st.PredictRaised))

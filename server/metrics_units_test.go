@@ -25,6 +25,7 @@ func TestMetricsOneUnitPerSeries(t *testing.T) {
 		t.Fatalf("routed to %d", resp.Worker)
 	}
 	h.route("r2", tokens(100, 6), 1) // pinned to worker 1: 6 prompt tokens, none cached
+	h.route("r3", tokens(1, 9), 1)   // pinned to worker 1: 8 tokens cached on worker 2, none here
 	h.post("/v1/route", "", []byte(`{"model":"m"}`))
 	h.post("/v1/route", "", make([]byte, 65<<10))
 
@@ -48,14 +49,18 @@ func TestMetricsOneUnitPerSeries(t *testing.T) {
 	f("kvrouterd_worker_active_requests"+w2, 1)
 	f(`kvrouterd_worker_load{dp_rank="0",kind="active_blocks",model="m",worker="2"}`, 2)
 	f(`kvrouterd_worker_load{dp_rank="0",kind="active_prefill_tokens",model="m",worker="2"}`, 1)
-	f(`kvrouterd_worker_active_prefill_tokens{dp_rank="0",model="m",worker="1"}`, 6)
+	f(`kvrouterd_worker_active_prefill_tokens{dp_rank="0",model="m",worker="1"}`, 6+9)
 
-	f("kvrouterd_routed_prompt_tokens_total", 9+6)
+	f("kvrouterd_routed_prompt_tokens_total", 9+6+9)
 	f("kvrouterd_routed_cached_tokens_total", 8)
+	// The hit available (the longest prefix anywhere) against the hit achieved, per model.
+	f(`kvrouterd_model_prompt_tokens_total{model="m"}`, 9+6+9)
+	f(`kvrouterd_model_available_hit_tokens_total{model="m"}`, 8+0+8)
+	f(`kvrouterd_model_achieved_hit_tokens_total{model="m"}`, 8)
 
 	f(`kvrouterd_http_requests_total{code="201",endpoint="workers"}`, 2)
 	f(`kvrouterd_http_requests_total{code="200",endpoint="events"}`, 1)
-	f(`kvrouterd_http_requests_total{code="200",endpoint="route"}`, 2)
+	f(`kvrouterd_http_requests_total{code="200",endpoint="route"}`, 3)
 	f(`kvrouterd_http_requests_total{code="400",endpoint="route"}`, 1)
 	f(`kvrouterd_http_requests_total{code="413",endpoint="any"}`, 1)
 }
