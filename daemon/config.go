@@ -51,6 +51,7 @@ type Config struct {
 	RouterQueuePolicy      string
 	RouterQueueMaxRequests int
 	RouterQueueMaxWait     time.Duration
+	TTFTSLO                time.Duration
 
 	// Session affinity: off unless its time to live is set.
 	SessionAffinityTTL  time.Duration
@@ -255,6 +256,7 @@ func (c *Config) Flags(fs *flag.FlagSet) {
 	fs.Var(&c.ConditionalDisaggDecodeThreshold, "router-conditional-disagg-decode-busy-threshold", "conditional disaggregation: keep a request whole only if the decode worker then holds at most this fraction of its KV capacity (never while its capacity is unknown); unset: no such gate")
 	fs.StringVar(&c.SessionAffinityMode, "router-session-affinity-mode", c.SessionAffinityMode, "session affinity: hard (a session leaves its worker only when the worker is gone) or soft (also when it is overloaded)")
 	fs.DurationVar(&c.RouterQueueMaxWait, "router-queue-max-wait", c.RouterQueueMaxWait, "router queue: the longest a request waits when it does not say (max_wait_ms); past it, 503")
+	fs.DurationVar(&c.TTFTSLO, "ttft-slo", c.TTFTSLO, "router queue: also hold a request while no worker rank it may go to is predicted to give its first token within this time (one that would miss it even on an idle worker is not held); 0: off")
 	fs.BoolVar(&c.TrackPrefillTokens, "track-prefill-tokens", c.TrackPrefillTokens, "charge and book each request's uncached prompt tokens as prefill; false routes on decode load alone, as Dynamo's decode stage")
 	fs.StringVar(&c.RouterCost, "router-cost", c.RouterCost, "cost formula of the kv mode: ttft (the predicted time to first token on each worker, plus --router-cache-weight × the prefill time of the tokens it computes: kvrouterd's own), v1 (--overlap-score-weight × prefill blocks + decode blocks, Dynamo's releases), main (Dynamo's main branch: cached blocks a credit against the prompt, the rest scaled, active requests weighed; the --router-kv-overlap-score-credit, --router-kv-overlap-score-credit-decay, --router-prefill-load-scale and --router-decode-active-request-weight terms), or auto: ttft, unless --overlap-score-weight (v1) or one of main's terms (main) is given other than its default, or a preset is")
 	fs.Float64Var(&c.CacheWeight, "router-cache-weight", c.CacheWeight, "--router-cost ttft: what each prompt token a worker computes costs beyond its own prefill time, in multiples of it (a second copy of a prefix, blocks others would hit pushed out)")
@@ -404,6 +406,10 @@ func (c *Config) Check() error {
 		return fmt.Errorf("--load-aware and --agentic: give one preset at most")
 	case (c.LoadAware || c.Agentic) && c.RouterCost != "auto" && c.RouterCost != "main":
 		return fmt.Errorf("--router-cost %s: a preset (--load-aware, --agentic) sets Dynamo main's cost; drop --router-cost or give main", c.RouterCost)
+	case c.TTFTSLO < 0 || c.TTFTSLO > 24*time.Hour:
+		return fmt.Errorf("--ttft-slo %v: want 0 (off) to a day", c.TTFTSLO)
+	case c.TTFTSLO > 0 && !c.RouterQueueThreshold.On:
+		return fmt.Errorf("--ttft-slo holds requests in the router queue: give --router-queue-threshold too")
 	case !(c.CacheWeight >= 0) || c.CacheWeight > 1e9:
 		return fmt.Errorf("--router-cache-weight %v: want a finite number ≥ 0", c.CacheWeight)
 	case c.PrefillLoadModel != "none" && c.PrefillLoadModel != "aic":
@@ -592,7 +598,7 @@ func (c *Config) queue() *router.QueueConfig {
 	}
 	policy, _ := router.ParseQueuePolicy(c.RouterQueuePolicy) // Check refused any other
 	return &router.QueueConfig{Threshold: c.RouterQueueThreshold.V, Policy: policy,
-		MaxRequests: c.RouterQueueMaxRequests, MaxWait: c.RouterQueueMaxWait}
+		MaxRequests: c.RouterQueueMaxRequests, MaxWait: c.RouterQueueMaxWait, TTFTSLO: c.TTFTSLO}
 }
 
 func validQueuePolicy(s string) bool {

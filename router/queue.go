@@ -80,6 +80,12 @@ type QueueConfig struct {
 	MaxWait time.Duration
 	// Recheck is the period of the drain that does not wait for an event (100 ms).
 	Recheck time.Duration
+	// TTFTSLO, if > 0, also holds a request back while no rank it may go to is predicted to
+	// give it its first token within TTFTSLO (scoring.Params.PredictTTFT, with its cached
+	// prefix on each rank): a rank under the threshold but predicted past the objective is
+	// busy for it. A request that would miss the objective even on an idle worker holding its
+	// longest cached prefix is not held for it: waiting cannot help it.
+	TTFTSLO time.Duration
 }
 
 func (c *QueueConfig) defaults() {
@@ -217,12 +223,17 @@ func (r *Router) busy(m *model, req *wire.RouteRequest) (all, eligible bool) {
 			pools[1] = full.serve
 		}
 	}
+	var slo *sloCheck
+	if r.cfg.Queue.TTFTSLO > 0 {
+		slo = r.sloCheck(m, req)
+		defer slo.release(r)
+	}
 	for i, list := range pools {
 		if list == nil {
 			break
 		}
 		pin := pinned && (list != full.prefill || rankAt(list, k) >= 0)
-		a, e := r.poolBusy(list, k, pin)
+		a, e := r.poolBusy(list, k, pin, slo)
 		if !a && e {
 			return false, true
 		}
@@ -233,19 +244,69 @@ func (r *Router) busy(m *model, req *wire.RouteRequest) (all, eligible bool) {
 	return all, eligible
 }
 
-// poolBusy is busy for one pool, with the pin k if pinned.
-func (r *Router) poolBusy(list *workerList, k radix.WorkerKey, pinned bool) (all, eligible bool) {
+// poolBusy is busy for one pool, with the pin k if pinned, and slo's objective if set.
+func (r *Router) poolBusy(list *workerList, k radix.WorkerKey, pinned bool, slo *sloCheck) (all, eligible bool) {
 	th := r.cfg.Queue.Threshold
 	for i, w := range list.ws {
 		if pinned && w.key != k {
 			continue
 		}
-		if !prefillOver(list.loads[i].ActivePrefill(), th, w) {
+		if !prefillOver(list.loads[i].ActivePrefill(), th, w) && !slo.misses(list, i) {
 			return false, true
 		}
 		eligible = true
 	}
 	return eligible, eligible
+}
+
+// sloCheck is one request's predicted time to first token on the ranks it may go to, for
+// QueueConfig.TTFTSLO: its match against the index, and the parameters to predict with.
+type sloCheck struct {
+	s     *scratch
+	p     scoring.Params
+	slo   float64 // ms
+	off   bool // the request misses the objective even on an idle rank: not held for it
+}
+
+// sloCheck prepares req's check, nil if req does not route (Route refuses it then).
+func (r *Router) sloCheck(m *model, req *wire.RouteRequest) *sloCheck {
+	c := &sloCheck{s: r.scratch.Get(), slo: float64(r.cfg.Queue.TTFTSLO) / 1e6}
+	if err := r.params(m, req, false, &c.p); err != nil {
+		c.off = true
+		return c
+	}
+	c.p.Step, c.p.Now, c.p.Decay = *m.step.Load(), r.cfg.Now(), true
+	c.s.match(r, m, req, &c.p, nil)
+	best := int32(0)
+	for _, d := range c.s.m.Depth {
+		best = max(best, d)
+	}
+	c.off = c.p.PredictTTFT(best, 0, scoring.TierExt{}, 0, 0, 0) > c.slo
+	return c
+}
+
+// misses reports whether the rank at position i of list is predicted to give the request its
+// first token later than the objective; false without an objective.
+func (c *sloCheck) misses(list *workerList, i int) bool {
+	if c == nil || c.off {
+		return false
+	}
+	l := list.loads[i]
+	cached := int32(0)
+	for j, slot := range c.s.m.Slots { // the ranks holding a prefix: few
+		if slot == list.slots[i] {
+			cached = c.s.m.Depth[j]
+			break
+		}
+	}
+	ahead := c.s.activePrefill(l, &c.p)
+	return c.p.PredictTTFT(cached, 0, scoring.TierExt{}, l.ActiveBlocks(), ahead, l.Requests()) > c.slo
+}
+
+func (c *sloCheck) release(r *Router) {
+	if c != nil {
+		r.scratch.Put(c.s)
+	}
 }
 
 // allBusy reports whether every rank req may go to is busy (see busy).

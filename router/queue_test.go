@@ -316,3 +316,58 @@ func TestQueueRefuseWaiting(t *testing.T) {
 		t.Fatalf("%d bookings, want a's and d's", n)
 	}
 }
+
+// TestQueueTTFTSLO: with an objective, a request waits while every rank it may go to is
+// predicted past it, though none is over the threshold; it is admitted once the queue ahead
+// of it is done; a request that misses the objective even on an idle worker does not wait;
+// without the objective the same request is routed at once.
+func TestQueueTTFTSLO(t *testing.T) {
+	for _, slo := range []time.Duration{0, 200 * time.Millisecond} {
+		now := new(atomic.Int64)
+		now.Store(1)
+		r := New(Config{Shards: 1, Logger: quiet(), Now: now.Load,
+			Queue: &QueueConfig{Threshold: 1000, TTFTSLO: slo}}) // the threshold never fires
+		defer r.Close()
+		if err := r.Register(Registration{ID: 1, Model: "m", BlockSize: 16, MaxTokens: 8192, Capacity: 100000}); err != nil {
+			t.Fatal(err)
+		}
+		// 40,000 prompt tokens ahead: about five full steps, some 0.9 s.
+		if err := r.Route(&wire.RouteRequest{RequestID: "big", Model: "m", Tokens: seq(0, 40000)}, &wire.RouteResponse{}); err != nil {
+			t.Fatal(err)
+		}
+		if slo > 0 {
+			// A prompt no idle worker computes within 200 ms is not held for the objective.
+			tk, err := r.Enqueue(&wire.RouteRequest{RequestID: "huge", Model: "m", Tokens: seq(200000, 30000)}, &wire.RouteResponse{}, func(*Ticket) {})
+			if err != nil || tk != nil {
+				t.Fatalf("a request that misses the objective anywhere was held: %v %v", tk, err)
+			}
+		}
+		var got *Ticket
+		tk, err := r.Enqueue(&wire.RouteRequest{RequestID: "small", Model: "m", Tokens: seq(100000, 500)}, &wire.RouteResponse{},
+			func(t *Ticket) { got = t })
+		if err != nil {
+			t.Fatal(err)
+		}
+		if slo == 0 {
+			if tk != nil {
+				t.Fatal("queued without an objective, under the threshold")
+			}
+			continue
+		}
+		if tk == nil {
+			t.Fatal("routed to a worker predicted past the objective")
+		}
+		if err := r.PrefillDone("big"); err != nil {
+			t.Fatal(err)
+		}
+		if got != nil {
+			t.Fatal("admitted while the huge request's 30,000 tokens are still ahead")
+		}
+		if err := r.PrefillDone("huge"); err != nil {
+			t.Fatal(err)
+		}
+		if got == nil || got.Err != nil {
+			t.Fatalf("not admitted once the queue ahead was done: %+v", got)
+		}
+	}
+}

@@ -85,6 +85,7 @@ func main() {
 		pace      = flag.Float64("pace", 0, "simulated seconds per wall second; 0: unpaced (in process only: a daemon needs a pace)")
 		qThresh   = flag.Float64("router-queue-threshold", -1, "turns the router queue on (in process only): a rank is busy above this × max_num_batched_tokens of prompt tokens booked and not prefilled; negative: off")
 		qPolicy   = flag.String("router-queue-policy", "fcfs", "the router queue's order: fcfs, wspt or lcfs")
+		ttftSLO   = flag.Duration("ttft-slo", 0, "with --router-queue-threshold: also hold a request while no rank is predicted to give its first token within this (0: off)")
 		prefillN  = flag.Int("prefill-workers", 0, "disaggregated: this many of --workers prefill, the others decode (in process only)")
 		dPolicy   = flag.String("disagg-policy", "none", "conditional disaggregation: none, isl_bounding (Dynamo's thresholds)")
 		hostN     = flag.Int("host-blocks", 0, "host-memory tier per worker, in blocks (0: none)")
@@ -106,7 +107,7 @@ func main() {
 			os.Exit(2)
 		}
 		// Unbounded: every request is served and measured.
-		queue = &router.QueueConfig{Threshold: *qThresh, Policy: p, MaxRequests: 1 << 30, MaxWait: 1000 * time.Hour}
+		queue = &router.QueueConfig{Threshold: *qThresh, Policy: p, MaxRequests: 1 << 30, MaxWait: 1000 * time.Hour, TTFTSLO: *ttftSLO}
 	}
 	if *addr != "" && (*inProc || *natsURL == "") {
 		fmt.Fprintln(os.Stderr, "fleetsim: --addr needs --nats-url, and excludes --e2e")

@@ -189,6 +189,39 @@ func (r *report) queue(w workload) error {
 	}
 	row("off", loaded, loaded.ttft, nil)
 	r.add(fmt.Sprintf("quality.%s.queue.load_scale", w.name), s, "×", cond("the saturation point of kv without the queue"))
+	return r.sloQueue(w, s, unloaded, run, cond)
+}
+
+// sloQueue measures --ttft-slo: goodput (requests whose TTFT is within the objective, per
+// second) with the objective off and on, at the saturation point and at a lighter load, the
+// objective 2× (the knee's factor) kv's unloaded p99 TTFT, under fcfs at a threshold no rank
+// reaches, so that the objective alone holds requests.
+func (r *report) sloQueue(w workload, s float64, unloaded qualityRun, run func(string, float64, func(int) float64) (qualityRun, error),
+	cond func(string) string) error {
+	slo := time.Duration(kneeFactor * float64(unloaded.ttft.p99))
+	r.mdf("\n**A TTFT objective** (`--ttft-slo %v`: 2× kv's unloaded p99): a request also waits while no rank is predicted to "+
+		"give its first token within it. Goodput is the requests within the objective per second of the run.\n\n", slo.Round(time.Millisecond))
+	r.mdf("| arrivals × | objective | TTFT mean / p99 ms | goodput (requests/s) | requests queued |\n|---:|---|---:|---:|---:|\n")
+	for _, sc := range []float64{s, 2 * s} {
+		for _, on := range []bool{false, true} {
+			fc := fleet.Config{Mode: scoring.KV, Queue: &router.QueueConfig{Threshold: 1e6, MaxRequests: 1 << 30, MaxWait: 1000 * time.Hour}}
+			label := "no objective"
+			if on {
+				fc.Queue.TTFTSLO = slo
+				label = "ttft-slo " + slo.Round(time.Millisecond).String()
+			}
+			q, err := r.simulateFleet(w, sc, fc, kvBlocks, label)
+			if err != nil {
+				return err
+			}
+			gp := goodput(q.res, ms(slo))
+			r.mdf("| %g | %s | %.0f / %.0f | %.2f | %d |\n", sc, label, ms(q.ttft.mean), ms(q.ttft.p99), gp, q.res.Queued)
+			key := fmt.Sprintf("quality.%s.ttft_slo.x%g.%s.", w.name, sc, map[bool]string{false: "off", true: "on"}[on])
+			c := cond(fmt.Sprintf("router queue fcfs at a threshold no rank reaches; objective %v %s", slo.Round(time.Millisecond), map[bool]string{false: "off", true: "on"}[on]))
+			r.add(key+"goodput", gp, "requests/s", c)
+			r.add(key+"ttft_mean", ms(q.ttft.mean), "ms", c)
+		}
+	}
 	return nil
 }
 

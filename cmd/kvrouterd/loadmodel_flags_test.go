@@ -3,6 +3,7 @@ package main
 import (
 	"io"
 	"testing"
+	"time"
 )
 
 // TestLoadModelFlags: the load model's flags, their KVR_ variables, Dynamo's names and
@@ -37,13 +38,16 @@ func TestLoadModelFlags(t *testing.T) {
 	if !c.NoAssumeKVReuse || c.RouterCost != "main" || !c.TrackOutputBlocks || c.PrefillLoadScale != 3 {
 		t.Fatalf("variables: %+v", c)
 	}
+	if c, err = parseConfig([]string{"--ttft-slo", "800ms", "--router-queue-threshold", "2"}, env(nil), io.Discard); err != nil || c.TTFTSLO != 800*time.Millisecond {
+		t.Fatalf("--ttft-slo: %v %v", err, c.TTFTSLO)
+	}
 	if c, err = parseConfig([]string{"--no-router-assume-kv-reuse", "--router-assume-kv-reuse"}, env(nil), io.Discard); err != nil || c.NoAssumeKVReuse {
 		t.Fatalf("Dynamo's positive form after ours: %v %+v", err, c.NoAssumeKVReuse)
 	}
 	for _, bad := range [][]string{{"--router-cost", "v2"}, {"--router-kv-overlap-score-credit", "-0.5"},
 		{"--router-prefill-load-scale", "-1"}, {"--router-kv-overlap-score-credit-decay", "-1"},
 		{"--load-aware", "--agentic"}, {"--agentic", "--router-cost", "v1"}, {"--router-cache-weight", "-1"},
-		{"--router-prefill-load-model", "ais"}} {
+		{"--router-prefill-load-model", "ais"}, {"--ttft-slo", "1s"}, {"--ttft-slo", "-1s", "--router-queue-threshold", "2"}} {
 		if _, err := parseConfig(bad, env(nil), io.Discard); err == nil {
 			t.Errorf("%v taken", bad)
 		}
