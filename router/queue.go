@@ -262,10 +262,10 @@ func (r *Router) poolBusy(list *workerList, k radix.WorkerKey, pinned bool, slo 
 // sloCheck is one request's predicted time to first token on the ranks it may go to, for
 // QueueConfig.TTFTSLO: its match against the index, and the parameters to predict with.
 type sloCheck struct {
-	s     *scratch
-	p     scoring.Params
-	slo   float64 // ms
-	off   bool // the request misses the objective even on an idle rank: not held for it
+	s   *scratch
+	p   scoring.Params
+	slo float64 // ms
+	off bool    // the request misses the objective even on an idle rank: not held for it
 }
 
 // sloCheck prepares req's check, nil if req does not route (Route refuses it then).
