@@ -42,17 +42,20 @@ type scratch struct {
 	rseqs   []uint64
 
 	// scoreKV's working memory (scorekv.go)
-	depth  []int32
-	busy   []radix.Slot
-	bpos   []int32
-	rows   []busyRow
-	tab    []cost
-	wtab   []wireCost // tab as records carry it
-	have   []bool     // which depths of tab a formula other than CostV1 filled
-	heap   []ranked
-	bounds []float64
-	pool   []ranked
-	ties   []tie
+	depth []int32
+	busy  []radix.Slot
+	bpos  []int32
+	rows  []busyRow
+	tab   []cost
+	wtab  []wireCost // tab as records carry it
+	have  []bool     // which depths of tab a formula other than CostV1 filled
+	// predicted is the chosen worker's TTFT as CostTTFT's step model predicts it with nothing
+	// queued ahead (ms; 0: none), for its booking (scoring.Output.PredictedTTFT).
+	predicted float64
+	heap      []ranked
+	bounds    []float64
+	pool      []ranked
+	ties      []tie
 
 	// routeDisagg's (disagg.go): the prefill pick's answer, and the prefill stage's key
 	presp wire.RouteResponse
@@ -380,7 +383,7 @@ func (r *Router) pick(s *scratch, m *model, list *workerList, p *scoring.Params,
 		s.eject = false
 		if book && pos >= 0 && p.Formula == scoring.CostTTFT {
 			c := s.chosenCandidate(pos)
-			resp.PredictedTTFT = p.PredictTTFT(c.Cached, c.Shared, c.Ext, c.ActiveBlocks, c.ActivePrefill, c.ActiveRequests)
+			s.predict(p, &c, list.loads[pos], resp)
 		}
 		return pos, cached, encoded, nil
 	}
@@ -398,8 +401,7 @@ func (r *Router) pick(s *scratch, m *model, list *workerList, p *scoring.Params,
 	}
 	s.fill(resp, req, p, chosen, book, limit)
 	if book && p.Formula == scoring.CostTTFT {
-		c := &s.cands[chosen]
-		resp.PredictedTTFT = p.PredictTTFT(c.Cached, c.Shared, c.Ext, c.ActiveBlocks, c.ActivePrefill, c.ActiveRequests)
+		s.predict(p, &s.cands[chosen], list.loads[pos], resp)
 	}
 	return pos, cached, false, nil
 }
@@ -432,6 +434,7 @@ func (r *Router) bookStage(s *scratch, m *model, w *rankWorker, p *scoring.Param
 			out = scoring.Output{ISL: int64(p.ISL), BlockSize: int32(m.blockSize), Expected: int64(req.ExpectedOSL)}
 		}
 	}
+	out.PredictedTTFT, s.predicted = s.predicted, 0
 	if err := r.tracker.BookOutput(key, w.load, seqs, prefill, r.cfg.Now()+int64(r.cfg.RequestExpiry), out); err != nil {
 		if err == scoring.ErrDuplicateRequest {
 			return fieldErr(ErrConflict, "request_id", "request %q is already active", req.RequestID)
@@ -562,6 +565,7 @@ func (s *scratch) candidates(r *Router, ix *radix.Index, list *workerList, p *sc
 			c.Worker, c.Rank, c.Cached, c.Ext, c.Shared, c.Tree = k.ID, k.Rank, 0, scoring.TierExt{}, 0, s.tree[i]
 			c.ActiveBlocks, c.ActivePrefill, c.ActiveRequests = l.ActiveBlocks(), s.activePrefill(l, p), l.Requests()
 			c.Pending = l.Pending()
+			c.Slow = l.SlownessStep()
 			c.DeviceWeight = list.ws[i].reg.getWeight()
 		}
 		if n == 0 {
@@ -614,6 +618,7 @@ again:
 			ActivePrefill:  s.activePrefill(l, p),
 			ActiveRequests: l.Requests(),
 			Pending:        l.Pending(),
+			Slow:           l.SlownessStep(),
 			DeviceWeight:   list.ws[i].reg.getWeight(),
 		})
 	}
@@ -739,5 +744,18 @@ func (s *scratch) activePrefill(l *scoring.Load, p *scoring.Params) int64 {
 	if !p.Decay {
 		return l.ActivePrefill()
 	}
-	return p.Step.Decayed(l.ActivePrefill(), l.PrefillSince(), p.Now, l.Requests(), l.ActiveBlocks())
+	return p.Step.Decayed(l.ActivePrefill(), l.PrefillSince(), p.Now, l.Requests(), l.ActiveBlocks(), l.Slowness())
+}
+
+// predict sets resp's predicted TTFT for the chosen worker c, of load l (the step model's,
+// times the worker's learned slowness), and keeps the step model's own in s.predicted for the
+// booking to learn the slowness from, when nothing is queued ahead of the request: a queue's
+// time depends on the requests in it, which the model knows less well.
+func (s *scratch) predict(p *scoring.Params, c *scoring.Candidate, l *scoring.Load, resp *wire.RouteResponse) {
+	pr := p.PredictTTFT(c.Cached, c.Shared, c.Ext, c.ActiveBlocks, c.ActivePrefill, c.ActiveRequests)
+	resp.PredictedTTFT = pr * l.Slowness()
+	s.predicted = 0
+	if c.ActivePrefill == 0 {
+		s.predicted = pr
+	}
 }

@@ -113,6 +113,7 @@ func (s *scratch) scoreKV(r *Router, ix *radix.Index, list *workerList, p *scori
 		rows = append(rows, busyRow{pos: pos, booked: booked, c: scoring.Candidate{
 			Worker: k.ID, Rank: k.Rank, Cached: depth[pos],
 			ActiveBlocks: active, ActivePrefill: s.activePrefill(l, p), ActiveRequests: l.Requests(), Pending: l.Pending(),
+			Slow: l.SlownessStep(),
 		}})
 		depth[pos] = ^depth[pos]
 	}
@@ -183,7 +184,9 @@ func (s *scratch) scoreKV(r *Router, ix *radix.Index, list *workerList, p *scori
 		if v1 {
 			_, _, ub = p.CostV1(c.Cached, 0, c.ActiveBlocks, c.ActivePrefill)
 		} else {
-			_, _, ub = p.Cost(c.Cached, 0, c.ActiveBlocks, c.ActivePrefill, c.ActiveRequests)
+			x := *c
+			x.Shared = 0
+			_, _, ub = p.CostAt(&x)
 		}
 		bounds = append(bounds, ub)
 	}
@@ -237,7 +240,9 @@ func (s *scratch) exactBusy(r *Router, list *workerList, p *scoring.Params, row 
 	if p.Formula == scoring.CostV1 { // CostV1 inlines; Cost does not
 		_, _, lb = p.CostV1(c.Cached, most, c.ActiveBlocks, c.ActivePrefill)
 	} else {
-		_, _, lb = p.Cost(c.Cached, most, c.ActiveBlocks, c.ActivePrefill, c.ActiveRequests)
+		x := *c
+		x.Shared = most
+		_, _, lb = p.CostAt(&x)
 	}
 	if lb > bound {
 		return 0, false
@@ -245,7 +250,7 @@ func (s *scratch) exactBusy(r *Router, list *workerList, p *scoring.Params, row 
 	if !s.noReuse {
 		c.Shared = int32(r.tracker.Shared(list.loads[row.pos], s.seqs))
 	}
-	c.PrefillTokens, c.DecodeBlocks, c.Logit = p.Cost(c.Cached, c.Shared, c.ActiveBlocks, c.ActivePrefill, c.ActiveRequests)
+	c.PrefillTokens, c.DecodeBlocks, c.Logit = p.CostAt(c)
 	row.exact = true
 	return c.Logit, true
 }

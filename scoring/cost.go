@@ -31,6 +31,9 @@ type Candidate struct {
 	ActiveRequests int64
 	// Pending is the worker's booked requests whose prefill is not done (Load.Pending).
 	Pending int64
+	// Slow is how long the worker's steps take relative to the model's (Load.SlownessStep),
+	// which CostTTFT's predicted time is multiplied by; 0 counts as 1.
+	Slow float64
 	// DeviceWeight is the worker's capacity relative to the others' for DeviceAwareWeighted
 	// (0 counts as 1).
 	DeviceWeight float64
@@ -132,11 +135,7 @@ func Score(c []Candidate, p *Params) {
 	}
 	for i := range c {
 		x := &c[i]
-		if x.Ext == (TierExt{}) {
-			x.PrefillTokens, x.DecodeBlocks, x.Logit = p.Cost(x.Cached, x.Shared, x.ActiveBlocks, x.ActivePrefill, x.ActiveRequests)
-		} else {
-			x.PrefillTokens, x.DecodeBlocks, x.Logit = p.CostExt(x.Cached, x.Ext, x.Shared, x.ActiveBlocks, x.ActivePrefill, x.ActiveRequests)
-		}
+		x.PrefillTokens, x.DecodeBlocks, x.Logit = p.CostAt(x)
 	}
 }
 

@@ -93,9 +93,10 @@ func (m *StepModel) TTFT(own, ahead, requests, blocks int64) float64 {
 // Decayed returns active prompt tokens booked on a worker less what it has computed of them
 // since since (ns, the clock of now): the worker is taken to have prefilled at the rate of its
 // steps from the moment its oldest prefill not yet done started, each step computing the budget
-// its requests active leave and decoding at the usage of blocks (TTFT's steps). Dynamo main's
+// its requests active leave and decoding at the usage of blocks (TTFT's steps), and taking slow
+// times the model's time (its learned slowness; 0 counts as 1). Dynamo main's
 // prefill load model decays a worker's oldest prefill by elapsed time the same way.
-func (m *StepModel) Decayed(active, since, now, requests, blocks int64) int64 {
+func (m *StepModel) Decayed(active, since, now, requests, blocks int64, slow float64) int64 {
 	if active <= 0 || since <= 0 || now <= since {
 		return active
 	}
@@ -107,6 +108,9 @@ func (m *StepModel) Decayed(active, since, now, requests, blocks int64) int64 {
 	step := m.PrefillMs(budget)
 	if requests > 0 {
 		step += m.DecodeMs(u)
+	}
+	if slow > 0 {
+		step *= slow
 	}
 	return max(active-int64(float64(now-since)/1e6*budget/step), 0)
 }
@@ -129,11 +133,33 @@ func (p *Params) ttftOwn(cached, shared int32, lower float64) float64 {
 // ttftLogit is CostTTFT's logit: the predicted time to first token plus (CacheWeight +
 // Backlog) × the prefill time of the tokens computed, in ms.
 func (p *Params) ttftLogit(cached, shared int32, ext TierExt, decode, activePrefill, activeRequests int64) float64 {
+	return p.ttftLogitSlow(cached, shared, ext, decode, activePrefill, activeRequests, 1)
+}
+
+// ttftLogitSlow is ttftLogit on a worker whose steps take slow times the model's: its
+// predicted time is, its prices of the fleet's cache and queue are not.
+func (p *Params) ttftLogitSlow(cached, shared int32, ext TierExt, decode, activePrefill, activeRequests int64, slow float64) float64 {
 	host := float64(ext.Host)
 	lower := host + p.Tiers.Disk*float64(ext.Disk+ext.External)
 	own := p.ttftOwn(cached, shared, lower)
 	ms := p.Step.TTFT(int64(own), activePrefill, activeRequests, decode) + host*float64(p.BlockSize)*p.Step.HostMsPerToken
+	if slow > 0 {
+		ms *= slow
+	}
 	return ms + (p.CacheWeight+p.Backlog)*p.Step.PrefillMs(max(own, 1))
+}
+
+// CostAt is Cost, or CostExt, for candidate c, its slowness (Candidate.Slow) counted under
+// CostTTFT.
+func (p *Params) CostAt(c *Candidate) (prefill, decode int64, logit float64) {
+	if p.Formula == CostTTFT && c.Slow > 0 && c.Slow != 1 {
+		prefill, decode, _ = p.CostV1(c.Cached, c.Shared, c.ActiveBlocks, c.ActivePrefill)
+		return prefill, decode, p.ttftLogitSlow(c.Cached, c.Shared, c.Ext, decode, c.ActivePrefill, c.ActiveRequests, c.Slow)
+	}
+	if c.Ext == (TierExt{}) {
+		return p.Cost(c.Cached, c.Shared, c.ActiveBlocks, c.ActivePrefill, c.ActiveRequests)
+	}
+	return p.CostExt(c.Cached, c.Ext, c.Shared, c.ActiveBlocks, c.ActivePrefill, c.ActiveRequests)
 }
 
 // Backlog is the fleet's prompt-side queue: the requests waiting for their first token

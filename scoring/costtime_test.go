@@ -2,8 +2,12 @@ package scoring
 
 import (
 	"errors"
+	"fmt"
 	"math"
+	"slices"
 	"testing"
+
+	"github.com/kvrouterd/kvrouterd/radix"
 )
 
 func near(a, b float64) bool { return math.Abs(a-b) <= 1e-9*max(1, math.Abs(b)) }
@@ -45,12 +49,12 @@ func TestStepModelDecayed(t *testing.T) {
 	const ms = int64(1e6)
 	// An idle worker but for the prefill: full steps of 8,192 tokens, no decode part.
 	perMs := 8192 / m.PrefillMs(8192)
-	if got, want := m.Decayed(10000, 5*ms, 105*ms, 0, 0), 10000-int64(100*perMs); got != want {
+	if got, want := m.Decayed(10000, 5*ms, 105*ms, 0, 0, 1), 10000-int64(100*perMs); got != want {
 		t.Fatalf("decayed %d, want %d", got, want)
 	}
 	// 192 requests decoding at half the cache: steps of 8,000 tokens with a decode part.
 	busy := 8000 / (m.PrefillMs(8000) + m.DecodeMs(0.5))
-	if got, want := m.Decayed(10000, 5*ms, 105*ms, 192, 8192), 10000-int64(100*busy); got != want {
+	if got, want := m.Decayed(10000, 5*ms, 105*ms, 192, 8192, 0), 10000-int64(100*busy); got != want {
 		t.Fatalf("busy worker: decayed %d, want %d", got, want)
 	}
 	for _, c := range []struct{ active, since, now, want int64 }{
@@ -62,7 +66,7 @@ func TestStepModelDecayed(t *testing.T) {
 		{-5, 1 * ms, 10 * ms, -5},      // whatever the tracker says when it says less
 		{500, 1 * ms, 1*ms + 1, 500},   // a nanosecond computes nothing
 	} {
-		if got := m.Decayed(c.active, c.since, c.now, 0, 0); got != c.want {
+		if got := m.Decayed(c.active, c.since, c.now, 0, 0, 1); got != c.want {
 			t.Errorf("Decayed(%d, %d, %d) = %d, want %d", c.active, c.since, c.now, got, c.want)
 		}
 	}
@@ -112,6 +116,18 @@ func TestCostTTFT(t *testing.T) {
 	c[0].ActivePrefill = 200000
 	if i, err := ch.Choose(c, &p, nil); err != nil || i != 1 {
 		t.Fatalf("long queue: chose %d (%v), logits %v %v", i, err, c[0].Logit, c[1].Logit)
+	}
+	// A worker twice as slow: its predicted time doubles, the price of its computed tokens
+	// (the cache weight's) does not.
+	slow := Candidate{Cached: 60, ActivePrefill: 1000, ActiveRequests: 4, ActiveBlocks: 500, Slow: 2}
+	_, _, ls := p.CostAt(&slow)
+	ttft := m.TTFT(int64(own), 1000, 4, 600)
+	if want := 2*ttft + 2*m.PrefillMs(own); !near(ls, want) {
+		t.Fatalf("slow worker: %v, want %v", ls, want)
+	}
+	slow.Slow = 1
+	if _, _, l1 := p.CostAt(&slow); !near(l1, ttft+2*m.PrefillMs(own)) {
+		t.Fatalf("slowness 1: %v", l1)
 	}
 	// Untracked prefill: only the load ahead counts.
 	p.TrackPrefill = false
@@ -200,5 +216,51 @@ func TestTrackerPendingAndSince(t *testing.T) {
 	}
 	if Backlog(nil) != 0 {
 		t.Fatal("backlog of no candidate")
+	}
+}
+
+// TestTrackerSlowness: a worker whose requests take twice the predicted time, among workers
+// that take what is predicted, learns a slowness step of 2, relative to them, and stays among
+// the workers a router prices one by one while idle; noise within the step leaves a worker at 1.
+func TestTrackerSlowness(t *testing.T) {
+	tr := NewTracker()
+	var now int64 = 1
+	tr.Now = func() int64 { return now }
+	ws := []*Load{mustRegister(t, tr, 1), mustRegister(t, tr, 2), mustRegister(t, tr, 3)}
+	took := []float64{100, 2 * 100, 100} // ms, for a prediction of 100 ms
+	for i := range 300 {
+		for k, w := range ws {
+			id := fmt.Sprintf("r%d-%d", i, k)
+			if err := tr.BookOutput(id, w, []uint64{uint64(i)}, 64, 1e18, Output{PredictedTTFT: 100}); err != nil {
+				t.Fatal(err)
+			}
+			now += int64(took[k] * (1 + 0.1*float64(i%3-1)) * 1e6) // ±10 % noise
+			if err := tr.PrefillDone(id); err != nil {
+				t.Fatal(err)
+			}
+			if err := tr.Complete(id); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for k, want := range []float64{1, 2, 1} {
+		if got := ws[k].SlownessStep(); got != want {
+			t.Errorf("worker %d: slowness step %v, want %v (slowness %v)", k+1, got, want, ws[k].Slowness())
+		}
+	}
+	if s := ws[1].Slowness(); s < 1.8 || s > 2.2 {
+		t.Errorf("worker 2's slowness %v, want about 2", s)
+	}
+	if busy := tr.AppendBusy(nil); !slices.Equal(busy, []radix.Slot{ws[1].Slot()}) {
+		t.Errorf("priced one by one while idle: %v, want worker 2's slot only", busy)
+	}
+	// A booking without a prediction teaches nothing.
+	before := ws[0].Slowness()
+	if err := tr.Book("plain", ws[0], []uint64{7}, 64, 1e18); err != nil {
+		t.Fatal(err)
+	}
+	now += 5e9
+	if err := tr.PrefillDone("plain"); err != nil || ws[0].Slowness() != before {
+		t.Errorf("learnt from a booking without a prediction: %v %v", ws[0].Slowness(), err)
 	}
 }

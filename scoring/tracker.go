@@ -52,8 +52,12 @@ type Tracker struct {
 	// find the few busy workers of a large fleet without reading every worker's load.
 	busy [(radix.MaxSlots/64 + busyWords - 1) / busyWords]atomic.Pointer[[busyWords]atomic.Uint64]
 
-	// Now, if set, is the clock of Load.PrefillSince; set it before the first booking.
+	// Now, if set, is the clock of Load.PrefillSince and of the slowness PrefillDone learns;
+	// set it before the first booking.
 	Now func() int64
+	// slow is the median of log(measured / predicted TTFT) over every worker's requests, as
+	// math.Float64bits (Load.SlownessStep's reference).
+	slow atomic.Uint64
 }
 
 // busyWords is the 64-bit words per chunk of the busy bitmap (4,096 slots).
@@ -73,7 +77,8 @@ type booking struct {
 	prefillDone bool
 	stage       bool // booked by BookStage
 	deadline    int64
-	at          int // position in load.active while booked on a registered worker
+	booked      int64 // Tracker.Now at booking, when its TTFT was predicted (0: not)
+	at          int   // position in load.active while booked on a registered worker
 
 	// Output blocks (see Generated and OutputBlock), under the worker's lock.
 	output   Output
@@ -91,6 +96,10 @@ type Output struct {
 	// the request's blocks that no other request uses weigh 1 − generated/expected (at least
 	// 0) once generation starts, Dynamo's decay.
 	Expected int64
+	// PredictedTTFT, if > 0, is the request's time to first token as CostTTFT's step model
+	// predicted it at booking with nothing queued ahead of it, in ms: PrefillDone then learns
+	// the worker's slowness from the time it actually took (Load.Slowness).
+	PredictedTTFT float64
 }
 
 // Load is one worker's (id, dp rank) booked load. Its accessors are safe for concurrent use.
@@ -118,9 +127,66 @@ type Load struct {
 	requests atomic.Int64
 	// pending counts the requests booked with prefill tokens whose prefill is not done.
 	pending atomic.Int64
+	// slow is the median of log(measured / predicted TTFT) of the worker's requests
+	// (Slowness), slowStep its quantized step relative to every worker's (SlownessStep), as
+	// math.Float64bits; written under mu.
+	slow, slowStep atomic.Uint64
 	// since is when the worker's oldest prefill not yet done started: when the booking that
 	// took its prefill from none was made, or the latest prefill-done that left some.
 	since atomic.Int64
+}
+
+// Slowness returns how long the worker takes to its requests' first tokens against CostTTFT's
+// prediction, for requests that had nothing queued ahead of them: the median of measured /
+// predicted over its requests (tracked in steps of 2 % of its log, so that no single request
+// moves it far), 1 until one is measured.
+func (l *Load) Slowness() float64 { return math.Exp(math.Float64frombits(l.slow.Load())) }
+
+// SlownessStep returns the worker's Slowness relative to every worker's, rounded to a power
+// of √2 (1 from 0.84 to 1.19): what CostTTFT multiplies the worker's predicted time by.
+// Relative, so that what the step model gets wrong for every worker alike does not count;
+// coarse, so that workers that differ by noise stay alike, which lets the router price the
+// idle ones by their cached depth alone.
+func (l *Load) SlownessStep() float64 { return math.Float64frombits(l.slowStep.Load()) }
+
+const (
+	slownessStep = 0.02 // how far one measurement moves a median's log
+	maxSlowness  = 16   // the most one measurement may say, either way
+)
+
+// towards moves the median estimate lg a step towards r.
+func towards(lg, r float64) float64 {
+	switch {
+	case r > lg:
+		return lg + min(slownessStep, r-lg)
+	case r < lg:
+		return lg - min(slownessStep, lg-r)
+	}
+	return lg
+}
+
+// learnSlowness folds a request's measured time to first token, against the predicted one,
+// into l's slowness and every worker's. REQUIRES l.mu.
+func (t *Tracker) learnSlowness(l *Load, measured, predicted float64) {
+	if !(measured > 0) || !(predicted > 0) {
+		return
+	}
+	r := math.Log(min(max(measured/predicted, 1.0/maxSlowness), maxSlowness))
+	lg := towards(math.Float64frombits(l.slow.Load()), r)
+	l.slow.Store(math.Float64bits(lg))
+	var all float64
+	for {
+		old := t.slow.Load()
+		all = towards(math.Float64frombits(old), r)
+		if t.slow.CompareAndSwap(old, math.Float64bits(all)) {
+			break
+		}
+	}
+	step := math.Exp2(math.Round(2*(lg-all)/math.Ln2) / 2)
+	if math.Float64frombits(l.slowStep.Load()) != step {
+		l.slowStep.Store(math.Float64bits(step))
+		t.setBusy(l.slot, len(l.active) > 0 || step != 1)
+	}
 }
 
 // Pending returns the worker's booked requests with prompt tokens to compute whose prefill is
@@ -177,7 +243,9 @@ func (t *Tracker) RegisterAll(keys []radix.WorkerKey, dst []*Load) ([]*Load, err
 		if c := &t.busy[s/(64*busyWords)]; c.Load() == nil {
 			c.Store(new([busyWords]atomic.Uint64))
 		}
-		dst = append(dst, &Load{key: k, slot: s})
+		l := &Load{key: k, slot: s}
+		l.slowStep.Store(math.Float64bits(1))
+		dst = append(dst, l)
 		n = max(n, int(s)+1)
 	}
 	next := make([]*Load, n)
@@ -427,7 +495,8 @@ func (t *Tracker) setBusy(s radix.Slot, busy bool) {
 }
 
 // AppendBusy appends to dst, ascending, the slots of the registered workers that have requests
-// booked: the workers whose ActiveBlocks, ActivePrefill and Requests may be other than 0. It reads
+// booked, or a SlownessStep other than 1: the workers whose ActiveBlocks, ActivePrefill and
+// Requests may be other than 0, or whose speed differs from the others'. It reads
 // a bitmap, 64 workers per word, lock-free; a request booked or completed meanwhile may or may not
 // be seen, as with those accessors.
 func (t *Tracker) AppendBusy(dst []radix.Slot) []radix.Slot {
@@ -486,6 +555,10 @@ func (t *Tracker) book(id string, l *Load, seqs []uint64, prefill int64, deadlin
 	b.id = append(b.id[:0], id...)
 	b.load, b.prefill, b.prefillDone, b.deadline, b.stage = l, prefill, false, deadline, stage
 	b.output, b.out, b.disc, b.tokBlock = o, 0, 0, 0
+	b.booked = 0
+	if t.Now != nil && o.PredictedTTFT > 0 {
+		b.booked = t.Now()
+	}
 	if o.BlockSize > 0 {
 		b.tokBlock = ceilDiv(max(o.ISL, 0), int64(o.BlockSize))
 	}
@@ -557,15 +630,23 @@ func (t *Tracker) PrefillDone(id string) error {
 	done := b.prefillDone
 	b.prefillDone = true
 	l, p := b.load, b.prefill
+	booked, predicted := b.booked, b.output.PredictedTTFT
 	sh.mu.Unlock()
 	if !done {
+		var now int64
+		if t.Now != nil {
+			now = t.Now()
+		}
 		l.mu.Lock()
 		if !l.gone {
 			if p > 0 {
 				l.pending.Add(-1)
 			}
 			if l.prefill.Add(-p) > 0 && t.Now != nil {
-				l.since.Store(t.Now())
+				l.since.Store(now)
+			}
+			if booked > 0 {
+				t.learnSlowness(l, float64(now-booked)/1e6, predicted)
 			}
 		}
 		l.mu.Unlock()
@@ -619,7 +700,7 @@ func (t *Tracker) release(b *booking) {
 		l.active[last] = nil
 		l.active = l.active[:last]
 		if last == 0 {
-			t.setBusy(l.slot, false)
+			t.setBusy(l.slot, l.SlownessStep() != 1)
 			// Nothing is active, whatever blocks a replica sent that were not chained.
 			l.blocks.Store(0)
 			l.out, l.discF = 0, 0
