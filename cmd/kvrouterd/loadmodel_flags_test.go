@@ -38,6 +38,12 @@ func TestLoadModelFlags(t *testing.T) {
 	if !c.NoAssumeKVReuse || c.RouterCost != "main" || !c.TrackOutputBlocks || c.PrefillLoadScale != 3 {
 		t.Fatalf("variables: %+v", c)
 	}
+	if c, err = parseConfig(nil, env(map[string]string{"DYN_ROUTER_LOAD_AWARE": "true", "DYN_ROUTER_PREFILL_LOAD_MODEL": "aic"}), io.Discard); err != nil || !c.LoadAware || c.PrefillLoadModel != "aic" {
+		t.Fatalf("Dynamo's preset variables: %v %+v", err, c)
+	}
+	if c, err = parseConfig([]string{"--agentic"}, env(nil), io.Discard); err != nil || !c.Agentic {
+		t.Fatalf("--agentic: %v", err)
+	}
 	if c, err = parseConfig([]string{"--ttft-slo", "800ms", "--router-queue-threshold", "2"}, env(nil), io.Discard); err != nil || c.TTFTSLO != 800*time.Millisecond {
 		t.Fatalf("--ttft-slo: %v %v", err, c.TTFTSLO)
 	}
