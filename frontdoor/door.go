@@ -668,6 +668,7 @@ func (d *Door) forward(ctx *fasthttp.RequestCtx, q *request, ws []router.HTTPWor
 			return
 		}
 		worker, rank := rs.Worker, rs.Rank
+		routed, predicted := time.Now(), rs.PredictedTTFT
 		hw := byID[worker]
 		out := body
 		if rs.Prefill {
@@ -681,7 +682,7 @@ func (d *Door) forward(ctx *fasthttp.RequestCtx, q *request, ws []router.HTTPWor
 		ures, err := d.send(o, w)
 		if err == nil {
 			d.r.UpstreamOK(worker, rank)
-			handed = d.answer(ctx, q, w, ures, id, worker, rank)
+			handed = d.answer(ctx, q, w, ures, id, worker, rank, predicted, routed)
 			return
 		}
 		_ = d.r.Complete(id)
@@ -758,10 +759,14 @@ func goneAnswer(ctx *fasthttp.RequestCtx) {
 // event stream to a streaming client as it comes, or assembled into one JSON answer for the
 // others; a whole JSON answer as it is. It reports whether the answer was handed to the
 // response's stream writer, which then owns ures, the watcher and the booking.
-func (d *Door) answer(ctx *fasthttp.RequestCtx, q *request, w *watcher, ures *upAnswer, id string, worker uint64, rank uint32) bool {
-	a := &answer{d: d, q: q, id: id, worker: worker, rank: rank, track: d.r.TracksOutput()}
+func (d *Door) answer(ctx *fasthttp.RequestCtx, q *request, w *watcher, ures *upAnswer, id string, worker uint64, rank uint32,
+	predicted float64, routed time.Time) bool {
+	a := &answer{d: d, q: q, id: id, worker: worker, rank: rank, track: d.r.TracksOutput(), predicted: predicted, routed: routed}
 	status := ures.status
 	ctx.Response.Header.Set("X-Kvrouterd-Worker", strconv.FormatUint(worker, 10))
+	if predicted > 0 {
+		ctx.Response.Header.Set("X-Kvrouterd-Predicted-Ttft-Ms", strconv.FormatFloat(predicted, 'f', 1, 64))
+	}
 	release := func() { _ = ures.Body.Close() }
 	if status >= 300 {
 		b, _ := io.ReadAll(io.LimitReader(ures.Body, 64<<10))
@@ -1069,6 +1074,9 @@ func (a *answer) finish(end string, status int) {
 	}
 	ttft := a.first.Sub(q.start).Seconds()
 	mm.ttft.Observe(ttft)
+	if measured := a.first.Sub(a.routed).Seconds(); a.predicted > 0 && measured > 0 {
+		mm.predRatio.Observe(a.predicted / 1e3 / measured)
+	}
 	mm.dynTTFT.Observe(ttft)
 	itl := -1.0
 	if n > 1 && a.last.After(a.first) {

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/router"
+	"github.com/kvrouterd/kvrouterd/scoring"
 	"github.com/kvrouterd/kvrouterd/wire"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -171,10 +173,11 @@ type fixture struct {
 }
 
 // newFixture starts a router with one worker per engine (ids 1, 2, …, two ranks each for the
-// first) and a front door on a loopback port.
+// first) and a front door on a loopback port. The router costs as the daemon's default does
+// (scoring.CostTTFT).
 func newFixture(t testing.TB, cfg Config, engines ...*engine) *fixture {
 	t.Helper()
-	r := router.New(router.Config{BlockSize: bs, Shards: 1, Logger: slog.New(slog.DiscardHandler)})
+	r := router.New(router.Config{BlockSize: bs, Shards: 1, Logger: slog.New(slog.DiscardHandler), Cost: scoring.CostTTFT})
 	t.Cleanup(r.Close)
 	for i, e := range engines {
 		g := router.Registration{ID: uint64(i + 1), Model: "m", BlockSize: bs, HTTPEndpoint: e.addr}
@@ -242,6 +245,9 @@ func TestChatStreams(t *testing.T) {
 	defer resp.Body.Close()
 	if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "text/event-stream" || resp.Header.Get("X-Kvrouterd-Worker") != "1" {
 		t.Fatalf("%d %v", resp.StatusCode, resp.Header)
+	}
+	if p, err := strconv.ParseFloat(resp.Header.Get("X-Kvrouterd-Predicted-Ttft-Ms"), 64); err != nil || !(p > 0) {
+		t.Fatalf("X-Kvrouterd-Predicted-Ttft-Ms %q: %v", resp.Header.Get("X-Kvrouterd-Predicted-Ttft-Ms"), err)
 	}
 	rd := bufio.NewReader(resp.Body)
 	line := func() string {

@@ -20,6 +20,7 @@ type metrics struct {
 
 	// Per model, kvrouterd's names.
 	ttft, itlH, duration, isl, osl *prometheus.HistogramVec
+	predRatio                      *prometheus.HistogramVec
 
 	// Dynamo frontend's.
 	dynRequests     *prometheus.CounterVec // model, endpoint, request_type, status
@@ -95,6 +96,8 @@ func newMetrics(reg *prometheus.Registry, r *router.Router) *metrics {
 			secondsBuckets(), "model"),
 		duration: hist("kvrouterd_frontdoor_request_duration_seconds", "Time from a front-door request's arrival to its answer's end, per model.",
 			secondsBuckets(), "model"),
+		predRatio: hist("kvrouterd_frontdoor_ttft_prediction_ratio", "The router's predicted time to first token of a front-door request on the worker it chose, over the time measured from the routing decision to the first token, per model: 1 is exact, the median's distance from 1 the prediction's error.",
+			[]float64{0.25, 0.5, 0.67, 0.8, 0.9, 1, 1.11, 1.25, 1.5, 2, 4}, "model"),
 		isl: hist("kvrouterd_frontdoor_input_tokens", "Prompt tokens of the front door's answered requests, per model.", tokenBuckets(), "model"),
 		osl: hist("kvrouterd_frontdoor_output_tokens", "Output tokens of the front door's answered requests, per model.", tokenBuckets(), "model"),
 
@@ -119,7 +122,7 @@ func newMetrics(reg *prometheus.Registry, r *router.Router) *metrics {
 		dynOSL: hist("dynamo_frontend_output_sequence_tokens", "Output sequence length (Dynamo frontend's histogram).", tokenBuckets(), "model"),
 	}
 	m.r = r
-	reg.MustRegister(m.requests, m.upstream, m.ended, m.migrations, m.disagg, m.ttft, m.itlH, m.duration, m.isl, m.osl,
+	reg.MustRegister(m.requests, m.upstream, m.ended, m.migrations, m.disagg, m.ttft, m.itlH, m.duration, m.isl, m.osl, m.predRatio,
 		m.dynRequests, m.dynInflight, m.dynDisconnected, m.dynCancelled, m.dynMigrations, m.dynOutputTokens,
 		m.dynTTFT, m.dynITL, m.dynDuration, m.dynISL, m.dynOSL, workerGauges{m, r})
 	return m
@@ -128,6 +131,7 @@ func newMetrics(reg *prometheus.Registry, r *router.Router) *metrics {
 // modelMetrics are one model's series.
 type modelMetrics struct {
 	ttft, itl, duration, isl, osl                prometheus.Observer
+	predRatio                                    prometheus.Observer
 	dynTTFT, dynITL, dynDuration, dynISL, dynOSL prometheus.Observer
 	inflight                                     prometheus.Gauge
 	outputTokens, cancelled, migrations          prometheus.Counter
@@ -140,7 +144,7 @@ func (m *metrics) model(name string) *modelMetrics {
 	}
 	mm := &modelMetrics{
 		ttft: m.ttft.WithLabelValues(name), itl: m.itlH.WithLabelValues(name), duration: m.duration.WithLabelValues(name),
-		isl: m.isl.WithLabelValues(name), osl: m.osl.WithLabelValues(name),
+		isl: m.isl.WithLabelValues(name), osl: m.osl.WithLabelValues(name), predRatio: m.predRatio.WithLabelValues(name),
 		dynTTFT: m.dynTTFT.WithLabelValues(name), dynITL: m.dynITL.WithLabelValues(name), dynDuration: m.dynDuration.WithLabelValues(name),
 		dynISL: m.dynISL.WithLabelValues(name), dynOSL: m.dynOSL.WithLabelValues(name),
 		inflight: m.dynInflight.WithLabelValues(name), outputTokens: m.dynOutputTokens.WithLabelValues(name),

@@ -285,7 +285,7 @@ var hopByHop = map[string]bool{
 	"Connection": true, "Keep-Alive": true, "Proxy-Connection": true, "Proxy-Authenticate": true,
 	"Proxy-Authorization": true, "Te": true, "Trailer": true, "Transfer-Encoding": true, "Upgrade": true,
 	"Content-Length": true, "Content-Type": true, "Content-Encoding": true, "Date": true, "Server": true,
-	"X-Request-Id": true, "X-Kvrouterd-Worker": true, "X-Kvrouterd-Prefill-Worker": true,
+	"X-Request-Id": true, "X-Kvrouterd-Worker": true, "X-Kvrouterd-Prefill-Worker": true, "X-Kvrouterd-Predicted-Ttft-Ms": true,
 }
 
 // passHeaders copies the worker's answer's end-to-end headers to the client's.
@@ -326,6 +326,11 @@ type answer struct {
 	track    bool
 	usage    struct{ Prompt, Completion int64 }
 	hasUsage bool
+	// predicted is the router's predicted TTFT on this worker, in ms (0: none), routed when
+	// it was made: the measured one, for kvrouterd_frontdoor_ttft_prediction_ratio, is from
+	// routed to first.
+	predicted float64
+	routed    time.Time
 }
 
 // event handles one server-sent event of the worker's answer (its data, without "data: "),

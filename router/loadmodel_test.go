@@ -185,3 +185,37 @@ func TestRouteAllocsLoadModel(t *testing.T) {
 		t.Fatalf("capped route with the load model allocates %v times per request", n)
 	}
 }
+
+// TestRouteTTFTOverrides: under the default cost (CostTTFT) a request that sets one of
+// Dynamo's weights is scored by that weight's formula, as Dynamo scores it: v1 for
+// overlap_score_weight, main for overlap_score_credit or prefill_load_scale; the others are
+// scored in time, with a prediction.
+func TestRouteTTFTOverrides(t *testing.T) {
+	r := oneWorker(t, Config{Cost: scoring.CostTTFT})
+	prompt := seq(0, 16) // 4 blocks, nothing cached, nothing active
+	f := func(name string, req wire.RouteRequest, want float64, predicted bool) {
+		t.Helper()
+		req.Model, req.Tokens = "m", prompt
+		var resp wire.RouteResponse
+		if err := r.Match(&req, &resp); err != nil {
+			t.Fatal(err)
+		}
+		if got := resp.Candidates[0].Logit; want > 0 && math.Abs(got-want) > 1e-12 || want == 0 && !(got > 16) {
+			t.Errorf("%s: logit %v, want %v", name, got, want)
+		}
+		req.RequestID = name
+		if err := r.Route(&req, &resp); err != nil {
+			t.Fatal(err)
+		}
+		if (resp.PredictedTTFT > 0) != predicted {
+			t.Errorf("%s: predicted TTFT %v", name, resp.PredictedTTFT)
+		}
+		if err := r.Complete(name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f("default", wire.RouteRequest{}, 0, true) // ms: more than the step's fixed 16.5
+	f("weight 2 is v1's", wire.RouteRequest{HasWeight: true, Weight: 2}, 2*4+4, false)
+	f("scale 2 is main's", wire.RouteRequest{HasLoadScale: true, PrefillLoadScale: 2}, 2*4+4, false)
+	f("credit 1 is main's", wire.RouteRequest{HasCredit: true, OverlapCredit: 1}, 4+4, false)
+}

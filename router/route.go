@@ -170,6 +170,16 @@ func (r *Router) params(m *model, req *wire.RouteRequest, prefix bool, p *scorin
 		Terms:        *r.cfg.Terms,
 		Tiers:        *r.cfg.TierCredit,
 	}
+	if p.Formula == scoring.CostTTFT {
+		// A request that sets one of Dynamo's cost weights (router_config_override) is
+		// scored by the formula it belongs to, as Dynamo would score it.
+		switch {
+		case req.HasWeight:
+			p.Formula = scoring.CostV1
+		case req.HasCredit || req.HasLoadScale:
+			p.Formula = scoring.CostMain
+		}
+	}
 	if p.Formula == scoring.CostTTFT || r.cfg.DecayPrefill {
 		p.Step, p.CacheWeight, p.Now = *m.step.Load(), r.cfg.CacheWeight, r.cfg.Now()
 		p.Decay = true

@@ -481,9 +481,13 @@ func run(cfg Config, src trace.Source, n int) (*Result, error) {
 		if cfg.Mode == scoring.Default {
 			req0.Mode = wire.ModeKV
 		}
-		req0.HasWeight, req0.Weight = true, cfg.OverlapWeight
-		if req0.Weight == 0 {
-			req0.Weight = 1
+		if cfg.Cost != scoring.CostTTFT {
+			// A weight asks the daemon for Dynamo's formula (router.Router's params): sent
+			// only when the simulation routes by one.
+			req0.HasWeight, req0.Weight = true, cfg.OverlapWeight
+			if req0.Weight == 0 {
+				req0.Weight = 1
+			}
 		}
 		req0.HasTemperature, req0.Temperature = true, cfg.Temperature
 	}
