@@ -1,9 +1,12 @@
 // Command demo shows what kvrouterd does, through real sockets: kvrouterd with its OpenAI front
 // door, four mock engines (cmd/kvr-mocker) registered with it, and the Mooncake conversation
-// trace replayed through the front door at a loaded rate, once with kv routing and once round
-// robin. It prints each mode's mean and p99 time to first token and inter-token latency, the
-// simulator's figures for the same trace, fleet and rate (bench/fleet, the same worker model),
-// and writes a plot. `make demo` runs it; about two minutes on 2 cores.
+// trace replayed through the front door at a loaded rate, once with kv routing (the daemon's
+// default cost), once with Dynamo's v1 cost (--router-cost v1) and once round robin. It prints
+// each mode's mean and p99 time to first token and inter-token latency, the simulator's figures
+// for the same trace, fleet and rate (bench/fleet, the same worker model), the router's predicted
+// TTFT against the measured one (X-Kvrouterd-Predicted-Ttft-Ms), and the hit available (the
+// longest prefix cached anywhere) against the hit achieved (/metrics), and writes a plot. `make
+// demo` runs it; about three minutes on 2 cores.
 //
 // Time: the mock engines run their simulated clock --speedup times faster than wall time, and
 // the trace is replayed as fast; every latency printed is in the engines' simulated time
@@ -19,6 +22,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"math/rand/v2"
 	"net/http"
 	"os"
@@ -26,6 +30,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -79,6 +84,10 @@ type stats struct {
 	simHit, hit    float64         // the simulator's cache hit rate; the engines' (cached / prompt tokens)
 	simMeans       []time.Duration // the simulator's mean TTFT with the trace's ties in other orders
 	cached, prompt int64
+	// predErr holds, per request the router predicted, |predicted − measured| / measured;
+	// available and achieved are the router's hit counters (tokens) at the end, of prompt.
+	predErr                        []float64
+	available, achieved, promptAll float64
 }
 
 func run(c config) error {
@@ -101,7 +110,7 @@ func run(c config) error {
 	fmt.Printf("kvrouterd demo: %d requests of %s (time ×%.2f), %d mock engines of %d blocks of %d tokens, speedup %g\n\n",
 		len(reqs), filepath.Base(c.trace), c.timeScale, c.workers, c.blocks, c.blockSize, c.speedup)
 	var all []*stats
-	for _, mode := range []string{"kv", "round_robin"} {
+	for _, mode := range []string{"kv", "dynamo_v1", "round_robin"} {
 		st, err := runMode(c, bin, mode, reqs)
 		if err != nil {
 			return fmt.Errorf("%s: %w", mode, err)
@@ -113,6 +122,20 @@ func run(c config) error {
 	}
 	fmt.Printf("%-12s %12s %12s %12s %12s %10s | %14s %10s %26s\n", "mode", "TTFT mean", "TTFT p99", "ITL mean", "ITL p99", "hit rate", "sim TTFT mean", "sim hit",
 		fmt.Sprintf("sim, %d orders: median [range]", c.orders))
+	fmt.Println()
+	for _, s := range all {
+		pe := "-"
+		if len(s.predErr) > 0 {
+			e := slices.Sorted(slices.Values(s.predErr))
+			pe = fmt.Sprintf("%.0f %% (median |predicted − measured| / measured over %d requests)", 100*e[len(e)/2], len(e))
+		}
+		hits := "-"
+		if s.promptAll > 0 {
+			hits = fmt.Sprintf("available %.1f %%, achieved %.1f %% of prompt tokens", 100*s.available/s.promptAll, 100*s.achieved/s.promptAll)
+		}
+		fmt.Printf("%-12s predicted TTFT error %s; hit %s\n", s.mode, pe, hits)
+	}
+	fmt.Println()
 	for _, s := range all {
 		spread := "-"
 		if len(s.simMeans) > 0 {
@@ -155,8 +178,12 @@ func runMode(c config, bin, mode string, reqs []trace.Request) (*stats, error) {
 		procs = append(procs, p)
 		return nil
 	}
-	if err := start("kvrouterd", "--http-addr", api, "--frontend-addr", front, "--data-dir", dir, "--nats-listen", "127.0.0.1:0",
-		"--router-mode", mode, "--no-snapshots", "--block-size", strconv.Itoa(c.blockSize), "--log-level", "warn"); err != nil {
+	routing := []string{"--router-mode", mode}
+	if mode == "dynamo_v1" {
+		routing = []string{"--router-mode", "kv", "--router-cost", "v1"}
+	}
+	if err := start("kvrouterd", append(routing, "--http-addr", api, "--frontend-addr", front, "--data-dir", dir, "--nats-listen", "127.0.0.1:0",
+		"--no-snapshots", "--block-size", strconv.Itoa(c.blockSize), "--log-level", "warn")...); err != nil {
 		return nil, err
 	}
 	if err := waitFor(func() bool { return get("http://"+api+"/readyz") == 200 }); err != nil {
@@ -185,13 +212,16 @@ func runMode(c config, bin, mode string, reqs []trace.Request) (*stats, error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			ttft, itl, cached, err := send(client, "http://"+front, r)
+			ttft, itl, cached, pred, err := send(client, "http://"+front, r)
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
 				st.failed++
 				st.ttft[i], st.itl[i] = -1, -1
 				return
+			}
+			if measured := float64(ttft) * c.speedup / 1e6; pred > 0 && measured > 0 {
+				st.predErr = append(st.predErr, math.Abs(pred-measured)/measured)
 			}
 			st.ttft[i] = time.Duration(float64(ttft) * c.speedup)
 			st.itl[i] = time.Duration(float64(itl) * c.speedup)
@@ -200,6 +230,7 @@ func runMode(c config, bin, mode string, reqs []trace.Request) (*stats, error) {
 		}()
 	}
 	wg.Wait()
+	st.available, st.achieved, st.promptAll = hitCounters("http://" + api)
 	st.ttft, st.itl = slices.DeleteFunc(st.ttft, neg), slices.DeleteFunc(st.itl, neg)
 	if st.prompt > 0 {
 		st.hit = float64(st.cached) / float64(st.prompt)
@@ -210,20 +241,50 @@ func runMode(c config, bin, mode string, reqs []trace.Request) (*stats, error) {
 
 func neg(d time.Duration) bool { return d < 0 }
 
+// hitCounters reads the router's hit available, hit achieved and prompt tokens, summed over
+// its models, from its /metrics (0s when it cannot).
+func hitCounters(api string) (available, achieved, prompt float64) {
+	resp, err := http.Get(api + "/metrics")
+	if err != nil {
+		return 0, 0, 0
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		for _, m := range []struct {
+			name string
+			v    *float64
+		}{{"kvrouterd_model_available_hit_tokens_total{", &available}, {"kvrouterd_model_achieved_hit_tokens_total{", &achieved},
+			{"kvrouterd_model_prompt_tokens_total{", &prompt}} {
+			if strings.HasPrefix(line, m.name) {
+				if i := strings.LastIndexByte(line, ' '); i > 0 {
+					if v, err := strconv.ParseFloat(line[i+1:], 64); err == nil {
+						*m.v += v
+					}
+				}
+			}
+		}
+	}
+	return available, achieved, prompt
+}
+
 // send streams one completion through the front door and returns its time to first token, its
-// mean gap between tokens (wall time) and the prompt tokens the engine found cached.
-func send(c *http.Client, front string, r trace.Request) (ttft, itl time.Duration, cached int, err error) {
+// mean gap between tokens (wall time), the prompt tokens the engine found cached and the
+// router's predicted TTFT (ms of the engines' simulated time; 0: none).
+func send(c *http.Client, front string, r trace.Request) (ttft, itl time.Duration, cached int, pred float64, err error) {
 	body, _ := json.Marshal(map[string]any{"model": "demo", "prompt": r.Tokens, "max_tokens": max(r.Output, 1), "stream": true,
 		"stream_options": map[string]bool{"include_usage": true}})
 	start := time.Now()
 	resp, err := c.Post(front+"/v1/completions", "application/json", bytes.NewReader(body))
 	if err != nil {
-		return 0, 0, 0, err
+		return 0, 0, 0, 0, err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != 200 {
 		b, _ := io.ReadAll(resp.Body)
-		return 0, 0, 0, fmt.Errorf("%d: %.200s", resp.StatusCode, b)
+		return 0, 0, 0, 0, fmt.Errorf("%d: %.200s", resp.StatusCode, b)
 	}
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
@@ -260,26 +321,33 @@ func send(c *http.Client, front string, r trace.Request) (ttft, itl time.Duratio
 		tokens++
 	}
 	if err := sc.Err(); err != nil {
-		return 0, 0, 0, err
+		return 0, 0, 0, 0, err
 	}
 	if tokens == 0 {
-		return 0, 0, 0, errors.New("no token")
+		return 0, 0, 0, 0, errors.New("no token")
 	}
 	if tokens > 1 {
 		itl = gaps / time.Duration(tokens-1)
 	}
-	return ttft, itl, cached, nil
+	pred, _ = strconv.ParseFloat(resp.Header.Get("X-Kvrouterd-Predicted-Ttft-Ms"), 64)
+	return ttft, itl, cached, pred, nil
 }
 
 // simulate runs the simulator on the same trace and fleet in mode.
 func simulate(c config, mode string, reqs []trace.Request, st *stats) error {
-	m, err := scoring.ParseMode(mode)
-	if err != nil {
-		return err
-	}
 	wc := sim.DefaultWorkerConfig()
 	wc.Blocks, wc.BlockSize = c.blocks, c.blockSize
-	res, err := fleet.Run(fleet.Config{Workers: c.workers, Mode: m, Worker: wc}, reqs)
+	fc := fleet.Config{Workers: c.workers, Worker: wc}
+	if p, ok := fleet.ParsePolicy(mode); ok {
+		p.Apply(&fc) // kv: the daemon's default cost, as the daemon above ran
+	} else {
+		m, err := scoring.ParseMode(mode)
+		if err != nil {
+			return err
+		}
+		fc.Mode = m
+	}
+	res, err := fleet.Run(fc, reqs)
 	if err != nil {
 		return err
 	}
@@ -288,7 +356,7 @@ func simulate(c config, mode string, reqs []trace.Request, st *stats) error {
 	// no set order; the trace's order is one of many. The simulator in other orders shows how
 	// much that alone moves a mode's mean.
 	for seed := 1; seed <= c.orders; seed++ {
-		res, err := fleet.Run(fleet.Config{Workers: c.workers, Mode: m, Worker: wc}, shuffleTies(reqs, uint64(seed)))
+		res, err := fleet.Run(fc, shuffleTies(reqs, uint64(seed)))
 		if err != nil {
 			return err
 		}
