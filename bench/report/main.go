@@ -55,6 +55,9 @@ type config struct {
 	// TraceOptions (--block-size, --time-unit).
 	Extra        []namedTrace
 	TraceOptions trace.MooncakeOptions
+	// Generated, if > 0, is the built-in workload's length (the quick report's 4 minutes, the
+	// full one's default otherwise); the tests shorten it under the race detector.
+	Generated time.Duration
 }
 
 // namedTrace is one --trace NAME=PATH.

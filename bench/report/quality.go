@@ -116,6 +116,9 @@ func (r *report) workloads() ([]workload, error) {
 	if r.cfg.Quick {
 		g.Duration = 4 * time.Minute
 	}
+	if r.cfg.Generated > 0 {
+		g.Duration = r.cfg.Generated
+	}
 	ws = append(ws, workload{name: "generated", about: fmt.Sprintf("built-in generator (%v: system prompts, multi-turn sessions, document fan-out)", g.Duration), reqs: trace.Synthetic(g)})
 	return ws, nil
 }

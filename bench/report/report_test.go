@@ -27,7 +27,13 @@ func TestQuickReportGenerated(t *testing.T) {
 	out := t.TempDir()
 	// The other sections' engines have their own tests in their packages.
 	skip := slices.DeleteFunc(slices.Clone(sections), func(s string) bool { return s == "quality" })
-	err := run(config{Quick: true, Out: out, Traces: filepath.Join(out, "none"), Skip: skip, Seed: 1}, io.Discard)
+	cfg := config{Quick: true, Out: out, Traces: filepath.Join(out, "none"), Skip: skip, Seed: 1}
+	if raceEnabled {
+		// The race detector slows the simulations fifteenfold: a minute of the workload
+		// exercises the same code.
+		cfg.Generated = time.Minute
+	}
+	err := run(cfg, io.Discard)
 	// Without traces the report is written but says it is not whole, in its error (the
 	// command's exit status 3) and its first lines.
 	if !errors.Is(err, errMissing) {
