@@ -276,6 +276,7 @@ func (r *Router) sloCheck(m *model, req *wire.RouteRequest) *sloCheck {
 		return c
 	}
 	c.p.Step, c.p.Now, c.p.Decay = *m.step.Load(), r.cfg.Now(), true
+	c.p.Step.RequestMs = r.tracker.MeanLifetime()
 	c.s.match(r, m, req, &c.p, nil)
 	best := int32(0)
 	for _, d := range c.s.m.Depth {

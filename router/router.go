@@ -413,7 +413,7 @@ func New(cfg Config) *Router {
 	r := &Router{
 		cfg:          cfg,
 		set:          shard.New(shard.Config{Shards: cfg.Shards, QueueLen: cfg.QueueLen, MaxBlocks: cfg.residencyBudget(), Evict: cfg.MaxIndexBytes > 0, Observer: cfg.Observer, ClearOnGap: cfg.ClearOnGap, KeepTree: cfg.KeepTree}),
-		tracker:      newTracker(cfg.Now),
+		tracker:      newTracker(cfg.Now, cfg.RequestExpiry),
 		routed:       xsync.NewCounter(),
 		matched:      xsync.NewCounter(),
 		promptTokens: xsync.NewCounter(),
@@ -1111,10 +1111,11 @@ func (r *Router) drop(reg *registration, ws []*rankWorker, remove func(*shard.Ap
 	return nil
 }
 
-// newTracker returns a Tracker on clock now, which CostTTFT's decay reads.
-func newTracker(now func() int64) *scoring.Tracker {
+// newTracker returns a Tracker on clock now, which CostTTFT's decay reads, for bookings that
+// expire expiry after they are made.
+func newTracker(now func() int64, expiry time.Duration) *scoring.Tracker {
 	t := scoring.NewTracker()
-	t.Now = now
+	t.Now, t.Expiry = now, int64(expiry)
 	return t
 }
 

@@ -21,6 +21,9 @@ type StepModel struct {
 	Capacity   int64
 	// HostMsPerToken is the time to load one token's KV from the host tier onto the device.
 	HostMsPerToken float64
+	// RequestMs is a request's mean lifetime on a worker, booking to completion (the router
+	// sets it from Tracker.MeanLifetime; 0: unknown, no wait for KV capacity predicted).
+	RequestMs float64
 }
 
 // DefaultStepModel returns the step times of Dynamo's mocker, fitted on one GPU (an 8B model
@@ -68,7 +71,8 @@ func (m *StepModel) DecodeMs(u float64) float64 {
 
 // TTFT predicts, in ms, the time to first token of a request whose own prompt leaves own
 // tokens to compute, on a worker with ahead prompt tokens queued before it, requests active
-// and blocks held with the request's added. The prompt-side work, ahead and own, is cut into
+// and blocks held with the request's added. When those blocks exceed the KV capacity, the
+// request waits for active ones to finish: RequestMs × the excess over the capacity. The prompt-side work, ahead and own, is cut into
 // steps of the budget the decoding requests leave (at least half of MaxBatched); each step
 // pays its prefill part and, while anything decodes, the decode part at the worker's KV usage.
 // The last step, which yields the first token, always pays it.
@@ -81,6 +85,11 @@ func (m *StepModel) TTFT(own, ahead, requests, blocks int64) float64 {
 	u := 0.0
 	if m.Capacity > 0 {
 		u = min(1, float64(max(blocks, 0))/float64(m.Capacity))
+	}
+	if m.Capacity > 0 && blocks > m.Capacity && m.RequestMs > 0 {
+		// The KV cache cannot hold the request with the ones active: it waits for enough of
+		// them to finish, which they do over their lifetime.
+		ms += m.RequestMs * float64(blocks-m.Capacity) / float64(m.Capacity)
 	}
 	if requests > 0 {
 		// A request arrives during a step, on average halfway through it; it waits for the

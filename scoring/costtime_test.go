@@ -264,3 +264,54 @@ func TestTrackerSlowness(t *testing.T) {
 		t.Errorf("learnt from a booking without a prediction: %v %v", ws[0].Slowness(), err)
 	}
 }
+
+// TestTTFTWaitsForCapacity: a request whose blocks do not fit beside the active ones waits
+// for them to finish, over the workers' mean request lifetime; without one, it is not
+// predicted to wait.
+func TestTTFTWaitsForCapacity(t *testing.T) {
+	m := DefaultStepModel()
+	m.Capacity = 1000
+	fits := m.TTFT(100, 0, 5, 1000)
+	m.RequestMs = 8000
+	if got := m.TTFT(100, 0, 5, 1000); got != fits {
+		t.Fatalf("a request that fits waits: %v against %v", got, fits)
+	}
+	over := m.TTFT(100, 0, 5, 1250) // a quarter of the capacity too many
+	if want := fits + 0.25*8000; !near(over, want) { // both at full KV usage
+		t.Fatalf("over capacity: %v, want %v", over, want)
+	}
+	m.RequestMs = 0
+	if got := m.TTFT(100, 0, 5, 1250); got > fits+1e-9 {
+		t.Fatalf("no lifetime known, yet a wait: %v against %v", got, fits)
+	}
+}
+
+// TestTrackerMeanLifetime: completions teach the mean time from booking to completion;
+// bookings whose deadline is not booking + expiry, and expiries, do not.
+func TestTrackerMeanLifetime(t *testing.T) {
+	tr := NewTracker()
+	var now int64 = 1e9
+	tr.Now, tr.Expiry = func() int64 { return now }, int64(60e9)
+	w := mustRegister(t, tr, 1)
+	for i, life := range []int64{2e9, 4e9} {
+		id := fmt.Sprint("r", i)
+		if err := tr.Book(id, w, []uint64{uint64(i)}, 10, now+tr.Expiry); err != nil {
+			t.Fatal(err)
+		}
+		now += life
+		if err := tr.Complete(id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got, want := tr.MeanLifetime(), 2000+(4000-2000)/64.0; !near(got, want) {
+		t.Fatalf("mean lifetime %v ms, want %v", got, want)
+	}
+	if err := tr.Book("odd", w, []uint64{9}, 10, now+1e6); err != nil { // a deadline of its own
+		t.Fatal(err)
+	}
+	now += 1e9
+	before := tr.MeanLifetime()
+	if err := tr.Complete("odd"); err != nil || tr.MeanLifetime() != before {
+		t.Fatalf("a booking with its own deadline changed the mean: %v %v", tr.MeanLifetime(), err)
+	}
+}

@@ -58,6 +58,11 @@ type Tracker struct {
 	// slow is the median of log(measured / predicted TTFT) over every worker's requests, as
 	// math.Float64bits (Load.SlownessStep's reference).
 	slow atomic.Uint64
+	// Expiry, if set with Now, is how far past its booking a booking's deadline is (the
+	// router's request expiry): a completion's lifetime is Now − (deadline − Expiry), which
+	// MeanLifetime averages. life is that mean, math.Float64bits of ms.
+	Expiry int64
+	life   atomic.Uint64
 }
 
 // busyWords is the 64-bit words per chunk of the busy bitmap (4,096 slots).
@@ -674,9 +679,32 @@ func (t *Tracker) Complete(id string) error {
 	if b == nil {
 		return ErrUnknownRequest
 	}
+	if t.Now != nil && t.Expiry > 0 && !b.stage {
+		t.noteLifetime(t.Now() - (b.deadline - t.Expiry))
+	}
 	t.release(b)
 	return nil
 }
+
+// noteLifetime folds a completed request's time on its worker, in ns, into MeanLifetime.
+// Concurrent completions may each miss the other's update: a sample lost, never a wrong mean.
+func (t *Tracker) noteLifetime(ns int64) {
+	if ns <= 0 || ns > t.Expiry {
+		return // a booking whose deadline was not Now + Expiry (a replica's, a stage's)
+	}
+	x := float64(ns) / 1e6
+	old := math.Float64frombits(t.life.Load())
+	if old == 0 {
+		t.life.Store(math.Float64bits(x))
+		return
+	}
+	t.life.Store(math.Float64bits(old + (x-old)/64))
+}
+
+// MeanLifetime returns the mean time, in ms, from a request's booking to its completion, over
+// recent completions (an exponentially weighted mean, weight 1/64); 0 before the first, or
+// without Now and Expiry. CostTTFT predicts a wait for KV capacity with it.
+func (t *Tracker) MeanLifetime() float64 { return math.Float64frombits(t.life.Load()) }
 
 func (t *Tracker) release(b *booking) {
 	l := b.load
