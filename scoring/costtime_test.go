@@ -276,7 +276,7 @@ func TestTTFTWaitsForCapacity(t *testing.T) {
 	if got := m.TTFT(100, 0, 5, 1000); got != fits {
 		t.Fatalf("a request that fits waits: %v against %v", got, fits)
 	}
-	over := m.TTFT(100, 0, 5, 1250) // a quarter of the capacity too many
+	over := m.TTFT(100, 0, 5, 1250)                  // a quarter of the capacity too many
 	if want := fits + 0.25*8000; !near(over, want) { // both at full KV usage
 		t.Fatalf("over capacity: %v, want %v", over, want)
 	}
