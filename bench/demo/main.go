@@ -220,7 +220,9 @@ func runMode(c config, bin, mode string, reqs []trace.Request) (*stats, error) {
 				st.ttft[i], st.itl[i] = -1, -1
 				return
 			}
-			if measured := float64(ttft) * c.speedup / 1e6; pred > 0 && measured > 0 {
+			// The router lives in wall time: it learns the engines' speed (--speedup) as
+			// their slowness, so its predictions are wall milliseconds.
+			if measured := float64(ttft) / 1e6; pred > 0 && measured > 0 {
 				st.predErr = append(st.predErr, math.Abs(pred-measured)/measured)
 			}
 			st.ttft[i] = time.Duration(float64(ttft) * c.speedup)
@@ -272,7 +274,7 @@ func hitCounters(api string) (available, achieved, prompt float64) {
 
 // send streams one completion through the front door and returns its time to first token, its
 // mean gap between tokens (wall time), the prompt tokens the engine found cached and the
-// router's predicted TTFT (ms of the engines' simulated time; 0: none).
+// router's predicted TTFT (wall ms; 0: none).
 func send(c *http.Client, front string, r trace.Request) (ttft, itl time.Duration, cached int, pred float64, err error) {
 	body, _ := json.Marshal(map[string]any{"model": "demo", "prompt": r.Tokens, "max_tokens": max(r.Output, 1), "stream": true,
 		"stream_options": map[string]bool{"include_usage": true}})
