@@ -138,17 +138,7 @@ func (w *watcher) call() context.Context {
 	if !w.deadline.IsZero() {
 		c, cancel = context.WithDeadline(context.Background(), w.deadline)
 	}
-	w.mu.Lock()
-	if w.cancel != nil {
-		w.cancel()
-	}
-	w.cancel = cancel
-	w.mu.Unlock()
-	select {
-	case <-w.gone:
-		cancel()
-	default:
-	}
+	w.attach(cancel)
 	return c
 }
 

@@ -19,11 +19,15 @@ func formatDecision(c *scoring.Candidate, p *scoring.Params) string {
 	b = append(b, ": logit "...)
 	b = strconv.AppendFloat(b, c.Logit, 'f', 3, 64)
 	if p.Formula == scoring.CostTTFT {
-		// "worker 2: logit 71.813 = predicted TTFT 40.0 ms (queued 0 + own 1 tokens) + cache
-		// 3.0 × 10.6 ms (cached blocks 2)"
-		pred := p.PredictTTFT(c.Cached, c.Shared, c.Ext, c.ActiveBlocks, c.ActivePrefill, c.ActiveRequests)
+		// "worker 2: logit 71.813 = predicted TTFT 22.3 ms (queued 0 + own 1 tokens) + cache
+		// 3.0 × 16.5 ms + backlog 0.0 × 16.5 ms (cached blocks 2)" (TestDaemonOverTCP's)
+		ttft, price := p.TTFTParts(c)
+		computed := 0.0 // the prefill time of the tokens computed, which the price weighs
+		if w := p.CacheWeight + p.Backlog; w > 0 {
+			computed = price / w
+		}
 		b = append(b, " = predicted TTFT "...)
-		b = strconv.AppendFloat(b, pred, 'f', 1, 64)
+		b = strconv.AppendFloat(b, ttft, 'f', 1, 64)
 		b = append(b, " ms (queued "...)
 		b = strconv.AppendInt(b, c.ActivePrefill, 10)
 		b = append(b, " + own "...)
@@ -31,11 +35,11 @@ func formatDecision(c *scoring.Candidate, p *scoring.Params) string {
 		b = append(b, " tokens) + cache "...)
 		b = strconv.AppendFloat(b, p.CacheWeight, 'f', 1, 64)
 		b = append(b, " × "...)
-		cache := 0.0
-		if p.CacheWeight > 0 {
-			cache = (c.Logit - pred) / p.CacheWeight
-		}
-		b = strconv.AppendFloat(b, cache, 'f', 1, 64)
+		b = strconv.AppendFloat(b, computed, 'f', 1, 64)
+		b = append(b, " ms + backlog "...)
+		b = strconv.AppendFloat(b, p.Backlog, 'f', 1, 64)
+		b = append(b, " × "...)
+		b = strconv.AppendFloat(b, computed, 'f', 1, 64)
 		b = append(b, " ms (cached blocks "...)
 		b = strconv.AppendInt(b, int64(c.Cached), 10)
 		b = append(b, ')')

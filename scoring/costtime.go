@@ -148,14 +148,29 @@ func (p *Params) ttftLogit(cached, shared int32, ext TierExt, decode, activePref
 // ttftLogitSlow is ttftLogit on a worker whose steps take slow times the model's: its
 // predicted time is, its prices of the fleet's cache and queue are not.
 func (p *Params) ttftLogitSlow(cached, shared int32, ext TierExt, decode, activePrefill, activeRequests int64, slow float64) float64 {
+	ttft, price := p.ttftParts(cached, shared, ext, decode, activePrefill, activeRequests, slow)
+	return ttft + price
+}
+
+// ttftParts are CostTTFT's logit's two parts: the predicted time to first token (slow times
+// the model's, if slow > 0) and the price of the prompt tokens computed, (CacheWeight +
+// Backlog) × their prefill time.
+func (p *Params) ttftParts(cached, shared int32, ext TierExt, decode, activePrefill, activeRequests int64, slow float64) (ttft, price float64) {
 	host := float64(ext.Host)
 	lower := host + p.Tiers.Disk*float64(ext.Disk+ext.External)
 	own := p.ttftOwn(cached, shared, lower)
-	ms := p.Step.TTFT(int64(own), activePrefill, activeRequests, decode) + host*float64(p.BlockSize)*p.Step.HostMsPerToken
+	ttft = p.Step.TTFT(int64(own), activePrefill, activeRequests, decode) + host*float64(p.BlockSize)*p.Step.HostMsPerToken
 	if slow > 0 {
-		ms *= slow
+		ttft *= slow
 	}
-	return ms + (p.CacheWeight+p.Backlog)*p.Step.PrefillMs(max(own, 1))
+	return ttft, (p.CacheWeight + p.Backlog) * p.Step.PrefillMs(max(own, 1))
+}
+
+// TTFTParts returns candidate c's CostTTFT logit in its two parts (their sum): the predicted
+// time to first token, its slowness counted, and the price of the prompt tokens it computes.
+func (p *Params) TTFTParts(c *Candidate) (ttft, price float64) {
+	_, decode, _ := p.CostV1(c.Cached, c.Shared, c.ActiveBlocks, c.ActivePrefill)
+	return p.ttftParts(c.Cached, c.Shared, c.Ext, decode, c.ActivePrefill, c.ActiveRequests, c.Slow)
 }
 
 // CostAt is Cost, or CostExt, for candidate c, its slowness (Candidate.Slow) counted under

@@ -125,6 +125,9 @@ func TestCostTTFT(t *testing.T) {
 	if want := 2*ttft + 2*m.PrefillMs(own); !near(ls, want) {
 		t.Fatalf("slow worker: %v, want %v", ls, want)
 	}
+	if tt, price := p.TTFTParts(&slow); !near(tt, 2*ttft) || !near(price, 2*m.PrefillMs(own)) {
+		t.Fatalf("parts %v + %v, want %v + %v", tt, price, 2*ttft, 2*m.PrefillMs(own))
+	}
 	slow.Slow = 1
 	if _, _, l1 := p.CostAt(&slow); !near(l1, ttft+2*m.PrefillMs(own)) {
 		t.Fatalf("slowness 1: %v", l1)
