@@ -31,6 +31,7 @@ import (
 	"github.com/go-zeromq/zmq4"
 
 	"github.com/kvrouterd/kvrouterd/internal/panics"
+	"github.com/kvrouterd/kvrouterd/internal/pause"
 	"github.com/kvrouterd/kvrouterd/kvevent"
 	"github.com/kvrouterd/kvrouterd/wire"
 )
@@ -174,7 +175,7 @@ type rankLoop struct {
 func (rl *rankLoop) run(ctx context.Context) {
 	var backoff time.Duration
 	for {
-		if backoff > 0 && !sleepCtx(ctx, backoff) {
+		if backoff > 0 && !pause.For(ctx, backoff) {
 			return
 		}
 		ok, clean, err := rl.session(ctx)
@@ -260,7 +261,7 @@ func (rl *rankLoop) connect(ctx context.Context) (zmq4.Socket, *zmtpLimit) {
 		} else {
 			rl.log.Debug("engine KV-event socket still unreachable", "endpoint", rl.endpoint, "err", err)
 		}
-		if !sleepCtx(ctx, wait) {
+		if !pause.For(ctx, wait) {
 			return nil, nil
 		}
 		wait = min(2*wait, rl.s.cfg.RedialMax)
@@ -295,17 +296,6 @@ func (rl *rankLoop) recovered(p any) error {
 	rl.c[cPanics].Add(1)
 	panics.Log(rl.log, "panic recovered while reading an engine's KV events; its connection is dialled again", p, "endpoint", rl.endpoint)
 	return fmt.Errorf("%w: %v", errPanic, p)
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }
 
 // receive handles the socket's messages until it fails: the connection was lost, or ctx is

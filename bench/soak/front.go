@@ -20,6 +20,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/kvrouterd/kvrouterd/internal/pause"
 )
 
 // The engine's answers: engineTokens tokens, the first after engineFirst (headers included), the
@@ -192,7 +194,7 @@ func (e *engine) complete(w http.ResponseWriter, r *http.Request, chat bool) {
 	if rand.IntN(breakOneIn) == 0 {
 		breakAt = 2
 	}
-	if !sleep(r.Context(), engineFirst) {
+	if !pause.For(r.Context(), engineFirst) {
 		e.cancelled.Add(1)
 		return
 	}
@@ -212,7 +214,7 @@ func (e *engine) complete(w http.ResponseWriter, r *http.Request, chat bool) {
 			e.broken.Add(1)
 			panic(http.ErrAbortHandler) // the connection closes without the chunked body's end
 		}
-		if i > 0 && !sleep(r.Context(), engineGap) {
+		if i > 0 && !pause.For(r.Context(), engineGap) {
 			return
 		}
 		finish := "null"
@@ -237,18 +239,6 @@ func (e *engine) complete(w http.ResponseWriter, r *http.Request, chat bool) {
 	}
 	io.WriteString(w, "data: [DONE]\n\n")
 	fl.Flush()
-}
-
-// sleep waits d unless ctx ends first; it reports whether it waited.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }
 
 // frontCounts are the front door's answers by outcome. Safe for concurrent use.
