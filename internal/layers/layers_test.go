@@ -29,6 +29,7 @@ var layer = map[string]int{
 	"internal/memstat":  1,
 	"internal/natstest": 1,
 	"internal/panics":   1,
+	"internal/pause":    1,
 	"internal/peer":     1,
 	"internal/prefetch": 1,
 	"internal/tlscert":  1,
