@@ -407,7 +407,12 @@ func (l *listener) Accept() (net.Conn, error) {
 			}
 			continue
 		}
-		if l.closed() || listenerClosed(err) {
+		if l.closed() {
+			// Closed while the accept failed for another reason (out of files): the caller
+			// must learn that the listener is closed, not retry.
+			return nil, net.ErrClosed
+		}
+		if listenerClosed(err) {
 			return nil, err
 		}
 		l.c.acceptErrors.Add(1)
