@@ -71,6 +71,71 @@ func engineSeeds() []*wire.EngineBatch {
 	}
 }
 
+// hybrid is what vLLM publishes for a hybrid model whose KV-cache group 0 is sliding-window
+// and group 1 full attention, positional or as tagged maps: teach stores two chained blocks in
+// both groups, under the same engine hashes, each event naming its group and kind; remove has
+// group 0 evict the second block and group 1 evict the first, naming the group index alone, as
+// vLLM's removals do. Only group 1's events reach the index (wire/SPEC.md §10.4).
+func hybrid(tagged bool) (teach, remove []byte) {
+	event := func(b []byte, kind string, fields int) []byte {
+		if tagged {
+			b = msgp.AppendMapHeader(b, uint32(fields))
+			b = msgp.AppendString(b, "type")
+			return msgp.AppendString(b, kind)
+		}
+		return msgp.AppendString(msgp.AppendArrayHeader(b, uint32(fields)), kind)
+	}
+	key := func(b []byte, k string) []byte {
+		if tagged {
+			return msgp.AppendString(b, k)
+		}
+		return b
+	}
+	teach = msgp.AppendFloat64(msgp.AppendArrayHeader(nil, 3), 7)
+	teach = msgp.AppendArrayHeader(teach, 4)
+	for _, g := range []struct {
+		idx  int
+		kind string
+	}{{1, "full_attention"}, {0, "sliding_window"}} {
+		for blk := range 2 {
+			if tagged {
+				teach = event(teach, "BlockStored", 7)
+			} else {
+				teach = event(teach, "BlockStored", 11)
+			}
+			teach = msgp.AppendUint64(msgp.AppendArrayHeader(key(teach, "block_hashes"), 1), uint64(501+blk))
+			teach = key(teach, "parent_block_hash")
+			if blk == 0 {
+				teach = msgp.AppendNil(teach)
+			} else {
+				teach = msgp.AppendUint64(teach, 501)
+			}
+			teach = msgp.AppendArrayHeader(key(teach, "token_ids"), streamBS)
+			for i := range streamBS {
+				teach = msgp.AppendInt(teach, 1+blk*streamBS+i)
+			}
+			teach = msgp.AppendInt(key(teach, "block_size"), streamBS)
+			if !tagged {
+				teach = msgp.AppendNil(teach) // lora_id
+				teach = msgp.AppendString(teach, "GPU")
+				teach = msgp.AppendNil(msgp.AppendNil(teach)) // lora_name, extra_keys
+			}
+			teach = msgp.AppendInt(key(teach, "group_idx"), g.idx)
+			teach = msgp.AppendString(key(teach, "kv_cache_spec_kind"), g.kind)
+		}
+	}
+	teach = msgp.AppendNil(teach)
+	remove = msgp.AppendFloat64(msgp.AppendArrayHeader(nil, 3), 8)
+	remove = msgp.AppendArrayHeader(remove, 2)
+	for _, r := range []struct{ hash, group int }{{502, 0}, {501, 1}} {
+		remove = event(remove, "BlockRemoved", 4)
+		remove = msgp.AppendUint64(msgp.AppendArrayHeader(key(remove, "block_hashes"), 1), uint64(r.hash))
+		remove = msgp.AppendString(key(remove, "medium"), "GPU")
+		remove = msgp.AppendInt(key(remove, "group_idx"), r.group)
+	}
+	return teach, msgp.AppendNil(remove)
+}
+
 // sglangEagle is what an SGLang worker running EAGLE publishes once it caches tokens 1…9 at page
 // size streamBS: the tokens' pairs (token i, token i+1), two pages of them, one BlockStored each,
 // chained by signed hashes, token_ids the page's pairs (wire/SPEC.md §10.4).
@@ -119,6 +184,10 @@ func FuzzEngineIngest(f *testing.F) {
 	f.Add(wire.AppendEngineBatch(nil, seeds[0], forms[0]), []byte{0x93, 0xcb}, uint8(0)) // truncated
 	f.Add([]byte{}, wire.AppendEngineBatch(nil, seeds[2], forms[1]), uint8(3))
 	f.Add(sglangEagle(), wire.AppendEngineBatch(nil, seeds[1], forms[0]), uint8(0))
+	for _, tagged := range []bool{false, true} {
+		teach, remove := hybrid(tagged)
+		f.Add(teach, remove, uint8(0))
+	}
 	f.Fuzz(func(t *testing.T, p1, p2 []byte, sockRank uint8) {
 		var obs observed
 		r := router.New(router.Config{BlockSize: streamBS, Shards: 2, Observer: &obs, Logger: quiet()})

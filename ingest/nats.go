@@ -246,6 +246,7 @@ type Consumer struct {
 	mu     sync.Mutex // the handler's state: one message at a time
 	gen    uint64     // consumers of an older generation read a lost stream: ignored
 	engine wire.EngineBatch
+	groups map[uint64]*wire.EngineGroups // per worker: the KV-cache groups its stores described
 	batch  wire.EventBatch
 	oc     []shard.Outcome // outcomes of a change nobody here waits on
 
@@ -372,6 +373,20 @@ func (c *Consumer) consume(ctx context.Context, gen, start uint64) (jetstream.Co
 		return nil, fmt.Errorf("consume %s: %w", c.cfg.Stream, err)
 	}
 	return cc, nil
+}
+
+// groupsOf returns worker's table of KV-cache groups, which decides the group of its engine
+// batches' removals (wire/SPEC.md §10.4). REQUIRES c.mu.
+func (c *Consumer) groupsOf(worker uint64) *wire.EngineGroups {
+	g := c.groups[worker]
+	if g == nil {
+		if c.groups == nil {
+			c.groups = make(map[uint64]*wire.EngineGroups)
+		}
+		g = new(wire.EngineGroups)
+		c.groups[worker] = g
+	}
+	return g
 }
 
 // Health is nil while the consumer is connected to NATS and the stream is there as configured;
@@ -648,6 +663,7 @@ func (c *Consumer) handle(gen uint64, m jetstream.Msg) {
 		}
 		events = c.batch.Events
 	} else {
+		c.engine.Groups = c.groupsOf(worker)
 		if err := c.engine.Decode(data); err != nil {
 			c.reject(RejectDecode, "event stream: bad engine batch", "subject", m.Subject(), "err", err)
 			return

@@ -48,7 +48,8 @@ type EngineBatch struct {
 	// Filtered counts events of a KV-cache group other than the main attention one (a hybrid
 	// model's sliding-window or Mamba group), left out as Dynamo does: their block hashes
 	// are the same as the full-attention blocks', so a removal there would remove the wrong
-	// block from the index.
+	// block from the index. Which group an event belongs to is decided with what Groups
+	// learned (SPEC.md §10.4).
 	Filtered int
 	// UnknownMedium counts the events of Events whose medium is a string ParseMedium does not
 	// know. They are decoded as the device tier, as Dynamo does, rather than refusing the batch
@@ -57,6 +58,15 @@ type EngineBatch struct {
 	// the payload.
 	UnknownMedium     int
 	UnknownMediumName string
+
+	// Groups holds the KV-cache groups the publisher's stored events described, which decide
+	// the group of the events that name only a group index (vLLM's removals). Decode reads and
+	// updates it; nil means the batch's own table, right when every payload decoded into this
+	// EngineBatch comes from one publisher. A reader of several publishers sets each one's.
+	Groups *EngineGroups
+
+	groups EngineGroups // Groups when it is nil
+	meta   []evMeta     // per decoded event, until the group filter has run
 
 	// Arenas the events' slices point into. A slice taken before an arena grew keeps the old
 	// backing array, which still holds its data.
@@ -78,6 +88,8 @@ func (b *EngineBatch) Decode(payload []byte) error {
 	b.hashes, b.tokens, b.mmData = b.hashes[:0], b.tokens[:0], b.mmData[:0]
 	clear(b.mm)
 	b.mm = b.mm[:0]
+	clear(b.meta)
+	b.meta = b.meta[:0]
 
 	d := engineDecoder{p: payload, ev: -1}
 	rest, err := d.batch(b, payload)
@@ -87,6 +99,7 @@ func (b *EngineBatch) Decode(payload []byte) error {
 	if len(rest) != 0 {
 		return d.errAt(rest, "payload", -1, -1, ErrTrailing, "%d bytes after the batch", len(rest))
 	}
+	b.filterGroups()
 	for i := range b.Events {
 		b.Events[i].Rank = b.Rank
 	}

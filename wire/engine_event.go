@@ -41,11 +41,19 @@ var evFieldNames = [...]string{
 	fSpecWindow: "kv_cache_spec_sliding_window", fSalt: "cache_salt",
 }
 
-// Positional layouts: element i of an event array holds field [i]; element 0 is the tag.
-// Elements past the end of a layout are ignored.
+// Positional layouts: element i of an event array holds field [i]; element 0 is the tag. The
+// elements after a layout's fixed fields, up to its tail length, hold the group fields, read by
+// type (engineDecoder.tail); elements past them are ignored.
 var (
-	storedLayoutEngine  = [...]evField{fSkip, fHashes, fParent, fTokens, fBlockSize, fLoRAID, fMedium, fLoRAName, fExtraKeys, fGroup, fSpecKind, fSpecWindow}
-	removedLayoutEngine = [...]evField{fSkip, fHashes, fMedium, fGroup}
+	storedLayoutEngine  = [...]evField{fSkip, fHashes, fParent, fTokens, fBlockSize, fLoRAID, fMedium, fLoRAName, fExtraKeys}
+	removedLayoutEngine = [...]evField{fSkip, fHashes, fMedium}
+)
+
+// Tail lengths, as Dynamo reads them: BlockStored's block_mm_infos (Dynamo's own producers),
+// group_idx, kv_cache_spec_kind and kv_cache_spec_sliding_window; BlockRemoved's last three.
+const (
+	storedTail  = 4
+	removedTail = 3
 )
 
 // sglangMetaPos is where SGLang's BlockStoredWithMetadata puts its metadata struct (a map
@@ -55,7 +63,7 @@ const sglangMetaPos = 7
 // Fields each kind reads, and must have.
 const (
 	storedFields   = 1<<fHashes | 1<<fParent | 1<<fTokens | 1<<fBlockSize | 1<<fLoRAID | 1<<fMedium | 1<<fLoRAName | 1<<fExtraKeys | 1<<fGroup | 1<<fSpecKind | 1<<fSpecWindow | 1<<fSalt
-	removedFields  = 1<<fHashes | 1<<fMedium | 1<<fGroup | 1<<fSpecKind
+	removedFields  = 1<<fHashes | 1<<fMedium | 1<<fGroup | 1<<fSpecKind | 1<<fSpecWindow
 	storedRequired = 1<<fHashes | 1<<fTokens | 1<<fBlockSize
 )
 
@@ -119,13 +127,10 @@ func engineKind(tag []byte) kvevent.Kind {
 
 // evState is what an event's fields say beyond the kvevent.Event they fill.
 type evState struct {
-	seen     uint16 // fields read, by evField bit
-	group    bool   // group_idx present and not 0
-	spec     bool   // kv_cache_spec_kind present
-	mainSpec bool   // ... and one of the main attention kinds
-	nExtra   int    // entries of extra_keys
-	extraAt  []byte // where extra_keys starts, for the count check
-	medium   []byte // a medium ParseMedium does not know, decoded as the device tier; nil if none
+	seen    uint16 // fields read, by evField bit
+	meta    evMeta // group fields and unknown medium, for the batch's group filter
+	nExtra  int    // entries of extra_keys
+	extraAt []byte // where extra_keys starts, for the count check
 	// salts are the first two cache salts extra_keys' first block tags (see saltKey), for
 	// when the event names none itself.
 	salts [2][]byte
@@ -149,15 +154,6 @@ func (st *evState) salt(lora string) string {
 	return alias(s[len(saltKey):])
 }
 
-// filtered reports whether the event belongs to a KV-cache group the index does not track:
-// the spec kind decides when present, else a nonzero group index.
-func (st *evState) filtered() bool {
-	if st.spec {
-		return !st.mainSpec
-	}
-	return st.group
-}
-
 func (d *engineDecoder) event(out *EngineBatch, b []byte) ([]byte, error) {
 	var e kvevent.Event
 	var st evState
@@ -174,19 +170,14 @@ func (d *engineDecoder) event(out *EngineBatch, b []byte) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	switch {
-	case e.Kind == 0:
+	if e.Kind == 0 {
 		out.Skipped++
-	case st.filtered():
-		out.Filtered++
-	default:
-		out.Events = append(out.Events, e)
-		if st.medium != nil {
-			if out.UnknownMedium++; out.UnknownMedium == 1 {
-				out.UnknownMediumName = alias(st.medium)
-			}
-		}
+		return r, nil
 	}
+	// Kept for now: which group the event belongs to is decided once the batch's rank is
+	// known (EngineBatch.filterGroups).
+	out.Events = append(out.Events, e)
+	out.meta = append(out.meta, st.meta)
 	return r, nil
 }
 
@@ -208,13 +199,20 @@ func (d *engineDecoder) arrayEvent(out *EngineBatch, e *kvevent.Event, st *evSta
 	}
 	e.Kind = engineKind(tag)
 	var layout []evField
+	tail := 0
 	switch e.Kind {
 	case kvevent.Stored:
-		layout = storedLayoutEngine[:]
+		layout, tail = storedLayoutEngine[:], storedTail
 	case kvevent.Removed:
-		layout = removedLayoutEngine[:]
+		layout, tail = removedLayoutEngine[:], removedTail
 	}
 	for i := 1; i < int(n); i++ {
+		if i >= len(layout) && i < len(layout)+tail {
+			if r, err = d.tail(st, r, i, e.Kind == kvevent.Stored); err != nil {
+				return nil, err
+			}
+			continue
+		}
 		f := fSkip
 		if i < len(layout) {
 			f = layout[i]
@@ -362,7 +360,7 @@ func (d *engineDecoder) field(out *EngineBatch, e *kvevent.Event, st *evState, f
 		}
 		tier, ok := kvevent.ParseMedium(alias(s))
 		if !ok {
-			st.medium = s // the device tier, counted
+			st.meta.unknown, st.meta.medium = true, alias(s) // the device tier, counted
 		}
 		e.Tier = tier
 		return r, nil
@@ -385,27 +383,12 @@ func (d *engineDecoder) field(out *EngineBatch, e *kvevent.Event, st *evState, f
 		e.Salt = alias(s)
 		return r, err
 	case fGroup:
-		if isNil(b) {
-			return b[1:], nil
-		}
-		var v int64
-		var r []byte
-		var err error
-		switch msgp.NextType(b) {
-		case msgp.IntType:
-			v, r, err = msgp.ReadInt64Bytes(b)
-		case msgp.UintType:
-			var u uint64
-			u, r, err = msgp.ReadUint64Bytes(b)
-			v = int64(min(u, 1))
-		default:
-			return nil, d.bad(b, name, -1, -1, "nil or an integer", nil)
-		}
-		if err != nil {
-			return nil, d.bad(b, name, -1, -1, "nil or an integer", err)
-		}
-		st.group = v != 0
-		return r, nil
+		v, ok, r, err := d.groupIndex(b, name, -1)
+		st.meta.group, st.meta.hasGroup = v, ok
+		return r, err
+	case fSpecWindow:
+		_, _, r, err := d.groupIndex(b, name, -1) // checked as Dynamo reads it, not used
+		return r, err
 	case fSpecKind:
 		if isNil(b) {
 			return b[1:], nil
@@ -414,14 +397,10 @@ func (d *engineDecoder) field(out *EngineBatch, e *kvevent.Event, st *evState, f
 		if err != nil {
 			return nil, err
 		}
-		st.spec = true
-		switch string(s) {
-		case "full_attention", "mla_attention", "sink_full_attention":
-			st.mainSpec = true
-		}
+		st.meta.kind = parseSpecKind(s)
 		return r, nil
 	}
-	return d.skip(b, name, -1, -1) // lora_id, kv_cache_spec_sliding_window: any value
+	return d.skip(b, name, -1, -1) // lora_id: any value
 }
 
 // alias returns the bytes of s as a string without copying: it shares the payload.

@@ -113,6 +113,17 @@ var engineGoldens = []engineGolden{
 		stored(kvevent.Event{Hashes: []uint64{0x11}, Tokens: []uint32{1, 2}, BlockSize: 2}),
 		{Kind: kvevent.Removed, Hashes: []uint64{0x22}},
 	}}, nil},
+	{"hybrid_removals.hex", wire.EngineBatch{TS: 1.5, HasRank: true, Filtered: 3, Events: []kvevent.Event{
+		stored(kvevent.Event{Hashes: []uint64{0x0a}, Tokens: []uint32{1, 2}, BlockSize: 2}),
+		stored(kvevent.Event{Hashes: []uint64{0x0d}, Parent: 0x0a, HasParent: true, Tokens: []uint32{3, 4}, BlockSize: 2}),
+		{Kind: kvevent.Removed, Hashes: []uint64{0x0e}},
+		{Kind: kvevent.Removed, Hashes: []uint64{0x0f}},
+	}}, nil},
+	{"hybrid_removals_map.hex", wire.EngineBatch{TS: 1.5, HasRank: true, Filtered: 2, Events: []kvevent.Event{
+		stored(kvevent.Event{Hashes: []uint64{0x0a}, Tokens: []uint32{1, 2}, BlockSize: 2}),
+		{Kind: kvevent.Removed, Hashes: []uint64{0x0e}},
+		{Kind: kvevent.Removed, Hashes: []uint64{0x0f}},
+	}}, nil},
 }
 
 // sameEngine reports whether two decoded batches are equal (TS by its bits, no events however
@@ -282,7 +293,7 @@ func TestEngineForms(t *testing.T) {
 		arr(1).str("AllBlocksCleared"), storedArr...)),
 		wire.EngineBatch{TS: 1.5, HasRank: true, Skipped: 2, Events: []kvevent.Event{{Kind: kvevent.Cleared}, st}})
 	f("extra positions ignored", batch(2, mp(nil).arr(3).str("AllBlocksCleared").nil().u(5).
-		arr(5).str("BlockRemoved").arr(1).u(9).nil().nil().str("future")),
+		arr(7).str("BlockRemoved").arr(1).u(9).nil().nil().nil().nil().str("future")),
 		wire.EngineBatch{TS: 1.5, HasRank: true, Events: []kvevent.Event{{Kind: kvevent.Cleared}, {Kind: kvevent.Removed, Hashes: []uint64{9}}}})
 	f("tagged map, type not first, unknown keys", batch(1, mp(nil).mapn(6).str("block_size").u(2).str("new_field").arr(2).u(1).nil().
 		str("token_ids").arr(2).u(1).u(2).str("type").str("BlockStored").str("block_hashes").arr(1).u(1).str("medium").nil()),
@@ -341,7 +352,7 @@ func TestEngineForms(t *testing.T) {
 		grp(mp(nil).nil(), mp(nil).str("sink_full_attention"))...),
 		grp(mp(nil).u(1), mp(nil).nil())...),
 		grp(mp(nil).u(0), mp(nil).str("mamba"))...),
-		grp(mp(nil).i(-1), mp(nil).str("some_new_kind"))...)),
+		grp(mp(nil).u(7), mp(nil).str("some_new_kind"))...)),
 		wire.EngineBatch{TS: 1.5, HasRank: true, Filtered: 3, Events: []kvevent.Event{
 			{Kind: kvevent.Stored, Hashes: []uint64{1}}, {Kind: kvevent.Stored, Hashes: []uint64{1}}, {Kind: kvevent.Stored, Hashes: []uint64{1}}}})
 	f("removal group in a map", batch(1, mp(nil).mapn(4).str("type").str("BlockRemoved").str("block_hashes").arr(1).u(1).
@@ -478,8 +489,20 @@ func TestEngineErrors(t *testing.T) {
 	f("map batch without events", mp(nil).mapn(1).str("ts").f(1), wire.ErrInvalid, "events", 0)
 	f("map batch without ts", mp(nil).mapn(1).str("events").arr(0), wire.ErrInvalid, "ts", 0)
 	f("map batch key an int", mp(nil).mapn(1).u(1).u(1), wire.ErrInvalid, "batch", 1)
-	f("group a str", batch(1, rm(4).arr(0).nil().str("0")), wire.ErrInvalid, "events[0].group_idx", -2)
-	f("spec kind an int", batch(1, mp(nil).stored(11).arr(0).nil().arr(0).u(0).nil().nil().nil().nil().nil().u(1)), wire.ErrInvalid, "events[0].kv_cache_spec_kind", -2)
+	// Group fields: by type past the fixed positions, as Dynamo reads them (u32 or str), by
+	// name in a map.
+	f("removal group a float", batch(1, rm(4).arr(0).nil().f(1)), wire.ErrInvalid, "events[0][3]", -2)
+	f("removal group negative", batch(1, rm(4).arr(0).nil().i(-1)), wire.ErrInvalid, "events[0][3]", -2)
+	f("removal window over 2^32-1", batch(1, rm(6).arr(0).nil().u(1).str("sliding_window").u(1<<32)), wire.ErrInvalid, "events[0][5]", -2)
+	f("removal tail an array", batch(1, rm(4).arr(0).nil().arr(0)), wire.ErrInvalid, "events[0][3]", -2)
+	f("stored tail a map", batch(1, mp(nil).stored(10).arr(0).nil().arr(0).u(0).nil().nil().nil().nil().mapn(0)), wire.ErrInvalid, "events[0][9]", -2)
+	rmMap := func(k string, v mp) []byte {
+		return batch(1, append(mp(nil).mapn(3).str("type").str("BlockRemoved").str("block_hashes").arr(0).str(k), v...))
+	}
+	f("group_idx a str", rmMap("group_idx", mp(nil).str("0")), wire.ErrInvalid, "events[0].group_idx", -2)
+	f("group_idx negative", rmMap("group_idx", mp(nil).i(-2)), wire.ErrInvalid, "events[0].group_idx", -2)
+	f("spec kind an int", rmMap("kv_cache_spec_kind", mp(nil).u(1)), wire.ErrInvalid, "events[0].kv_cache_spec_kind", -2)
+	f("sliding window a str", rmMap("kv_cache_spec_sliding_window", mp(nil).str("4096")), wire.ErrInvalid, "events[0].kv_cache_spec_sliding_window", -2)
 
 	ek := func(keys mp) []byte {
 		return batch(1, append(mp(nil).stored(9).arr(2).u(1).u(2).nil().arr(0).u(0).nil().nil().nil(), keys...))
