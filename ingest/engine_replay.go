@@ -14,7 +14,7 @@ import (
 )
 
 // recover hands on the batches between the rank's last one and seq from the replay socket; if
-// it cannot, it clears the rank.
+// it cannot, it clears the rank or, with KeepOnGap, keeps its blocks (lost).
 func (rl *rankLoop) recover(ctx context.Context, seq uint64) {
 	from := rl.tracker.last + 1
 	reason := "no replay endpoint"
@@ -31,16 +31,27 @@ func (rl *rankLoop) recover(ctx context.Context, seq uint64) {
 	if ctx.Err() != nil {
 		return
 	}
+	rl.lost(ctx, "engine batches lost", "first", rl.tracker.last+1, "last", seq-1, "reason", reason)
+}
+
+// lost counts batches lost for good and, unless KeepOnGap, clears the rank; the warning says
+// which.
+func (rl *rankLoop) lost(ctx context.Context, msg string, args ...any) {
 	rl.c[cGapsUnrecovered].Add(1)
-	rl.log.Warn("engine batches lost; the rank's blocks are cleared", "first", rl.tracker.last+1, "last", seq-1, "reason", reason)
+	if rl.s.cfg.KeepOnGap {
+		rl.c[cGapsKept].Add(1)
+		rl.log.Warn(msg+"; the rank's blocks are kept", args...)
+		return
+	}
+	rl.log.Warn(msg+"; the rank's blocks are cleared", args...)
 	rl.clear(ctx)
 }
 
 // history hands on, before the first live batch seq, what the engine's replay buffer still holds
 // from before it: the cache the engine built before the rank was subscribed (registered late,
 // or kvrouterd started after the engine). Nothing was applied from the rank before, so a buffer
-// that holds nothing older loses nothing kvrouterd had; a buffer with a hole in it clears the
-// rank.
+// that holds nothing older loses nothing kvrouterd had; for a rank resumed after earlier
+// batches, a buffer with a hole in it is a gap like any other (lost).
 func (rl *rankLoop) history(ctx context.Context, seq uint64) {
 	rl.c[cReplayRequests].Add(1)
 	err := rl.replayRange(ctx, seq)
@@ -56,9 +67,7 @@ func (rl *rankLoop) history(ctx context.Context, seq uint64) {
 		rl.warn("engine history not fetched; the rank starts from its live batches", "first_live", seq, "err", err)
 		return
 	}
-	rl.c[cGapsUnrecovered].Add(1)
-	rl.log.Warn("engine history has a hole; the rank's blocks are cleared", "last", rl.tracker.last, "first_live", seq, "err", err)
-	rl.clear(ctx)
+	rl.lost(ctx, "engine history has a hole", "last", rl.tracker.last, "first_live", seq, "err", err)
 }
 
 // replayRange asks the rank's replay socket for the batches from the last one handed on up to

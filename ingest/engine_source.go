@@ -224,6 +224,12 @@ type EngineConfig struct {
 	// connection's handshake, before the connection is dropped and dialled again (10 s).
 	// Between messages an engine may be silent for any time.
 	StallTimeout time.Duration
+	// KeepOnGap keeps a rank's blocks when batches were lost for good — a gap the replay
+	// socket cannot close, or there is none — as Dynamo does, and goes on with the next batch;
+	// false clears the rank first (the daemon's --clear-on-gap). Either way the gap is counted
+	// and logged. A restart, or a batch kvrouterd itself lost, still clears the rank.
+	// docs/decisions.md, "After batches are lost for good", says why.
+	KeepOnGap bool
 	// Resume, if set, says where a new subscription takes up a rank's stream: the Event.Batch
 	// of the last batch the index holds from it (1 + its sequence), 0 for none. A rank resumed
 	// treats its first batch as if its connection had been lost after that one: batches

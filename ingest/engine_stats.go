@@ -20,7 +20,8 @@ type EngineStats struct {
 	Duplicates      int64 // live messages dropped because their batch was handed on already
 	Gaps            int64 // live messages that revealed missed batches
 	GapsRecovered   int64 // gaps filled from the replay socket
-	GapsUnrecovered int64 // gaps that cleared the worker instead
+	GapsUnrecovered int64 // gaps the replay socket could not close (or there was none)
+	GapsKept        int64 // ... after which the rank's blocks were kept (EngineConfig.KeepOnGap), not cleared
 	Restarts        int64 // engine restarts seen: the sequence went back
 	ReplayRequests  int64 // replay requests sent
 	Clears          int64 // cleared events handed on: a rank's restarts, unrecovered gaps and lost batches
@@ -60,6 +61,7 @@ const (
 	cGaps
 	cGapsRecovered
 	cGapsUnrecovered
+	cGapsKept
 	cRestarts
 	cReplayRequests
 	cClears
@@ -104,6 +106,7 @@ func (v *countValues) stats() EngineStats {
 		Gaps:            v[cGaps],
 		GapsRecovered:   v[cGapsRecovered],
 		GapsUnrecovered: v[cGapsUnrecovered],
+		GapsKept:        v[cGapsKept],
 		Restarts:        v[cRestarts],
 		ReplayRequests:  v[cReplayRequests],
 		Clears:          v[cClears],

@@ -20,7 +20,7 @@ var (
 		append(zmqLabels, "reason"), nil)
 	descZMQDisc = prometheus.NewDesc("kvrouterd_zmq_disconnects_total", "Engine connections lost for any reason, each followed by a redial.", zmqLabels, nil)
 	descZMQGaps = prometheus.NewDesc("kvrouterd_zmq_gaps_total",
-		"Missed engine batches, by outcome: recovered from the replay socket, or cleared (the worker's blocks dropped).",
+		"Missed engine batches, by outcome: recovered from the replay socket, or lost for good and the rank's blocks cleared, or kept (--clear-on-gap=false).",
 		append(zmqLabels, "outcome"), nil)
 	descZMQRestarts = prometheus.NewDesc("kvrouterd_zmq_restarts_total", "Engine restarts seen (the batch sequence went back).", zmqLabels, nil)
 	descZMQLastSeq  = prometheus.NewDesc("kvrouterd_zmq_last_sequence", "Sequence of the last engine batch handed on.", zmqLabels, nil)
@@ -70,7 +70,8 @@ func (ec enginesCollector) Collect(ch chan<- prometheus.Metric) {
 			counter(descZMQRefused, c.Panics, "panic")
 			counter(descZMQDisc, c.Disconnects)
 			counter(descZMQGaps, c.GapsRecovered, "recovered")
-			counter(descZMQGaps, c.GapsUnrecovered, "cleared")
+			counter(descZMQGaps, c.GapsUnrecovered-c.GapsKept, "cleared")
+			counter(descZMQGaps, c.GapsKept, "kept")
 			counter(descZMQRestarts, c.Restarts)
 			counter(descEngMedium, c.UnknownMedium)
 		}

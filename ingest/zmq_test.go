@@ -203,7 +203,7 @@ func statsDiff(got EngineStats, want map[string]int64) string {
 		"batches": got.Batches, "events": got.Events, "replayed": got.Replayed, "decode": got.DecodeErrors,
 		"undelivered": got.Undelivered, "gaps": got.Gaps, "recovered": got.GapsRecovered,
 		"unrecovered": got.GapsUnrecovered, "restarts": got.Restarts, "replays": got.ReplayRequests,
-		"clears": got.Clears,
+		"clears": got.Clears, "kept": got.GapsKept,
 	}
 	for _, k := range slices.Sorted(maps.Keys(want)) {
 		if have[k] != want[k] {
