@@ -99,6 +99,13 @@ type Config struct {
 	// lets this one's /dump answer in Dynamo's form.
 	Peers         string // comma-separated URLs
 	KeepBlockTree bool
+	// TestEndpoints mounts Dynamo's listener-control test endpoints, /test/pause_listener and
+	// /test/resume_listener (Dynamo's switch: DYN_KV_INDEXER_TEST_ENDPOINTS).
+	TestEndpoints bool
+
+	// DynamoIgnored are the Dynamo settings the command line or environment gave that kvrouterd
+	// accepts without effect; Start logs one warning for each.
+	DynamoIgnored []IgnoredSetting
 
 	// Event ingestion.
 	NATSURL       string
@@ -290,6 +297,7 @@ func (c *Config) Flags(fs *flag.FlagSet) {
 	fs.StringVar(&c.TransparentHugePages, "transparent-huge-pages", c.TransparentHugePages, "off: keep Linux's transparent huge pages out of the daemon's memory, whatever the host's mode (on a VM whose host mode was always, a restart at 10^7 residencies took about 2.4 times as long with them); system: leave the process as the host and its parent set it")
 	fs.StringVar(&c.LogFile, "log-file", c.LogFile, "log to this file (appended, created if missing) instead of stderr; POST /reopen_logs reopens it after a rotation")
 	fs.StringVar(&c.Peers, "peers", c.Peers, "comma-separated URLs of Dynamo indexers or kvrouterd replicas (with --keep-block-tree) whose /dump seeds the index at start, the first that answers; between kvrouterd replicas --bootstrap-from is faster")
+	fs.BoolVar(&c.TestEndpoints, "kv-indexer-test-endpoints", c.TestEndpoints, "mount Dynamo's listener-control test endpoints, POST /test/pause_listener and /test/resume_listener {instance_id, dp_rank}, which stop and restart a rank's ZMQ subscription; for tests only, never in production")
 	fs.BoolVar(&c.KeepBlockTree, "keep-block-tree", c.KeepBlockTree, "keep each block's local hash and parent (two map entries per block), so that /dump answers in Dynamo's form and Dynamo indexers can recover from it")
 	fs.StringVar(&c.NATSURL, "nats-url", c.NATSURL, "NATS server or cluster to take events from (comma-separated URLs); empty runs an embedded server with JetStream in --data-dir")
 	fs.StringVar(&c.NATSListen, "nats-listen", c.NATSListen, "client address of the embedded NATS server, for publishers (port 0: any free port)")

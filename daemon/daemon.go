@@ -90,8 +90,10 @@ func Start(ctx context.Context, c Config, stderr io.Writer) (_ *Daemon, err erro
 		d.logFile, logOut = lf, lf
 		d.undo.push(func() { lf.close() }) // the first pushed, the last undone: after every log line
 	}
-	d.log = slog.New(lograte.New(NewLogger(logOut, c.LogLevel, c.LogFormat).Handler(), lograte.Config{}))
+	plain := NewLogger(logOut, c.LogLevel, c.LogFormat)
+	d.log = slog.New(lograte.New(plain.Handler(), lograte.Config{}))
 	log := d.log
+	warnIgnored(plain, c.DynamoIgnored)
 	defer func() {
 		if err != nil {
 			d.undo.run()
@@ -296,6 +298,11 @@ func Start(ctx context.Context, c Config, stderr io.Writer) (_ *Daemon, err erro
 	}
 	if d.logFile != nil {
 		scfg.ReopenLogs = d.logFile.reopen
+	}
+	if c.TestEndpoints {
+		log.Warn("Dynamo's listener-control test endpoints are mounted (POST /test/pause_listener, /test/resume_listener): " +
+			"they stop and restart workers' event subscriptions; never enable them in production (--kv-indexer-test-endpoints)")
+		scfg.Listeners = &listenerControl{r: d.r, w: watch}
 	}
 	page := ui.Config{Router: d.r, RouterQueue: c.queue() != nil, Started: processStart,
 		// d.srv is set below, before the API serves the page's first request.

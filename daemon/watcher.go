@@ -33,6 +33,41 @@ func engines(ctx context.Context, c Config, r *router.Router, log *slog.Logger) 
 type engineWatcher struct {
 	mu sync.Mutex
 	e  *ingest.Engines
+	// paused are the ranks whose subscription a test paused (listenerControl); REQUIRES mu.
+	paused map[rankKey]bool
+}
+
+func (w *engineWatcher) pause(k rankKey) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.paused == nil {
+		w.paused = map[rankKey]bool{}
+	}
+	w.paused[k] = true
+}
+
+func (w *engineWatcher) unpause(k rankKey) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	delete(w.paused, k)
+}
+
+func (w *engineWatcher) isPaused(k rankKey) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.paused[k]
+}
+
+// forget drops worker's paused ranks (every rank, for rank < 0): a rank registered again or
+// gone is no longer paused.
+func (w *engineWatcher) forget(worker uint64, rank int64) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for k := range w.paused {
+		if k.worker == worker && (rank < 0 || int64(k.rank) == rank) {
+			delete(w.paused, k)
+		}
+	}
 }
 
 func (w *engineWatcher) set(e *ingest.Engines) {
@@ -56,6 +91,7 @@ func (w *engineWatcher) Registered(worker uint64, model string, ranks []router.R
 	}
 	var errs []error
 	for _, rk := range ranks {
+		w.forget(worker, int64(rk.Rank))
 		if err := e.Add(engineSource(worker, model, rk)); err != nil {
 			errs = append(errs, fmt.Errorf("rank %d: %w", rk.Rank, err))
 		}
@@ -78,12 +114,14 @@ func engineSource(worker uint64, model string, rk router.RankEndpoint) ingest.En
 }
 
 func (w *engineWatcher) Unregistered(id uint64) {
+	w.forget(id, -1)
 	if e := w.engines(); e != nil {
 		e.Remove(id)
 	}
 }
 
 func (w *engineWatcher) UnregisteredRank(id uint64, rank uint32) {
+	w.forget(id, int64(rank))
 	if e := w.engines(); e != nil {
 		e.RemoveRank(id, rank)
 	}

@@ -68,6 +68,8 @@ type Config struct {
 	// ReopenLogs, if set, reopens the daemon's log file (Dynamo's /reopen_logs, after a
 	// rotation); without it /reopen_logs has nothing to do.
 	ReopenLogs func() error
+	// Listeners, if set, serves Dynamo's listener-control test endpoints (listeners.go).
+	Listeners ListenerControl
 	// SelectionCacheTTL and SelectionCacheMaxEntries bound the selection service's pending
 	// selections (a /select with a selection_id, kept for a POST /reservations): 120 s and
 	// 4,096, Dynamo's --selection-cache-ttl-secs and --selection-cache-max-entries.
@@ -500,6 +502,9 @@ func (s *Server) dispatch(ctx *fasthttp.RequestCtx) endpoint {
 			s.snapshot(ctx)
 		}
 		return epSnapshot
+	case "/test/pause_listener", "/test/resume_listener":
+		s.testListener(ctx, string(path))
+		return epDynamo
 	case "/register", "/unregister", "/workers", "/query", "/query_by_hash", "/dump", "/register_peer", "/deregister_peer", "/peers", "/reopen_logs":
 		if !controlPlane(path, method) || s.control(ctx) {
 			s.dynamo(ctx, string(path))
