@@ -20,24 +20,52 @@ func envName(flagName string) string {
 	return envPrefix + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
 }
 
-// parseConfig fills a daemon configuration from env (a lookup such as os.LookupEnv) and args.
+// parseConfig fills a daemon configuration from env (a lookup such as os.LookupEnv) and args,
+// and checks it.
 func parseConfig(args []string, env func(string) (string, bool), out io.Writer) (daemon.Config, error) {
+	c, err := parseUnchecked(args, env, out)
+	if err != nil {
+		return c, err
+	}
+	return c, c.Check()
+}
+
+// parseUnchecked is parseConfig without the check of the whole.
+func parseUnchecked(args []string, env func(string) (string, bool), out io.Writer) (daemon.Config, error) {
 	c := daemon.Defaults()
 	fs := flag.NewFlagSet("kvrouterd", flag.ContinueOnError)
 	fs.SetOutput(out)
 	c.Flags(fs)
 	dynEnvs := defineDynamoFlags(fs)
+	var ignored ignoredSet
+	for name, vars := range defineIgnored(fs, &ignored) {
+		dynEnvs[name] = append(dynEnvs[name], vars...)
+	}
+	// Dynamo's switch that clears the three busy thresholds (an older router's; main ignores it).
+	noAdmission := fs.Bool("no-admission-control", false, "Dynamo's: clear --active-decode-blocks-threshold, --active-prefill-tokens-threshold and --active-prefill-tokens-threshold-frac")
+	dynEnvs["no-admission-control"] = []string{"DYN_NO_ADMISSION_CONTROL"}
+	if v, ok := env("DYN_NO_ADMISSION_CONTROL"); ok {
+		*noAdmission = dynTrue(v)
+	}
 	if err := dynamoEnv(fs, env); err != nil {
 		return c, err
 	}
+	ignoredEnv(env, &ignored)
 	if err := parseFlags(fs, args, env, out, "kvrouterd: a KV-cache-aware router for LLM inference workers.\n\n"+
 		"Usage: kvrouterd [flags]\n       kvrouterd bridge [flags]   (kvrouterd bridge --help)\n"+
 		"       kvrouterd --version        (version, Go version, VCS revision and time)\n\n"+
-		"Dynamo's router flags and DYN_ variables are accepted for the kvrouterd flags that mean the same;\n"+
+		"Dynamo's frontend and router flags and DYN_ variables are accepted: for the kvrouterd flags that mean\n"+
+		"the same, and the others with a warning that they have no effect (docs/dynamo.md lists them all).\n"+
 		"kvrouterd's own (KVR_) variables win over Dynamo's, and flags over both.", dynEnvs); err != nil {
 		return c, err
 	}
-	return c, c.Check()
+	if *noAdmission {
+		c.ActiveDecodeBlocksThreshold = daemon.OptFloat{}
+		c.ActivePrefillTokensThreshold = daemon.OptUint{}
+		c.ActivePrefillTokensThresholdFrac = daemon.OptFloat{}
+	}
+	c.DynamoIgnored = ignored.list
+	return c, nil
 }
 
 // parseFlags sets fs's flags from their environment variables (see envName), then from args,
@@ -48,7 +76,13 @@ func parseConfig(args []string, env func(string) (string, bool), out io.Writer) 
 // dynEnvs lists Dynamo's variables by flag name: a flag in it that is an alias of another (its
 // value is no value of its own) has no KVR_ variable.
 func parseFlags(fs *flag.FlagSet, args []string, env func(string) (string, bool), out io.Writer, title string, dynEnvs map[string][]string) error {
-	alias := func(f *flag.Flag) bool { _, ok := f.Value.(aliasValue); return ok }
+	alias := func(f *flag.Flag) bool {
+		switch f.Value.(type) {
+		case aliasValue, ignoredValue:
+			return true
+		}
+		return f.Name == "no-admission-control"
+	}
 	usage := func() {
 		fmt.Fprintf(out, "%s\n\nEvery flag can also be set by an environment variable, %s plus its\n"+
 			"name in upper case with underscores (e.g. KVR_SHARDS=32); flags win.\n\n", title, envPrefix)

@@ -12,15 +12,17 @@ import (
 
 // dynFlag is one of Dynamo's router settings that a kvrouterd flag means: its flag name (empty
 // when kvrouterd's flag has the same name), the kvrouterd flag it sets, its environment
-// variable, and how its value reads as the target's: the opposite boolean, or seconds.
+// variable, and how its value reads as the target's: the opposite boolean, seconds, or
+// milliseconds.
 type dynFlag struct {
-	name, target, env string
-	negate, seconds   bool
+	name, target, env   string
+	negate, seconds, ms bool
 }
 
-// dynamoFlags are Dynamo's names (components/src/dynamo/router and the frontend's router
-// arguments, kv_router_args.py) for the settings kvrouterd has. Settings kvrouterd does not
-// have are not accepted: a command line that needs them says so at start.
+// dynamoFlags are Dynamo's names (the frontend's arguments, frontend_args.py, and the router's
+// it shares, router_args.py and kv_router_args.py) for the settings kvrouterd has. The
+// settings kvrouterd does not have are dynamoIgnored's (dynamo_ignored.go): accepted, warned of.
+// testdata/dynamo_flags.txt lists them all, with the Dynamo commits they were read at.
 var dynamoFlags = []dynFlag{
 	{name: "", target: "router-mode", env: "DYN_ROUTER_MODE"},
 	{name: "kv-cache-block-size", target: "block-size", env: "DYN_KV_CACHE_BLOCK_SIZE"},
@@ -35,6 +37,7 @@ var dynamoFlags = []dynFlag{
 	{name: "", target: "router-prefill-load-scale", env: "DYN_ROUTER_PREFILL_LOAD_SCALE"},
 	{name: "", target: "router-decode-active-request-weight", env: "DYN_ROUTER_DECODE_ACTIVE_REQUEST_WEIGHT"},
 	{name: "", target: "load-aware", env: "DYN_ROUTER_LOAD_AWARE"},
+	{name: "no-load-aware", target: "load-aware", negate: true},
 	{name: "", target: "agentic", env: "DYN_ROUTER_AGENTIC"},
 	{name: "", target: "router-prefill-load-model", env: "DYN_ROUTER_PREFILL_LOAD_MODEL"},
 	{name: "", target: "router-host-cache-hit-weight", env: "DYN_ROUTER_HOST_CACHE_HIT_WEIGHT"},
@@ -43,12 +46,15 @@ var dynamoFlags = []dynFlag{
 	{name: "assume-kv-reuse", target: "no-router-assume-kv-reuse", negate: true},
 	{name: "", target: "router-track-output-blocks", env: "DYN_ROUTER_TRACK_OUTPUT_BLOCKS"},
 	{name: "track-output-blocks", target: "router-track-output-blocks"},
+	{name: "no-router-track-output-blocks", target: "router-track-output-blocks", negate: true},
 	{name: "router-kv-events", target: "no-kv-events", negate: true, env: "DYN_ROUTER_USE_KV_EVENTS"},
 	{name: "no-router-kv-events", target: "no-kv-events"},
 	{name: "kv-events", target: "no-kv-events", negate: true},
 	{name: "router-replica-sync", target: "share-load", env: "DYN_ROUTER_REPLICA_SYNC"},
 	{name: "no-router-replica-sync", target: "share-load", negate: true},
 	{name: "router-ttl-secs", target: "approx-ttl", seconds: true, env: "DYN_ROUTER_TTL_SECS"},
+	// Approximate mode's tree bound (an older frontend's flag): blocks before pruning.
+	{name: "router-max-tree-size", target: "approx-max-blocks", env: "DYN_ROUTER_MAX_TREE_SIZE"},
 	{name: "router-event-threads", target: "shards", env: "DYN_ROUTER_EVENT_THREADS"},
 	{name: "", target: "active-decode-blocks-threshold", env: "DYN_ACTIVE_DECODE_BLOCKS_THRESHOLD"},
 	{name: "", target: "active-prefill-tokens-threshold", env: "DYN_ACTIVE_PREFILL_TOKENS_THRESHOLD"},
@@ -57,6 +63,7 @@ var dynamoFlags = []dynFlag{
 	{name: "", target: "overload-status", env: "DYN_HTTP_OVERLOAD_STATUS_CODE"},
 	{name: "", target: "router-queue-threshold", env: "DYN_ROUTER_QUEUE_THRESHOLD"},
 	{name: "", target: "router-queue-policy", env: "DYN_ROUTER_QUEUE_POLICY"},
+	{name: "router-max-queue-wait-ms", target: "router-queue-max-wait", ms: true, env: "DYN_ROUTER_MAX_QUEUE_WAIT_MS"},
 	{name: "router-session-affinity-ttl-secs", target: "router-session-affinity-ttl", seconds: true, env: "DYN_ROUTER_SESSION_AFFINITY_TTL_SECS"},
 	{name: "session-affinity-ttl-secs", target: "router-session-affinity-ttl", seconds: true},
 	{name: "", target: "router-session-affinity-mode", env: "DYN_ROUTER_SESSION_AFFINITY_MODE"},
@@ -65,6 +72,9 @@ var dynamoFlags = []dynFlag{
 	// disaggregation (kv_router_args.py).
 	{name: "", target: "enforce-disagg", env: "DYN_ENFORCE_DISAGG"},
 	{name: "no-enforce-disagg", target: "enforce-disagg", negate: true},
+	// An older frontend's opposite: disaggregation enforced unless --decode-fallback.
+	{name: "decode-fallback", target: "enforce-disagg", negate: true, env: "DYN_DECODE_FALLBACK"},
+	{name: "no-decode-fallback", target: "enforce-disagg"},
 	{name: "", target: "router-conditional-disagg", env: "DYN_ROUTER_CONDITIONAL_DISAGG"},
 	{name: "no-router-conditional-disagg", target: "router-conditional-disagg", negate: true},
 	{name: "", target: "router-conditional-disagg-config", env: "DYN_ROUTER_CONDITIONAL_DISAGG_CONFIG"},
@@ -72,7 +82,13 @@ var dynamoFlags = []dynFlag{
 	{name: "", target: "router-conditional-disagg-prefill-busy-threshold", env: "DYN_ROUTER_CONDITIONAL_DISAGG_PREFILL_BUSY_THRESHOLD"},
 	{name: "", target: "router-conditional-disagg-decode-busy-threshold", env: "DYN_ROUTER_CONDITIONAL_DISAGG_DECODE_BUSY_THRESHOLD"},
 	// The frontend's migration limit: other workers a request is sent to after one fails.
-	{name: "migration-limit", target: "frontend-retries"},
+	{name: "migration-limit", target: "frontend-retries", env: "DYN_MIGRATION_LIMIT"},
+	// The frontend's HTTPS certificate and key, which kvrouterd's serve its API, the selection
+	// service and the front door with.
+	{name: "tls-cert-path", target: "tls-cert-file", env: "DYN_TLS_CERT_PATH"},
+	{name: "tls-key-path", target: "tls-key-file", env: "DYN_TLS_KEY_PATH"},
+	// Dynamo indexer's switch of its listener-control test endpoints.
+	{name: "", target: "kv-indexer-test-endpoints", env: "DYN_KV_INDEXER_TEST_ENDPOINTS"},
 	// The standalone indexer's --peers is kvrouterd's; the selection service calls it so.
 	{name: "indexer-peers", target: "peers"},
 	// The selection service's (python -m dynamo.select_service); --selection-cache-max-entries
@@ -107,6 +123,12 @@ func (a aliasValue) Set(v string) error {
 			return fmt.Errorf("%q: want a number of seconds > 0", v)
 		}
 		v = time.Duration(s * float64(time.Second)).String()
+	case a.d.ms:
+		ms, err := strconv.ParseFloat(v, 64)
+		if err != nil || !(ms > 0) || ms > 1e12 {
+			return fmt.Errorf("%q: want a number of milliseconds > 0", v)
+		}
+		v = time.Duration(ms * float64(time.Millisecond)).String()
 	}
 	return a.target.Set(v)
 }
@@ -138,6 +160,8 @@ func dynNote(d dynFlag) string {
 		return " (the opposite)"
 	case d.seconds:
 		return " (in seconds)"
+	case d.ms:
+		return " (in milliseconds)"
 	}
 	return ""
 }
@@ -153,16 +177,21 @@ func dynamoEnv(fs *flag.FlagSet, env func(string) (string, bool)) error {
 		}
 		a := aliasValue{d, fs.Lookup(d.target).Value}
 		if a.IsBoolFlag() {
-			switch strings.ToLower(strings.TrimSpace(v)) {
-			case "true", "1", "yes", "on":
-				v = "true"
-			default:
-				v = "false"
-			}
+			v = strconv.FormatBool(dynTrue(v))
 		}
 		if err := a.Set(v); err != nil {
 			return fmt.Errorf("%s=%q: %v", d.env, v, err)
 		}
 	}
 	return nil
+}
+
+// dynTrue reads a boolean variable as Dynamo does: true for true, 1, yes or on (any case), false
+// for anything else.
+func dynTrue(v string) bool {
+	switch strings.ToLower(strings.TrimSpace(v)) {
+	case "true", "1", "yes", "on":
+		return true
+	}
+	return false
 }
