@@ -97,8 +97,14 @@ func (s *Server) setBusyThresholds(ctx *fasthttp.RequestCtx) {
 		}
 	}
 	if err != nil {
+		// Dynamo keeps serde's split: a body that is not JSON is a 400, JSON that does not fit
+		// the request (a missing model, a value of the wrong type) a 422; the same text.
+		status := fasthttp.StatusUnprocessableEntity
+		if se := (*json.SyntaxError)(nil); errors.As(err, &se) {
+			status = fasthttp.StatusBadRequest
+		}
 		_, msg := jsonErrText(err)
-		s.busyError(ctx, fasthttp.StatusBadRequest, "json", "Failed to parse the request body as JSON: "+msg)
+		s.busyError(ctx, status, "json", "Failed to parse the request body as JSON: "+msg)
 		return
 	}
 	t := req.thresholds()

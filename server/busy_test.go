@@ -74,8 +74,13 @@ func TestBusyThresholdEndpoint(t *testing.T) {
 	}{
 		{"text/plain", `{"model":"m"}`, 415, "Expected request with Content-Type application/json"},
 		{"application/json", `{"model":"m","active_decode_blocks_threshold":2}`, 400, "active_decode_blocks_threshold must be between 0.0 and 1.0, got 2"},
-		{"application/json", `{"model":"m","active_prefill_tokens_threshold":-1}`, 400, "Failed to parse the request body as JSON"},
-		{"application/json", `{"active_prefill_tokens_threshold":1}`, 400, "missing field `model`"},
+		// serde's split, which Dynamo keeps: JSON that does not fit is a 422, not JSON a 400.
+		{"application/json", `{"model":"m","active_prefill_tokens_threshold":-1}`, 422, "Failed to parse the request body as JSON"},
+		{"application/json", `{"active_prefill_tokens_threshold":1}`, 422, "Failed to parse the request body as JSON: missing field `model`"},
+		{"application/json", `{"model":null}`, 422, "Failed to parse the request body as JSON"},
+		{"application/json", `{"model":"m",`, 400, "Failed to parse the request body as JSON"},
+		{"application/json", ``, 400, "Failed to parse the request body as JSON"},
+		{"application/json", `{"model":"m"} x`, 400, "Failed to parse the request body as JSON"},
 		{"application/json", `{"model":"nope","active_prefill_tokens_threshold":1}`, 404, "Model 'nope' not found. Thresholds can only be set for discovered models."},
 	} {
 		code, body := h.post("/busy_threshold", c.ct, []byte(c.body))

@@ -67,7 +67,7 @@ type selReserveRequest struct {
 	PriorityJump         float64        `json:"priority_jump"`
 	StrictPriority       uint32         `json:"strict_priority"`
 	SessionID            *string        `json:"session_id"`
-	SessionContext       *struct{}      `json:"session_context"`
+	SessionContext       *selSession    `json:"session_context"`
 	AffinityTarget       *selWorkerRef  `json:"affinity_target"`
 	PinnedWorker         *selWorkerRef  `json:"pinned_worker"`
 	AllowedWorkerIDs     []uint64       `json:"allowed_worker_ids"`
@@ -75,6 +75,34 @@ type selReserveRequest struct {
 		RequiredTaints  []string           `json:"required_taints"`
 		PreferredTaints map[string]float64 `json:"preferred_taints"`
 	} `json:"routing_constraints"`
+}
+
+// selSession is Dynamo's SelectionSessionContext: accepted and unused, but refused as serde
+// refuses it (check).
+type selSession struct {
+	SessionID       *string `json:"session_id"`
+	ParentSessionID *string `json:"parent_session_id"`
+	SessionFinal    *bool   `json:"session_final"`
+	InputTrigger    *string `json:"input_trigger"`
+}
+
+// check is serde's verdict on a session_context that decoded: session_id is required, and
+// input_trigger one of its enum's variants (Dynamo's SelectionInputTrigger, snake_case).
+func (c *selSession) check() error {
+	if c == nil {
+		return nil
+	}
+	if c.SessionID == nil {
+		return errors.New("session_context: missing field `session_id`")
+	}
+	if t := c.InputTrigger; t != nil {
+		switch *t {
+		case "user_message", "tool_result", "other":
+		default:
+			return fmt.Errorf("session_context.input_trigger: unknown variant `%s`, expected one of `user_message`, `tool_result`, `other`", *t)
+		}
+	}
+	return nil
 }
 
 type selSelectRequest struct {
@@ -327,6 +355,10 @@ func (s *Server) selSelect(ctx *fasthttp.RequestCtx, book bool) {
 		s.selError(ctx, fasthttp.StatusUnprocessableEntity, "json", axumSchema+"missing field `worker_id` or `dp_rank`")
 		return
 	}
+	if err := j.SessionContext.check(); err != nil {
+		s.selError(ctx, fasthttp.StatusUnprocessableEntity, "json", axumSchema+err.Error())
+		return
+	}
 	p, ok := s.part(ctx, keys.str("model_name", j.Model, dynDefaultGroup), keys.str("routing_group", j.Group, dynDefaultGroup))
 	if !ok {
 		return
@@ -513,11 +545,6 @@ func (s *Server) selReserve(ctx *fasthttp.RequestCtx) {
 		s.sel.pending.take(pk) // used: consumed once booked, left for a retry otherwise
 	} else {
 		w = radix.WorkerKey{ID: *j.WorkerID, Rank: deref32(j.DPRank)}
-		gone := fmt.Sprintf("schedulable worker %d not found for %s", w.ID, partKey(model, group))
-		if rec := p.recs[w.ID]; rec == nil || !rec.hasRank(w.Rank) {
-			s.selError(ctx, fasthttp.StatusNotFound, "not_found", gone)
-			return
-		}
 		in, ok := s.normalize(ctx, &j.selPrompt, p.bs, true)
 		if !ok {
 			return
@@ -534,8 +561,15 @@ func (s *Server) selReserve(ctx *fasthttp.RequestCtx) {
 			track = *trackPrefill(j.Override)
 		}
 		if e := j.EffectivePrefillTokens; e != nil && *e > uint64(in.isl) {
-			// Dynamo refuses it with a 400 whose text was not found.
-			s.selError(ctx, fasthttp.StatusBadRequest, "invalid", fmt.Sprintf("effective_prefill_tokens %d must be at most isl_tokens %d", *e, in.isl))
+			// Dynamo's text (scheduling InvalidEffectivePrefillTokens), a 400.
+			s.selError(ctx, fasthttp.StatusBadRequest, "invalid", fmt.Sprintf("effective_prefill_tokens (%d) must not exceed isl_tokens (%d)", *e, in.isl))
+			return
+		}
+		// The worker is looked up after the prompt and its effective tokens are checked, in
+		// Dynamo's order.
+		gone := fmt.Sprintf("schedulable worker %d not found for %s", w.ID, partKey(model, group))
+		if rec := p.recs[w.ID]; rec == nil || !rec.hasRank(w.Rank) {
+			s.selError(ctx, fasthttp.StatusNotFound, "not_found", gone)
 			return
 		}
 		if len(in.local) > 0 {

@@ -234,7 +234,7 @@ func TestSelectionLifecycle(t *testing.T) {
 	h.decode("POST", "/select", `{"model_name":"model","routing_group":"default","selection_id":"sel-1","token_ids":`+string(prompt)+`,
 		"mm_routing_info":null,"block_mm_infos":null,"lora_name":null,"cache_salt":null,"is_eagle":false,
 		"router_config_override":{"track_prefill_tokens":true,"assume_kv_reuse":true},"expected_output_tokens":128,
-		"priority_jump":0.0,"strict_priority":0,"session_id":"s-1","session_context":{"session_id":"s-1","session_final":false},
+		"priority_jump":0.0,"strict_priority":0,"session_id":"s-1","session_context":{"session_id":"s-1","session_final":false,"input_trigger":"tool_result","parent_session_id":null},
 		"affinity_target":null,"pinned_worker":null,"allowed_worker_ids":[1,2],
 		"routing_constraints":{"required_taints":["a100"],"preferred_taints":{"a100":1.0}},"advisory":true,"tenant_id":"ignored"}`, 200, &sel)
 	wantSel := map[string]any{
@@ -357,7 +357,10 @@ func TestSelectionReservations(t *testing.T) {
 	h.want("POST", "/reservations", `{"selection_id":"e2","model_name":"model","worker_id":2,"dp_rank":1,"token_ids":`+string(prompt)+`,"effective_prefill_tokens":30}`, 201)
 	h.wantLoad(2, 1, 30, 4, 1)
 	h.wantError("POST", "/reservations", `{"selection_id":"e3","model_name":"model","worker_id":2,"token_ids":`+string(prompt)+`,"effective_prefill_tokens":71}`, 400,
-		"effective_prefill_tokens 71 must be at most isl_tokens 70")
+		"effective_prefill_tokens (71) must not exceed isl_tokens (70)")
+	// Checked before the worker is looked up, as Dynamo does.
+	h.wantError("POST", "/reservations", `{"selection_id":"e3","model_name":"model","worker_id":99,"token_ids":`+string(prompt)+`,"effective_prefill_tokens":71}`, 400,
+		"effective_prefill_tokens (71) must not exceed isl_tokens (70)")
 	// Not tracked: by the request, or by the override when the request does not say.
 	h.want("POST", "/reservations", `{"selection_id":"e4","model_name":"model","worker_id":2,"token_ids":`+string(prompt)+`,"track_prefill_tokens":false,"effective_prefill_tokens":30}`, 201)
 	h.want("POST", "/reservations", `{"selection_id":"e5","model_name":"model","worker_id":2,"block_hashes":[1,2],"sequence_hashes":[1,2],"isl_tokens":40,
@@ -431,6 +434,16 @@ func TestSelectionErrors(t *testing.T) {
 		{"/select", `{"model_name":"model","block_hashes":[9223372036854775808]}`, "Failed to deserialize the JSON body into the target type: ", 422},
 		{"/select", `{"model_name":"model","token_ids":[1],"pinned_worker":{"worker_id":1}}`, "Failed to deserialize the JSON body into the target type: ", 422},
 		{"/replica_sync/register_peer", `{}`, "Failed to deserialize the JSON body into the target type: missing field `endpoint`", 422},
+		// session_context is Dynamo's SelectionSessionContext: an enum's unknown value, a
+		// missing session_id or a wrong type is serde's 422 on both routes.
+		{"/select", `{"model_name":"model","token_ids":[1],"session_context":{"session_id":"s","input_trigger":"bogus"}}`,
+			"Failed to deserialize the JSON body into the target type: session_context.input_trigger: unknown variant `bogus`, expected one of `user_message`, `tool_result`, `other`", 422},
+		{"/select_and_reserve", `{"model_name":"model","selection_id":"x","token_ids":[1],"session_context":{"session_id":"s","input_trigger":"bogus"}}`,
+			"Failed to deserialize the JSON body into the target type: session_context.input_trigger: unknown variant `bogus`", 422},
+		{"/select", `{"model_name":"model","token_ids":[1],"session_context":{"input_trigger":"other"}}`,
+			"Failed to deserialize the JSON body into the target type: session_context: missing field `session_id`", 422},
+		{"/select", `{"model_name":"model","token_ids":[1],"session_context":{"session_id":"s","session_final":"yes"}}`,
+			"Failed to deserialize the JSON body into the target type: ", 422},
 	} {
 		code, out := h.doCT("POST", c.path, "application/json", c.body)
 		var e map[string]string
