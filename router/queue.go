@@ -276,13 +276,14 @@ func (r *Router) sloCheck(m *model, req *wire.RouteRequest) *sloCheck {
 		return c
 	}
 	c.p.Step, c.p.Now, c.p.Decay = *m.step.Load(), r.cfg.Now(), true
-	c.p.Step.RequestMs = r.tracker.MeanLifetime()
+	fleet := r.tracker.FleetSlowness()
+	c.p.Step.RequestMs = r.tracker.MeanLifetime() / fleet
 	c.s.match(r, m, req, &c.p, nil)
 	best := int32(0)
 	for _, d := range c.s.m.Depth {
 		best = max(best, d)
 	}
-	c.off = c.p.PredictTTFT(best, 0, scoring.TierExt{}, 0, 0, 0) > c.slo
+	c.off = c.p.PredictTTFT(best, 0, scoring.TierExt{}, 0, 0, 0)*fleet > c.slo
 	return c
 }
 
@@ -301,7 +302,7 @@ func (c *sloCheck) misses(list *workerList, i int) bool {
 		}
 	}
 	ahead := c.s.activePrefill(l, &c.p)
-	return c.p.PredictTTFT(cached, 0, scoring.TierExt{}, l.ActiveBlocks(), ahead, l.Requests()) > c.slo
+	return c.p.PredictTTFT(cached, 0, scoring.TierExt{}, l.ActiveBlocks(), ahead, l.Requests())*l.Slowness() > c.slo
 }
 
 func (c *sloCheck) release(r *Router) {

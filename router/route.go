@@ -182,7 +182,7 @@ func (r *Router) params(m *model, req *wire.RouteRequest, prefix bool, p *scorin
 	}
 	if p.Formula == scoring.CostTTFT || r.cfg.DecayPrefill {
 		p.Step, p.CacheWeight, p.Now = *m.step.Load(), r.cfg.CacheWeight, r.cfg.Now()
-		p.Step.RequestMs = r.tracker.MeanLifetime()
+		p.Step.RequestMs = r.tracker.MeanLifetime() / r.tracker.FleetSlowness()
 		p.Decay = true
 	}
 	if p.Mode == scoring.Default {

@@ -268,6 +268,53 @@ func TestTrackerSlowness(t *testing.T) {
 	}
 }
 
+// TestTrackerFleetSlowness: a fleet uniformly four times faster than the step model is learnt
+// within tens of requests, as the fleet's slowness, not as any worker's own step; and it keeps
+// following when the fleet's speed changes.
+func TestTrackerFleetSlowness(t *testing.T) {
+	tr := NewTracker()
+	var now int64 = 1
+	tr.Now = func() int64 { return now }
+	ws := []*Load{mustRegister(t, tr, 1), mustRegister(t, tr, 2), mustRegister(t, tr, 3), mustRegister(t, tr, 4)}
+	if tr.FleetSlowness() != 1 || ws[0].Slowness() != 1 {
+		t.Fatalf("cold: fleet %v, worker %v, want 1", tr.FleetSlowness(), ws[0].Slowness())
+	}
+	n := 0
+	run := func(requests int, took float64) {
+		for range requests {
+			k := n % len(ws)
+			id := fmt.Sprintf("r%d", n)
+			n++
+			if err := tr.BookOutput(id, ws[k], []uint64{uint64(n)}, 64, 1e18, Output{PredictedTTFT: 100}); err != nil {
+				t.Fatal(err)
+			}
+			now += int64(took * (1 + 0.2*float64(n%5-2)/2) * 1e6) // ±20 % noise
+			if err := tr.PrefillDone(id); err != nil {
+				t.Fatal(err)
+			}
+			if err := tr.Complete(id); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	run(40, 25) // 10 a worker
+	if f := tr.FleetSlowness(); f < 0.2 || f > 0.3 {
+		t.Errorf("after 40 requests 4× faster: fleet slowness %v, want about 0.25", f)
+	}
+	for k, w := range ws {
+		if w.SlownessStep() != 1 {
+			t.Errorf("worker %d: step %v, want 1: the whole fleet is fast alike", k+1, w.SlownessStep())
+		}
+		if s := w.Slowness(); s < 0.2 || s > 0.3 {
+			t.Errorf("worker %d: slowness %v, want about 0.25", k+1, s)
+		}
+	}
+	run(400, 50) // the fleet slows to twice the model's speed
+	if f := tr.FleetSlowness(); f < 0.4 || f > 0.6 {
+		t.Errorf("after the fleet slowed: fleet slowness %v, want about 0.5", f)
+	}
+}
+
 // TestTTFTWaitsForCapacity: a request whose blocks do not fit beside the active ones waits
 // for them to finish, over the workers' mean request lifetime; without one, it is not
 // predicted to wait.

@@ -57,7 +57,8 @@ type Tracker struct {
 	Now func() int64
 	// slow is the median of log(measured / predicted TTFT) over every worker's requests, as
 	// math.Float64bits (Load.SlownessStep's reference).
-	slow atomic.Uint64
+	slow     atomic.Uint64
+	measured atomic.Int64 // the measurements slow has taken
 	// Expiry, if set with Now, is how far past its booking a booking's deadline is (the
 	// router's request expiry): a completion's lifetime is Now − (deadline − Expiry), which
 	// MeanLifetime averages. life is that mean, math.Float64bits of ms.
@@ -132,65 +133,83 @@ type Load struct {
 	requests atomic.Int64
 	// pending counts the requests booked with prefill tokens whose prefill is not done.
 	pending atomic.Int64
-	// slow is the median of log(measured / predicted TTFT) of the worker's requests
-	// (Slowness), slowStep its quantized step relative to every worker's (SlownessStep), as
-	// math.Float64bits; written under mu.
-	slow, slowStep atomic.Uint64
+	// rel is the median of log(measured / predicted TTFT) of the worker's requests less
+	// the fleet's (Tracker.slow) when each was measured; slowStep its quantized step
+	// (SlownessStep). Both as math.Float64bits, written under mu.
+	rel, slowStep atomic.Uint64
+	// fleet is the tracker's slow: the fleet's median.
+	fleet *atomic.Uint64
 	// since is when the worker's oldest prefill not yet done started: when the booking that
 	// took its prefill from none was made, or the latest prefill-done that left some.
 	since atomic.Int64
 }
 
 // Slowness returns how long the worker takes to its requests' first tokens against CostTTFT's
-// prediction, for requests that had nothing queued ahead of them: the median of measured /
-// predicted over its requests (tracked in steps of 2 % of its log, so that no single request
-// moves it far), 1 until one is measured.
-func (l *Load) Slowness() float64 { return math.Exp(math.Float64frombits(l.slow.Load())) }
+// prediction, for requests that had nothing queued ahead of them: the fleet's median of
+// measured / predicted times the worker's SlownessStep; 1 until a request is measured.
+func (l *Load) Slowness() float64 {
+	f := 0.0
+	if l.fleet != nil {
+		f = math.Float64frombits(l.fleet.Load())
+	}
+	return math.Exp(f) * l.SlownessStep()
+}
 
-// SlownessStep returns the worker's Slowness relative to every worker's, rounded to a power
-// of √2 (1 from 0.84 to 1.19): what CostTTFT multiplies the worker's predicted time by.
-// Relative, so that what the step model gets wrong for every worker alike does not count;
-// coarse, so that workers that differ by noise stay alike, which lets the router price the
-// idle ones by their cached depth alone.
-func (l *Load) SlownessStep() float64 { return math.Float64frombits(l.slowStep.Load()) }
+// SlownessStep returns the worker's slowness relative to the fleet's: the median of its
+// requests' measured / predicted against the fleet's, rounded to a power of √2 (1 from 0.84
+// to 1.19). CostTTFT multiplies the worker's predicted time by it. It is learnt in steps of
+// 2 % of its log, so that no single request moves it far, and coarse, so that workers that
+// differ by noise stay alike, which lets the router price the idle ones by their cached depth
+// alone. What the step model gets wrong for every worker alike is the fleet's median, learnt
+// fast from every worker's requests.
+func (l *Load) SlownessStep() float64 {
+	if s := math.Float64frombits(l.slowStep.Load()); s > 0 {
+		return s
+	}
+	return 1
+}
 
 const (
-	slownessStep = 0.02 // how far one measurement moves a median's log
+	slownessStep = 0.02 // how far one measurement moves a median's log, at the least
 	maxSlowness  = 16   // the most one measurement may say, either way
 )
 
 // towards moves the median estimate lg a step towards r.
-func towards(lg, r float64) float64 {
+func towards(lg, r, step float64) float64 {
 	switch {
 	case r > lg:
-		return lg + min(slownessStep, r-lg)
+		return lg + min(step, r-lg)
 	case r < lg:
-		return lg - min(slownessStep, lg-r)
+		return lg - min(step, lg-r)
 	}
 	return lg
 }
 
 // learnSlowness folds a request's measured time to first token, against the predicted one,
-// into l's slowness and every worker's. REQUIRES l.mu.
+// into the fleet's slowness and l's relative one. The fleet's median moves 1/(n+1) of a log
+// unit at its n-th measurement (never less than slownessStep), so that a fleet far from the
+// prior is learnt within tens of requests and a change of speed is followed; a worker's
+// relative median moves slownessStep a measurement. REQUIRES l.mu.
 func (t *Tracker) learnSlowness(l *Load, measured, predicted float64) {
 	if !(measured > 0) || !(predicted > 0) {
 		return
 	}
 	r := math.Log(min(max(measured/predicted, 1.0/maxSlowness), maxSlowness))
-	lg := towards(math.Float64frombits(l.slow.Load()), r)
-	l.slow.Store(math.Float64bits(lg))
-	var all float64
+	step := max(slownessStep, 1/float64(t.measured.Add(1)))
+	var fleet float64
 	for {
 		old := t.slow.Load()
-		all = towards(math.Float64frombits(old), r)
-		if t.slow.CompareAndSwap(old, math.Float64bits(all)) {
+		fleet = math.Float64frombits(old)
+		if t.slow.CompareAndSwap(old, math.Float64bits(towards(fleet, r, step))) {
 			break
 		}
 	}
-	step := math.Exp2(math.Round(2*(lg-all)/math.Ln2) / 2)
-	if math.Float64frombits(l.slowStep.Load()) != step {
-		l.slowStep.Store(math.Float64bits(step))
-		t.setBusy(l.slot, len(l.active) > 0 || step != 1)
+	rel := towards(math.Float64frombits(l.rel.Load()), r-fleet, slownessStep)
+	l.rel.Store(math.Float64bits(rel))
+	q := math.Exp2(math.Round(2*rel/math.Ln2) / 2)
+	if l.SlownessStep() != q {
+		l.slowStep.Store(math.Float64bits(q))
+		t.setBusy(l.slot, len(l.active) > 0 || q != 1)
 	}
 }
 
@@ -248,7 +267,7 @@ func (t *Tracker) RegisterAll(keys []radix.WorkerKey, dst []*Load) ([]*Load, err
 		if c := &t.busy[s/(64*busyWords)]; c.Load() == nil {
 			c.Store(new([busyWords]atomic.Uint64))
 		}
-		l := &Load{key: k, slot: s}
+		l := &Load{key: k, slot: s, fleet: &t.slow}
 		l.slowStep.Store(math.Float64bits(1))
 		dst = append(dst, l)
 		n = max(n, int(s)+1)
@@ -700,6 +719,13 @@ func (t *Tracker) noteLifetime(ns int64) {
 	}
 	t.life.Store(math.Float64bits(old + (x-old)/64))
 }
+
+// FleetSlowness returns how long the fleet's workers take to their requests' first tokens
+// against CostTTFT's step model: the median of measured / predicted over every worker's
+// requests that had nothing queued ahead (Load.Slowness without the worker's own step); 1
+// until one is measured. Times the router measures (MeanLifetime) divided by it are in the
+// step model's units.
+func (t *Tracker) FleetSlowness() float64 { return math.Exp(math.Float64frombits(t.slow.Load())) }
 
 // MeanLifetime returns the mean time, in ms, from a request's booking to its completion, over
 // recent completions (an exponentially weighted mean, weight 1/64); 0 before the first, or
