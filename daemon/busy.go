@@ -28,7 +28,12 @@ func (o optUintValue) String() string {
 	return strconv.FormatUint(o.p.V, 10)
 }
 
+// Set takes a count, or Dynamo's None (or nothing) for unset, as OptFloat does.
 func (o optUintValue) Set(s string) error {
+	if s == "" || strings.EqualFold(s, "none") {
+		*o.p = OptUint{}
+		return nil
+	}
 	v, err := strconv.ParseUint(s, 10, 64)
 	if err != nil {
 		return fmt.Errorf("%q: want a whole number of tokens ≥ 0", s)

@@ -168,8 +168,14 @@ func TestDynamoFlagsEach(t *testing.T) {
 			check(s, fmt.Sprint(env), i, c, err)
 		}
 	}
+	// Dynamo's nullable flags take None: unset.
+	c, err := parseConfig([]string{"--active-decode-blocks-threshold", "None", "--active-prefill-tokens-threshold", "None",
+		"--active-prefill-tokens-threshold-frac", "None", "--router-queue-threshold", "None"}, envOf(nil), io.Discard)
+	if err != nil || c.ActiveDecodeBlocksThreshold.On || c.ActivePrefillTokensThreshold.On || c.ActivePrefillTokensThresholdFrac.On || c.RouterQueueThreshold.On {
+		t.Fatalf("None: %v", err)
+	}
 	// --no-admission-control clears thresholds given before it, as Dynamo's did.
-	c, err := parseConfig([]string{"--active-decode-blocks-threshold", "0.9", "--active-prefill-tokens-threshold", "10",
+	c, err = parseConfig([]string{"--active-decode-blocks-threshold", "0.9", "--active-prefill-tokens-threshold", "10",
 		"--active-prefill-tokens-threshold-frac", "2", "--no-admission-control"}, envOf(nil), io.Discard)
 	if err != nil || c.ActiveDecodeBlocksThreshold.On || c.ActivePrefillTokensThreshold.On || c.ActivePrefillTokensThresholdFrac.On {
 		t.Fatalf("--no-admission-control: %+v %+v %+v %v", c.ActiveDecodeBlocksThreshold, c.ActivePrefillTokensThreshold,
