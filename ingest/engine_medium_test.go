@@ -3,6 +3,7 @@ package ingest
 import (
 	"context"
 	"log/slog"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -101,5 +102,47 @@ kvrouterd_stream_unknown_medium_total 1
 	}
 	if l := logs.String(); !strings.Contains(l, "medium=HBM") || !strings.Contains(l, "worker=2") {
 		t.Errorf("log %q: want a warning naming the medium and the worker", l)
+	}
+}
+
+// TestEngineDroppedBatches: engine batches that cannot be decoded are counted under Dynamo's
+// standalone indexer's name too, summed over the subscriptions, with a zero before the first.
+func TestEngineDroppedBatches(t *testing.T) {
+	want := func(n int) *strings.Reader {
+		return strings.NewReader(`
+# HELP dynamo_kvindexer_dropped_batches_total Dynamo's name (standalone indexer): engine batches dropped before indexing, by reason (decode_error: malformed).
+# TYPE dynamo_kvindexer_dropped_batches_total counter
+dynamo_kvindexer_dropped_batches_total{reason="decode_error"} ` + strconv.Itoa(n) + "\n")
+	}
+	es := NewEngines(context.Background(), &recSink{}, EngineConfig{Logger: zmqTestLog()})
+	t.Cleanup(es.Close)
+	if err := testutil.CollectAndCompare(es.Collector(), want(0), "dynamo_kvindexer_dropped_batches_total"); err != nil {
+		t.Error(err)
+	}
+	var ranks []*enginetest.Rank
+	for w := range 2 {
+		eng := enginetest.Start(t, enginetest.Options{})
+		if err := es.Add(source(t, eng, uint64(5+w), "m")); err != nil {
+			t.Fatal(err)
+		}
+		r := eng.Rank(0)
+		r.Probe(func() bool { return es.Stats()[source(t, eng, uint64(5+w), "m").String()].Messages > 0 })
+		ranks = append(ranks, r)
+	}
+	for i, r := range ranks {
+		for range i + 1 {
+			seq := r.Record([]byte{0x93, 0xc1})
+			r.Send(nil, enginetest.SeqFrame(seq), []byte{0x93, 0xc1})
+		}
+	}
+	eventually(t, "three malformed batches counted", func() bool {
+		n := int64(0)
+		for _, st := range es.Stats() {
+			n += st.DecodeErrors
+		}
+		return n == 3
+	})
+	if err := testutil.CollectAndCompare(es.Collector(), want(3), "dynamo_kvindexer_dropped_batches_total"); err != nil {
+		t.Error(err)
 	}
 }

@@ -26,6 +26,10 @@ var (
 	descZMQLastSeq  = prometheus.NewDesc("kvrouterd_zmq_last_sequence", "Sequence of the last engine batch handed on.", zmqLabels, nil)
 	descEngMedium   = prometheus.NewDesc("kvrouterd_engine_unknown_medium_total",
 		"Engine events whose storage medium kvrouterd does not know, applied as the device tier.", zmqLabels, nil)
+	// Dynamo's standalone indexer's name for the engine batches its ZMQ listeners could not
+	// decode, over every subscription; its only reason, decode_error, is always exported.
+	descDynDropped = prometheus.NewDesc("dynamo_kvindexer_dropped_batches_total",
+		"Dynamo's name (standalone indexer): engine batches dropped before indexing, by reason (decode_error: malformed).", []string{"reason"}, nil)
 )
 
 // Collector returns the subscriptions' metrics per worker and data-parallel rank, read at
@@ -36,7 +40,7 @@ type enginesCollector struct{ e *Engines }
 
 func (enginesCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range [...]*prometheus.Desc{descZMQConn, descZMQMsgs, descZMQBatches, descZMQDropped, descZMQRefused,
-		descZMQDisc, descZMQGaps, descZMQRestarts, descZMQLastSeq, descEngMedium} {
+		descZMQDisc, descZMQGaps, descZMQRestarts, descZMQLastSeq, descEngMedium, descDynDropped} {
 		ch <- d
 	}
 	describeHealth(ch)
@@ -44,6 +48,7 @@ func (enginesCollector) Describe(ch chan<- *prometheus.Desc) {
 
 func (ec enginesCollector) Collect(ch chan<- prometheus.Metric) {
 	now := time.Now()
+	var undecoded int64
 	for src, st := range ec.e.sources() {
 		worker := strconv.FormatUint(src.Worker, 10)
 		for _, r := range st.Ranks {
@@ -62,6 +67,7 @@ func (ec enginesCollector) Collect(ch chan<- prometheus.Metric) {
 			counter(descZMQMsgs, c.Messages)
 			counter(descZMQBatches, c.Batches)
 			counter(descZMQDropped, c.DecodeErrors, "decode")
+			undecoded += c.DecodeErrors
 			counter(descZMQDropped, c.Undelivered, "undelivered")
 			counter(descZMQDropped, c.Duplicates, "duplicate")
 			counter(descZMQRefused, c.Oversized, "oversized")
@@ -76,4 +82,5 @@ func (ec enginesCollector) Collect(ch chan<- prometheus.Metric) {
 			counter(descEngMedium, c.UnknownMedium)
 		}
 	}
+	ch <- prometheus.MustNewConstMetric(descDynDropped, prometheus.CounterValue, float64(undecoded), "decode_error")
 }

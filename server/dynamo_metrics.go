@@ -24,6 +24,12 @@ type dynamoMetrics struct {
 
 	// A sampled routed request's phases, in milliseconds (router.RoutePhases).
 	blockHashing, seqHashing, findMatches, scheduling prometheus.Histogram
+
+	// The standalone indexer's HTTP series (kv-router standalone indexer metrics.rs), for the
+	// indexer's routes kvrouterd serves: latency by route, requests by route and method,
+	// error answers by route and status class (4xx, 5xx).
+	idxDuration          *prometheus.HistogramVec
+	idxRequests, idxErrs *prometheus.CounterVec
 }
 
 func newDynamoMetrics(reg *prometheus.Registry, r *router.Router, routerID string) *dynamoMetrics {
@@ -58,8 +64,64 @@ func newDynamoMetrics(reg *prometheus.Registry, r *router.Router, routerID strin
 		scheduling: overhead("dynamo_router_overhead_scheduling_ms",
 			"Dynamo's name: the time to score the workers, choose one and book a routed request, in milliseconds."+sampled, asyncBuckets),
 	}
-	reg.MustRegister(m.hitRate, m.isl, m.overhead, m.blockHashing, m.seqHashing, m.findMatches, m.scheduling, dynamoCollector{r})
+	// The standalone indexer's: doubling from 100 µs, 20 buckets.
+	m.idxDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "dynamo_kvindexer_request_duration_seconds",
+		Help:    "Dynamo's name (standalone indexer): the time to answer a request to one of the indexer's routes, by route.",
+		Buckets: prometheus.ExponentialBuckets(0.0001, 2, 20)}, []string{"endpoint"})
+	m.idxRequests = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "dynamo_kvindexer_requests_total",
+		Help: "Dynamo's name (standalone indexer): requests to the indexer's routes, by route and method."}, []string{"endpoint", "method"})
+	m.idxErrs = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "dynamo_kvindexer_errors_total",
+		Help: "Dynamo's name (standalone indexer): error answers (4xx, 5xx) of the indexer's routes, by route and status class."}, []string{"endpoint", "status_class"})
+	reg.MustRegister(m.hitRate, m.isl, m.overhead, m.blockHashing, m.seqHashing, m.findMatches, m.scheduling, dynamoCollector{r},
+		m.idxDuration, m.idxRequests, m.idxErrs)
 	return m
+}
+
+// dynIndexerRoute returns path if it is one of the standalone indexer's routes, which
+// dynamo_kvindexer_requests_total and its siblings count; kvrouterd's own routes are not.
+func dynIndexerRoute(path []byte) (string, bool) {
+	switch string(path) {
+	case "/health":
+		return "/health", true
+	case "/metrics":
+		return "/metrics", true
+	case "/register":
+		return "/register", true
+	case "/unregister":
+		return "/unregister", true
+	case "/workers":
+		return "/workers", true
+	case "/query":
+		return "/query", true
+	case "/query_by_hash":
+		return "/query_by_hash", true
+	case "/dump":
+		return "/dump", true
+	case "/register_peer":
+		return "/register_peer", true
+	case "/deregister_peer":
+		return "/deregister_peer", true
+	case "/peers":
+		return "/peers", true
+	case "/test/pause_listener":
+		return "/test/pause_listener", true
+	case "/test/resume_listener":
+		return "/test/resume_listener", true
+	}
+	return "", false
+}
+
+// indexerRequest observes an answered request to one of the standalone indexer's routes
+// (path, as Dynamo's route pattern names it), as Dynamo's indexer middleware does.
+func (m *dynamoMetrics) indexerRequest(path string, method []byte, status int, seconds float64) {
+	m.idxRequests.WithLabelValues(path, string(method)).Inc()
+	m.idxDuration.WithLabelValues(path).Observe(seconds)
+	switch {
+	case status >= 500:
+		m.idxErrs.WithLabelValues(path, "5xx").Inc()
+	case status >= 400:
+		m.idxErrs.WithLabelValues(path, "4xx").Inc()
+	}
 }
 
 // routed observes a routed request's answer, in the stripe of hint (its connection's id); the
@@ -101,7 +163,17 @@ var (
 		"Dynamo's name (standalone indexer): KV events applied, by event type and status.", []string{"event_type", "status"}, nil)
 	descDynRouterEvents = prometheus.NewDesc("dynamo_component_kv_cache_events_applied",
 		"Dynamo's name (router): KV events applied, by event type and status.", []string{"event_type", "status"}, nil)
+	// The standalone indexer's state gauges, from the registered workers.
+	descDynIdxModels = prometheus.NewDesc("dynamo_kvindexer_models",
+		"Dynamo's name (standalone indexer): (model, routing group) partitions that have registered workers.", nil, nil)
+	descDynIdxWorkers = prometheus.NewDesc("dynamo_kvindexer_workers",
+		"Dynamo's name (standalone indexer): registered worker instances.", nil, nil)
+	descDynIdxListeners = prometheus.NewDesc("dynamo_kvindexer_listeners",
+		"Dynamo's name (standalone indexer): KV-event subscriptions of registered ranks, by status as /workers reports it (pending, active, paused, failed).", []string{"status"}, nil)
 )
+
+// dynListenerStatuses are the statuses of dynamo_kvindexer_listeners, each exported even at 0.
+var dynListenerStatuses = [...]string{dynPending, dynActive, "paused", dynFailed}
 
 // dynamoStatus names an event's outcome as Dynamo's status label does where Dynamo has the
 // same outcome (kv-router indexer metrics), kvrouterd's own name where it has none.
@@ -120,7 +192,8 @@ func dynamoStatus(s shard.Status) string {
 }
 
 func (c dynamoCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descDynDecode, descDynPrefill, descDynRegistered, descDynRequests, descDynIndexerEvents, descDynRouterEvents} {
+	for _, d := range []*prometheus.Desc{descDynDecode, descDynPrefill, descDynRegistered, descDynRequests, descDynIndexerEvents, descDynRouterEvents,
+		descDynIdxModels, descDynIdxWorkers, descDynIdxListeners} {
 		ch <- d
 	}
 }
@@ -143,7 +216,22 @@ func (c dynamoCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descDynIndexerEvents, prometheus.CounterValue, float64(sums[k]), k.kind, k.status)
 		ch <- prometheus.MustNewConstMetric(descDynRouterEvents, prometheus.CounterValue, float64(sums[k]), k.kind, k.status)
 	}
-	for _, w := range c.r.Workers() {
+	workers := c.r.Workers()
+	models, instances := map[string]bool{}, map[uint64]bool{}
+	listeners := map[string]int{}
+	for i := range workers {
+		w := &workers[i]
+		models[w.Model], instances[w.ID] = true, true
+		if w.Endpoint != "" { // a rank registered with its KV-event socket: a listener
+			listeners[newDynListener(w).Status]++
+		}
+	}
+	ch <- prometheus.MustNewConstMetric(descDynIdxModels, prometheus.GaugeValue, float64(len(models)))
+	ch <- prometheus.MustNewConstMetric(descDynIdxWorkers, prometheus.GaugeValue, float64(len(instances)))
+	for _, st := range dynListenerStatuses {
+		ch <- prometheus.MustNewConstMetric(descDynIdxListeners, prometheus.GaugeValue, float64(listeners[st]), st)
+	}
+	for _, w := range workers {
 		id, rank := strconv.FormatUint(w.ID, 10), strconv.FormatUint(uint64(w.Rank), 10)
 		typ := "decode"
 		if w.Role == router.RolePrefill.String() {

@@ -331,3 +331,96 @@ func TestDynamoUnknownFieldsBounded(t *testing.T) {
 		t.Fatalf("%d names kept, want %d; /metrics counts all 512: %v", kept, maxUnknownLogged, strings.Contains(page, "512"))
 	}
 }
+
+// TestDynamoIndexerMetrics: /metrics has the standalone indexer's series under Dynamo's names,
+// types and labels (kv-router standalone indexer metrics.rs), fed by the requests the
+// indexer's routes answered and by the registered workers; kvrouterd's own routes are not
+// counted.
+func TestDynamoIndexerMetrics(t *testing.T) {
+	h := newHarness(t)
+	post := func(path, body string) int {
+		code, _ := h.post(path, "application/json", []byte(body))
+		return code
+	}
+	if c := post("/register", `{"instance_id":1,"endpoint":"tcp://w1:5557","model_name":"m","block_size":4,"routing_group":"a"}`); c != 201 {
+		t.Fatalf("register: %d", c)
+	}
+	if c := post("/register", `{"instance_id":1,"endpoint":"tcp://w1:5558","model_name":"m","block_size":4,"dp_rank":1,"routing_group":"a"}`); c != 201 {
+		t.Fatalf("register rank 1: %d", c)
+	}
+	if c := post("/register", `{"instance_id":2,"endpoint":"tcp://w2:5557","model_name":"m","block_size":4,"routing_group":"b"}`); c != 201 {
+		t.Fatalf("register in group b: %d", c)
+	}
+	if c := post("/query", `{"model_name":"m"}`); c != 422 {
+		t.Fatalf("query without token_ids: %d", c)
+	}
+	if c := post("/query", `{"model_name":"m","routing_group":"a","token_ids":[1,2,3,4]}`); c != 200 {
+		t.Fatalf("query: %d", c)
+	}
+	for _, p := range []string{"/workers", "/health", "/healthz", "/v1/workers"} {
+		if c, _ := h.get(p); c != 200 {
+			t.Fatalf("GET %s: %d", p, c)
+		}
+	}
+	h.get("/metrics")
+	_, page := h.get("/metrics")
+	_, workers := h.get("/workers")
+	for _, want := range []string{
+		"# TYPE dynamo_kvindexer_requests_total counter",
+		`dynamo_kvindexer_requests_total{endpoint="/register",method="POST"} 3`,
+		`dynamo_kvindexer_requests_total{endpoint="/query",method="POST"} 2`,
+		`dynamo_kvindexer_requests_total{endpoint="/workers",method="GET"} 1`,
+		`dynamo_kvindexer_requests_total{endpoint="/health",method="GET"} 1`,
+		`dynamo_kvindexer_requests_total{endpoint="/metrics",method="GET"} 1`,
+		"# TYPE dynamo_kvindexer_errors_total counter",
+		`dynamo_kvindexer_errors_total{endpoint="/query",status_class="4xx"} 1`,
+		"# TYPE dynamo_kvindexer_request_duration_seconds histogram",
+		`dynamo_kvindexer_request_duration_seconds_count{endpoint="/query"} 2`,
+		`dynamo_kvindexer_request_duration_seconds_bucket{endpoint="/query",le="0.0001"}`,
+		`dynamo_kvindexer_request_duration_seconds_bucket{endpoint="/query",le="52.4288"}`,
+		"# TYPE dynamo_kvindexer_models gauge",
+		"dynamo_kvindexer_models 2\n",
+		"# TYPE dynamo_kvindexer_workers gauge",
+		"dynamo_kvindexer_workers 2\n",
+		"# TYPE dynamo_kvindexer_listeners gauge",
+		`dynamo_kvindexer_listeners{status="paused"} 0`,
+	} {
+		if !strings.Contains(page, want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+	// The listeners by status are the ranks /workers lists, with the same statuses (here failed:
+	// nothing subscribes to the endpoints registered).
+	listeners := 0.0
+	for _, st := range []string{"pending", "active", "paused", "failed"} {
+		n := metricSample(t, page, `dynamo_kvindexer_listeners{status="`+st+`"}`)
+		if got := float64(strings.Count(workers, `"status":"`+st+`","state"`)); n != got {
+			t.Errorf("listeners %s: %v, /workers lists %v", st, n, got)
+		}
+		listeners += n
+	}
+	if listeners != 3 {
+		t.Errorf("%v listeners, want 3 (one per registered rank)\n%s", listeners, workers)
+	}
+	for _, own := range []string{`endpoint="/healthz"`, `endpoint="/v1/workers"`} {
+		if strings.Contains(page, own) {
+			t.Errorf("kvrouterd's own route counted: %s", own)
+		}
+	}
+}
+
+// metricSample is the value of the sample named exactly series (with its labels) in page.
+func metricSample(t *testing.T, page, series string) float64 {
+	t.Helper()
+	for _, line := range strings.Split(page, "\n") {
+		if v, ok := strings.CutPrefix(line, series+" "); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				t.Fatalf("%s: %v", line, err)
+			}
+			return f
+		}
+	}
+	t.Fatalf("/metrics has no %s", series)
+	return 0
+}

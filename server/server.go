@@ -400,7 +400,13 @@ func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	ep := s.dispatch(ctx)
-	s.m.observe(ctx.ConnID(), ep, ctx.Response.StatusCode(), time.Since(start).Seconds())
+	secs := time.Since(start).Seconds()
+	s.m.observe(ctx.ConnID(), ep, ctx.Response.StatusCode(), secs)
+	if ep == epDynamo || ep == epHealth || ep == epMetrics {
+		if route, ok := dynIndexerRoute(ctx.Path()); ok {
+			s.m.dyn.indexerRequest(route, ctx.Method(), ctx.Response.StatusCode(), secs)
+		}
+	}
 }
 
 var (
