@@ -1,6 +1,7 @@
 package ingest
 
 import (
+	"context"
 	"testing"
 
 	"github.com/tinylib/msgp/msgp"
@@ -151,5 +152,35 @@ func TestSubscriberHybridRemovals(t *testing.T) {
 			}
 			checkStats(t, sub.Stats(), map[string]int64{"decode": 0, "events": 4})
 		})
+	}
+}
+
+// TestConsumerHybridRemovalsPerWorker: engine payloads read from the stream learn a hybrid
+// model's groups per worker: worker 5's stores teach that its group 1 is full attention, so its
+// group-1 removal applies; worker 6 taught nothing, so its group-1 removal is dropped as an
+// untaught nonzero group, whatever worker 5 taught.
+func TestConsumerHybridRemovalsPerWorker(t *testing.T) {
+	r := router.New(router.Config{Shards: 2, Logger: quietLog()})
+	defer r.Close()
+	ctx := context.Background()
+	cons, pub := consumerAndPublisher(t, r)
+	const model = "gpt-oss"
+	a := []uint64{1}
+	send := func(worker uint64, payload []byte) uint64 {
+		t.Helper()
+		seq, err := pub.Engine(ctx, model, worker, 0, 0, payload)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return seq
+	}
+	send(5, hybridPayload(false, hybridEvent{hashes: a, group: 1, kind: "full_attention"}, hybridEvent{hashes: a, group: 0, kind: "sliding_window"}))
+	plain := wire.AppendEngineBatch(nil, engineBatch(-1, stored(0, 1)), wire.EngineForm{})
+	send(6, plain)
+	send(5, hybridPayload(true, hybridEvent{removal: true, hashes: a, group: 1}))
+	last := send(6, hybridPayload(false, hybridEvent{removal: true, hashes: a, group: 1}))
+	waitFor(t, "every batch", func() bool { return cons.LastSeq() == last })
+	if got := cached(t, r, model, blockTokens(a)); got[5<<8] != 0 || got[6<<8] != 1 {
+		t.Fatalf("cached blocks by worker<<8|rank: %v; want worker 5: 0, worker 6: 1", got)
 	}
 }
