@@ -163,7 +163,14 @@ func (p *Params) ttftParts(cached, shared int32, ext TierExt, decode, activePref
 	if slow > 0 {
 		ttft *= slow
 	}
-	return ttft, (p.CacheWeight + p.Backlog) * p.Step.PrefillMs(max(own, 1))
+	price = (p.CacheWeight + p.Backlog) * p.Step.PrefillMs(max(own, 1))
+	if m := &p.Step; m.Capacity > 0 && m.RequestMs > 0 && decode > m.Capacity && p.Backlog > 0 {
+		// Over the KV capacity, the blocks this request adds hold back the requests that
+		// will queue behind it for their share of a lifetime, about Backlog of them.
+		added := math.Ceil(own / float64(max(p.BlockSize, 1)))
+		price += p.Backlog * m.RequestMs * min(added, float64(decode-m.Capacity)) / float64(m.Capacity)
+	}
+	return ttft, price
 }
 
 // TTFTParts returns candidate c's CostTTFT logit in its two parts (their sum): the predicted

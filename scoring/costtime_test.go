@@ -336,6 +336,36 @@ func TestTTFTWaitsForCapacity(t *testing.T) {
 	}
 }
 
+// TestCostTTFTHoldsCapacity: over the KV capacity, the blocks a request adds are priced at
+// their share of a lifetime for each request of the backlog that will wait behind them; within
+// the capacity, or with no backlog, they are not.
+func TestCostTTFTHoldsCapacity(t *testing.T) {
+	p := Params{Mode: KV, BlockSize: 64, ISL: 6400, Blocks: 100, TrackPrefill: true, Formula: CostTTFT,
+		Step: DefaultStepModel(), CacheWeight: 2, Weight: 1, Backlog: 3}
+	p.Step.Capacity, p.Step.RequestMs = 1000, 8000
+	if err := p.Check(); err != nil {
+		t.Fatal(err)
+	}
+	m := &p.Step
+	own := 6400.0 - 60*64 // 40 blocks added
+	base := (2 + 3) * m.PrefillMs(own)
+	if _, price := p.TTFTParts(&Candidate{Cached: 60, ActiveBlocks: 900}); !near(price, base) {
+		t.Fatalf("within capacity: price %v, want %v", price, base)
+	}
+	// 990 active + 40 added: 30 blocks over, 30 of the request's own held back.
+	if _, price := p.TTFTParts(&Candidate{Cached: 60, ActiveBlocks: 930}); !near(price, base+3*8000*30.0/1000) {
+		t.Fatalf("30 blocks over: price %v, want %v", price, base+3*8000*30.0/1000)
+	}
+	// Far over: only the request's own 40 blocks count.
+	if _, price := p.TTFTParts(&Candidate{Cached: 60, ActiveBlocks: 5000}); !near(price, base+3*8000*40.0/1000) {
+		t.Fatalf("far over: price %v, want %v", price, base+3*8000*40.0/1000)
+	}
+	p.Backlog = 0
+	if _, price := p.TTFTParts(&Candidate{Cached: 60, ActiveBlocks: 5000}); !near(price, 2*m.PrefillMs(own)) {
+		t.Fatalf("no backlog: price %v, want %v", price, 2*m.PrefillMs(own))
+	}
+}
+
 // TestTrackerMeanLifetime: completions teach the mean time from booking to completion;
 // bookings whose deadline is not booking + expiry, and expiries, do not.
 func TestTrackerMeanLifetime(t *testing.T) {
