@@ -86,6 +86,9 @@ type QueueConfig struct {
 	// busy for it. A request that would miss the objective even on an idle worker holding its
 	// longest cached prefix is not held for it: waiting cannot help it.
 	TTFTSLO time.Duration
+	// Classes, if set, splits the queues of the models it has a profile for into policy
+	// classes (policyclass.go).
+	Classes *PolicyConfig
 }
 
 func (c *QueueConfig) defaults() {
@@ -135,6 +138,11 @@ type Ticket struct {
 	high    bool  // priority class for metrics: strict priority or a priority jump
 	idx     int   // heap position, -1 once out of the heap
 	pool    int   // the pool it waits for (poolOf)
+
+	// Policy classes: the class's index (-1 for none), the DRR cost (uncached prompt tokens,
+	// at least 1), and what it adds to its class's use.
+	class             int
+	cost, raw, cached int64
 }
 
 // modelQueue is one model's queue. REQUIRES mu for everything but the atomics.
@@ -149,6 +157,14 @@ type modelQueue struct {
 	// whole, nor the reverse.
 	byPool  [2]atomic.Int64
 	skipped []*Ticket // drainModel's, reused
+
+	// Policy classes, nil for the single queue: the profile, a queue per class, the DRR ring
+	// cursor, the class with credit left to look at first (-1 for none), and nextDRR's scratch.
+	profile *PolicyProfile
+	classes []*classQueue
+	cursor  int
+	carry   int
+	costs   []int64
 
 	// counters, for metrics
 	queued, admitted, full, timedOut, gone atomic.Int64
@@ -214,6 +230,23 @@ func (r *Router) queueing(m *model, req *wire.RouteRequest) bool {
 // pool is busy too, since the policy serves it whole while the prefill pool is busy. A pin
 // applies to the pool that holds its rank.
 func (r *Router) busy(m *model, req *wire.RouteRequest) (all, eligible bool) {
+	return r.busyBy(m, req, busyRule{tokens: -1, frac: r.cfg.Queue.Threshold})
+}
+
+// busyRule says when a rank is busy: past tokens prefill tokens (tokens ≥ 0), or past frac × its
+// max batched tokens (frac ≥ 0). The single queue's is --router-queue-threshold's; a policy
+// class has its own.
+type busyRule struct {
+	tokens int64
+	frac   float64
+}
+
+func (b busyRule) over(prefill int64, w *rankWorker) bool {
+	return b.tokens >= 0 && prefill > b.tokens || b.frac >= 0 && prefillOver(prefill, b.frac, w)
+}
+
+// busyBy is busy by rule.
+func (r *Router) busyBy(m *model, req *wire.RouteRequest, rule busyRule) (all, eligible bool) {
 	full := m.list.Load()
 	k, pinned := r.pin(m, req)
 	pools := [2]*workerList{full.serve}
@@ -233,7 +266,7 @@ func (r *Router) busy(m *model, req *wire.RouteRequest) (all, eligible bool) {
 			break
 		}
 		pin := pinned && (list != full.prefill || rankAt(list, k) >= 0)
-		a, e := r.poolBusy(list, k, pin, slo)
+		a, e := r.poolBusy(list, k, pin, slo, rule)
 		if !a && e {
 			return false, true
 		}
@@ -245,13 +278,12 @@ func (r *Router) busy(m *model, req *wire.RouteRequest) (all, eligible bool) {
 }
 
 // poolBusy is busy for one pool, with the pin k if pinned, and slo's objective if set.
-func (r *Router) poolBusy(list *workerList, k radix.WorkerKey, pinned bool, slo *sloCheck) (all, eligible bool) {
-	th := r.cfg.Queue.Threshold
+func (r *Router) poolBusy(list *workerList, k radix.WorkerKey, pinned bool, slo *sloCheck, rule busyRule) (all, eligible bool) {
 	for i, w := range list.ws {
 		if pinned && w.key != k {
 			continue
 		}
-		if !prefillOver(list.loads[i].ActivePrefill(), th, w) && !slo.misses(list, i) {
+		if !rule.over(list.loads[i].ActivePrefill(), w) && !slo.misses(list, i) {
 			return false, true
 		}
 		eligible = true
@@ -334,11 +366,14 @@ func rankAt(list *workerList, k radix.WorkerKey) int {
 // outcome. Without the queue (Config.Queue nil) it is Route. req's strings must stay valid
 // while it waits.
 func (r *Router) Enqueue(req *wire.RouteRequest, resp *wire.RouteResponse, done func(*Ticket)) (*Ticket, error) {
-	return r.enqueue(req, resp, nil, done)
+	return r.enqueue(req, resp, nil, "", done)
 }
 
-func (r *Router) enqueue(req *wire.RouteRequest, resp *wire.RouteResponse, enc *[]byte, done func(*Ticket)) (*Ticket, error) {
+func (r *Router) enqueue(req *wire.RouteRequest, resp *wire.RouteResponse, enc *[]byte, class string, done func(*Ticket)) (*Ticket, error) {
 	m := r.model(req.Model)
+	if r.queueing(m, req) && m.queue.classes != nil {
+		return r.enqueueClass(m, req, resp, enc, class, done)
+	}
 	if !r.queueing(m, req) || m.queue.byPool[poolOf(m, req)].Load() == 0 && !r.allBusy(m, req) {
 		return nil, r.route(req, resp, true, enc)
 	}
@@ -368,7 +403,7 @@ func (r *Router) enqueue(req *wire.RouteRequest, resp *wire.RouteResponse, enc *
 		return nil, fieldErr(ErrQueueFull, "model", "the router queue of model %q holds %d requests, its limit; retry later", m.name, r.cfg.Queue.MaxRequests)
 	}
 	now := r.cfg.Now()
-	t := &Ticket{req: req, resp: resp, enc: enc, done: done, m: m, arrival: now, pool: pool}
+	t := &Ticket{req: req, resp: resp, enc: enc, done: done, m: m, arrival: now, pool: pool, class: -1}
 	t.strict, t.score = queueKey(r.cfg.Queue.Policy, req, now, isl(req, m), cached)
 	t.high = req.StrictPriority > 0 || req.PriorityJump > 0
 	q.seq++
@@ -443,7 +478,13 @@ func (r *Router) Cancel(t *Ticket) bool {
 
 // remove takes t out of the heap. REQUIRES q.mu.
 func (q *modelQueue) remove(t *Ticket) {
-	heap.Remove(&q.h, t.idx)
+	if t.class >= 0 {
+		c := q.classes[t.class]
+		heap.Remove(&c.h, t.idx)
+		c.take(t)
+	} else {
+		heap.Remove(&q.h, t.idx)
+	}
 	q.n.Add(-1)
 	q.byPool[t.pool].Add(-1)
 	if t.high {
@@ -468,6 +509,10 @@ func (r *Router) drain() {
 // queue's lock is released.
 func (r *Router) drainModel(m *model) {
 	q := m.queue
+	if q.classes != nil {
+		r.drainClasses(m)
+		return
+	}
 	var ready []*Ticket
 	var blocked [2]bool // a head of the pool found busy: the pool's other requests wait too
 	q.mu.Lock()
@@ -555,6 +600,9 @@ func (r *Router) refuseQueued() {
 		q := m.queue
 		q.mu.Lock()
 		ts := append([]*Ticket(nil), q.h...)
+		for _, c := range q.classes {
+			ts = append(ts, c.h...)
+		}
 		for _, t := range ts {
 			q.remove(t)
 			r.queued.Add(-1)
@@ -573,20 +621,32 @@ func (r *Router) refuseQueued() {
 // that the client left (ErrGone; nil gone never does). A request refused leaves nothing booked.
 // With nothing waiting and a rank with room it is Route, and allocates nothing.
 func (r *Router) RouteWait(req *wire.RouteRequest, resp *wire.RouteResponse, gone func() bool) error {
-	if r.admitNow(req) {
+	return r.RouteWaitClass(req, resp, "", gone)
+}
+
+// RouteWaitClass is RouteWait for a request of policy class class ("" for its model's default;
+// see policyclass.go). A model without policy classes ignores class.
+func (r *Router) RouteWaitClass(req *wire.RouteRequest, resp *wire.RouteResponse, class string, gone func() bool) error {
+	if r.admitNow(req, class) {
 		return r.route(req, resp, true, nil)
 	}
-	return r.wait(req, resp, nil, gone)
+	return r.wait(req, resp, nil, class, gone)
 }
 
 // AppendRouteWait is RouteWait answering in the binary format, as AppendRoute is Route.
 func (r *Router) AppendRouteWait(dst []byte, req *wire.RouteRequest, resp *wire.RouteResponse, gone func() bool) ([]byte, error) {
-	if r.admitNow(req) {
+	return r.AppendRouteWaitClass(dst, req, resp, "", gone)
+}
+
+// AppendRouteWaitClass is AppendRouteWait for a request of policy class class, as
+// RouteWaitClass.
+func (r *Router) AppendRouteWaitClass(dst []byte, req *wire.RouteRequest, resp *wire.RouteResponse, class string, gone func() bool) ([]byte, error) {
+	if r.admitNow(req, class) {
 		return r.appendAnswer(dst, req, resp, true)
 	}
 	out := new([]byte) // the ticket keeps it while the request waits
 	*out = dst
-	if err := r.wait(req, resp, out, gone); err != nil {
+	if err := r.wait(req, resp, out, class, gone); err != nil {
 		return dst, err
 	}
 	return *out, nil
@@ -594,24 +654,37 @@ func (r *Router) AppendRouteWait(dst []byte, req *wire.RouteRequest, resp *wire.
 
 // admitNow reports whether req is routed without looking at the queue: the queue is off, or
 // nothing waits in it and a rank req may go to has room.
-func (r *Router) admitNow(req *wire.RouteRequest) bool {
+func (r *Router) admitNow(req *wire.RouteRequest, class string) bool {
 	if r.cfg.Queue == nil {
 		return true
 	}
 	m := r.model(req.Model)
-	return !r.queueing(m, req) || m.queue.n.Load() == 0 && !r.allBusy(m, req)
+	if !r.queueing(m, req) {
+		return true
+	}
+	if m.queue.classes != nil {
+		return r.classAdmitNow(m, req, class)
+	}
+	return m.queue.n.Load() == 0 && !r.allBusy(m, req)
 }
 
-func (r *Router) wait(req *wire.RouteRequest, resp *wire.RouteResponse, enc *[]byte, gone func() bool) error {
+func (r *Router) wait(req *wire.RouteRequest, resp *wire.RouteResponse, enc *[]byte, class string, gone func() bool) error {
 	m := r.model(req.Model)
 	ch := make(chan struct{})
-	t, err := r.enqueue(req, resp, enc, func(*Ticket) { close(ch) })
+	t, err := r.enqueue(req, resp, enc, class, func(*Ticket) { close(ch) })
 	if t == nil {
 		return err
 	}
 	maxWait := r.cfg.Queue.MaxWait
 	if req.MaxWaitMs > 0 {
 		maxWait = time.Duration(req.MaxWaitMs) * time.Millisecond
+	}
+	if t.class >= 0 {
+		// A class's deadline is its slo_ms from arrival; a request's own shorter wait still
+		// holds.
+		if slo := m.queue.classes[t.class].cl.SLO; req.MaxWaitMs <= 0 || slo < maxWait {
+			maxWait = slo
+		}
 	}
 	deadline := time.NewTimer(maxWait)
 	defer deadline.Stop()
@@ -628,6 +701,9 @@ func (r *Router) wait(req *wire.RouteRequest, resp *wire.RouteResponse, enc *[]b
 			return t.Err
 		case <-deadline.C:
 			if r.Cancel(t) {
+				if t.class >= 0 {
+					return r.pastDeadline(m, t)
+				}
 				q.timedOut.Add(1)
 				r.log.Warn("request refused: waited its longest wait in the queue", "request", strings.Clone(req.RequestID), "model", m.name, "max_wait", maxWait)
 				return fieldErr(ErrQueueTimeout, "max_wait_ms", "waited %v in the router queue of model %q without a worker freeing; retry later", maxWait, m.name)
@@ -669,6 +745,8 @@ type QueueStats struct {
 	// WaitSeconds and Waits sum the waits of admitted requests, by class.
 	WaitSeconds [2]float64
 	Waits       [2]int64
+	// Classes is the model's policy classes, in the profile's order; nil for the single queue.
+	Classes []ClassStats
 }
 
 // QueueStats appends each model's queue statistics to dst (none without the queue).
@@ -689,6 +767,7 @@ func (r *Router) QueueStats(dst []QueueStats) []QueueStats {
 			st.WaitSeconds[c] = float64(q.waitNs[c].Load()) / 1e9
 			st.Waits[c] = q.waits[c].Load()
 		}
+		st.Classes = q.classStats()
 		dst = append(dst, st)
 	}
 	return dst

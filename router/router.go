@@ -835,7 +835,7 @@ func (r *Router) registerLocked(g Registration, eps []RankEndpoint, publish bool
 		m.step.Store(&st)
 		m.hits = modelHits{xsync.NewCounter(), xsync.NewCounter(), xsync.NewCounter()}
 		if r.cfg.Queue != nil {
-			m.queue = &modelQueue{}
+			m.queue = newModelQueue(r.cfg.Queue.Classes.Profile(g.Model))
 		}
 		storeList(m, nil)
 		r.initBusy(m)
