@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"runtime"
 	"strconv"
 	"strings"
@@ -49,6 +50,9 @@ type Config struct {
 	// The router queue: off unless RouterQueueThreshold is set (Dynamo main's rule).
 	RouterQueueThreshold   OptFloat
 	RouterQueuePolicy      string
+	// RouterPolicyConfig is Dynamo's policy-class file (router.ParsePolicyConfig); it turns the
+	// router queue on for the models it has classes for.
+	RouterPolicyConfig string
 	RouterQueueMaxRequests int
 	RouterQueueMaxWait     time.Duration
 	TTFTSLO                time.Duration
@@ -208,7 +212,7 @@ func Defaults() Config {
 		NATSMaxBytes:             4 << 30,
 		NATSReplicas:             1,
 		WorkerTimeout:            30 * time.Second,
-		ClearOnGap:               true,
+		ClearOnGap:               false,
 		ShareLoad:                true,
 		SnapshotInterval:         time.Minute,
 		SnapshotKeep:             3,
@@ -251,6 +255,7 @@ func (c *Config) Flags(fs *flag.FlagSet) {
 	fs.Float64Var(&c.OverlapScoreWeight, "overlap-score-weight", c.OverlapScoreWeight, "weight of prefill cost against decode load in the kv cost")
 	fs.Float64Var(&c.RouterTemperature, "router-temperature", c.RouterTemperature, "softmax temperature of worker selection; 0 picks the cheapest")
 	fs.Var(&c.RouterQueueThreshold, "router-queue-threshold", "turns the router queue on: a worker rank is busy when its booked prompt tokens not yet prefilled exceed this × its max_num_batched_tokens, and a request waits while every rank it may go to is busy; unset: off")
+	fs.StringVar(&c.RouterPolicyConfig, "router-policy-config", c.RouterPolicyConfig, "Dynamo's policy classes: a YAML or JSON file of per-class router queues (busy thresholds, limits, slo_ms, DRR quantum) chosen by the x-dynamo-meta-policy-class header (docs/configuration.md)")
 	fs.StringVar(&c.RouterQueuePolicy, "router-queue-policy", c.RouterQueuePolicy, "router queue order: fcfs (best tail TTFT), wspt (shortest uncached prompt first, best mean TTFT) or lcfs; strict priority first, priority jumps in seconds")
 	fs.IntVar(&c.RouterQueueMaxRequests, "router-queue-max-requests", c.RouterQueueMaxRequests, "router queue: requests a model's queue holds at most; a request that finds it full is refused with 429")
 	fs.DurationVar(&c.SessionAffinityTTL, "router-session-affinity-ttl", c.SessionAffinityTTL, "session affinity: a request's session id (session_id, nvext.session_control, the X-Dynamo-Session-ID header) keeps it on the worker its session was first routed to, for this long after the session's last request; shared with the other replicas; 0: off")
@@ -324,7 +329,7 @@ func (c *Config) Flags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.ApproxTTL, "approx-ttl", c.ApproxTTL, "approximate mode: how long a block stays cached after the last request that used it")
 	fs.IntVar(&c.ApproxMaxBlocks, "approx-max-blocks", c.ApproxMaxBlocks, "approximate mode: cap on (block, worker) residencies")
 	fs.Float64Var(&c.ApproxPruneTarget, "approx-prune-target", c.ApproxPruneTarget, "approximate mode: past the cap, prune the least recently used (deepest first) down to this fraction of it")
-	fs.BoolVar(&c.ClearOnGap, "clear-on-gap", c.ClearOnGap, "when a worker's event ids skip (events lost upstream), drop that rank's blocks before applying the next event: an index that under-reports, never one that reports blocks a missed event removed")
+	fs.BoolVar(&c.ClearOnGap, "clear-on-gap", c.ClearOnGap, "when events are lost for good (a worker's event ids skip, or ZMQ batches its replay socket cannot return), drop that rank's blocks before applying the next event: an index that under-reports, never one that lists blocks a lost event removed; off (the default) keeps the blocks and goes on, as Dynamo does")
 	fs.DurationVar(&c.WorkerTimeout, "worker-timeout", c.WorkerTimeout, "a worker that sends load reports is removed from routing, its blocks dropped, after this long silent (0: never)")
 }
 
@@ -341,6 +346,8 @@ func (c *Config) Check() error {
 		return fmt.Errorf("--router-temperature %v: want a finite number ≥ 0", c.RouterTemperature)
 	case c.RouterQueueThreshold.On && (!(c.RouterQueueThreshold.V >= 0) || c.RouterQueueThreshold.V > 1e9):
 		return fmt.Errorf("--router-queue-threshold %v: want a finite number ≥ 0", c.RouterQueueThreshold.V)
+	case c.RouterPolicyConfig != "" && policyConfigErr(c.RouterPolicyConfig) != nil:
+		return fmt.Errorf("--router-policy-config: %w", policyConfigErr(c.RouterPolicyConfig))
 	case !validQueuePolicy(c.RouterQueuePolicy):
 		return fmt.Errorf("--router-queue-policy %q: want fcfs, wspt or lcfs", c.RouterQueuePolicy)
 	case c.RouterQueueMaxRequests < 1 || c.RouterQueueMaxRequests > 1<<20:
@@ -601,12 +608,25 @@ func (o *OptFloat) Set(s string) error {
 
 // queue is the router's queue configuration, nil when the queue is off.
 func (c *Config) queue() *router.QueueConfig {
-	if !c.RouterQueueThreshold.On {
+	var classes *router.PolicyConfig
+	if c.RouterPolicyConfig != "" {
+		classes, _ = router.LoadPolicyConfig(c.RouterPolicyConfig) // Check refused a bad one
+	}
+	if !c.RouterQueueThreshold.On && classes == nil {
 		return nil
 	}
+	th := c.RouterQueueThreshold.V
+	if !c.RouterQueueThreshold.On {
+		th = math.Inf(1) // only the policy classes queue, as Dynamo's synthetic class then
+	}
 	policy, _ := router.ParseQueuePolicy(c.RouterQueuePolicy) // Check refused any other
-	return &router.QueueConfig{Threshold: c.RouterQueueThreshold.V, Policy: policy,
+	return &router.QueueConfig{Threshold: th, Policy: policy, Classes: classes,
 		MaxRequests: c.RouterQueueMaxRequests, MaxWait: c.RouterQueueMaxWait, TTFTSLO: c.TTFTSLO}
+}
+
+func policyConfigErr(path string) error {
+	_, err := router.LoadPolicyConfig(path)
+	return err
 }
 
 func validQueuePolicy(s string) bool {

@@ -9,7 +9,7 @@ import (
 )
 
 // statePaused is the state /workers reports for a rank whose subscription a test paused.
-const statePaused router.SourceState = "paused"
+const statePaused = server.StatePaused
 
 // rankKey is one rank of one worker.
 type rankKey struct {

@@ -17,9 +17,9 @@ func engines(ctx context.Context, c Config, r *router.Router, log *slog.Logger) 
 		return nil
 	}
 	// A subscription takes up each rank's stream after the last batch the index holds from it
-	// (restored from the snapshot): what the engine published meanwhile is replayed, or the
-	// rank cleared.
-	e := ingest.NewEngines(ctx, r, c.ZMQLimits.Apply(ingest.EngineConfig{Logger: log, StaleAfter: c.ZMQStaleAfter, Resume: r.Batch}))
+	// (restored from the snapshot): what the engine published meanwhile is replayed, or lost
+	// for good and the rank's blocks kept (cleared with --clear-on-gap).
+	e := ingest.NewEngines(ctx, r, c.ZMQLimits.Apply(ingest.EngineConfig{Logger: log, StaleAfter: c.ZMQStaleAfter, KeepOnGap: !c.ClearOnGap, Resume: r.Batch}))
 	for _, src := range c.ZMQ {
 		if err := e.Add(src); err != nil {
 			log.Error("engine source refused", "source", src.String(), "err", err)

@@ -16,9 +16,9 @@ import (
 // payload unchanged, on the worker's event subject, with the Kvr-Rank header set to the rank
 // of the socket it came from and Kvr-Engine-Seq to its engine sequence. It subscribes and
 // keeps the sequence as a Subscriber does: missed batches are fetched from the replay socket
-// and forwarded in order; after an engine restart or batches lost for good (or a batch
-// JetStream did not store), it publishes a kvrouterd event batch clearing the worker before
-// the next payload. Payloads are not decoded: a malformed one is the consumer's to count. Its
+// and forwarded in order; after an engine restart, batches lost for good (unless
+// EngineConfig.KeepOnGap) or a batch JetStream did not store, it publishes a kvrouterd event
+// batch clearing the worker before the next payload. Payloads are not decoded: a malformed one is the consumer's to count. Its
 // methods are safe for concurrent use.
 //
 // Each batch is published synchronously, its acknowledgement awaited before the next: the

@@ -3,6 +3,7 @@ package ingest
 import (
 	"bytes"
 	"context"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -172,5 +173,72 @@ func TestBridgeInvalid(t *testing.T) {
 	}
 	if err := RunBridge(context.Background(), EngineSource{Model: "m", Ranks: 1}, &Publisher{}, nil); err == nil {
 		t.Error("no error without an endpoint")
+	}
+}
+
+// TestBridgeGapPolicy: a rank without a replay socket loses a batch. KeepOnGap false publishes
+// a clear of the rank before the payload that revealed the gap; KeepOnGap true, as Dynamo
+// does, forwards the payload alone, so the stream's consumers keep the rank's blocks.
+func TestBridgeGapPolicy(t *testing.T) {
+	for _, keep := range []bool{false, true} {
+		t.Run("keepOnGap="+strconv.FormatBool(keep), func(t *testing.T) {
+			nc, js := startJetStream(t)
+			pub, err := NewPublisher(nc, DefaultPrefix)
+			if err != nil {
+				t.Fatal(err)
+			}
+			eng := enginetest.Start(t, enginetest.Options{})
+			br, err := NewBridge(source(t, eng, 5, "m"), pub, EngineConfig{Logger: zmqTestLog(), KeepOnGap: keep})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			ran := make(chan error, 1)
+			go func() { ran <- br.Run(ctx) }()
+			defer func() {
+				cancel()
+				if err := <-ran; err != nil {
+					t.Error(err)
+				}
+			}()
+			r := eng.Rank(0)
+			r.Probe(func() bool { return br.Stats().Ranks[0].Counters.Messages > 0 })
+			r.Drop(engineBatch(-1, stored(0, 1)), wire.EngineForm{})
+			last := r.Publish(engineBatch(-1, stored(0, 2)), wire.EngineForm{})
+			eventually(t, "the batch after the gap", func() bool { return br.Stats().Ranks[0].LastSeq == last })
+
+			clears := int64(1)
+			if keep {
+				clears = 0
+			}
+			checkStats(t, br.Stats(), map[string]int64{"gaps": 1, "unrecovered": 1, "kept": 1 - clears, "clears": clears})
+			cons, err := js.OrderedConsumer(ctx, DefaultStream, jetstream.OrderedConsumerConfig{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []string // the stream after the probe: "clear" or the payload's engine sequence
+			for range 2 + clears {
+				m, err := cons.Next(jetstream.FetchMaxWait(10 * time.Second))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if seq := m.Headers().Get(HeaderEngineSeq); seq != "" {
+					got = append(got, seq)
+					continue
+				}
+				var eb wire.EventBatch
+				if err := wire.DecodeEventBatch(m.Data(), &eb); err != nil || len(eb.Events) != 1 || eb.Events[0].Kind != kvevent.Cleared {
+					t.Fatalf("not an engine payload nor a clear: %+v %v", eb, err)
+				}
+				got = append(got, "clear")
+			}
+			want := []string{"clear", strconv.FormatUint(last, 10)}
+			if keep {
+				want = want[1:]
+			}
+			if got = got[1:]; !slices.Equal(got, want) {
+				t.Errorf("the stream after the probe holds %v, want %v", got, want)
+			}
+		})
 	}
 }

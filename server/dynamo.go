@@ -325,7 +325,7 @@ func (s *Server) dynamoWorkers(ctx *fasthttp.RequestCtx) {
 		}
 		e := byID[w.ID]
 		if e == nil {
-			e = &entry{Instance: w.ID, Source: "http", Status: dynActive, Endpoints: map[string]string{}, Model: model, Group: group,
+			e = &entry{Instance: w.ID, Source: "http", Endpoints: map[string]string{}, Model: model, Group: group,
 				BlockSize: w.BlockSize, Listeners: map[string]*dynListener{}, Problems: w.Problems}
 			byID[w.ID] = e
 			out = append(out, e)

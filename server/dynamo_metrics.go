@@ -173,7 +173,7 @@ var (
 )
 
 // dynListenerStatuses are the statuses of dynamo_kvindexer_listeners, each exported even at 0.
-var dynListenerStatuses = [...]string{dynPending, dynActive, "paused", dynFailed}
+var dynListenerStatuses = [...]string{dynPending, dynActive, dynPaused, dynFailed}
 
 // dynamoStatus names an event's outcome as Dynamo's status label does where Dynamo has the
 // same outcome (kv-router indexer metrics), kvrouterd's own name where it has none.

@@ -23,7 +23,7 @@ func (s sources) RankState(worker uint64, rank uint32) (router.SourceState, time
 }
 
 // TestDynamoWorkersStatus: Dynamo's /workers keeps its own status values per instance (the
-// worst rank's: failed, then pending, then active) and per rank in "listeners", beside each
+// worst rank's: failed, then pending, then active, paused only when every rank is) and per rank in "listeners", beside each
 // rank's kvrouterd state and last event time; /v1/workers lists the state and time per rank.
 func TestDynamoWorkersStatus(t *testing.T) {
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -31,6 +31,8 @@ func TestDynamoWorkersStatus(t *testing.T) {
 		{1, 0}: router.StateActive, {1, 1}: router.StateConnecting,
 		{2, 0}: router.StateStale,
 		{3, 0}: router.StateActive, // rank 1: no subscription reads it
+		{5, 0}: router.StateActive, {5, 1}: StatePaused,
+		{6, 0}: StatePaused,
 	}})
 	defer r.Close()
 	for _, g := range []router.Registration{
@@ -38,6 +40,8 @@ func TestDynamoWorkersStatus(t *testing.T) {
 		{ID: 2, Model: "m", Ranks: []uint32{0}, Endpoint: "tcp://h:6557"},
 		{ID: 3, Model: "m", Ranks: []uint32{0, 1}, Endpoint: "tcp://h:7557"},
 		{ID: 4, Model: "m", Ranks: []uint32{0}},
+		{ID: 5, Model: "m", Ranks: []uint32{0, 1}, Endpoint: "tcp://h:8557"},
+		{ID: 6, Model: "m", Ranks: []uint32{0}, Endpoint: "tcp://h:9557"},
 	} {
 		if err := r.Register(g); err != nil {
 			t.Fatal(err)
@@ -79,6 +83,8 @@ func TestDynamoWorkersStatus(t *testing.T) {
 		2: {"active", "zmq", map[string]string{"0": "active/stale"}},
 		3: {"failed", "zmq", map[string]string{"0": "active/active", "1": "failed/gone"}},
 		4: {"active", "http", map[string]string{"0": "active/stream"}},
+		5: {"active", "zmq", map[string]string{"0": "active/active", "1": "paused/paused"}},
+		6: {"paused", "zmq", map[string]string{"0": "paused/paused"}},
 	}
 	if len(ws) != len(wants) {
 		t.Fatalf("/workers lists %d instances, want %d", len(ws), len(wants))

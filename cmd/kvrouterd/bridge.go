@@ -24,6 +24,9 @@ type bridgeConfig struct {
 	LogLevel   string
 	LogFormat  string
 	ZMQLimits  daemon.ZMQLimits
+	// ClearOnGap publishes a clear of the worker when batches are lost for good; false keeps
+	// its blocks in the stream's consumers, as Dynamo does (daemon.Config.ClearOnGap).
+	ClearOnGap bool
 }
 
 func parseBridgeConfig(args []string, env func(string) (string, bool), out io.Writer) (bridgeConfig, error) {
@@ -36,6 +39,7 @@ func parseBridgeConfig(args []string, env func(string) (string, bool), out io.Wr
 	c.NATS.Flags(fs)
 	fs.StringVar(&c.NATSPrefix, "nats-subject-prefix", c.NATSPrefix, "first token of the event subjects, as the routers use it")
 	c.ZMQLimits.Flags(fs)
+	fs.BoolVar(&c.ClearOnGap, "clear-on-gap", c.ClearOnGap, "when batches are lost for good (a gap the engine's replay socket cannot return), publish a clear of the worker before its next batch; off (the default) keeps its blocks and goes on, as Dynamo does")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error")
 	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "text or json")
 	if err := parseFlags(fs, args, env, out, "kvrouterd bridge: forward an engine's ZMQ KV events into kvrouterd's NATS JetStream stream.\n\n"+
@@ -78,7 +82,7 @@ func runBridge(ctx context.Context, c bridgeConfig, stderr io.Writer) error {
 	var wg sync.WaitGroup
 	errs := make([]error, len(c.ZMQ))
 	for i, src := range c.ZMQ {
-		b, err := ingest.NewBridge(src, pub, c.ZMQLimits.Apply(ingest.EngineConfig{Logger: log.With("worker", src.Worker)}))
+		b, err := ingest.NewBridge(src, pub, c.ZMQLimits.Apply(ingest.EngineConfig{Logger: log.With("worker", src.Worker), KeepOnGap: !c.ClearOnGap}))
 		if err != nil {
 			return err
 		}

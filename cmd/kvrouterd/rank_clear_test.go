@@ -57,8 +57,15 @@ type rankCase struct {
 // given, and a daemon subscribed to them all.
 func startRankFleet(t *testing.T, replays ...bool) (*proc, []*rankCase) {
 	t.Helper()
+	return startRankFleetArgs(t, nil, replays...)
+}
+
+// startRankFleetArgs is startRankFleet with extra daemon flags.
+func startRankFleetArgs(t *testing.T, extra []string, replays ...bool) (*proc, []*rankCase) {
+	t.Helper()
 	bin := buildDaemon(t)
 	args := []string{"--nats-listen", freeport.TB(t), "--data-dir", t.TempDir(), "--no-snapshots", "--block-size", strconv.Itoa(rankBlock)}
+	args = append(args, extra...)
 	var cases []*rankCase
 	for _, replay := range replays {
 		for _, f := range enginetest.Forms() {
@@ -329,13 +336,14 @@ func TestDaemonRankRestart(t *testing.T) {
 	stopDaemon(t, d)
 }
 
-// TestDaemonRankGap: rank 0 loses a batch. Without a replay socket the gap cannot be closed
-// and the daemon clears rank 0 alone; with one, the batch comes back and nothing is cleared.
+// TestDaemonRankGap: rank 0 loses a batch, under --clear-on-gap. Without a replay socket the
+// gap cannot be closed and the daemon clears rank 0 alone; with one, the batch comes back and
+// nothing is cleared.
 func TestDaemonRankGap(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the binary")
 	}
-	d, cases := startRankFleet(t, false, true)
+	d, cases := startRankFleetArgs(t, []string{"--clear-on-gap"}, false, true)
 	for _, rc := range cases {
 		t.Run(rc.name, func(t *testing.T) {
 			x := newRankRun(t, d, rc)
@@ -372,6 +380,50 @@ func TestDaemonRankGap(t *testing.T) {
 				t.Errorf("%v stores refused for an unknown parent", n)
 			}
 			for _, outcome := range []string{"recovered", "cleared"} {
+				x.expectZMQ("kvrouterd_zmq_gaps_total", 1, 0, "outcome", outcome)
+			}
+			for r := range 2 {
+				x.expectZMQ("kvrouterd_zmq_restarts_total", r, 0)
+			}
+		})
+	}
+	stopDaemon(t, d)
+}
+
+// TestDaemonRankGapKept: rank 0 loses a batch no replay socket can return, under the default
+// (--clear-on-gap off): the daemon keeps rank 0's blocks, as Dynamo does, counts the gap as
+// kept, and goes on; rank 0 chains onto the block it kept, and rank 1 is untouched.
+func TestDaemonRankGapKept(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the binary")
+	}
+	d, cases := startRankFleet(t, false)
+	for _, rc := range cases {
+		t.Run(rc.name, func(t *testing.T) {
+			x := newRankRun(t, d, rc)
+			parents := x.status("unknown_parent")
+			x.publish(0, x.stored(-1, 0))
+			x.publish(1, x.stored(-1, 0))
+			x.expect("stored", 1, 1)
+
+			r0 := rc.eng.Rank(0)
+			r0.Drop(r0.Batch(x.stored(0, 1)...), rc.form.EngineForm)
+			x.publish(0, x.stored(-1, 9)) // reveals the gap: a block outside the prompt
+			x.expect("gap kept", 1, 1)
+			x.expectHeld("gap kept", 2, 1) // block 0, kept, and block 9
+			x.expectZMQ("kvrouterd_zmq_gaps_total", 0, 1, "outcome", "kept")
+			for _, outcome := range []string{"recovered", "cleared"} {
+				x.expectZMQ("kvrouterd_zmq_gaps_total", 0, 0, "outcome", outcome)
+			}
+			x.expectZMQ("kvrouterd_zmq_clears_total", 0, 0)
+
+			x.publish(0, x.stored(0, 1)) // onto the kept block: applied
+			x.publish(1, x.stored(0, 1))
+			x.expect("both ranks chained onto block 0", 2, 2)
+			if n := x.status("unknown_parent") - parents; n != 0 {
+				t.Errorf("%v stores refused for an unknown parent", n)
+			}
+			for _, outcome := range []string{"recovered", "cleared", "kept"} {
 				x.expectZMQ("kvrouterd_zmq_gaps_total", 1, 0, "outcome", outcome)
 			}
 			for r := range 2 {

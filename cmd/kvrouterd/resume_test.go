@@ -19,16 +19,31 @@ import (
 // engine's stream after the last batch the snapshot holds: with a replay socket, what was
 // published after the snapshot — applied before the kill, or published during the downtime, a
 // removal among it — is replayed, so the index is exact; without one, a rank that missed
-// batches is cleared rather than left reporting a removed block. Never an overcount.
+// batches keeps what the snapshot held, as Dynamo does: rank 0 still lists the block whose
+// removal it missed, rank 1 lacks the block it missed.
 func TestDaemonResumeAfterKill(t *testing.T) {
+	resumeAfterKill(t, false, true, false)
+}
+
+// TestDaemonResumeAfterKillClearOnGap: the same without a replay socket under --clear-on-gap:
+// a rank that missed batches is cleared rather than left reporting a removed block. Never an
+// overcount.
+func TestDaemonResumeAfterKillClearOnGap(t *testing.T) {
+	resumeAfterKill(t, true, false)
+}
+
+func resumeAfterKill(t *testing.T, clearOnGap bool, replays ...bool) {
 	if testing.Short() {
 		t.Skip("builds and runs the binary")
 	}
 	bin, dir := buildDaemon(t), t.TempDir()
 	// Snapshots at shutdown only, so that the test knows what the snapshot holds.
 	args := []string{"--nats-listen", freeport.TB(t), "--data-dir", dir, "--snapshot-interval", "0", "--block-size", strconv.Itoa(rankBlock)}
+	if clearOnGap {
+		args = append(args, "--clear-on-gap")
+	}
 	var cases []*rankCase
-	for _, replay := range []bool{true, false} {
+	for _, replay := range replays {
 		for _, f := range enginetest.Forms() {
 			rc := &rankCase{form: f, replay: replay, worker: uint64(200 + len(cases)), name: fmt.Sprintf("replay=%v/%s", replay, f.Name)}
 			rc.eng = enginetest.Start(t, enginetest.Options{Ranks: 2, Replay: replay})
@@ -75,8 +90,12 @@ func TestDaemonResumeAfterKill(t *testing.T) {
 			rk.PublishUntil(rk.Batch(), x.rc.form.EngineForm, func() bool { return x.zmq("kvrouterd_zmq_messages_total", r) > 0 })
 		}
 		want, outcome := [2]uint32{2, 2}, "recovered" // exact: rank 1's batch and rank 0's removal replayed
-		if !x.rc.replay {
+		switch {
+		case x.rc.replay:
+		case clearOnGap:
 			want, outcome = [2]uint32{0, 0}, "cleared" // each rank missed a batch it cannot get
+		default:
+			want, outcome = [2]uint32{3, 1}, "kept" // the snapshot's blocks, the missed batches not applied
 		}
 		var got [2]uint32
 		for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(10 * time.Millisecond) {

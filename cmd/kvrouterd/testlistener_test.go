@@ -55,8 +55,13 @@ func TestDaemonTestListener(t *testing.T) {
 	const rank0 = `{"instance_id": 7, "dp_rank": 0}`
 	expect(d, "/test/pause_listener", rank0, http.StatusOK, `{"status":"ok"}`)
 	expect(d, "/test/pause_listener", `{"instance_id": 7}`, http.StatusConflict, "instance 7 dp_rank 0 cannot be paused from status paused")
-	if code, body := httpGetStatus(t, d.addr, "/workers"); code != http.StatusOK || !strings.Contains(body, `"state":"paused"`) {
+	// Dynamo's status for the rank and for the instance, whose only rank it is; kvrouterd's state.
+	if code, body := httpGetStatus(t, d.addr, "/workers"); code != http.StatusOK || !strings.Contains(body, `"status":"paused","state":"paused"`) ||
+		!strings.Contains(body, `"source":"zmq","status":"paused"`) || strings.Contains(body, `"status":"active"`) {
 		t.Errorf("/workers while paused: %d %s", code, body)
+	}
+	if n := sample(t, scrape(d.addr), `dynamo_kvindexer_listeners{status="paused"}`); n != 1 {
+		t.Errorf(`dynamo_kvindexer_listeners{status="paused"} = %v, want 1`, n)
 	}
 	x.expect("paused: the blocks stay", 2, 0)
 	// Published while nobody reads the socket: only the replay socket has it.
