@@ -50,9 +50,7 @@ type Config struct {
 	// The router queue: off unless RouterQueueThreshold is set (Dynamo main's rule).
 	RouterQueueThreshold   OptFloat
 	RouterQueuePolicy      string
-	// RouterPolicyConfig is Dynamo's policy-class file (router.ParsePolicyConfig); it turns the
-	// router queue on for the models it has classes for.
-	RouterPolicyConfig string
+	RouterPolicyConfig     string // Dynamo's policy classes (router.ParsePolicyConfig): queues the models it has a profile for
 	RouterQueueMaxRequests int
 	RouterQueueMaxWait     time.Duration
 	TTFTSLO                time.Duration
