@@ -63,6 +63,7 @@ var dynamoFlags = []dynFlag{
 	{name: "", target: "overload-status", env: "DYN_HTTP_OVERLOAD_STATUS_CODE"},
 	{name: "", target: "router-queue-threshold", env: "DYN_ROUTER_QUEUE_THRESHOLD"},
 	{name: "", target: "router-queue-policy", env: "DYN_ROUTER_QUEUE_POLICY"},
+	{name: "", target: "router-policy-config", env: "DYN_ROUTER_POLICY_CONFIG"},
 	{name: "router-max-queue-wait-ms", target: "router-queue-max-wait", ms: true, env: "DYN_ROUTER_MAX_QUEUE_WAIT_MS"},
 	{name: "router-session-affinity-ttl-secs", target: "router-session-affinity-ttl", seconds: true, env: "DYN_ROUTER_SESSION_AFFINITY_TTL_SECS"},
 	{name: "session-affinity-ttl-secs", target: "router-session-affinity-ttl", seconds: true},

@@ -85,7 +85,6 @@ var dynamoIgnored = func() []dynIgnored {
 		{"router-tracking-key-file", "DYN_ROUTER_TRACKING_KEY_FILE", dynValue, whyTracking},
 		{"router-tracking-key-id", "DYN_ROUTER_TRACKING_KEY_ID", dynValue, whyTracking},
 		{"router-approximate-cache-policy", "DYN_ROUTER_APPROXIMATE_CACHE_POLICY", dynValue, "approximate mode expires blocks after --approx-ttl and caps them at --approx-max-blocks; no LRU policy yet"},
-		{"router-policy-config", "DYN_ROUTER_POLICY_CONFIG", dynValue, "policy classes are not built yet; the router queue is --router-queue-threshold and --router-queue-policy"},
 		{"router-prefill-policy", "DYN_ROUTER_PREFILL_POLICY", dynValue, whyPolicy},
 		{"router-decode-policy", "DYN_ROUTER_DECODE_POLICY", dynValue, whyPolicy},
 		{"use-remote-indexer", "DYN_USE_REMOTE_INDEXER", dynBool, "kvrouterd keeps its own index; it queries none on the workers"},
