@@ -618,6 +618,7 @@ func (d *Door) forward(ctx *fasthttp.RequestCtx, q *request, ws []router.HTTPWor
 	// router queue (a request restricted to some workers bypasses it, as in Dynamo).
 	every := len(ws) == len(d.r.ModelWorkers(q.model))
 	session := string(ctx.Request.Header.Peek("X-Dynamo-Session-ID"))
+	class := router.PolicyClassOf(string(ctx.Request.Header.Peek(router.PolicyClassHeader)))
 	w := d.poll.watch(ctx.Conn(), q.deadline)
 	inflight := q.mm.inflight
 	inflight.Inc()
@@ -642,10 +643,17 @@ func (d *Door) forward(ctx *fasthttp.RequestCtx, q *request, ws []router.HTTPWor
 		}
 		hints.routeRequest(&rr, toks, bs)
 		var rs wire.RouteResponse
-		if err := d.r.RouteWait(&rr, &rs, gone); err != nil {
+		if err := d.r.RouteWaitClass(&rr, &rs, class, gone); err != nil {
 			status, code := fasthttp.StatusServiceUnavailable, "no_worker"
 			var fe *router.FieldError
+			var pe *router.PolicyClassError
 			switch {
+			case errors.As(err, &pe):
+				d.classRefused(ctx, q, pe)
+				return
+			case errors.Is(err, router.ErrUnknownPolicyClass):
+				d.fail(ctx, q.path, fasthttp.StatusBadRequest, "unknown_policy_class", "", err.Error())
+				return
 			case errors.Is(err, router.ErrGone):
 				d.early(ctx, q, w, nil)
 				return
@@ -1183,4 +1191,15 @@ func (d *Door) prefillDo(req *http.Request) (json.RawMessage, error) {
 		return nil, errors.New("answered without kv_transfer_params: is its engine started with a KV connector?")
 	}
 	return a.Params, nil
+}
+
+// classRefused answers a request its policy class refused (a limit, a deadline) with Dynamo's
+// structured overload body.
+func (d *Door) classRefused(ctx *fasthttp.RequestCtx, q *request, pe *router.PolicyClassError) {
+	status := d.cfg.OverloadStatus
+	ctx.SetStatusCode(status)
+	ctx.SetContentType("application/json")
+	ctx.Response.SetBodyRaw(pe.AppendJSON(nil, status))
+	d.m.requests.WithLabelValues(q.path, strconv.Itoa(status)).Inc()
+	d.refusals.Info("front door: request refused by its policy class", "path", q.path, "status", status, "msg", pe.Error())
 }

@@ -578,8 +578,19 @@ func (s *Server) fail(ctx *fasthttp.RequestCtx, ep endpoint, err error) {
 		s.reject(ctx, ep, fasthttp.StatusBadRequest, reason, we.Field, we.Offset, err.Error())
 		return
 	}
+	var pe *router.PolicyClassError
+	if errors.As(err, &pe) {
+		// Dynamo's structured overload body, as its frontend answers a policy class's refusal.
+		status := s.cfg.overloadStatus()
+		ctx.SetStatusCode(status)
+		ctx.SetContentType("application/json")
+		ctx.Response.SetBodyRaw(pe.AppendJSON(nil, status))
+		return
+	}
 	status, reason := fasthttp.StatusBadRequest, "invalid"
 	switch {
+	case errors.Is(err, router.ErrUnknownPolicyClass):
+		reason = "unknown_policy_class" // 400
 	case errors.Is(err, router.ErrUnknownModel):
 		status, reason = fasthttp.StatusNotFound, "unknown_model"
 	case errors.Is(err, router.ErrUnknownWorker):
@@ -636,14 +647,14 @@ func (s *Server) route(ctx *fasthttp.RequestCtx, book bool) {
 	var err error
 	switch {
 	case binary(ctx) && book:
-		out, err = s.r.AppendRouteWait(out, &b.req, &b.resp, b.gone(ctx))
+		out, err = s.r.AppendRouteWaitClass(out, &b.req, &b.resp, policyClass(ctx), b.gone(ctx))
 	case binary(ctx):
 		out, err = s.r.AppendMatch(out, &b.req, &b.resp)
 	case book:
 		if b.req.SessionID == "" && s.r.SessionAffinity() {
 			b.req.SessionID = string(ctx.Request.Header.Peek(sessionHeader))
 		}
-		err = s.r.RouteWait(&b.req, &b.resp, b.gone(ctx))
+		err = s.r.RouteWaitClass(&b.req, &b.resp, policyClass(ctx), b.gone(ctx))
 	default:
 		err = s.r.Match(&b.req, &b.resp)
 	}
@@ -775,4 +786,14 @@ func (s *Server) snapshot(ctx *fasthttp.RequestCtx) {
 			s.log.Warn("snapshot stream broken off", "id", sn.Meta.ID, "err", err)
 		}
 	})
+}
+
+// policyClass is the policy class the request's x-dynamo-meta-policy-class header names, "" for
+// none (its model's default class).
+func policyClass(ctx *fasthttp.RequestCtx) string {
+	v := ctx.Request.Header.Peek(router.PolicyClassHeader)
+	if len(v) == 0 {
+		return ""
+	}
+	return router.PolicyClassOf(string(v))
 }
