@@ -372,7 +372,7 @@ func (r *report) qualityWorkload(w workload, blocks int) (*loadedSet, error) {
 	if err := r.qualityPlots(w, set, inf, pooled); err != nil {
 		return nil, err
 	}
-	ks, err := r.knees(w, blocks)
+	ks, err := r.knees(w, blocks, slo)
 	if err != nil {
 		return nil, err
 	}

@@ -75,7 +75,7 @@ func TestQuickReportGenerated(t *testing.T) {
 		"quality.generated.loaded.kv.hit_of_bound", "quality.generated.loaded.kv.goodput", "quality.generated.loaded.kv.prediction_error",
 		"quality.generated.loaded.dynamo_v1.ttft_mean", "quality.generated.loaded.dynamo_main.ttft_p99",
 		"quality.generated.loaded.dynamo_agentic.e2e_mean", "quality.generated.loaded.dynamo_load_aware.goodput",
-		"quality.generated.knee.dynamo_v1"} {
+		"quality.generated.knee.dynamo_v1", "quality.generated.knee_own.kv", "quality.generated.knee_own.gie"} {
 		if !seen[name] {
 			t.Errorf("no %s", name)
 		}
