@@ -25,6 +25,7 @@ require (
 	golang.org/x/text v0.43.0
 	golang.org/x/time v0.16.0
 	gonum.org/v1/plot v0.17.0
+	lukechampine.com/blake3 v1.4.1
 )
 
 require (

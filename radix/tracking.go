@@ -11,8 +11,8 @@ import (
 	"encoding/binary"
 	"errors"
 
-	"github.com/kvrouterd/kvrouterd/internal/blake3"
 	"github.com/zeebo/xxh3"
+	"lukechampine.com/blake3"
 )
 
 // TrackingKeySize is the size of a tracking key, in bytes.
@@ -69,7 +69,7 @@ type TrackingScope struct {
 // Seeds derives the scope's block and chain seeds: the first 16 bytes of the BLAKE3 keyed hash
 // of the domain and the scope's fields, each framed by a tag and its length.
 func (k *TrackingKey) Seeds(sc TrackingScope) (block, chain uint64) {
-	h := blake3.New(&k.key)
+	h := blake3.New(32, k.key[:])
 	var b [9]byte
 	frame := func(tag byte, v []byte) {
 		b[0] = tag
@@ -95,7 +95,8 @@ func (k *TrackingKey) Seeds(sc TrackingScope) (block, chain uint64) {
 	optional(5, sc.Salt)
 	optional(6, sc.LoRA)
 	frame(7, []byte{0}) // Eagle windows: kvrouterd hashes plain blocks
-	sum := h.Sum()
+	var out [32]byte
+	sum := h.Sum(out[:0])
 	return binary.LittleEndian.Uint64(sum[:8]), binary.LittleEndian.Uint64(sum[8:16])
 }
 

@@ -18,7 +18,6 @@ import (
 // only packages of lower layers, save the pairs in sameLayer.
 var layer = map[string]int{
 	"internal/bearer":   1,
-	"internal/blake3":   1,
 	"internal/extbin":   1,
 	"internal/freelist": 1,
 	"internal/striped":  1,
