@@ -13,11 +13,11 @@ build:
 	$(GO) build ./...
 
 # The daemon with its embedded defaults (HTTP on :8090, data in ./data). ARGS adds flags.
-# Built first, with a word that it is: the first build downloads about 50 modules, which
-# takes minutes and prints nothing.
+# Built first, with a word that it is: the first build compiles about 50 modules (the C of a
+# zstd library among them), which takes minutes on 2 cores; -v names each package as it goes.
 run:
-	@echo "building kvrouterd into bin/ (the first build downloads about 50 modules: a few minutes)..."
-	$(GO) build -o bin/kvrouterd ./cmd/kvrouterd
+	@echo "building kvrouterd into bin/ (the first build compiles about 50 modules: minutes on 2 cores; later ones take seconds)..."
+	$(GO) build -v -o bin/kvrouterd ./cmd/kvrouterd
 	@echo "starting bin/kvrouterd $(ARGS)"
 	./bin/kvrouterd $(ARGS)
 
@@ -42,12 +42,17 @@ vet:
 
 # The suite: unit, differential and concurrent tests (also under the race detector), tests that
 # need the invariants tag (hooks that stop a reader mid-lookup), the fuzz targets' seed corpora,
-# and every benchmark once at small sizes so that none rots.
+# and every benchmark once at small sizes so that none rots. The three test passes run through
+# internal/testsum, which prints what go test prints and keeps every skip: the last lines list
+# each test that skipped (a program not installed, the race detector) and why.
+TESTSUM := bin/testsum --skips $(OUT)/test-skips.txt
 test: vet
-	$(GO) test -count=1 ./...
-	$(GO) test -race -count=1 ./...
-	$(GO) test -count=1 -tags invariants ./...
+	@mkdir -p bin $(OUT) && rm -f $(OUT)/test-skips.txt && $(GO) build -o bin/testsum ./internal/testsum
+	$(TESTSUM) $(GO) test -count=1 ./...
+	$(TESTSUM) $(GO) test -race -count=1 ./...
+	$(TESTSUM) $(GO) test -count=1 -tags invariants ./...
 	$(GO) test -count=1 -short -run '^$$' -bench . -benchtime=1x ./...
+	@bin/testsum --summary $(OUT)/test-skips.txt
 
 # Two replicas on a three-node NATS cluster at length (nats-server, Debian package nats-server):
 # more events than the short version in `make test`, each node and each replica killed in turn,
@@ -80,11 +85,12 @@ TRACES ?= traces
 traces:
 	sh bench/fetch-traces.sh $(TRACES)
 
-# kvrouterd with its front door and four mock engines, the Mooncake conversation trace through
-# the front door in kv mode and round robin: TTFT and ITL of each, beside the simulator's
-# (about two minutes on 2 cores).
+# kvrouterd with its front door and four mock engines, a workload through the front door in kv
+# mode, with Dynamo's cost and round robin: TTFT and ITL of each, beside the simulator's (about
+# three minutes on 2 cores). The workload is the Mooncake conversation trace when ./traces has it
+# (`make traces`), else the built-in generated one. ARGS adds flags (`--help` lists them).
 demo:
-	$(GO) run ./bench/demo --out $(OUT)
+	$(GO) run ./bench/demo --out $(OUT) $(ARGS)
 
 # Microbenchmarks, BENCHCOUNT runs each, summarized as medians; memory benchmarks once (they do
 # not depend on timing). Raw output in bench/out/.
