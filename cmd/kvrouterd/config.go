@@ -141,7 +141,7 @@ func parseFlags(fs *flag.FlagSet, args []string, env func(string) (string, bool)
 func badFlag(fs *flag.FlagSet, err error) error {
 	name, ok := strings.CutPrefix(err.Error(), "flag provided but not defined: ")
 	if !ok {
-		return fmt.Errorf("%v (--help lists every flag)", err)
+		return fmt.Errorf("%s (--help lists every flag)", doubleDash(err.Error()))
 	}
 	name = strings.TrimLeft(name, "-")
 	best, bestD := "", 3 // farther than two edits is no suggestion
@@ -158,6 +158,18 @@ func badFlag(fs *flag.FlagSet, err error) error {
 		return fmt.Errorf("unknown flag --%s (--help lists every flag)", name)
 	}
 	return fmt.Errorf("unknown flag --%s: did you mean --%s? (--help lists every flag)", name, best)
+}
+
+// doubleDash writes the flag a message of the flag package names with two dashes, as the
+// help and the documentation write flags: "flag needs an argument: -http-addr" becomes
+// "flag needs an argument: --http-addr".
+func doubleDash(msg string) string {
+	for _, p := range []string{"flag needs an argument: -", " for flag -", " for -"} {
+		if i := strings.Index(msg, p); i >= 0 && !strings.HasPrefix(msg[i+len(p):], "-") {
+			return msg[:i+len(p)] + "-" + msg[i+len(p):]
+		}
+	}
+	return msg
 }
 
 // editDistance is the Levenshtein distance between a and b, in bytes.

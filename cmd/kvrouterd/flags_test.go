@@ -17,8 +17,8 @@ import (
 	"github.com/kvrouterd/kvrouterd/internal/freeport"
 )
 
-// TestBadFlagOneLine: a mistyped flag is one line naming it and the flag probably meant, with
-// nothing else written; --help writes the usage; --shards defaults to GOMAXPROCS, the CPUs the
+// TestBadFlagOneLine: a mistyped flag is one line naming it (with two dashes) and the flag
+// probably meant, with nothing else written; --help writes the usage; --shards defaults to GOMAXPROCS, the CPUs the
 // process may use.
 func TestBadFlagOneLine(t *testing.T) {
 	f := func(args []string, want string) {
@@ -32,7 +32,8 @@ func TestBadFlagOneLine(t *testing.T) {
 	f([]string{"--shard", "3"}, "unknown flag --shard: did you mean --shards? (--help lists every flag)")
 	f([]string{"-htp-addr", ":1"}, "unknown flag --htp-addr: did you mean --http-addr? (--help lists every flag)")
 	f([]string{"--completely-unknown"}, "unknown flag --completely-unknown (--help lists every flag)")
-	f([]string{"--shards", "x"}, `invalid value "x" for flag -shards: parse error (--help lists every flag)`)
+	f([]string{"--shards", "x"}, `invalid value "x" for flag --shards: parse error (--help lists every flag)`)
+	f([]string{"--http-addr"}, "flag needs an argument: --http-addr (--help lists every flag)")
 
 	var out bytes.Buffer
 	if _, err := parseConfig([]string{"--help"}, func(string) (string, bool) { return "", false }, &out); !errors.Is(err, flag.ErrHelp) ||
@@ -52,6 +53,23 @@ func TestBadFlagOneLine(t *testing.T) {
 // TestStartFailsFast: a start step that cannot succeed ends the process at once with one line
 // naming the flag to change: an HTTP address or embedded NATS address taken (a second daemon on
 // the host), a data directory that is a file. A clean shutdown logs no warning.
+// TestHelpArgument: `kvrouterd help` is --help, `kvrouterd help bridge` bridge's; other
+// arguments are left alone.
+func TestHelpArgument(t *testing.T) {
+	f := func(args, want string) {
+		t.Helper()
+		if got := strings.Join(helpArgs(strings.Fields(args)), " "); got != want {
+			t.Errorf("helpArgs(%q) = %q, want %q", args, got, want)
+		}
+	}
+	f("help", "--help")
+	f("help routing", "--help")
+	f("help bridge", "bridge --help")
+	f("help probe", "probe --help")
+	f("bridge --zmq x", "bridge --zmq x")
+	f("", "")
+}
+
 func TestStartFailsFast(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the binary")

@@ -21,6 +21,7 @@ import (
 var version string
 
 func main() {
+	os.Args = append(os.Args[:1], helpArgs(os.Args[1:])...)
 	if versionAsked(os.Args[1:]) {
 		fmt.Print(daemon.ReadBuild(version))
 		return
@@ -80,4 +81,16 @@ func versionAsked(args []string) bool {
 		}
 	}
 	return false
+}
+
+// helpArgs turns `kvrouterd help`, as a newcomer types it, into --help: `help bridge` and `help
+// probe` into those commands' --help, `help` followed by anything else into kvrouterd's.
+func helpArgs(args []string) []string {
+	if len(args) == 0 || args[0] != "help" {
+		return args
+	}
+	if len(args) > 1 && (args[1] == "bridge" || args[1] == "probe") {
+		return []string{args[1], "--help"}
+	}
+	return []string{"--help"}
 }
