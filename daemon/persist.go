@@ -29,6 +29,9 @@ type persist struct {
 	readOnly error
 
 	mu sync.Mutex // one Write at a time (the periodic one and the final one)
+	// last is what the last write held, guarded by mu: a write that holds the same is logged
+	// at debug level, so that an idle daemon does not log one line per interval.
+	last snapshotShape
 	// failed is the last write's error; nil once one succeeds.
 	failed atomic.Pointer[error]
 	// newest is when the newest snapshot written or restored was taken (Unix nanoseconds; 0
@@ -194,9 +197,24 @@ func (p *persist) write(r *router.Router, seq uint64) error {
 	p.lastSeconds.Set(took.Seconds())
 	p.lastBytes.Set(float64(m.StoredBytes))
 	p.lastSeq.Set(float64(seq))
-	p.log.Info("snapshot written", "id", m.ID, "stream_seq", seq, "workers", st.Workers, "residencies", st.Residencies,
+	shape := snapshotShape{seq: seq, workers: st.Workers, residencies: st.Residencies, rawBytes: m.RawBytes}
+	level := slog.LevelInfo
+	if shape == p.last {
+		level = slog.LevelDebug
+	}
+	p.last = shape
+	p.log.Log(context.Background(), level, "snapshot written", "id", m.ID, "stream_seq", seq, "workers", st.Workers, "residencies", st.Residencies,
 		"bytes", m.StoredBytes, "raw_bytes", m.RawBytes, "took", took)
 	return nil
+}
+
+// snapshotShape is what tells two snapshots apart in the log: the stream sequence they cover,
+// their workers, residencies and encoded size. Plain data.
+type snapshotShape struct {
+	seq         uint64
+	workers     int
+	residencies int64
+	rawBytes    int64
 }
 
 // loop writes a snapshot every interval until ctx ends; seq reads the stream sequence every

@@ -76,6 +76,8 @@ func StartEmbedded(cfg EmbeddedConfig) (*server.Server, error) {
 		JetStream:  true,
 		StoreDir:   cfg.Dir,
 		NoSigs:     true,
+		// Debug logging shows the server's notices, not its ASCII-art logo.
+		DisableJetStreamBanner: true,
 		// Event batches of long prompts are large: allow 8 MiB messages.
 		MaxPayload: 8 << 20,
 	}
@@ -115,7 +117,11 @@ func StartEmbedded(cfg EmbeddedConfig) (*server.Server, error) {
 type natsLogger struct{ l *slog.Logger }
 
 func (n *natsLogger) Noticef(format string, v ...any) {
-	n.l.Debug("nats: " + fmt.Sprintf(format, v...))
+	msg := fmt.Sprintf(format, v...)
+	if strings.Trim(msg, "- ") == "" {
+		return // the blank and ruled lines that frame the server's notices
+	}
+	n.l.Debug("nats: " + msg)
 }
 func (n *natsLogger) Warnf(format string, v ...any)  { n.l.Warn("nats: " + fmt.Sprintf(format, v...)) }
 func (n *natsLogger) Fatalf(format string, v ...any) { n.l.Error("nats: " + fmt.Sprintf(format, v...)) }
