@@ -49,6 +49,9 @@ type scratch struct {
 	tab   []cost
 	wtab  []wireCost // tab as records carry it
 	have  []bool     // which depths of tab a formula other than CostV1 filled
+	// shared is the blocks of the chosen worker's candidate booked there by requests ahead
+	// (Candidate.Shared), set by predict for bookStage.
+	shared int32
 	// predicted is the chosen worker's TTFT as CostTTFT's step model predicts it with nothing
 	// queued ahead (ms; 0: none), for its booking (scoring.Output.PredictedTTFT).
 	predicted float64
@@ -424,7 +427,12 @@ func (r *Router) pick(s *scratch, m *model, list *workerList, p *scoring.Params,
 // with predict-on-route records the blocks as held by w: a prefill worker computes them, a
 // decode worker receives them.
 func (r *Router) bookStage(s *scratch, m *model, w *rankWorker, p *scoring.Params, req *wire.RouteRequest, key string, cached int32, noReuse, blocks bool) error {
-	prefill := int64(p.ISL) - int64(cached)*int64(m.blockSize)
+	// Under CostTTFT (predict set s.shared), blocks booked on w by requests ahead count as
+	// computed: the engine computes a prefix its queue shares once, and the prompt-side work
+	// queued there (what the next request's predicted time waits for) is that once. Dynamo's
+	// formulas book its prompt less the device's cache alone, as Dynamo does.
+	prefill := int64(p.ISL) - int64(max(cached, s.shared))*int64(m.blockSize)
+	s.shared = 0
 	if !p.TrackPrefill {
 		prefill = 0 // not tracked: not booked either (Dynamo's track_prefill_tokens=false)
 	}
@@ -765,6 +773,7 @@ func (s *scratch) activePrefill(l *scoring.Load, p *scoring.Params) int64 {
 func (s *scratch) predict(p *scoring.Params, c *scoring.Candidate, l *scoring.Load, resp *wire.RouteResponse) {
 	pr := p.PredictTTFT(c.Cached, c.Shared, c.Ext, c.ActiveBlocks, c.ActivePrefill, c.ActiveRequests)
 	resp.PredictedTTFT = pr * l.Slowness()
+	s.shared = c.Shared
 	s.predicted = 0
 	if c.ActivePrefill == 0 {
 		s.predicted = pr

@@ -126,7 +126,7 @@ func (m *StepModel) Decayed(active, since, now, requests, blocks int64, slow flo
 
 // DefaultCacheWeight is CostTTFT's cache weight: how many times more a computed prompt token
 // costs the fleet than its own prefill time. See Params.CacheWeight and docs/decisions.md.
-const DefaultCacheWeight = 3
+const DefaultCacheWeight = 1
 
 // ttftOwn is the prompt tokens a worker with cached blocks, shared active ones (booked by
 // requests ahead of this one, computed before it), and lower-tier credit lower (blocks, loaded
