@@ -174,7 +174,7 @@ func (r *Router) routeDisagg(s *scratch, m *model, full *workerList, p *scoring.
 			}
 		}
 		if bypass && cfg.HasDecodeBusyThreshold {
-			bypass = !decodeBusy(r, serve, dpos, s.seqs, p.Blocks, cfg.DecodeBusyThreshold)
+			bypass = !decodeBusy(r, serve, dpos, s.tseqs, p.Blocks, cfg.DecodeBusyThreshold)
 		}
 		if bypass {
 			return r.bookWhole(s, m, serve, dpos, dcached, p, req, resp, enc, sticky, DisaggBypassed, eff)

@@ -41,6 +41,11 @@ type scratch struct {
 	noReuse bool
 	rseqs   []uint64
 
+	// tseqs are the identities the request's blocks are booked and shared under (tracking.go):
+	// seqs, the public sequence hashes the index is matched by, or with Config.TrackingKey
+	// kseqs, the keyed ones.
+	tseqs, kseqs []uint64
+
 	// scoreKV's working memory (scorekv.go)
 	depth []int32
 	busy  []radix.Slot
@@ -122,7 +127,7 @@ func (r *Router) appendAnswer(dst []byte, req *wire.RouteRequest, resp *wire.Rou
 
 // match hashes req's prompt into s.seqs (sequence hashes, first block first) and matches them
 // against m's index into s.m, raised to the model's predicted depths with predict-on-route; p
-// learns the block count. clk, if set, learns when each phase ended (phases.go).
+// learns the block count. s.tseqs gets the identities the blocks are booked under. clk, if set, learns when each phase ended (phases.go).
 func (s *scratch) match(r *Router, m *model, req *wire.RouteRequest, p *scoring.Params, clk *phaseClock) {
 	if clk != nil {
 		clk[0] = monoNow()
@@ -146,6 +151,12 @@ func (s *scratch) match(r *Router, m *model, req *wire.RouteRequest, p *scoring.
 	}
 	if clk != nil {
 		clk[2] = monoNow()
+	}
+	s.tseqs = s.seqs
+	if m.track.key != nil && !req.ByHash {
+		bs, cs := m.track.seeds(m, req.LoRA)
+		s.kseqs = s.h.AppendTracking(s.kseqs[:0], req.Tokens, m.blockSize, bs, cs)
+		s.tseqs = s.kseqs
 	}
 	p.Blocks = len(s.seqs)
 	m.ix.Match(s.seqs, &s.m)
@@ -439,7 +450,7 @@ func (r *Router) bookStage(s *scratch, m *model, w *rankWorker, p *scoring.Param
 	var seqs []uint64
 	var out scoring.Output
 	if blocks {
-		seqs = s.seqs
+		seqs = s.tseqs
 		if noReuse {
 			// The request's blocks under random hashes, which no other request's share (the
 			// index still matched the real ones).
@@ -486,7 +497,7 @@ func (s *scratch) general(r *Router, ix *radix.Index, list *workerList, p *scori
 	if s.noReuse {
 		s.am.Slots, s.am.Depth = s.am.Slots[:0], s.am.Depth[:0] // nothing booked is shared
 	} else {
-		r.tracker.Match(s.seqs, &s.am)
+		r.tracker.Match(s.tseqs, &s.am)
 	}
 	if err := s.candidates(r, ix, list, p, req); err != nil {
 		return 0, err

@@ -61,6 +61,12 @@ type Config struct {
 	// share no active blocks (Dynamo's router_assume_kv_reuse=false, for engines without prefix
 	// caching); a request's assume_kv_reuse overrides it.
 	NoAssumeReuse bool
+	// TrackingKey, if set, books active blocks under keyed tracking identities
+	// (radix.TrackingKey: Dynamo's --router-tracking-hash keyed-xxh3-v1) instead of the public
+	// sequence hashes: the tracker's bookings, the blocks shared with requests ahead, the
+	// blocks a Selection books and what replicas share. The index is still matched by the
+	// public hashes. Requests given by hash keep the hashes given.
+	TrackingKey *radix.TrackingKey
 	// TrackOutputBlocks books an output block each time a request's prompt and output cross a
 	// block boundary, as OutputTokens reports them (Dynamo's router_track_output_blocks), decayed
 	// toward the request's expected output length when it gives one.
@@ -321,6 +327,8 @@ type model struct {
 	hits modelHits
 
 	health modelHealth // outlier ejection (eject.go)
+
+	track trackSeeds // with Config.TrackingKey, the model's tracking seeds (tracking.go)
 }
 
 // workerList is a model's registered (worker, rank) pairs, immutable once published.
@@ -837,6 +845,7 @@ func (r *Router) registerLocked(g Registration, eps []RankEndpoint, publish bool
 		if r.cfg.Queue != nil {
 			m.queue = newModelQueue(r.cfg.Queue.Classes.Profile(g.Model))
 		}
+		r.initTracking(m)
 		storeList(m, nil)
 		r.initBusy(m)
 	}

@@ -248,7 +248,7 @@ func (s *scratch) exactBusy(r *Router, list *workerList, p *scoring.Params, row 
 		return 0, false
 	}
 	if !s.noReuse {
-		c.Shared = int32(r.tracker.Shared(list.loads[row.pos], s.seqs))
+		c.Shared = int32(r.tracker.Shared(list.loads[row.pos], s.tseqs))
 	}
 	c.PrefillTokens, c.DecodeBlocks, c.Logit = p.CostAt(c)
 	row.exact = true

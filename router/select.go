@@ -57,7 +57,8 @@ type Selection struct {
 	// are, 0 when not.
 	TrackPrefill bool
 	Prefill      int64
-	// Seqs are the request's full blocks' sequence hashes, first block first: what Book books.
+	// Seqs are the identities of the request's full blocks, first block first: what Book
+	// books. Its sequence hashes, or with Config.TrackingKey its keyed tracking identities.
 	Seqs []uint64
 	// Credit is the share of a device block credited (overlap_score_credit, the request's or
 	// the router's), Tiers the lower tiers' weights: what Dynamo's router_credit_blocks weighs.
@@ -101,7 +102,8 @@ func (r *Router) selectWith(req *wire.RouteRequest, o SelectOptions, sel *Select
 	s.noReuse = false // Book books Selection.Seqs, the real hashes
 	s.match(r, m, req, &p, nil)
 	if len(o.Seqs) == len(s.seqs) && o.Seqs != nil {
-		s.seqs = append(s.seqs[:0], o.Seqs...)
+		s.kseqs = append(s.kseqs[:0], o.Seqs...) // trusted identities, as Dynamo takes them
+		s.tseqs = s.kseqs
 	}
 	if choose {
 		s.setEject(r, r.ejecting(m))
@@ -113,7 +115,7 @@ func (r *Router) selectWith(req *wire.RouteRequest, o SelectOptions, sel *Select
 	}
 	r.matched.Inc()
 
-	*sel = Selection{Scores: sel.Scores[:0], Seqs: append(sel.Seqs[:0], s.seqs...),
+	*sel = Selection{Scores: sel.Scores[:0], Seqs: append(sel.Seqs[:0], s.tseqs...),
 		BlockSize: m.blockSize, ISL: p.ISL, Blocks: p.Blocks, TrackPrefill: p.TrackPrefill, Credit: p.Credit, Tiers: p.Tiers}
 	for i := range s.cands {
 		sel.Scores = append(sel.Scores, scored(&s.cands[i]))
