@@ -45,7 +45,12 @@ type Config struct {
 	DiskCacheHitWeight float64
 	NoAssumeKVReuse    bool
 	TrackOutputBlocks  bool
-	RequestExpiry      time.Duration
+	// The identities active blocks are booked under (tracking.go): public-xxh3-v1, or
+	// keyed-xxh3-v1 with the provider's 32-byte key file and its key id (epoch).
+	RouterTrackingHash    string
+	RouterTrackingKeyFile string
+	RouterTrackingKeyID   string
+	RequestExpiry         time.Duration
 
 	// The router queue: off unless RouterQueueThreshold is set (Dynamo main's rule).
 	RouterQueueThreshold   OptFloat
@@ -184,6 +189,7 @@ func Defaults() Config {
 		PrefillLoadModel:         "none",
 		OverlapScoreCredit:       1.0,
 		PrefillLoadScale:         1.0,
+		RouterTrackingHash:       trackingPublic,
 		HostCacheHitWeight:       0.75,
 		DiskCacheHitWeight:       0.25,
 		RouterQueuePolicy:        "fcfs",
@@ -281,6 +287,9 @@ func (c *Config) Flags(fs *flag.FlagSet) {
 	fs.Float64Var(&c.DecodeActiveRequestWeight, "router-decode-active-request-weight", c.DecodeActiveRequestWeight, "--router-cost main: cost in blocks of each request active on a worker")
 	fs.BoolVar(&c.NoAssumeKVReuse, "no-router-assume-kv-reuse", c.NoAssumeKVReuse, "book each request's blocks under random hashes, so that concurrent requests share no active block (engines without prefix caching); a request's assume_kv_reuse overrides it")
 	fs.BoolVar(&c.TrackOutputBlocks, "router-track-output-blocks", c.TrackOutputBlocks, "grow a request's booking by a block each time its prompt and generated tokens cross a block boundary, as the front door or POST /v1/requests/{id}/output reports them, decayed toward its expected output length when it gives one")
+	fs.StringVar(&c.RouterTrackingHash, "router-tracking-hash", c.RouterTrackingHash, "identities of the active blocks a request books, which the load counts and replicas share: public-xxh3-v1 (the blocks' public sequence hashes) or keyed-xxh3-v1 (derived from --router-tracking-key-file, so that who can compute public hashes cannot probe which prompts are active; replicas and Dynamo routers share bookings only under the same key and key id); the index is matched by public hashes either way")
+	fs.StringVar(&c.RouterTrackingKeyFile, "router-tracking-key-file", c.RouterTrackingKeyFile, "keyed-xxh3-v1: a file of exactly 32 raw bytes, the provider's secret key; a missing or bad one refuses the start")
+	fs.StringVar(&c.RouterTrackingKeyID, "router-tracking-key-id", c.RouterTrackingKeyID, "keyed-xxh3-v1: the key's id (epoch), non-empty without surrounding blanks; change it with the key, on every replica at once")
 	fs.DurationVar(&c.RequestExpiry, "request-expiry", c.RequestExpiry, "free routed requests not completed after this long")
 	fs.IntVar(&c.MaxCandidates, "max-candidates", c.MaxCandidates, "candidates in a route or match answer when the request does not say: the chosen worker, then the lowest costs; 0 = every worker")
 	c.busyFlags(fs)
@@ -439,6 +448,9 @@ func (c *Config) Check() error {
 		return fmt.Errorf("--router-mode %q: want %s", c.RouterMode, scoring.ModeNames)
 	}
 	if _, err := c.disagg(); err != nil {
+		return err
+	}
+	if _, err := c.trackingKey(); err != nil {
 		return err
 	}
 	if err := c.checkBusy(); err != nil {

@@ -157,6 +157,13 @@ func Start(ctx context.Context, c Config, stderr io.Writer) (_ *Daemon, err erro
 		return nil, err
 	}
 	tierCredit := c.tierCredit()
+	tracking, err := c.trackingKey()
+	if err != nil {
+		return nil, err
+	}
+	if tracking != nil {
+		log.Info("active blocks are booked under keyed tracking identities", "tracking_hash", c.RouterTrackingHash, "key_id", tracking.ID())
+	}
 	watch := &engineWatcher{}
 	var share *replica.Sharer
 	if c.ShareLoad && !c.NoKVEvents {
@@ -179,6 +186,7 @@ func Start(ctx context.Context, c Config, stderr io.Writer) (_ *Daemon, err erro
 			TierCredit:        &tierCredit,
 			NoAssumeReuse:     c.NoAssumeKVReuse || c.LoadAware,
 			TrackOutputBlocks: c.TrackOutputBlocks,
+			TrackingKey:       tracking,
 			Queue:             c.queue(),
 			Affinity:          c.affinity(),
 			PredictedTTL:      c.PredictedTTL,

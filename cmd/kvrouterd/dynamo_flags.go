@@ -45,6 +45,10 @@ var dynamoFlags = []dynFlag{
 	{name: "router-assume-kv-reuse", target: "no-router-assume-kv-reuse", negate: true, env: "DYN_ROUTER_ASSUME_KV_REUSE"},
 	{name: "assume-kv-reuse", target: "no-router-assume-kv-reuse", negate: true},
 	{name: "", target: "router-track-output-blocks", env: "DYN_ROUTER_TRACK_OUTPUT_BLOCKS"},
+	// Keyed tracking hashes: the identities active blocks are booked under.
+	{name: "", target: "router-tracking-hash", env: "DYN_ROUTER_TRACKING_HASH"},
+	{name: "", target: "router-tracking-key-file", env: "DYN_ROUTER_TRACKING_KEY_FILE"},
+	{name: "", target: "router-tracking-key-id", env: "DYN_ROUTER_TRACKING_KEY_ID"},
 	{name: "track-output-blocks", target: "router-track-output-blocks"},
 	{name: "no-router-track-output-blocks", target: "router-track-output-blocks", negate: true},
 	{name: "router-kv-events", target: "no-kv-events", negate: true, env: "DYN_ROUTER_USE_KV_EVENTS"},

@@ -38,7 +38,6 @@ const (
 	whyValkey    = "kvrouterd keeps the index in each replica and shares state over its NATS stream, not in Valkey"
 	whyPrefill   = "Dynamo's older conditional prefill; kvrouterd has conditional disaggregation (--router-conditional-disagg)"
 	whyPolicy    = "kvrouterd has one worker selector, its cost function; named worker-selection instances are not built"
-	whyTracking  = "kvrouterd books active blocks under the public hash; keyed tracking hashes are not built yet"
 )
 
 // dynamoIgnored are the flags and variables of Dynamo's frontend (frontend_args.py) and router
@@ -81,9 +80,6 @@ var dynamoIgnored = func() []dynIgnored {
 		{"admission-control", "DYN_ADMISSION_CONTROL", dynValue, "each busy threshold applies whenever it is set, as on Dynamo main, which ignores this setting too"},
 		// The KV router's (kv_router_args.py).
 		{"router-track-active-blocks", "DYN_ROUTER_TRACK_ACTIVE_BLOCKS", dynBool, "kvrouterd always tracks active blocks: its cost needs them"},
-		{"router-tracking-hash", "DYN_ROUTER_TRACKING_HASH", dynValue, whyTracking},
-		{"router-tracking-key-file", "DYN_ROUTER_TRACKING_KEY_FILE", dynValue, whyTracking},
-		{"router-tracking-key-id", "DYN_ROUTER_TRACKING_KEY_ID", dynValue, whyTracking},
 		{"router-approximate-cache-policy", "DYN_ROUTER_APPROXIMATE_CACHE_POLICY", dynValue, "approximate mode expires blocks after --approx-ttl and caps them at --approx-max-blocks; no LRU policy yet"},
 		{"router-prefill-policy", "DYN_ROUTER_PREFILL_POLICY", dynValue, whyPolicy},
 		{"router-decode-policy", "DYN_ROUTER_DECODE_POLICY", dynValue, whyPolicy},
