@@ -206,15 +206,10 @@ func (c *choice) appendText(k, v string) {
 	if v[0] != '"' {
 		return
 	}
-	i := slices.IndexFunc(c.text, func(t textField) bool { return t.k == k })
-	if i < 0 {
-		i = len(c.text)
-		if i < cap(c.text) {
-			c.text = c.text[:i+1]
-			c.text[i].k, c.text[i].v = name(k), c.text[i].v[:0]
-		} else {
-			c.text = append(c.text, textField{k: name(k)})
-		}
+	var i int
+	var fresh bool
+	if c.text, i, fresh = findOrGrow(c.text, func(t *textField) bool { return t.k == k }); fresh {
+		c.text[i].k, c.text[i].v = name(k), c.text[i].v[:0]
 	}
 	c.text[i].v = append(c.text[i].v, stringValue(v)...)
 }
@@ -298,15 +293,10 @@ func (c *choice) addLogprobs(g *aggregate, v gjson.Result) {
 			return true
 		}
 		key := k.Str
-		i := slices.IndexFunc(c.logprobs, func(l lpList) bool { return l.k == key })
-		if i < 0 {
-			i = len(c.logprobs)
-			if i < cap(c.logprobs) {
-				c.logprobs = c.logprobs[:i+1]
-				c.logprobs[i].k, c.logprobs[i].items = name(key), c.logprobs[i].items[:0]
-			} else {
-				c.logprobs = append(c.logprobs, lpList{k: name(key)})
-			}
+		var i int
+		var fresh bool
+		if c.logprobs, i, fresh = findOrGrow(c.logprobs, func(l *lpList) bool { return l.k == key }); fresh {
+			c.logprobs[i].k, c.logprobs[i].items = name(key), c.logprobs[i].items[:0]
 		}
 		l := &c.logprobs[i]
 		list.ForEach(func(_, e gjson.Result) bool {
@@ -315,6 +305,22 @@ func (c *choice) addLogprobs(g *aggregate, v gjson.Result) {
 		})
 		return true
 	})
+}
+
+// findOrGrow returns s with the index of its first element match accepts, or, with fresh
+// set, of one added past its length: a spare element of s's capacity, whose buffers the caller
+// keeps and resets, else a zero one appended.
+func findOrGrow[T any](s []T, match func(*T) bool) (_ []T, i int, fresh bool) {
+	for i := range s {
+		if match(&s[i]) {
+			return s, i, false
+		}
+	}
+	if i = len(s); i < cap(s) {
+		return s[:i+1], i, true
+	}
+	var zero T
+	return append(s, zero), i, true
 }
 
 // bytes returns the assembled answer, good until reset.
