@@ -72,6 +72,7 @@ func TestBridge(t *testing.T) {
 		}
 	}()
 	r0, r1 := eng.Rank(0), eng.Rank(1)
+	waitCaughtUp(t, br.s)
 	r0.Probe(func() bool { return br.Stats().Ranks[0].Counters.Messages > 0 })
 	r1.Probe(func() bool { return br.Stats().Ranks[1].Counters.Messages > 0 })
 	eventually(t, "the probes stored", func() bool { return br.Stats().Batches >= 2 })

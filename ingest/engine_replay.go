@@ -8,6 +8,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 
 	"github.com/go-zeromq/zmq4"
 	"github.com/kvrouterd/kvrouterd/wire"
@@ -20,7 +21,7 @@ func (rl *rankLoop) recover(ctx context.Context, seq uint64) {
 	reason := "no replay endpoint"
 	if rl.replay != "" {
 		rl.c[cReplayRequests].Add(1)
-		err := rl.replayRange(ctx, seq)
+		err := rl.replayRange(ctx, seq, fromOldest)
 		if err == nil {
 			rl.c[cGapsRecovered].Add(1)
 			rl.log.Info("missed batches recovered from the replay socket", "first", from, "last", seq-1)
@@ -54,7 +55,7 @@ func (rl *rankLoop) lost(ctx context.Context, msg string, args ...any) {
 // batches, a buffer with a hole in it is a gap like any other (lost).
 func (rl *rankLoop) history(ctx context.Context, seq uint64) {
 	rl.c[cReplayRequests].Add(1)
-	err := rl.replayRange(ctx, seq)
+	err := rl.replayRange(ctx, seq, fromOldest)
 	switch {
 	case err == nil:
 		if rl.tracker.started {
@@ -70,11 +71,76 @@ func (rl *rankLoop) history(ctx context.Context, seq uint64) {
 	rl.lost(ctx, "engine history has a hole", "last", rl.tracker.last, "first_live", seq, "err", err)
 }
 
+// catchUp runs as each connection to the rank's PUB socket is made, before its first live
+// message is read: it hands on whatever the replay buffer holds after the last batch handed on
+// (everything it holds, for a rank never fed), so that the cache an engine built while nobody
+// listened counts at once rather than at the engine's next batch, which an idle engine may
+// never publish. Subscribing first and asking second leaves no batch between the two: one
+// published meanwhile arrives live as well and is a duplicate, one published before the
+// subscription took effect is in the reply. Batches after the rank's last one are a gap,
+// recovered; a buffer that no longer reaches back to it is a gap lost.
+func (rl *rankLoop) catchUp(ctx context.Context) {
+	started, last := rl.tracker.started, rl.tracker.last
+	rl.c[cReplayRequests].Add(1)
+	err := rl.replayRange(ctx, openEnded, fromOldest)
+	switch {
+	case ctx.Err() != nil:
+		return
+	case err == nil && !started:
+		if rl.tracker.started {
+			rl.log.Info("engine history fetched from the replay socket", "last", rl.tracker.last)
+		}
+	case err == nil:
+		if rl.tracker.last != last {
+			rl.c[cGaps].Add(1)
+			rl.c[cGapsRecovered].Add(1)
+			rl.log.Info("batches published while unsubscribed recovered from the replay socket", "first", last+1, "last", rl.tracker.last)
+		}
+	case !started && !rl.tracker.started:
+		rl.warn("engine history not fetched; the rank starts from its live batches", "err", err)
+	default:
+		rl.c[cGaps].Add(1)
+		rl.lost(ctx, "batches published while unsubscribed are no longer in the replay buffer", "last", rl.tracker.last, "err", err)
+	}
+}
+
+// restarted hands on, after a restart revealed by live batch seq, the restarted engine's
+// batches before it from the replay buffer: its first ones may have been published before the
+// subscription reached its new PUB socket. The rank was just cleared and nothing of the new
+// engine was handed on, so the reply must start at batch 0; a buffer that no longer holds it
+// has lost batches for good.
+func (rl *rankLoop) restarted(ctx context.Context, seq uint64) {
+	rl.tracker = seqTracker{}
+	rl.c[cReplayRequests].Add(1)
+	err := rl.replayRange(ctx, seq, fromZero)
+	switch {
+	case err == nil:
+		if rl.tracker.started {
+			rl.log.Info("restarted engine's first batches recovered from the replay socket", "last", rl.tracker.last)
+		}
+	case ctx.Err() != nil:
+	default:
+		rl.c[cGaps].Add(1)
+		rl.lost(ctx, "restarted engine's first batches lost", "first_live", seq, "err", err)
+	}
+}
+
+// openEnded as replayRange's upto asks for every batch the buffer holds.
+const openEnded = math.MaxUint64
+
+// replayOrigin is where a replay for a rank with nothing handed on yet must start.
+type replayOrigin uint8
+
+const (
+	fromOldest replayOrigin = iota // the oldest batch the buffer holds (history)
+	fromZero                       // batch 0 (a restarted engine's stream)
+)
+
 // replayRange asks the rank's replay socket for the batches from the last one handed on up to
-// (not including) upto, and hands them on in order; with none handed on yet (history), from
-// the oldest the buffer holds. The reply is read to its end marker even
+// (not including) upto, or all of them (openEnded), and hands them on in order; with none
+// handed on yet, from origin. The reply is read to its end marker even
 // when it cannot close the gap, so that zmq4 is left no message it would block on.
-func (rl *rankLoop) replayRange(ctx context.Context, upto uint64) error {
+func (rl *rankLoop) replayRange(ctx context.Context, upto uint64, origin replayOrigin) error {
 	s := rl.s
 	rctx, cancel := context.WithTimeout(ctx, s.cfg.ReplayTimeout)
 	defer cancel()
@@ -117,8 +183,12 @@ func (rl *rankLoop) replayRange(ctx context.Context, upto uint64) error {
 			break
 		}
 		next := rl.tracker.last + 1
-		if !rl.tracker.started {
+		switch {
+		case rl.tracker.started:
+		case origin == fromOldest:
 			next = seq // history: the oldest batch the buffer holds starts the rank's stream
+		default:
+			next = 0
 		}
 		switch {
 		case hole != nil, seq < next, next == upto, seq >= upto:
@@ -132,8 +202,13 @@ func (rl *rankLoop) replayRange(ctx context.Context, upto uint64) error {
 	if hole != nil {
 		return fmt.Errorf("replay %s: %w", rl.replay, hole)
 	}
-	if !rl.tracker.started {
+	switch {
+	case upto == openEnded:
+		return nil // all there was
+	case !rl.tracker.started && origin == fromOldest:
 		return nil // history: the buffer holds nothing older than the live batch
+	case !rl.tracker.started:
+		return fmt.Errorf("replay %s: it holds no batch 0", rl.replay)
 	}
 	if next := rl.tracker.last + 1; next != upto {
 		return fmt.Errorf("replay %s: it ended before batch %d", rl.replay, next)

@@ -168,6 +168,7 @@ type rankLoop struct {
 
 	c         engineCounters
 	connected atomic.Bool
+	caughtUp  atomic.Bool // the first connection's catch-up is over (for tests)
 	lastSeq   atomic.Uint64
 	health    rankHealth
 }
@@ -220,7 +221,12 @@ func (rl *rankLoop) session(ctx context.Context) (ok, clean bool, err error) {
 			ok, clean, err = true, false, rl.recovered(p)
 			rl.owed = true
 		}
+		rl.caughtUp.Store(true)
 	}()
+	if rl.replay != "" {
+		rl.catchUp(ctx)
+	}
+	rl.caughtUp.Store(true)
 	err = rl.receive(ctx, sock, lim)
 	return true, rl.count(err) && rl.c[cBatches].Load() > before, err
 }
@@ -338,6 +344,9 @@ func (rl *rankLoop) handle(ctx context.Context, frames [][]byte) {
 		rl.c[cRestarts].Add(1)
 		rl.log.Warn("engine restarted (its batch sequence went back); the rank's blocks are cleared", "seq", seq, "last", rl.tracker.last)
 		rl.clear(ctx)
+		if rl.replay != "" && seq > 0 {
+			rl.restarted(ctx, seq)
+		}
 	case seqGap:
 		rl.c[cGaps].Add(1)
 		rl.recover(ctx, seq)

@@ -258,3 +258,42 @@ func resumeDifferential(t *testing.T, seed uint64) {
 	}
 	check("the end")
 }
+
+// TestSubscriberLateHistoryAtOnce: a rank subscribed to an engine that has gone idle (a replica
+// started or registered late) holds the engine's whole cache as soon as its first connection is
+// made, with no live batch after: the history is fetched on connecting, not on the next batch.
+func TestSubscriberLateHistoryAtOnce(t *testing.T) {
+	eng := enginetest.Start(t, enginetest.Options{Replay: true})
+	rt := router.New(router.Config{Shards: 2, Logger: zmqTestLog()})
+	defer rt.Close()
+	r := eng.Rank(0)
+	r.Drop(engineBatch(-1, stored(0, 1, 2)), wire.EngineForm{})
+	r.Drop(engineBatch(-1, stored(2, 3)), wire.EngineForm{})
+	startSub(t, source(t, eng, 9, "m"), rt, EngineConfig{Resume: rt.Batch}) // returns once caught up
+	if got := cachedDepth(t, rt, 1, 2, 3); got != 3 {
+		t.Fatalf("%d cached blocks once subscribed, want 3 with no further batch", got)
+	}
+}
+
+// TestSubscriberRestartFirstBatch: an engine that restarts while subscribed publishes its first
+// batch (sequence 0) before the subscription reaches its new PUB socket. The restart shows at
+// its next batch; batch 0 comes from the new engine's replay buffer, after the clear and before
+// that batch, every time.
+func TestSubscriberRestartFirstBatch(t *testing.T) {
+	eng := enginetest.Start(t, enginetest.Options{Replay: true})
+	sink := &recSink{}
+	sub := startSub(t, source(t, eng, 3, "m"), sink, EngineConfig{})
+	r := eng.Rank(0)
+	r.Probe(subReady(sub, 0))
+	b1, b2 := engineBatch(-1, stored(0, 1)), engineBatch(-1, stored(1, 2))
+	r.Publish(b1, wire.EngineForm{})
+	r.Publish(b2, wire.EngineForm{})
+	waitEvents(t, sink, slices.Concat(lines(0, b1), lines(0, b2)))
+
+	r.Restart()
+	first, second := engineBatch(-1, stored(0, 5)), engineBatch(-1, stored(5, 6))
+	r.Drop(first, wire.EngineForm{}) // batch 0: published before anyone listened again
+	r.PublishUntil(second, wire.EngineForm{}, func() bool { return sub.Stats().Restarts > 0 })
+	waitEvents(t, sink, slices.Concat(lines(0, b1), lines(0, b2), []string{cleared(0)}, lines(0, first), lines(0, second)))
+	checkStats(t, sub.Stats(), map[string]int64{"restarts": 1, "clears": 1, "unrecovered": 0})
+}
