@@ -155,6 +155,7 @@ type Config struct {
 	WorkerEjectMaxTime       time.Duration
 	WorkerEjectMaxPercent    int
 	SelectionAddr            string
+	SlotTrackerAddr          string
 	SelectionCacheTTL        time.Duration
 	SelectionCacheMaxEntries int
 
@@ -251,6 +252,7 @@ func (c *Config) Flags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.WorkerEjectMaxTime, "worker-eject-max-time", c.WorkerEjectMaxTime, "front door: the longest an ejection lasts")
 	fs.IntVar(&c.WorkerEjectMaxPercent, "worker-eject-max-percent", c.WorkerEjectMaxPercent, "front door: the most of a model's worker ranks out of routing at once, in percent (the first ejection is always allowed)")
 	fs.StringVar(&c.SelectionAddr, "selection-addr", c.SelectionAddr, "address of NVIDIA Dynamo's selection-service API (python -m dynamo.select_service; its default port is 8092: :8092), over the same router and bookings as the HTTP API; empty: off")
+	fs.StringVar(&c.SlotTrackerAddr, "slot-tracker-addr", c.SlotTrackerAddr, "address of NVIDIA Dynamo's standalone slot-tracker API (python -m dynamo.slot_tracker; its default port is 8091: :8091), its requests booked as the router's own; empty: off")
 	fs.DurationVar(&c.SelectionCacheTTL, "selection-cache-ttl", c.SelectionCacheTTL, "selection service: how long a /select with a selection_id is kept for its POST /reservations")
 	fs.IntVar(&c.SelectionCacheMaxEntries, "selection-cache-max-entries", c.SelectionCacheMaxEntries, "selection service: selections kept for a POST /reservations at most; past it the oldest go")
 	fs.StringVar(&c.DataDir, "data-dir", c.DataDir, "directory for the embedded NATS server and snapshots")

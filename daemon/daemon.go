@@ -41,6 +41,7 @@ type Daemon struct {
 	ln   net.Listener
 	sel  net.Listener // Dynamo's selection service; nil when off
 	fdLn net.Listener // the front door; nil when off
+	stLn net.Listener // Dynamo's slot tracker; nil when off
 	adm  net.Listener // the admin listener (pprof); nil when off
 	cred credentials  // tokens and certificate, nil when not configured
 	fd   *fasthttp.Server
@@ -125,6 +126,12 @@ func Start(ctx context.Context, c Config, stderr io.Writer) (_ *Daemon, err erro
 			return nil, fmt.Errorf("--selection-addr %s: %w", c.SelectionAddr, err)
 		}
 		d.undo.push(func() { d.sel.Close() })
+	}
+	if c.SlotTrackerAddr != "" {
+		if d.stLn, err = net.Listen("tcp", c.SlotTrackerAddr); err != nil {
+			return nil, fmt.Errorf("--slot-tracker-addr %s: %w", c.SlotTrackerAddr, err)
+		}
+		d.undo.push(func() { d.stLn.Close() })
 	}
 	if c.Security.AdminAddr != "" {
 		if d.adm, err = net.Listen("tcp", c.Security.AdminAddr); err != nil {
@@ -346,6 +353,10 @@ func Start(ctx context.Context, c Config, stderr io.Writer) (_ *Daemon, err erro
 	if d.sel != nil {
 		d.serving++
 		go func() { d.done <- d.srv.ServeSelection(d.cred.listen(d.sel)) }()
+	}
+	if d.stLn != nil {
+		d.serving++
+		go func() { d.done <- d.srv.ServeSlotTracker(d.cred.listen(d.stLn)) }()
 	}
 	if d.fd != nil {
 		d.serving++

@@ -85,10 +85,11 @@ const (
 	lnAPI = iota
 	lnSelection
 	lnFrontDoor
+	lnSlotTracker
 	numListeners
 )
 
-var listenerNames = [numListeners]string{"api", "selection", "frontdoor"}
+var listenerNames = [numListeners]string{"api", "selection", "frontdoor", "slot_tracker"}
 
 // listenerStats are one listener's connection counters.
 type listenerStats struct {

@@ -188,6 +188,8 @@ type Server struct {
 	srv      *fasthttp.Server
 	selSrv   *fasthttp.Server // Dynamo's selection service (ServeSelection)
 	fdSrv    *fasthttp.Server // the front door (AdoptFrontDoor); nil without one
+	stSrv    *fasthttp.Server // Dynamo's slot tracker (ServeSlotTracker)
+	st       *slotTracker
 	sel      *selection
 	ready    atomic.Bool
 	conns    *conns
@@ -274,6 +276,7 @@ func New(r *router.Router, cfg Config) *Server {
 		limit, _ := s.selectionBodyLimit(h.RequestURI(), h.Method())
 		return fasthttp.RequestConfig{MaxRequestBodySize: limit}
 	}
+	s.st, s.stSrv = newSlotTracker(), s.newSlotTrackerServer()
 	cfg.Registry.MustRegister(connCollector{s.conns})
 	s.ready.Store(true)
 	return s
@@ -318,9 +321,10 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		defer close(closed)
 		s.conns.closeIdle(stop, shutdownGrace)
 	}()
-	var selErr, fdErr error
+	var selErr, fdErr, stErr error
 	var others sync.WaitGroup
 	others.Go(func() { selErr = s.selSrv.ShutdownWithContext(ctx) })
+	others.Go(func() { stErr = s.stSrv.ShutdownWithContext(ctx) })
 	if s.fdSrv != nil {
 		others.Go(func() { fdErr = s.fdSrv.ShutdownWithContext(ctx) })
 	}
@@ -328,7 +332,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	others.Wait()
 	close(stop)
 	<-closed
-	return cmp.Or(err, selErr, fdErr)
+	return cmp.Or(err, selErr, fdErr, stErr)
 }
 
 // readyz answers 200 "ready" while the server is not shutting down and every Config.Ready
