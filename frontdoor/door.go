@@ -164,6 +164,8 @@ func (d *Door) Handle(ctx *fasthttp.RequestCtx) {
 		d.models(ctx, strings.TrimPrefix(path, "/v1/models/"))
 	case path == "/health":
 		ctx.SetStatusCode(fasthttp.StatusOK)
+	case path == "/v1/kv-cache/stats/stream":
+		d.kvStatsStream(ctx)
 	default:
 		d.fail(ctx, "other", fasthttp.StatusNotFound, "not_found", "", "no endpoint "+strconv.Quote(path))
 	}
