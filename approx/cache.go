@@ -34,6 +34,10 @@ type Config struct {
 	MaxBlocks int
 	// PruneTarget is the fraction of MaxBlocks that pruning leaves, in (0, 1].
 	PruneTarget float64
+	// LRU holds each rank to its KV capacity with an LRU (Dynamo's
+	// --router-approximate-cache-policy lru) instead of TTLs; ranks whose capacity is unknown
+	// keep the TTL Cache. New ignores it: the caller builds the LRU beside the Cache.
+	LRU bool
 }
 
 // Residency is one block held by one worker. Depth is the block's position in the chain of the

@@ -14,14 +14,34 @@ type approxMode struct {
 	mu             sync.Mutex
 	c              *approx.Cache
 	added, evicted []approx.Residency
+	// lru, under Dynamo's lru policy, holds the ranks whose KV capacity is known; the leases of
+	// their requests are released by Complete, PrefillDone and expiry.
+	lru            *approx.LRU
+	ladded, levict []uint64
 }
 
 // recordApprox notes a routed request's blocks as cached on w, as if its engine had reported
-// them, and applies what the cache added and evicted to the index.
-func (r *Router) recordApprox(m *model, w *rankWorker, seqs []uint64) {
+// them, and applies what the cache added and evicted to the index. key is the booking that
+// holds the blocks under the lru policy until it is released (empty: none).
+func (r *Router) recordApprox(m *model, w *rankWorker, seqs []uint64, key string) {
 	a := r.approx
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	if a.lru != nil {
+		var ok bool
+		now := r.cfg.Now()
+		a.ladded, a.levict, ok = a.lru.Acquire(w.key, w.reg.capacity.Load(), key, seqs,
+			now+int64(r.cfg.RequestExpiry), a.ladded[:0], a.levict[:0])
+		if ok {
+			for _, seq := range a.ladded {
+				m.ix.Add(seq, w.slot)
+			}
+			for _, seq := range a.levict {
+				m.ix.Remove(seq, w.slot)
+			}
+			return
+		}
+	}
 	a.added, a.evicted = a.c.Record(w.key, seqs, r.cfg.Now(), a.added[:0], a.evicted[:0])
 	for _, x := range a.added {
 		m.ix.Add(x.Seq, w.slot)
@@ -29,14 +49,45 @@ func (r *Router) recordApprox(m *model, w *rankWorker, seqs []uint64) {
 	r.removeApproxLocked(a.evicted)
 }
 
-// expireApprox drops the blocks whose TTL ran out and returns how many.
+// expireApprox drops the blocks whose TTL ran out and returns how many; under the lru policy
+// it also releases the leases of requests past their expiry.
 func (r *Router) expireApprox() int {
 	a := r.approx
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	if a.lru != nil {
+		a.lru.ExpireLeases(r.cfg.Now(), r.removeLRULocked)
+	}
 	a.evicted = a.c.Expire(r.cfg.Now(), a.evicted[:0])
 	r.removeApproxLocked(a.evicted)
 	return len(a.evicted)
+}
+
+// releaseApprox releases the lru lease of booking key, if any, and removes from the index what
+// its rank evicts then (it may have been over its capacity while leases held its blocks).
+func (r *Router) releaseApprox(key string) {
+	a := r.approx
+	if a == nil || a.lru == nil {
+		return
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var w radix.WorkerKey
+	a.levict, w = a.lru.Release(key, a.levict[:0])
+	if len(a.levict) > 0 {
+		r.removeLRULocked(w, a.levict)
+	}
+}
+
+// removeLRULocked removes w's evicted hashes from the index. REQUIRES r.approx.mu.
+func (r *Router) removeLRULocked(w radix.WorkerKey, evicted []uint64) {
+	ix, slot, ok := r.slotOf(w)
+	if !ok {
+		return
+	}
+	for _, seq := range evicted {
+		ix.Remove(seq, slot)
+	}
 }
 
 // forgetApprox drops w's blocks of approximate mode (w may be unregistered already).
@@ -47,6 +98,12 @@ func (r *Router) forgetApprox(ix *radix.Index, w *rankWorker) {
 	a.evicted = a.c.RemoveWorker(w.key, a.evicted[:0])
 	for _, x := range a.evicted {
 		ix.Remove(x.Seq, w.slot)
+	}
+	if a.lru != nil {
+		a.levict = a.lru.RemoveWorker(w.key, a.levict[:0])
+		for _, seq := range a.levict {
+			ix.Remove(seq, w.slot)
+		}
 	}
 }
 

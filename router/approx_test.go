@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/kvrouterd/kvrouterd/approx"
+	"github.com/kvrouterd/kvrouterd/radix"
 	"github.com/kvrouterd/kvrouterd/wire"
 )
 
@@ -89,5 +90,63 @@ func TestApproximateMode(t *testing.T) {
 	}
 	if res := r.Models()[0].Residencies; res != 0 || r.approx.c.Len() != 0 {
 		t.Fatalf("after unregistering: %d residencies, cache %d", res, r.approx.c.Len())
+	}
+}
+
+// TestApproximateLRU checks Dynamo's lru policy: a rank that registered its KV capacity holds at
+// most that many blocks, least recently used evicted first and never one a booked request holds
+// until it completes; no TTL applies to it; a rank without a capacity keeps the TTL.
+func TestApproximateLRU(t *testing.T) {
+	var now atomic.Int64
+	r := New(Config{Shards: 1, Logger: quiet(), Now: now.Load,
+		Approximate: &approx.Config{TTL: 10 * time.Second, LRU: true}})
+	defer r.Close()
+	if err := r.Register(Registration{ID: 1, Model: "m", BlockSize: 4, Capacity: 6}); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Register(Registration{ID: 2, Model: "m", BlockSize: 4}); err != nil {
+		t.Fatal(err)
+	}
+	w1, w2 := radix.WorkerKey{ID: 1}, radix.WorkerKey{ID: 2}
+	residencies := func() int64 { t.Helper(); return r.Models()[0].Residencies }
+	book := func(w radix.WorkerKey, id string, seqs ...uint64) {
+		t.Helper()
+		if err := r.Book("m", w, id, seqs, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	book(w1, "a", 1, 2, 3, 4)
+	book(w1, "b", 11, 12, 13, 14)
+	if n := residencies(); n != 8 {
+		t.Fatalf("two booked requests: %d residencies, want 8 (over capacity while both are active)", n)
+	}
+	if err := r.Complete("a"); err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := r.approx.lru.Resident(w1); n != 6 || residencies() != 6 {
+		t.Fatalf("after a completes: LRU %d, index %d; want 6 each (a's 2 deepest evicted)", n, residencies())
+	}
+	// No TTL on an LRU rank.
+	now.Store(int64(time.Hour))
+	r.expireApprox()
+	if residencies() != 6 {
+		t.Fatalf("an hour later: %d residencies, want 6", residencies())
+	}
+	// A rank of unknown capacity keeps the TTL.
+	book(w2, "c", 21, 22)
+	if residencies() != 8 {
+		t.Fatalf("after booking on the rank without a capacity: %d residencies, want 8", residencies())
+	}
+	now.Store(int64(2 * time.Hour))
+	r.expireApprox()
+	if residencies() != 6 {
+		t.Fatalf("past the TTL: %d residencies, want w2's 2 gone", residencies())
+	}
+	// Unregistering forgets the rank's blocks.
+	if err := r.Unregister(1); err != nil {
+		t.Fatal(err)
+	}
+	if residencies() != 0 {
+		t.Fatalf("after unregistering: %d residencies", residencies())
 	}
 }

@@ -92,6 +92,7 @@ func (r *Router) releasePrefillStage(id string) bool {
 	defer r.scratch.Put(s)
 	s.key = appendPrefillKey(s.key[:0], id)
 	key := keyString(s.key)
+	r.releaseApprox(key)
 	if r.tracker.Complete(key) != nil {
 		return false
 	}
@@ -242,7 +243,7 @@ func (r *Router) bookPrefill(s *scratch, m *model, w *rankWorker, p *scoring.Par
 	if r.cfg.Share != nil {
 		r.cfg.Share.Booked(m.name, w.key, key, nil, prefill, r.cfg.RequestExpiry)
 	}
-	r.placed(m, w, s.seqs)
+	r.placedFor(m, w, s.seqs, key)
 	return nil
 }
 

@@ -290,6 +290,7 @@ func (r *Router) Complete(id string) error {
 		return fieldErr(ErrUnknownRequest, "id", "no active request %q", id)
 	}
 	staged := r.releasePrefillStage(id)
+	r.releaseApprox(id)
 	if r.tracker.Complete(id) != nil {
 		if !staged {
 			return fieldErr(ErrUnknownRequest, "id", "no active request %q", id)

@@ -172,9 +172,13 @@ func (p *predicted) merge(s *scratch, list *workerList, now int64) bool {
 
 // placed notes that w of m will compute (or receive) the blocks seqs of a request booked on it:
 // approximate mode counts them as cached there, predict-on-route predicts them.
-func (r *Router) placed(m *model, w *rankWorker, seqs []uint64) {
+func (r *Router) placed(m *model, w *rankWorker, seqs []uint64) { r.placedFor(m, w, seqs, "") }
+
+// placedFor is placed for the booking key, whose release (Complete, PrefillDone, expiry) lets
+// go of the blocks under approximate mode's lru policy; an empty key holds them for no request.
+func (r *Router) placedFor(m *model, w *rankWorker, seqs []uint64, key string) {
 	if r.approx != nil {
-		r.recordApprox(m, w, seqs)
+		r.recordApprox(m, w, seqs, key)
 	}
 	if m.pred != nil {
 		m.pred.record(w.key, seqs, r.cfg.Now())

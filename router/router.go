@@ -440,6 +440,9 @@ func New(cfg Config) *Router {
 			panic("router: Config.Approximate: " + err.Error())
 		}
 		r.approx = &approxMode{c: c}
+		if cfg.Approximate.LRU {
+			r.approx.lru = approx.NewLRU()
+		}
 	}
 	if cfg.Affinity != nil {
 		r.aff = newAffinity(*cfg.Affinity)

@@ -167,7 +167,7 @@ func (r *Router) Book(model string, worker radix.WorkerKey, id string, seqs []ui
 	if r.cfg.Share != nil {
 		r.cfg.Share.Booked(m.name, w.key, id, seqs, prefill, r.cfg.RequestExpiry)
 	}
-	r.placed(m, w, seqs)
+	r.placedFor(m, w, seqs, id)
 	r.routed.Inc()
 	return nil
 }
