@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"reflect"
+	"strings"
 	"sync"
 	"testing"
 
@@ -166,6 +167,45 @@ func sglangEagle() []byte {
 	return msgp.AppendInt(b, 0)
 }
 
+// trtllmMM is a TensorRT-LLM batch: one BlockStored (a tagged map) of a block whose last
+// position holds image, given as its identifier (a str token id) and named in mm_keys.
+func trtllmMM(hash int64, image string) []byte {
+	b := msgp.AppendArrayHeader(nil, 3)
+	b = msgp.AppendFloat64(b, 7)
+	b = msgp.AppendArrayHeader(b, 1)
+	b = msgp.AppendMapHeader(b, 7)
+	b = msgp.AppendString(b, "type")
+	b = msgp.AppendString(b, "BlockStored")
+	b = msgp.AppendString(b, "block_hashes")
+	b = msgp.AppendArrayHeader(b, 1)
+	b = msgp.AppendInt64(b, hash)
+	b = msgp.AppendString(b, "parent_block_hash")
+	b = msgp.AppendNil(b)
+	b = msgp.AppendString(b, "token_ids")
+	b = msgp.AppendArrayHeader(b, streamBS)
+	for i := 1; i < streamBS; i++ {
+		b = msgp.AppendInt(b, i)
+	}
+	b = msgp.AppendString(b, image)
+	b = msgp.AppendString(b, "block_size")
+	b = msgp.AppendInt(b, streamBS)
+	b = msgp.AppendString(b, "medium")
+	b = msgp.AppendString(b, "GPU")
+	b = msgp.AppendString(b, "mm_keys")
+	b = msgp.AppendArrayHeader(b, 1)
+	b = msgp.AppendArrayHeader(b, 1)
+	b = msgp.AppendMapHeader(b, 4)
+	b = msgp.AppendString(b, "type")
+	b = msgp.AppendString(b, "mm_key")
+	b = msgp.AppendString(b, "hash")
+	b = msgp.AppendString(b, image)
+	b = msgp.AppendString(b, "start_offset")
+	b = msgp.AppendInt(b, streamBS-1)
+	b = msgp.AppendString(b, "uuid")
+	b = msgp.AppendString(b, "u-"+image[:4])
+	return msgp.AppendInt(b, 0)
+}
+
 // FuzzEngineIngest hands pairs of engine payloads (msgpack, every form vLLM and SGLang use) to
 // the path the ZMQ Subscriber and the NATS consumer take: wire.EngineBatch.Decode, the socket's
 // rank for a batch that states none, router.Ingest. A payload the decoder refuses gets a
@@ -184,6 +224,7 @@ func FuzzEngineIngest(f *testing.F) {
 	f.Add(wire.AppendEngineBatch(nil, seeds[0], forms[0]), []byte{0x93, 0xcb}, uint8(0)) // truncated
 	f.Add([]byte{}, wire.AppendEngineBatch(nil, seeds[2], forms[1]), uint8(3))
 	f.Add(sglangEagle(), wire.AppendEngineBatch(nil, seeds[1], forms[0]), uint8(0))
+	f.Add(trtllmMM(-200, strings.Repeat("ab", 32)), trtllmMM(-201, strings.Repeat("cd", 32)), uint8(0))
 	for _, tagged := range []bool{false, true} {
 		teach, remove := hybrid(tagged)
 		f.Add(teach, remove, uint8(0))

@@ -31,14 +31,15 @@ const (
 	fGroup
 	fSpecKind
 	fSpecWindow
-	fSalt // map form only: Dynamo's publishers name it; vLLM's tuples carry it in extra_keys
+	fSalt   // map form only: Dynamo's publishers name it; vLLM's tuples carry it in extra_keys
+	fMMKeys // map form only: TensorRT-LLM's multimodal segments per block
 )
 
 var evFieldNames = [...]string{
 	fSkip: "", fHashes: "block_hashes", fParent: "parent_block_hash", fTokens: "token_ids",
 	fBlockSize: "block_size", fLoRAID: "lora_id", fMedium: "medium", fLoRAName: "lora_name",
 	fExtraKeys: "extra_keys", fGroup: "group_idx", fSpecKind: "kv_cache_spec_kind",
-	fSpecWindow: "kv_cache_spec_sliding_window", fSalt: "cache_salt",
+	fSpecWindow: "kv_cache_spec_sliding_window", fSalt: "cache_salt", fMMKeys: "mm_keys",
 }
 
 // Positional layouts: element i of an event array holds field [i]; element 0 is the tag. The
@@ -62,7 +63,7 @@ const sglangMetaPos = 7
 
 // Fields each kind reads, and must have.
 const (
-	storedFields   = 1<<fHashes | 1<<fParent | 1<<fTokens | 1<<fBlockSize | 1<<fLoRAID | 1<<fMedium | 1<<fLoRAName | 1<<fExtraKeys | 1<<fGroup | 1<<fSpecKind | 1<<fSpecWindow | 1<<fSalt
+	storedFields   = 1<<fHashes | 1<<fParent | 1<<fTokens | 1<<fBlockSize | 1<<fLoRAID | 1<<fMedium | 1<<fLoRAName | 1<<fExtraKeys | 1<<fGroup | 1<<fSpecKind | 1<<fSpecWindow | 1<<fSalt | 1<<fMMKeys
 	removedFields  = 1<<fHashes | 1<<fMedium | 1<<fGroup | 1<<fSpecKind | 1<<fSpecWindow
 	storedRequired = 1<<fHashes | 1<<fTokens | 1<<fBlockSize
 )
@@ -94,6 +95,8 @@ func mapField(k kvevent.Kind, key []byte) evField {
 		f = fSpecWindow
 	case "cache_salt":
 		f = fSalt
+	case "mm_keys":
+		f = fMMKeys
 	default:
 		return fSkip
 	}
@@ -131,6 +134,11 @@ type evState struct {
 	meta    evMeta // group fields and unknown medium, for the batch's group filter
 	nExtra  int    // entries of extra_keys
 	extraAt []byte // where extra_keys starts, for the count check
+	// mmKeys are the blocks' multimodal hashes as mm_keys gave them (nil: none), and nMMKeys
+	// its entries, for the count check.
+	mmKeys  [][]uint64
+	nMMKeys int
+	mmAt    []byte
 	// salts are the first two cache salts extra_keys' first block tags (see saltKey), for
 	// when the event names none itself.
 	salts [2][]byte
@@ -304,7 +312,7 @@ func (d *engineDecoder) complete(e *kvevent.Event, st *evState, at []byte) error
 		required = 1 << fHashes
 	}
 	if miss := required &^ st.seen; miss != 0 {
-		for f := fHashes; f <= fSalt; f++ {
+		for f := fHashes; f <= fMMKeys; f++ {
 			if miss&(1<<f) != 0 {
 				return d.errAt(at, evFieldNames[f], -1, -1, ErrInvalid, "missing from the %v event", e.Kind)
 			}
@@ -312,6 +320,12 @@ func (d *engineDecoder) complete(e *kvevent.Event, st *evState, at []byte) error
 	}
 	if st.nExtra != 0 && st.nExtra != len(e.Hashes) {
 		return d.errAt(st.extraAt, "extra_keys", -1, -1, ErrInvalid, "%d entries for %d blocks, want one per block", st.nExtra, len(e.Hashes))
+	}
+	if st.nMMKeys != 0 && st.nMMKeys != len(e.Hashes) {
+		return d.errAt(st.mmAt, "mm_keys", -1, -1, ErrInvalid, "%d entries for %d blocks, want one per block", st.nMMKeys, len(e.Hashes))
+	}
+	if st.mmKeys != nil {
+		e.MM = st.mmKeys // what the engine says of its blocks' segments, over extra_keys'
 	}
 	if e.Kind == kvevent.Stored && e.Salt == "" {
 		e.Salt = st.salt(e.LoRA)
@@ -375,6 +389,9 @@ func (d *engineDecoder) field(out *EngineBatch, e *kvevent.Event, st *evState, f
 	case fExtraKeys:
 		st.extraAt = b
 		return d.extraKeys(out, e, st, b)
+	case fMMKeys:
+		st.mmAt = b
+		return d.mmKeys(out, st, b)
 	case fSalt:
 		if isNil(b) {
 			return b[1:], nil // none: extra_keys may still carry one
@@ -519,6 +536,10 @@ func (d *engineDecoder) tokens(out *EngineBatch, b []byte) ([]uint32, []byte, er
 			t, r = uint32(binary.BigEndian.Uint16(r[1:])), r[3:]
 		case len(r) >= 5 && r[0] == 0xce:
 			t, r = binary.BigEndian.Uint32(r[1:]), r[5:]
+		case msgp.NextType(r) == msgp.StrType:
+			if t, r, err = d.placeholder(r, j); err != nil {
+				return nil, nil, err
+			}
 		default:
 			if t, r, err = d.token(r, j, -1); err != nil {
 				return nil, nil, err
@@ -613,6 +634,168 @@ func (d *engineDecoder) pair(b []byte, j int) (first, second uint32, firstAt, r 
 		return 0, 0, nil, nil, err
 	}
 	return first, second, firstAt, r, nil
+}
+
+// Dynamo's placeholder token for a multimodal object (pad_value_for_mm_hash, SGLang's
+// _compute_pad_value): 10^6 plus the low 30 bits of the object's hash.
+const (
+	mmPadShift = 1_000_000
+	mmPadMask  = 1<<30 - 1
+)
+
+// placeholder reads token id j given as a str: TensorRT-LLM writes a position that holds a
+// multimodal object's embedding as that object's identifier. It becomes the object's
+// placeholder token, as Dynamo rewrites the positions of an object to route by it (SPEC.md
+// §10.4).
+func (d *engineDecoder) placeholder(b []byte, j int) (uint32, []byte, error) {
+	s, r, err := msgp.ReadStringZC(b)
+	if err != nil {
+		return 0, nil, d.bad(b, "token_ids", j, -1, "a token id or a multimodal identifier (str)", err)
+	}
+	h, ok := mmIdentifier(s)
+	if !ok {
+		return 0, nil, d.errAt(b, "token_ids", j, -1, ErrInvalid, "empty str, want a token id or a multimodal identifier")
+	}
+	return uint32(mmPadShift + h&mmPadMask), r, nil
+}
+
+// mmIdentifier is the hash Dynamo routes a multimodal object by: the first 16 hex digits of a
+// 64-hex-digit identifier, XXH3-64 of any other; false for an empty one.
+func mmIdentifier(s []byte) (uint64, bool) {
+	if h, ok := mmHash(s); ok {
+		return h, true
+	}
+	if len(s) == 0 {
+		return 0, false
+	}
+	return xxh3.Hash(s), true
+}
+
+// mmKeys reads TensorRT-LLM's mm_keys: nil, or one entry per block, each nil or a list of the
+// multimodal segments the block holds. A segment is a tagged map {"type": "mm_key", "hash",
+// "start_offset", "uuid"?}; an array whose first element is the hash, or the bare hash, is read
+// as well. The block's MM hashes are its segments' distinct objects, hashed by mmIdentifier;
+// offsets and uuids do not change a block's identity.
+func (d *engineDecoder) mmKeys(out *EngineBatch, st *evState, b []byte) ([]byte, error) {
+	const name = "mm_keys"
+	if isNil(b) {
+		return b[1:], nil
+	}
+	n, r, err := d.array(b, name)
+	if err != nil {
+		return nil, err
+	}
+	st.nMMKeys = int(n)
+	start := len(out.mm)
+	any := false
+	for j := range int(n) {
+		if isNil(r) {
+			r = r[1:]
+			out.mm = append(out.mm, nil)
+			continue
+		}
+		at := r
+		if msgp.NextType(r) != msgp.ArrayType {
+			return nil, d.bad(r, name, j, -1, "nil or an array of multimodal keys", nil)
+		}
+		m, rr, err := msgp.ReadArrayHeaderBytes(r)
+		if err != nil {
+			return nil, d.bad(r, name, j, -1, "nil or an array of multimodal keys", err)
+		}
+		if err := d.count(at, rr, name, j, -1, m, 1); err != nil {
+			return nil, err
+		}
+		r = rr
+		first := len(out.mmData)
+		for k := range int(m) {
+			var h uint64
+			if h, r, err = d.mmKey(r, j, k); err != nil {
+				return nil, err
+			}
+			if !slices.Contains(out.mmData[first:], h) {
+				out.mmData = append(out.mmData, h)
+			}
+		}
+		if len(out.mmData) == first {
+			out.mm = append(out.mm, nil)
+			continue
+		}
+		any = true
+		out.mm = append(out.mm, out.mmData[first:len(out.mmData):len(out.mmData)])
+	}
+	if !any {
+		clear(out.mm[start:])
+		out.mm = out.mm[:start]
+		return r, nil
+	}
+	st.mmKeys = out.mm[start:len(out.mm):len(out.mm)]
+	return r, nil
+}
+
+// mmKey reads segment k of block j of mm_keys and returns its object's hash.
+func (d *engineDecoder) mmKey(b []byte, j, k int) (uint64, []byte, error) {
+	const name, want = "mm_keys", "a multimodal key: a map with a hash (str)"
+	var id []byte
+	var r []byte
+	var err error
+	switch msgp.NextType(b) {
+	case msgp.StrType:
+		if id, r, err = msgp.ReadStringZC(b); err != nil {
+			return 0, nil, d.bad(b, name, j, k, want, err)
+		}
+	case msgp.ArrayType, msgp.MapType:
+		isMap := msgp.NextType(b) == msgp.MapType
+		var n uint32
+		if isMap {
+			n, r, err = msgp.ReadMapHeaderBytes(b)
+		} else {
+			n, r, err = msgp.ReadArrayHeaderBytes(b)
+		}
+		if err != nil {
+			return 0, nil, d.bad(b, name, j, k, want, err)
+		}
+		per := 1
+		if isMap {
+			per = 2
+		}
+		if err := d.count(b, r, name, j, k, n, per); err != nil {
+			return 0, nil, err
+		}
+		found := false
+		for i := range int(n) {
+			hashHere := !isMap && i == 0
+			if isMap {
+				var key []byte
+				if key, r, err = d.key(r, name); err != nil {
+					return 0, nil, err
+				}
+				hashHere = string(key) == "hash"
+			}
+			if hashHere && !found {
+				if msgp.NextType(r) != msgp.StrType {
+					return 0, nil, d.bad(r, name, j, k, "the hash of a multimodal key: str", nil)
+				}
+				if id, r, err = msgp.ReadStringZC(r); err != nil {
+					return 0, nil, d.bad(r, name, j, k, want, err)
+				}
+				found = true
+				continue
+			}
+			if r, err = d.skip(r, name, j, k); err != nil {
+				return 0, nil, err
+			}
+		}
+		if !found {
+			return 0, nil, d.errAt(b, name, j, k, ErrInvalid, "no hash, want %s", want)
+		}
+	default:
+		return 0, nil, d.bad(b, name, j, k, want, nil)
+	}
+	h, ok := mmIdentifier(id)
+	if !ok {
+		return 0, nil, d.errAt(b, name, j, k, ErrInvalid, "empty hash, want %s", want)
+	}
+	return h, r, nil
 }
 
 // token reads token id j (element k of pair j, if k ≥ 0) in any integer encoding, or fails;

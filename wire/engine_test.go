@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -98,6 +99,12 @@ var engineGoldens = []engineGolden{
 	{"extra_keys_mm.hex", wire.EngineBatch{TS: 1.5, HasRank: true, Events: []kvevent.Event{stored(kvevent.Event{
 		Hashes: []uint64{0x11, 0x22, 0x33}, Tokens: []uint32{1, 2, 3, 4, 5, 6}, BlockSize: 2, LoRA: "ad",
 		MM: [][]uint64{{0x0123456789abcdef}, {0x0123456789abcdef, 0xaabbccddeeff0011}, nil}})}}, nil},
+	{"trtllm_mm.hex", wire.EngineBatch{TS: 1747000003.5, HasRank: true, Events: []kvevent.Event{
+		stored(kvevent.Event{Hashes: []uint64{0x11, 0x22, 0x33}, BlockSize: 4,
+			Tokens: []uint32{101, 102, 163254319, 163254319, 163254319, 163254319, 103, 789463633, 789463633, 104, 105, 106},
+			MM:     [][]uint64{{0x0123456789abcdef}, {0x0123456789abcdef, 0xaabbccddeeff0011}, {0xaabbccddeeff0011}}}),
+		{Kind: kvevent.Removed, Hashes: []uint64{0x33}},
+	}}, nil},
 	{"sglang_stored.hex", wire.EngineBatch{TS: 1747000001.25, Rank: 1, HasRank: true, Events: []kvevent.Event{
 		stored(kvevent.Event{Rank: 1, Tier: kvevent.Host, Hashes: []uint64{0x9c3b1f0e2a475501}, Tokens: []uint32{11}, BlockSize: 1}),
 		stored(kvevent.Event{Rank: 1, Hashes: []uint64{0xc10d22a970113e42}, Parent: 0x9c3b1f0e2a475501, HasParent: true,
@@ -684,4 +691,84 @@ func TestEngineEncodeInvalid(t *testing.T) {
 	f("unknown tier", kvevent.Event{Kind: kvevent.Removed, Tier: 9}, wire.ErrInvalid, "events[0].medium")
 	f("MM not one per block", kvevent.Event{Kind: kvevent.Stored, Hashes: []uint64{1}, MM: [][]uint64{nil, {2}}}, wire.ErrInvalid, "events[0].extra_keys")
 	f("unknown kind", kvevent.Event{Kind: 9}, nil, "")
+}
+
+// trtllmStored is a TensorRT-LLM BlockStored of one block of block size 4 whose last two
+// positions hold the object identified by image, with mm_keys naming it when keys is true.
+func trtllmStored(image string, keys bool) []byte {
+	b := msgp.AppendArrayHeader(nil, 3)
+	b = msgp.AppendFloat64(b, 1.5)
+	b = msgp.AppendArrayHeader(b, 1)
+	n := uint32(5)
+	if keys {
+		n++
+	}
+	b = msgp.AppendMapHeader(b, n)
+	b = msgp.AppendString(b, "type")
+	b = msgp.AppendString(b, "BlockStored")
+	b = msgp.AppendString(b, "block_hashes")
+	b = msgp.AppendArrayHeader(b, 1)
+	b = msgp.AppendInt64(b, -7)
+	b = msgp.AppendString(b, "parent_block_hash")
+	b = msgp.AppendNil(b)
+	b = msgp.AppendString(b, "token_ids")
+	b = msgp.AppendArrayHeader(b, 4)
+	b = msgp.AppendInt(b, 1)
+	b = msgp.AppendInt(b, 2)
+	b = msgp.AppendString(b, image)
+	b = msgp.AppendString(b, image)
+	b = msgp.AppendString(b, "block_size")
+	b = msgp.AppendInt(b, 4)
+	if keys {
+		b = msgp.AppendString(b, "mm_keys")
+		b = msgp.AppendArrayHeader(b, 1)
+		b = msgp.AppendArrayHeader(b, 1)
+		b = msgp.AppendMapHeader(b, 3)
+		b = msgp.AppendString(b, "type")
+		b = msgp.AppendString(b, "mm_key")
+		b = msgp.AppendString(b, "hash")
+		b = msgp.AppendString(b, image)
+		b = msgp.AppendString(b, "start_offset")
+		b = msgp.AppendInt(b, 2)
+	}
+	return msgp.AppendInt(b, 0)
+}
+
+// TestEngineTRTLLMMultimodal: TensorRT-LLM's str token ids and mm_keys. Two images give two
+// placeholders and two MM hashes, the same image the same; without mm_keys the placeholders
+// alone tell the images apart; an identifier that is not 64 hex digits is hashed with XXH3.
+func TestEngineTRTLLMMultimodal(t *testing.T) {
+	imgA := "0123456789abcdef" + strings.Repeat("0", 48)
+	imgB := "fedcba9876543210" + strings.Repeat("1", 48)
+	f := func(image string, keys bool, wantPad uint32, wantMM [][]uint64) {
+		t.Helper()
+		var b wire.EngineBatch
+		if err := b.Decode(trtllmStored(image, keys)); err != nil {
+			t.Fatal(err)
+		}
+		e := b.Events[0]
+		if want := []uint32{1, 2, wantPad, wantPad}; !slices.Equal(e.Tokens, want) {
+			t.Fatalf("tokens %v, want %v", e.Tokens, want)
+		}
+		if len(e.MM) != len(wantMM) || len(wantMM) > 0 && !slices.Equal(e.MM[0], wantMM[0]) {
+			t.Fatalf("MM %v, want %v", e.MM, wantMM)
+		}
+	}
+	f(imgA, true, 1_000_000+0x09abcdef, [][]uint64{{0x0123456789abcdef}})
+	f(imgB, true, 1_000_000+0x76543210&(1<<30-1), [][]uint64{{0xfedcba9876543210}})
+	f(imgA, false, 1_000_000+0x09abcdef, nil)
+	f("img-a", true, uint32(1_000_000+xxh3.HashString("img-a")&(1<<30-1)), [][]uint64{{xxh3.HashString("img-a")}})
+}
+
+// TestEngineTRTLLMInvalid: what cannot be read names its field.
+func TestEngineTRTLLMInvalid(t *testing.T) {
+	var b wire.EngineBatch
+	checkError(t, b.Decode(trtllmStored("", false)), "engine batch", wire.ErrInvalid, "events[0].token_ids[2]", -2)
+	p := trtllmStored("x", true)
+	// mm_keys with two entries for one block.
+	bad := bytes.Replace(p, append([]byte("\xa7mm_keys"), 0x91), append([]byte("\xa7mm_keys"), 0x92, 0xc0), 1)
+	checkError(t, b.Decode(bad), "engine batch", wire.ErrInvalid, "events[0].mm_keys", -2)
+	// A key without a hash.
+	bad = bytes.Replace(p, []byte("\xa4hash"), []byte("\xa4hasH"), 1)
+	checkError(t, b.Decode(bad), "engine batch", wire.ErrInvalid, "events[0].mm_keys[0][0]", -2)
 }
