@@ -167,6 +167,10 @@ type Config struct {
 	ApproxTTL         time.Duration
 	ApproxMaxBlocks   int
 	ApproxPruneTarget float64
+	// ApproxCachePolicy is approximate mode's retention: ttl (the TTL and cap above) or lru
+	// (Dynamo's --router-approximate-cache-policy lru: each rank held to its registered KV
+	// capacity, blocks leased by their requests, no TTL; ranks without a capacity keep ttl).
+	ApproxCachePolicy string
 
 	// Build is what the binary was built from, exported as kvrouterd_build_info. Not a flag:
 	// the command sets it (ReadBuild with its link-time version); zero reads the running
@@ -233,6 +237,7 @@ func Defaults() Config {
 		ApproxTTL:                120 * time.Second,
 		ApproxMaxBlocks:          1 << 20,
 		ApproxPruneTarget:        0.8,
+		ApproxCachePolicy:        "ttl",
 		ZMQLimits:                DefaultZMQLimits(),
 		ZMQStaleAfter:            ingest.DefaultStaleAfter,
 		Security:                 DefaultSecurity(),
@@ -338,6 +343,7 @@ func (c *Config) Flags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.ApproxTTL, "approx-ttl", c.ApproxTTL, "approximate mode: how long a block stays cached after the last request that used it")
 	fs.IntVar(&c.ApproxMaxBlocks, "approx-max-blocks", c.ApproxMaxBlocks, "approximate mode: cap on (block, worker) residencies")
 	fs.Float64Var(&c.ApproxPruneTarget, "approx-prune-target", c.ApproxPruneTarget, "approximate mode: past the cap, prune the least recently used (deepest first) down to this fraction of it")
+	fs.StringVar(&c.ApproxCachePolicy, "approx-cache-policy", c.ApproxCachePolicy, "approximate mode's retention: ttl (--approx-ttl, --approx-max-blocks) or lru (each rank holds at most the KV capacity it registered, least recently used blocks no request holds evicted first, no TTL; ranks that registered no capacity keep ttl)")
 	fs.BoolVar(&c.ClearOnGap, "clear-on-gap", c.ClearOnGap, "when events are lost for good (a worker's event ids skip, or ZMQ batches its replay socket cannot return), drop that rank's blocks before applying the next event: an index that under-reports, never one that lists blocks a lost event removed; off (the default) keeps the blocks and goes on, as Dynamo does")
 	fs.DurationVar(&c.WorkerTimeout, "worker-timeout", c.WorkerTimeout, "a worker that sends load reports is removed from routing, its blocks dropped, after this long silent (0: never)")
 }
@@ -393,6 +399,10 @@ func (c *Config) Check() error {
 		return fmt.Errorf("--nats-max-age, --nats-max-bytes, --nats-replicas: out of range")
 	case c.NATSStream == "" || strings.ContainsAny(c.NATSStream, " .*>"):
 		return fmt.Errorf("--nats-stream %q: want a name without spaces, dots, * or >", c.NATSStream)
+	case c.ApproxCachePolicy != "ttl" && c.ApproxCachePolicy != "lru":
+		return fmt.Errorf("--approx-cache-policy %q: want ttl or lru", c.ApproxCachePolicy)
+	case c.ApproxCachePolicy == "lru" && !c.NoKVEvents:
+		return fmt.Errorf("--approx-cache-policy lru: approximate mode's policy, it needs --no-kv-events (Dynamo refuses it with KV events too)")
 	case c.ApproxTTL <= 0 || c.ApproxMaxBlocks < 1 || !(c.ApproxPruneTarget > 0 && c.ApproxPruneTarget <= 1):
 		return fmt.Errorf("--approx-ttl, --approx-max-blocks, --approx-prune-target: want a positive duration, a positive count, a fraction in (0, 1]")
 	case c.FrontendRetries < 0 || c.FrontendRetries > 16:

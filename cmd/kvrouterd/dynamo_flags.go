@@ -59,7 +59,10 @@ var dynamoFlags = []dynFlag{
 	{name: "router-ttl-secs", target: "approx-ttl", seconds: true, env: "DYN_ROUTER_TTL_SECS"},
 	// Approximate mode's tree bound (an older frontend's flag): blocks before pruning.
 	{name: "router-max-tree-size", target: "approx-max-blocks", env: "DYN_ROUTER_MAX_TREE_SIZE"},
+	// Dynamo's KV-indexer worker threads are kvrouterd's event-application shards.
 	{name: "router-event-threads", target: "shards", env: "DYN_ROUTER_EVENT_THREADS"},
+	// Approximate mode's retention, ttl or lru.
+	{name: "router-approximate-cache-policy", target: "approx-cache-policy", env: "DYN_ROUTER_APPROXIMATE_CACHE_POLICY"},
 	{name: "", target: "active-decode-blocks-threshold", env: "DYN_ACTIVE_DECODE_BLOCKS_THRESHOLD"},
 	{name: "", target: "active-prefill-tokens-threshold", env: "DYN_ACTIVE_PREFILL_TOKENS_THRESHOLD"},
 	{name: "", target: "active-prefill-tokens-threshold-frac", env: "DYN_ACTIVE_PREFILL_TOKENS_THRESHOLD_FRAC"},

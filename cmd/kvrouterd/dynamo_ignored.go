@@ -38,6 +38,7 @@ const (
 	whyValkey    = "kvrouterd keeps the index in each replica and shares state over its NATS stream, not in Valkey"
 	whyPrefill   = "Dynamo's older conditional prefill; kvrouterd has conditional disaggregation (--router-conditional-disagg)"
 	whyPolicy    = "kvrouterd has one worker selector, its cost function; named worker-selection instances are not built"
+	whyContinue  = "kvrouterd does not keep a disaggregated request on its prefill worker: its route answer has no such outcome, and its requests carry neither max_tokens nor n/best_of, which Dynamo's prefill-continue gates need"
 )
 
 // dynamoIgnored are the flags and variables of Dynamo's frontend (frontend_args.py) and router
@@ -80,7 +81,6 @@ var dynamoIgnored = func() []dynIgnored {
 		{"admission-control", "DYN_ADMISSION_CONTROL", dynValue, "each busy threshold applies whenever it is set, as on Dynamo main, which ignores this setting too"},
 		// The KV router's (kv_router_args.py).
 		{"router-track-active-blocks", "DYN_ROUTER_TRACK_ACTIVE_BLOCKS", dynBool, "kvrouterd always tracks active blocks: its cost needs them"},
-		{"router-approximate-cache-policy", "DYN_ROUTER_APPROXIMATE_CACHE_POLICY", dynValue, "approximate mode expires blocks after --approx-ttl and caps them at --approx-max-blocks; no LRU policy yet"},
 		{"router-prefill-policy", "DYN_ROUTER_PREFILL_POLICY", dynValue, whyPolicy},
 		{"router-decode-policy", "DYN_ROUTER_DECODE_POLICY", dynValue, whyPolicy},
 		{"use-remote-indexer", "DYN_USE_REMOTE_INDEXER", dynBool, "kvrouterd keeps its own index; it queries none on the workers"},
@@ -94,8 +94,8 @@ var dynamoIgnored = func() []dynIgnored {
 		{"router-conditional-prefill-bypass-below-tokens", "DYN_ROUTER_CONDITIONAL_PREFILL_BYPASS_BELOW_TOKENS", dynValue, whyPrefill},
 		{"router-conditional-prefill-policy", "DYN_ROUTER_CONDITIONAL_PREFILL_POLICY", dynValue, whyPrefill},
 		{"router-conditional-prefill-max-new-tokens", "DYN_ROUTER_CONDITIONAL_PREFILL_MAX_NEW_TOKENS", dynValue, whyPrefill},
-		{"router-prefill-continue", "", dynBool, "prefill-continues-decode is not built"},
-		{"router-prefill-continue-config", "", dynValue, "prefill-continues-decode is not built"},
+		{"router-prefill-continue", "", dynBool, whyContinue},
+		{"router-prefill-continue-config", "", dynValue, whyContinue},
 		{"router-valkey-config", "DYN_ROUTER_VALKEY_CONFIG", dynValue, whyValkey},
 		{"router-valkey-urls", "DYN_ROUTER_VALKEY_URLS", dynValue, whyValkey},
 		{"router-valkey-worker-events", "DYN_ROUTER_VALKEY_WORKER_EVENTS", dynBool, whyValkey},
