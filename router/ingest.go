@@ -35,11 +35,13 @@ func (r *Router) Ingest(worker uint64, model string, events []kvevent.Event) err
 	// Checked before anything is registered, against the block size they will be applied with:
 	// a refused batch changes nothing (a malformed first batch used to create its model and
 	// fix the model's block size). Its ranks are registered by ensure.
-	ebs, settled := r.ingestBlockSize(worker, model, bs)
+	ebs, settled, registered := r.ingestBlockSize(worker, model, bs)
 	for i := range events {
 		ev := &events[i]
-		if settled && ev.Kind == kvevent.Stored && ev.BlockSize != 0 && ev.BlockSize != ebs {
-			continue // the registration, or the check after it, refuses it naming the block size
+		if settled && !registered && ev.Kind == kvevent.Stored && ev.BlockSize != 0 && ev.BlockSize != ebs {
+			// The registration refuses it naming the block size. A registered worker's is
+			// refused here, before ensure would register the batch's new ranks.
+			continue
 		}
 		if err := checkEvent(ev, i, ebs, nil); err != nil {
 			r.noteRefused(worker, events, ebs)
@@ -112,20 +114,21 @@ func ranksNamed(events []kvevent.Event) ([]uint32, error) {
 }
 
 // ingestBlockSize is the block size events of worker for model will be applied with: its model's
-// (settled), or bs (the events' own, 0 for none) or the default for a model ensure would create.
-func (r *Router) ingestBlockSize(worker uint64, model string, bs int) (int, bool) {
+// (settled; registered when worker is), or bs (the events' own, 0 for none) or the default for a
+// model ensure would create.
+func (r *Router) ingestBlockSize(worker uint64, model string, bs int) (_ int, settled, registered bool) {
 	r.mu.Lock()
 	reg := r.workers[worker]
 	r.mu.Unlock()
 	switch m := r.model(model); {
 	case reg != nil:
-		return reg.model.blockSize, true
+		return reg.model.blockSize, true, true
 	case m != nil:
-		return m.blockSize, true
+		return m.blockSize, true, false
 	case bs != 0:
-		return bs, false
+		return bs, false, false
 	}
-	return r.cfg.BlockSize, false
+	return r.cfg.BlockSize, false, false
 }
 
 // ensure returns worker's registration and ranks, registering the worker for model (with block

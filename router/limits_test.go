@@ -94,7 +94,8 @@ func TestRegisterLimits(t *testing.T) {
 		many[i] = ev(uint32(i))
 	}
 	refused("Ingest, too many ranks", r.Ingest(2, "m", many), fmt.Sprintf("events[%d].dp_rank", wire.MaxSnapshotRanks), ErrTooLong)
-	refused("Ingest, a rank past the worker's limit", r.Ingest(1, at, []kvevent.Event{ev(1 << 31)}), "dp_ranks", ErrTooLong)
+	past := kvevent.Event{Kind: kvevent.Stored, ID: 1, Rank: 1 << 31, Hashes: []uint64{1}, Tokens: make([]uint32, 1<<16)} // one block of at's size
+	refused("Ingest, a rank past the worker's limit", r.Ingest(1, at, []kvevent.Event{past}), "dp_ranks", ErrTooLong)
 	refused("Report, long model", r.Report(&LoadReport{Worker: 3, Model: long}), "model", ErrTooLong)
 	refused("Report, a rank past the worker's limit", r.Report(&LoadReport{Worker: 1, Model: at, Rank: 1 << 31}), "dp_ranks", ErrTooLong)
 	if err := r.Flush(); err != nil {
