@@ -564,7 +564,7 @@ func (c *Config) approx() *approx.Config {
 	if !c.NoKVEvents {
 		return nil
 	}
-	return &approx.Config{TTL: c.ApproxTTL, MaxBlocks: c.ApproxMaxBlocks, PruneTarget: c.ApproxPruneTarget}
+	return &approx.Config{TTL: c.ApproxTTL, MaxBlocks: c.ApproxMaxBlocks, PruneTarget: c.ApproxPruneTarget, LRU: c.ApproxCachePolicy == "lru"}
 }
 
 // cacheWeight is --router-cache-weight as router.Config takes it: 0 is none.

@@ -474,7 +474,7 @@ func (r *Router) bookStage(s *scratch, m *model, w *rankWorker, p *scoring.Param
 	if r.cfg.Share != nil {
 		r.cfg.Share.Booked(m.name, w.key, key, seqs, prefill, r.cfg.RequestExpiry)
 	}
-	r.placed(m, w, s.seqs)
+	r.placedFor(m, w, s.seqs, key)
 	return nil
 }
 
