@@ -51,7 +51,7 @@ func parseUnchecked(args []string, env func(string) (string, bool), out io.Write
 		return c, err
 	}
 	ignoredEnv(env, &ignored)
-	if err := parseFlags(fs, args, env, out, "kvrouterd: a KV-cache-aware router for LLM inference workers.\n\n"+
+	if err := parseFlags(fs, args, env, out, "kvrouterd: a KV-cache-aware router for LLM inference workers.\n\n"+helpExamples+"\n"+
 		"Usage: kvrouterd [flags]\n       kvrouterd bridge [flags]   (kvrouterd bridge --help)\n"+
 		"       kvrouterd --version        (version, Go version, VCS revision and time)\n\n"+
 		"Dynamo's frontend and router flags and DYN_ variables are accepted: for the kvrouterd flags that mean\n"+
@@ -83,26 +83,7 @@ func parseFlags(fs *flag.FlagSet, args []string, env func(string) (string, bool)
 		}
 		return f.Name == "no-admission-control"
 	}
-	usage := func() {
-		fmt.Fprintf(out, "%s\n\nEvery flag can also be set by an environment variable, %s plus its\n"+
-			"name in upper case with underscores (e.g. KVR_SHARDS=32); flags win.\n\n", title, envPrefix)
-		fs.VisitAll(func(f *flag.Flag) {
-			var envs []string
-			if !alias(f) {
-				envs = append(envs, envName(f.Name))
-			}
-			envs = append(envs, dynEnvs[f.Name]...)
-			vars := "no variable"
-			if len(envs) > 0 {
-				vars = "env " + strings.Join(envs, ", ")
-			}
-			if alias(f) {
-				fmt.Fprintf(out, "  --%s (%s)\n    \t%s\n", f.Name, vars, f.Usage)
-				return
-			}
-			fmt.Fprintf(out, "  --%s (%s, default %q)\n    \t%s\n", f.Name, vars, f.DefValue, f.Usage)
-		})
-	}
+	usage := func() { writeUsage(out, fs, title, dynEnvs, alias) }
 	fs.Usage = func() {}
 	fs.SetOutput(io.Discard)
 	unitless := wrapDurations(fs)
