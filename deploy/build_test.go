@@ -110,21 +110,28 @@ func hasVersionVar(t *testing.T) bool {
 	return false
 }
 
-// TestOnlyTestsUseYAML: the YAML library is the tests' alone; the daemon links none of it, and
-// the deploy package itself has no code to import anything.
+// TestOnlyTestsUseYAML: the YAML library is the tests' and the policy-class file's alone: of
+// the daemon's own packages only router imports it (Dynamo's --router-policy-config is YAML),
+// and the deploy package itself has no code to import anything.
 func TestOnlyTestsUseYAML(t *testing.T) {
 	gobin := filepath.Join(runtime.GOROOT(), "bin", "go")
-	out, err := exec.Command(gobin, "list", "-deps", "../cmd/kvrouterd").CombinedOutput()
+	out, err := exec.Command(gobin, "list", "-deps", "-f", "{{.ImportPath}} {{join .Imports \" \"}}", "../cmd/kvrouterd").CombinedOutput()
 	if err != nil {
 		t.Fatalf("go list: %v\n%s", err, out)
 	}
-	deps := strings.Fields(string(out))
-	if len(deps) < 50 {
-		t.Fatalf("go list -deps ../cmd/kvrouterd: %d packages, expected the daemon's hundreds", len(deps))
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	if len(lines) < 50 {
+		t.Fatalf("go list -deps ../cmd/kvrouterd: %d packages, expected the daemon's hundreds", len(lines))
 	}
-	for _, d := range deps {
-		if strings.Contains(d, "yaml") {
-			t.Errorf("the daemon links %s", d)
+	for _, l := range lines {
+		f := strings.Fields(l)
+		if strings.Contains(f[0], "yaml") {
+			continue // the library itself
+		}
+		for _, imp := range f[1:] {
+			if strings.Contains(imp, "yaml") && f[0] != "github.com/kvrouterd/kvrouterd/router" {
+				t.Errorf("%s imports %s: only router's policy-class file may", f[0], imp)
+			}
 		}
 	}
 	out, err = exec.Command(gobin, "list", "-f", "{{join .Imports \" \"}}", ".").CombinedOutput()

@@ -253,7 +253,7 @@ func TestDaemonOverTCP(t *testing.T) {
 	case <-time.After(15 * time.Second):
 		t.Fatalf("no exit 15 s after SIGTERM\n%s", logs.String())
 	}
-	for _, want := range []string{"worker 2: logit ", "= predicted TTFT ", " ms (queued 0 + own 1 tokens) + cache 3.0 × ", " ms + backlog 0.0 × ", "(cached blocks 2)", "shutting down", "stopped",
+	for _, want := range []string{"worker 2: logit ", "= predicted TTFT ", " ms (queued 0 + own 1 tokens) + cache 1.0 × ", " ms + backlog 0.0 × ", "(cached blocks 2)", "shutting down", "stopped",
 		"--nats-user-file " + pubFile} {
 		if !strings.Contains(logs.String(), want) {
 			t.Fatalf("log lacks %q:\n%s", want, logs.String())

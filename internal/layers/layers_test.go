@@ -32,6 +32,7 @@ var layer = map[string]int{
 	"internal/pause":    1,
 	"internal/peer":     1,
 	"internal/prefetch": 1,
+	"internal/testsum":  1,
 	"internal/tlscert":  1,
 	"internal/u64map":   1,
 	"kvevent":           1,
