@@ -196,7 +196,7 @@ func TestPageInChromium(t *testing.T) {
 	}
 	post(t, base+"/v1/events", `{"worker_id":`+bigWorker+`,"events":[`+strings.Join(evs, ",")+`]}`, http.StatusOK)
 	for i := range 3 {
-		post(t, base+"/v1/route", fmt.Sprintf(`{"request_id":"r%d","model":%s,"token_ids":[%s]}`, i, model, tokens(1, 64)), http.StatusOK)
+		post(t, base+"/v1/route", fmt.Sprintf(`{"request_id":"r%d","model":%s,"token_ids":[%s]}`, i, model, tokens(1, 320)), http.StatusOK)
 	}
 	s = waitFor(t, within(t, bctx, 20*time.Second), "the worker, its events and routes, live", func(s *shown) error {
 		switch {
@@ -216,7 +216,7 @@ func TestPageInChromium(t *testing.T) {
 	}
 	// model, worker, rank, role, state, last event, cached, active blocks, requests, lag, endpoint
 	for i, want := range [][]string{
-		{hostileModel, bigWorker, "0", "both", "stream", "", "20", "4", "3", "0", "http://10.0.0.7:8000"},
+		{hostileModel, bigWorker, "0", "both", "stream", "", "20", "20", "3", "0", "http://10.0.0.7:8000"},
 		{hostileModel, bigWorker, "1", "both", "stream", "", "0", "0", "0", "0", "http://10.0.0.7:8000"},
 	} {
 		got := s.Workers[i]
