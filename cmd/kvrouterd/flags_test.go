@@ -56,6 +56,7 @@ func TestBadFlagOneLine(t *testing.T) {
 // TestHelpArgument: `kvrouterd help` is --help, `kvrouterd help bridge` bridge's; other
 // arguments are left alone.
 func TestHelpArgument(t *testing.T) {
+	t.Cleanup(func() { helpTopic = "" }) // help TOPIC sets it
 	f := func(args, want string) {
 		t.Helper()
 		if got := strings.Join(helpArgs(strings.Fields(args)), " "); got != want {
@@ -64,6 +65,9 @@ func TestHelpArgument(t *testing.T) {
 	}
 	f("help", "--help")
 	f("help routing", "--help")
+	if helpTopic != "routing" {
+		t.Errorf("help routing: topic %q", helpTopic)
+	}
 	f("help bridge", "bridge --help")
 	f("help probe", "probe --help")
 	f("bridge --zmq x", "bridge --zmq x")

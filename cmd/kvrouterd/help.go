@@ -14,6 +14,7 @@ const helpExamples = `Examples:
   kvrouterd --zmq worker=1,model=llama,endpoint=tcp://10.0.0.5:5557   read a vLLM engine's KV events
   kvrouterd --nats-url nats://nats:4222 --data-dir ./data-b           a second replica on one NATS
   kvrouterd help                               this text (docs/configuration.md has every flag by topic)
+  kvrouterd help nats                          the flags of one topic (help x lists the topics)
 `
 
 // helpGroup is one topic of --help: its title and the flags it holds, by name.
@@ -55,6 +56,12 @@ var helpGroups = []helpGroup{
 	{"Logs and metrics", prefixes("log-", "metrics-prefix")},
 }
 
+// The titles of --help's two lists of Dynamo's flags.
+const (
+	dynamoNamesTitle   = "Dynamo's names"
+	dynamoIgnoredTitle = "Dynamo's flags accepted without effect"
+)
+
 // groupOf returns the title of name's --help topic, "" for none.
 func groupOf(name string) string {
 	for _, g := range helpGroups {
@@ -65,12 +72,37 @@ func groupOf(name string) string {
 	return ""
 }
 
+// helpTopic, if set (`kvrouterd help TOPIC`), limits --help to the topics whose title holds it
+// (case aside): "dynamo" for Dynamo's names and its flags without effect.
+var helpTopic string
+
+// shown reports whether --help prints the topic titled title.
+func shown(title string) bool {
+	return helpTopic == "" || strings.Contains(strings.ToLower(title), strings.ToLower(helpTopic))
+}
+
 // writeUsage prints fs's help: title, then kvrouterd's own flags by topic (each with its
 // variables and default), then Dynamo's names for them, then Dynamo's flags accepted without
-// effect, by name alone. dynEnvs and alias are parseFlags'.
+// effect, by name alone; with helpTopic, the matching topics alone, or the topics' titles when
+// none matches. dynEnvs and alias are parseFlags'.
 func writeUsage(out io.Writer, fs *flag.FlagSet, title string, dynEnvs map[string][]string, alias func(*flag.Flag) bool) {
-	fmt.Fprintf(out, "%s\n\nEvery flag can also be set by an environment variable, %s plus its\n"+
-		"name in upper case with underscores (e.g. KVR_SHARDS=32); flags win.\n", title, envPrefix)
+	if helpTopic != "" {
+		any := false
+		for _, g := range append(helpGroups, helpGroup{title: dynamoNamesTitle}, helpGroup{title: dynamoIgnoredTitle}) {
+			any = any || shown(g.title)
+		}
+		if !any {
+			fmt.Fprintf(out, "kvrouterd help: no topic %q; the topics:\n", helpTopic)
+			for _, g := range helpGroups {
+				fmt.Fprintf(out, "  %s\n", g.title)
+			}
+			fmt.Fprintf(out, "  %s\n  %s\n", dynamoNamesTitle, dynamoIgnoredTitle)
+			return
+		}
+	} else {
+		fmt.Fprintf(out, "%s\n\nEvery flag can also be set by an environment variable, %s plus its\n"+
+			"name in upper case with underscores (e.g. KVR_SHARDS=32); flags win.\n", title, envPrefix)
+	}
 	vars := func(f *flag.Flag) string {
 		var envs []string
 		if !alias(f) {
@@ -98,7 +130,7 @@ func writeUsage(out io.Writer, fs *flag.FlagSet, title string, dynEnvs map[strin
 		}
 	})
 	printOwn := func(title string, fs []*flag.Flag) {
-		if len(fs) == 0 {
+		if len(fs) == 0 || !shown(title) {
 			return
 		}
 		if title != "" {
@@ -123,14 +155,14 @@ func writeUsage(out io.Writer, fs *flag.FlagSet, title string, dynEnvs map[strin
 		other = "" // a command whose flags have no topics (kvrouterd bridge)
 	}
 	printOwn(other, byGroup[""])
-	if len(aliases) > 0 {
-		fmt.Fprintf(out, "\nDynamo's names (each sets the kvrouterd setting it names):\n")
+	if len(aliases) > 0 && shown(dynamoNamesTitle) {
+		fmt.Fprintf(out, "\n%s (each sets the kvrouterd setting it names):\n", dynamoNamesTitle)
 		for _, f := range aliases {
 			fmt.Fprintf(out, "  --%s (%s)\n    \t%s\n", f.Name, vars(f), f.Usage)
 		}
 	}
-	if len(ignored) > 0 {
-		fmt.Fprintf(out, "\nDynamo's flags accepted without effect (each logs one warning; docs/dynamo.md says why):\n")
+	if len(ignored) > 0 && shown(dynamoIgnoredTitle) {
+		fmt.Fprintf(out, "\n%s (each logs one warning; docs/dynamo.md says why):\n", dynamoIgnoredTitle)
 		line := " "
 		for _, f := range ignored {
 			if len(line)+len(f.Name)+3 > 100 {

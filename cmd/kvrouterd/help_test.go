@@ -11,6 +11,7 @@ import (
 // (none is left to "Other"), opens with examples, and names Dynamo's flags without effect in a
 // compact list.
 func TestHelpGroups(t *testing.T) {
+	helpTopic = ""
 	var out bytes.Buffer
 	if _, err := parseConfig([]string{"--help"}, func(string) (string, bool) { return "", false }, &out); err == nil {
 		t.Fatal("--help parsed as a configuration")
@@ -47,5 +48,27 @@ func TestHelpGroups(t *testing.T) {
 	}
 	if lines := strings.Count(help, "\n"); n < 100 || lines > 450 {
 		t.Errorf("%d flags in %d lines", n, lines)
+	}
+}
+
+// TestHelpTopic: `kvrouterd help TOPIC` prints that topic alone; an unknown one lists the topics.
+func TestHelpTopic(t *testing.T) {
+	t.Cleanup(func() { helpTopic = "" })
+	help := func(args ...string) string {
+		t.Helper()
+		var out bytes.Buffer
+		parseConfig(helpArgs(append([]string{"help"}, args...)), func(string) (string, bool) { return "", false }, &out)
+		return out.String()
+	}
+	nats := help("nats")
+	if !strings.HasPrefix(nats, "\nNATS:\n") || !strings.Contains(nats, "--nats-url") || strings.Contains(nats, "--router-cost") ||
+		strings.Contains(nats, "Examples:") {
+		t.Errorf("help nats:\n%s", nats)
+	}
+	if d := help("dynamo"); !strings.Contains(d, dynamoNamesTitle) || !strings.Contains(d, "--router-valkey-urls") || strings.Contains(d, "--nats-url") {
+		t.Errorf("help dynamo:\n%s", d)
+	}
+	if u := help("no-such-topic"); !strings.Contains(u, `no topic "no-such-topic"`) || !strings.Contains(u, "  Front door\n") {
+		t.Errorf("help of an unknown topic:\n%s", u)
 	}
 }

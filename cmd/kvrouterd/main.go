@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/kvrouterd/kvrouterd/daemon"
@@ -84,13 +85,17 @@ func versionAsked(args []string) bool {
 }
 
 // helpArgs turns `kvrouterd help`, as a newcomer types it, into --help: `help bridge` and `help
-// probe` into those commands' --help, `help` followed by anything else into kvrouterd's.
+// probe` into those commands' --help, `help TOPIC` into kvrouterd's for that topic alone
+// (helpTopic), `help` alone into kvrouterd's whole.
 func helpArgs(args []string) []string {
 	if len(args) == 0 || args[0] != "help" {
 		return args
 	}
 	if len(args) > 1 && (args[1] == "bridge" || args[1] == "probe") {
 		return []string{args[1], "--help"}
+	}
+	if len(args) > 1 {
+		helpTopic = strings.Join(args[1:], " ")
 	}
 	return []string{"--help"}
 }
