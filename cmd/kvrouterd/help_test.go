@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"flag"
+	"os"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -70,5 +72,58 @@ func TestHelpTopic(t *testing.T) {
 	}
 	if u := help("no-such-topic"); !strings.Contains(u, `no topic "no-such-topic"`) || !strings.Contains(u, "  Front door\n") {
 		t.Errorf("help of an unknown topic:\n%s", u)
+	}
+}
+
+// TestConfigurationDocListsEveryFlag: docs/configuration.md names every flag of kvrouterd's
+// own that --help lists, and every Dynamo name for one is in it or in docs/dynamo.md, so that
+// neither falls behind the flag set.
+func TestConfigurationDocListsEveryFlag(t *testing.T) {
+	helpTopic = ""
+	var out bytes.Buffer
+	parseConfig([]string{"--help"}, func(string) (string, bool) { return "", false }, &out)
+	conf, err := os.ReadFile("../../docs/configuration.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dyn, err := os.ReadFile("../../docs/dynamo.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The docs write a flag's forms together: --[no-]x is --x and --no-x, --x[-config] is --x
+	// and --x-config.
+	expand := func(doc []byte) []byte {
+		s := string(doc)
+		for _, r := range [][2]string{{"--[no-]", "--no-"}, {"--[no-]", "--"}, {"--[router-]", "--router-"}, {"--[router-]", "--"}} {
+			s += "\n" + strings.ReplaceAll(s, r[0], r[1])
+		}
+		s += "\n" + regexp.MustCompile(`\[(-[a-z-]+)\]`).ReplaceAllString(s, "$1")
+		return []byte(s)
+	}
+	conf, dyn = expand(conf), expand(dyn)
+	named := func(doc []byte, name string) bool {
+		return regexp.MustCompile(`--` + regexp.QuoteMeta(name) + `([^a-z0-9-]|$)`).Match(doc)
+	}
+	section, n := "", 0
+	for _, line := range strings.Split(out.String(), "\n") {
+		if strings.HasSuffix(line, ":") && !strings.HasPrefix(line, " ") {
+			section = line
+		}
+		if !strings.HasPrefix(line, "  --") || !strings.Contains(line, " (") {
+			continue
+		}
+		name := strings.TrimPrefix(strings.Fields(line)[0], "--")
+		n++
+		switch {
+		case strings.HasPrefix(section, dynamoNamesTitle):
+			if !named(conf, name) && !named(dyn, name) {
+				t.Errorf("Dynamo's --%s is in neither docs/configuration.md nor docs/dynamo.md", name)
+			}
+		case !named(conf, name):
+			t.Errorf("--%s (%s) is not in docs/configuration.md", name, strings.TrimSuffix(section, ":"))
+		}
+	}
+	if n < 100 {
+		t.Fatalf("%d flags read from --help", n)
 	}
 }
