@@ -157,6 +157,9 @@ func (p *Params) ttftLogitSlow(cached, shared int32, ext TierExt, decode, active
 // Backlog) × their prefill time.
 func (p *Params) ttftParts(cached, shared int32, ext TierExt, decode, activePrefill, activeRequests int64, slow float64) (ttft, price float64) {
 	host := float64(ext.Host)
+	if p.Tiers.Host == 0 {
+		host = 0 // the host tier indexed, not credited: its blocks are computed
+	}
 	lower := host + p.Tiers.Disk*float64(ext.Disk+ext.External)
 	own := p.ttftOwn(cached, shared, lower)
 	ttft = p.Step.TTFT(int64(own), activePrefill, activeRequests, decode) + host*float64(p.BlockSize)*p.Step.HostMsPerToken

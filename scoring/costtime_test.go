@@ -98,14 +98,20 @@ func TestCostTTFT(t *testing.T) {
 	if want := m.TTFT(int64(own), 1000, 4, decode2) + 2*m.PrefillMs(own); !near(withShared, want) {
 		t.Fatalf("shared: %v, want %v", withShared, want)
 	}
-	// The host tier's blocks are loaded, not computed.
+	// The host tier's blocks are loaded, not computed; with its credit 0 (indexed only), computed.
 	host := TierExt{Host: 30}
+	p.Tiers = DefaultTierCredit()
 	_, _, lh := p.CostExt(60, host, 0, 500, 1000, 4)
 	own2 := 6400.0 - 90*64
 	want = m.TTFT(int64(own2), 1000, 4, decode) + 30*64*m.HostMsPerToken + 2*m.PrefillMs(own2)
 	if !near(lh, want) {
 		t.Fatalf("host: %v, want %v", lh, want)
 	}
+	p.Tiers.Host = 0
+	if _, _, l0 := p.CostExt(60, host, 0, 500, 1000, 4); !near(l0, logit) {
+		t.Fatalf("host tier not credited: %v, want the device's alone %v", l0, logit)
+	}
+	p.Tiers = TierCredit{}
 	// A worker holding the prefix behind a short queue beats an idle one without it; a long
 	// enough queue turns that round.
 	c := []Candidate{{Worker: 1, Cached: 90, ActivePrefill: 2000, ActiveRequests: 3, ActiveBlocks: 300}, {Worker: 2}}
