@@ -306,6 +306,7 @@ func (d *Door) generate(ctx *fasthttp.RequestCtx, path, reqID string) {
 		d.fail(ctx, path, fasthttp.StatusBadRequest, "invalid_type", "nvext", "nvext is not Dynamo's extension object")
 		return
 	}
+	hints.applyHeaders(&ctx.Request.Header)
 	if id := hints.BackendInstanceID; id != nil && !slices.ContainsFunc(ws, func(w router.HTTPWorker) bool { return w.ID == *id }) {
 		d.fail(ctx, path, fasthttp.StatusBadRequest, "unknown_worker", "nvext.backend_instance_id",
 			fmt.Sprintf("nvext.backend_instance_id names worker %d, which is not a registered worker of model %q with an http_endpoint", *id, q.model))
@@ -378,17 +379,21 @@ type nvext struct {
 	Override          *wire.Override `json:"router_config_override"`
 	// Queue order and the expected output (Dynamo's AgentHints): priority (seconds ahead, its
 	// deprecated latency_sensitivity the fallback), strict priority, output length.
-	AgentHints *struct {
-		Priority           *int32   `json:"priority"`
-		LatencySensitivity *float64 `json:"latency_sensitivity"`
-		StrictPriority     *uint32  `json:"strict_priority"`
-		OSL                *uint32  `json:"osl"`
-	} `json:"agent_hints"`
+	AgentHints *agentHints `json:"agent_hints"`
 	// Session affinity's key (Dynamo's session_control; the X-Dynamo-Session-ID header when
 	// absent).
 	SessionControl *struct {
 		SessionID string `json:"session_id"`
 	} `json:"session_control"`
+}
+
+// agentHints is nvext's agent_hints: queue order (priority: seconds ahead, its deprecated
+// latency_sensitivity the fallback; strict priority) and the expected output length.
+type agentHints struct {
+	Priority           *int32   `json:"priority"`
+	LatencySensitivity *float64 `json:"latency_sensitivity"`
+	StrictPriority     *uint32  `json:"strict_priority"`
+	OSL                *uint32  `json:"osl"`
 }
 
 // decode reads raw, nvext's JSON (checked valid), as json.Unmarshal does: by hand when it holds
