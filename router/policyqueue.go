@@ -177,19 +177,7 @@ func (r *Router) drainClasses(m *model) {
 		if t == nil {
 			break
 		}
-		r.queued.Add(-1)
-		t.Err = r.route(t.req, t.resp, true, t.enc)
-		if t.Err != nil {
-			q.failed.Add(1)
-		} else {
-			c := 0
-			if t.high {
-				c = 1
-			}
-			q.admitted.Add(1)
-			q.waitNs[c].Add(r.cfg.Now() - t.arrival)
-			q.waits[c].Add(1)
-		}
+		r.admit(q, t)
 		ready = append(ready, t)
 	}
 	q.mu.Unlock()

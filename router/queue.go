@@ -504,6 +504,24 @@ func (r *Router) drain() {
 	}
 }
 
+// admit routes queued ticket t, now leaving q (REQUIRES q.mu), and counts the outcome: routed
+// (with its wait, by priority) or failed.
+func (r *Router) admit(q *modelQueue, t *Ticket) {
+	r.queued.Add(-1)
+	t.Err = r.route(t.req, t.resp, true, t.enc)
+	if t.Err != nil {
+		q.failed.Add(1)
+		return
+	}
+	c := 0
+	if t.high {
+		c = 1
+	}
+	q.admitted.Add(1)
+	q.waitNs[c].Add(r.cfg.Now() - t.arrival)
+	q.waits[c].Add(1)
+}
+
 // drainModel admits m's heads while a rank they may go to has room. Admission is serialized
 // per model (each pick sees the bookings of the one before); done functions run after the
 // queue's lock is released.
@@ -537,19 +555,7 @@ func (r *Router) drainModel(m *model) {
 		if t.high {
 			q.high.Add(-1)
 		}
-		r.queued.Add(-1)
-		t.Err = r.route(t.req, t.resp, true, t.enc)
-		if t.Err != nil {
-			q.failed.Add(1)
-		} else {
-			c := 0
-			if t.high {
-				c = 1
-			}
-			q.admitted.Add(1)
-			q.waitNs[c].Add(r.cfg.Now() - t.arrival)
-			q.waits[c].Add(1)
-		}
+		r.admit(q, t)
 		ready = append(ready, t)
 	}
 	for _, t := range skipped {
