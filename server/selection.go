@@ -219,18 +219,24 @@ func (s *Server) selError(ctx *fasthttp.RequestCtx, status int, reason, msg stri
 }
 
 // selFail answers an error of package router in Dynamo's shape: its message, the status
-// fail gives it.
+// dynStatus gives it.
 func (s *Server) selFail(ctx *fasthttp.RequestCtx, err error) {
-	status, reason := fasthttp.StatusBadRequest, "invalid"
+	status, reason := dynStatus(err)
+	s.selError(ctx, status, reason, err.Error())
+}
+
+// dynStatus is the status, and its reason, that Dynamo's selection service and slot tracker
+// answer an error of package router's kind with.
+func dynStatus(err error) (int, string) {
 	switch {
 	case errors.Is(err, router.ErrUnknownModel), errors.Is(err, router.ErrUnknownWorker), errors.Is(err, router.ErrUnknownRequest):
-		status, reason = fasthttp.StatusNotFound, "not_found"
+		return fasthttp.StatusNotFound, "not_found"
 	case errors.Is(err, router.ErrConflict):
-		status, reason = fasthttp.StatusConflict, "conflict"
+		return fasthttp.StatusConflict, "conflict"
 	case errors.Is(err, router.ErrClosed), errors.Is(err, router.ErrUnavailable):
-		status, reason = fasthttp.StatusServiceUnavailable, "unavailable"
+		return fasthttp.StatusServiceUnavailable, "unavailable"
 	}
-	s.selError(ctx, status, reason, err.Error())
+	return fasthttp.StatusBadRequest, "invalid"
 }
 
 // Prefixes of the texts of axum's Json rejections (axum's sources; Dynamo's selection service

@@ -298,15 +298,7 @@ func (s *Server) stRegister(ctx *fasthttp.RequestCtx, st *slotTracker) {
 
 // stFail answers an error of package router with the status Dynamo gives its kind.
 func (s *Server) stFail(ctx *fasthttp.RequestCtx, err error) {
-	status, reason := fasthttp.StatusBadRequest, "invalid"
-	switch {
-	case errors.Is(err, router.ErrUnknownModel), errors.Is(err, router.ErrUnknownWorker), errors.Is(err, router.ErrUnknownRequest):
-		status, reason = fasthttp.StatusNotFound, "not_found"
-	case errors.Is(err, router.ErrConflict):
-		status, reason = fasthttp.StatusConflict, "conflict"
-	case errors.Is(err, router.ErrClosed), errors.Is(err, router.ErrUnavailable):
-		status, reason = fasthttp.StatusServiceUnavailable, "unavailable"
-	}
+	status, reason := dynStatus(err)
 	s.stError(ctx, status, reason, err.Error())
 }
 
