@@ -55,8 +55,10 @@ type scratch struct {
 	wtab  []wireCost // tab as records carry it
 	have  []bool     // which depths of tab a formula other than CostV1 filled
 	// shared is the blocks of the chosen worker's candidate booked there by requests ahead
-	// (Candidate.Shared), set by predict for bookStage.
-	shared int32
+	// (Candidate.Shared), set by predict for bookStage; predictedFor is the worker the pick
+	// that set it and predicted chose.
+	shared       int32
+	predictedFor *rankWorker
 	// predicted is the chosen worker's TTFT as CostTTFT's step model predicts it with nothing
 	// queued ahead (ms; 0: none), for its booking (scoring.Output.PredictedTTFT).
 	predicted float64
@@ -392,6 +394,8 @@ func (r *Router) pick(s *scratch, m *model, list *workerList, p *scoring.Params,
 	// A model with a rank out of routing (eject.go) takes the general path too, which skips
 	// it; one with a rank that failed since its last answer, but none out, makes the suspect
 	// ranks lose ties on either path.
+	// What predict keeps for the booking is this pick's alone (predictedFor says whose).
+	s.shared, s.predicted, s.predictedFor = 0, 0, nil
 	eject := book && r.ejecting(m)
 	out := false
 	if eject {
@@ -409,6 +413,7 @@ func (r *Router) pick(s *scratch, m *model, list *workerList, p *scoring.Params,
 		if book && pos >= 0 && p.Formula == scoring.CostTTFT {
 			c := s.chosenCandidate(pos)
 			s.predict(p, &c, list.loads[pos], resp)
+			s.predictedFor = list.ws[pos]
 		}
 		return pos, cached, encoded, nil
 	}
@@ -427,6 +432,7 @@ func (r *Router) pick(s *scratch, m *model, list *workerList, p *scoring.Params,
 	s.fill(resp, req, p, chosen, book, limit)
 	if book && p.Formula == scoring.CostTTFT {
 		s.predict(p, &s.cands[chosen], list.loads[pos], resp)
+		s.predictedFor = list.ws[pos]
 	}
 	return pos, cached, false, nil
 }
@@ -442,8 +448,12 @@ func (r *Router) bookStage(s *scratch, m *model, w *rankWorker, p *scoring.Param
 	// computed: the engine computes a prefix its queue shares once, and the prompt-side work
 	// queued there (what the next request's predicted time waits for) is that once. Dynamo's
 	// formulas book its prompt less the device's cache alone, as Dynamo does.
+	if s.predictedFor != w {
+		// Another pick's (a disaggregated request's prefill worker, then served whole).
+		s.shared, s.predicted = 0, 0
+	}
 	prefill := int64(p.ISL) - int64(max(cached, s.shared))*int64(m.blockSize)
-	s.shared = 0
+	s.shared, s.predictedFor = 0, nil
 	if !p.TrackPrefill {
 		prefill = 0 // not tracked: not booked either (Dynamo's track_prefill_tokens=false)
 	}
